@@ -1,0 +1,173 @@
+//! Types shared by the BPF programs (`tracer-ebpf`) and the tracer.
+//!
+//! Everything here is `#[repr(C)]` plain data: the BPF side writes it into
+//! maps, the tracer reads the same bytes back.
+#![no_std]
+
+/// The allocator entry points mtrace probes. The discriminant is what the
+/// BPF programs store in [`CountKey::func`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AllocFn {
+    Malloc = 0,
+    Calloc = 1,
+    Realloc = 2,
+    Reallocarray = 3,
+    PosixMemalign = 4,
+    AlignedAlloc = 5,
+    Memalign = 6,
+    Valloc = 7,
+    Pvalloc = 8,
+    Free = 9,
+}
+
+/// Number of [`AllocFn`] variants.
+pub const N_FUNCS: usize = 10;
+
+impl AllocFn {
+    pub const ALL: [AllocFn; N_FUNCS] = [
+        AllocFn::Malloc,
+        AllocFn::Calloc,
+        AllocFn::Realloc,
+        AllocFn::Reallocarray,
+        AllocFn::PosixMemalign,
+        AllocFn::AlignedAlloc,
+        AllocFn::Memalign,
+        AllocFn::Valloc,
+        AllocFn::Pvalloc,
+        AllocFn::Free,
+    ];
+
+    /// The C symbol name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AllocFn::Malloc => "malloc",
+            AllocFn::Calloc => "calloc",
+            AllocFn::Realloc => "realloc",
+            AllocFn::Reallocarray => "reallocarray",
+            AllocFn::PosixMemalign => "posix_memalign",
+            AllocFn::AlignedAlloc => "aligned_alloc",
+            AllocFn::Memalign => "memalign",
+            AllocFn::Valloc => "valloc",
+            AllocFn::Pvalloc => "pvalloc",
+            AllocFn::Free => "free",
+        }
+    }
+
+    pub const fn from_u32(v: u32) -> Option<AllocFn> {
+        if (v as usize) < N_FUNCS {
+            Some(Self::ALL[v as usize])
+        } else {
+            None
+        }
+    }
+}
+
+/// `CountKey::stack_id` when the stack walk failed; the allocation is still
+/// counted, under an unknown stack.
+pub const STACK_ID_NONE: i32 = -1;
+
+/// Key of the in-kernel aggregation map: one entry per distinct
+/// (user stack, direct caller, allocator function, thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CountKey {
+    /// Id in the stack-trace map, or [`STACK_ID_NONE`].
+    pub stack_id: i32,
+    /// An [`AllocFn`] discriminant.
+    pub func: u32,
+    /// Thread id when per-thread splitting is on, else 0.
+    pub tid: u32,
+    pub _pad: u32,
+    /// The return address at `[rsp]` on entry: the direct caller, which a
+    /// frame-pointer walk started inside the allocator's prologue misses.
+    pub caller: u64,
+}
+
+/// Value of the aggregation map. Updated with atomic adds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountValue {
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// Indexes into the per-CPU `COUNTERS` array: exact totals and every way a
+/// sample can be lost. Totals are kept apart from the aggregation map so they
+/// stay exact even when that map is full.
+pub mod counter {
+    /// Calls per function: `CALLS + func`.
+    pub const CALLS: u32 = 0;
+    /// Requested bytes per function: `BYTES + func`.
+    pub const BYTES: u32 = 10;
+    /// Allocations that found the aggregation map full (counted in totals only).
+    pub const MAP_FULL: u32 = 20;
+    /// Stack walks that failed (allocation counted under an unknown stack).
+    pub const STACK_WALK_FAILED: u32 = 21;
+    /// Stack-map bucket collisions (allocation counted under an unknown stack).
+    pub const STACK_COLLISION: u32 = 22;
+    /// The return address at `[rsp]` could not be read.
+    pub const CALLER_READ_FAILED: u32 = 23;
+    /// Calls made by the allocator itself (realloc -> malloc and the like),
+    /// not counted again.
+    pub const NESTED: u32 = 24;
+    /// Thread-name map full (names then come from /proc only).
+    pub const THREAD_NAMES_FULL: u32 = 25;
+    /// The stack-trace map had no free slot (allocation counted under an
+    /// unknown stack).
+    pub const STACK_MAP_FULL: u32 = 26;
+    pub const N: u32 = 27;
+}
+
+/// Maximum number of allocator body ranges the nesting check compares.
+pub const MAX_BODY_RANGES: usize = 12;
+
+/// Address range `[start, end)` of an allocator function in the target.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BodyRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Per-thread record of the last counted allocator entry, used to recognise
+/// a tail call from one allocator function into another (glibc's
+/// `realloc(NULL, n)` jumps to `malloc` with the caller's frame intact).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryMark {
+    pub tid: u32,
+    pub func: u32,
+    pub sp: u64,
+    pub ret: u64,
+}
+
+/// Run-time settings the tracer writes into the BPF object before loading.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Non-zero: key the aggregation by thread id.
+    pub per_thread: u32,
+    /// How many entries of `bodies` are valid.
+    pub n_bodies: u32,
+    /// Bodies of the probed allocator functions in the target's address
+    /// space: a call whose return address lies in one is the allocator
+    /// calling itself (realloc -> malloc) and is not counted again.
+    pub bodies: [BodyRange; MAX_BODY_RANGES],
+}
+
+/// Slots in the entry-mark array (indexed by `tid % TAIL_SLOTS`).
+pub const TAIL_SLOTS: u32 = 65536;
+
+/// Thread name as `bpf_get_current_comm` returns it.
+pub type Comm = [u8; 16];
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for CountKey {}
+    unsafe impl aya::Pod for CountValue {}
+    unsafe impl aya::Pod for BodyRange {}
+    unsafe impl aya::Pod for EntryMark {}
+    unsafe impl aya::Pod for Config {}
+}

@@ -1,0 +1,134 @@
+//! Reading the kernel maps into a [`RawProfile`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, StackTraceMap};
+use tracer_common::{counter, Comm, CountKey, CountValue, N_FUNCS, STACK_ID_NONE};
+
+use crate::{
+    probes::Probes,
+    profile::{Counts, Losses},
+    raw_profile::{RawProfile, RawStack},
+};
+
+pub fn collect(probes: &Probes) -> Result<RawProfile> {
+    let ebpf = &probes.ebpf;
+    let counters: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+    let mut sums = vec![0u64; counter::N as usize];
+    for (i, sum) in sums.iter_mut().enumerate() {
+        let values = counters.get(&(i as u32), 0)?;
+        *sum = values.iter().sum();
+    }
+    let per_func = (0..N_FUNCS)
+        .map(|f| Counts {
+            calls: sums[counter::CALLS as usize + f],
+            bytes: sums[counter::BYTES as usize + f],
+        })
+        .collect();
+    let losses = Losses {
+        map_full: sums[counter::MAP_FULL as usize],
+        stack_walk_failed: sums[counter::STACK_WALK_FAILED as usize],
+        stack_collisions: sums[counter::STACK_COLLISION as usize],
+        stack_map_full: sums[counter::STACK_MAP_FULL as usize],
+        caller_unreadable: sums[counter::CALLER_READ_FAILED as usize],
+        thread_names_full: sums[counter::THREAD_NAMES_FULL as usize],
+    };
+
+    let stack_map = StackTraceMap::try_from(ebpf.map("STACKS").context("STACKS map")?)?;
+    let counts: BpfHashMap<&MapData, CountKey, CountValue> =
+        BpfHashMap::try_from(ebpf.map("COUNTS").context("COUNTS map")?)?;
+    let mut frames_by_id: HashMap<i32, Option<Vec<u64>>> = HashMap::new();
+    let mut stacks = Vec::new();
+    for item in counts.iter() {
+        let (key, value) = item?;
+        let walked = if key.stack_id == STACK_ID_NONE {
+            None
+        } else {
+            frames_by_id
+                .entry(key.stack_id)
+                .or_insert_with(|| {
+                    stack_map
+                        .get(&(key.stack_id as u32), 0)
+                        .ok()
+                        .map(|st| st.frames().iter().map(|f| f.ip).collect())
+                })
+                .clone()
+        };
+        stacks.push(RawStack {
+            func: key.func,
+            addrs: assemble_stack(key.caller, walked.as_deref()),
+            truncated: walked.is_none(),
+            tid: (key.tid != 0).then_some(key.tid),
+            counts: Counts {
+                calls: value.calls,
+                bytes: value.bytes,
+            },
+        });
+    }
+
+    let mut thread_names = BTreeMap::new();
+    if let Some(map) = ebpf.map("THREAD_NAMES") {
+        let names: BpfHashMap<&MapData, u32, Comm> = BpfHashMap::try_from(map)?;
+        for item in names.iter() {
+            let (tid, comm) = item?;
+            let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+            thread_names.insert(tid, String::from_utf8_lossy(&comm[..end]).into_owned());
+        }
+    }
+
+    Ok(RawProfile {
+        stacks,
+        per_func,
+        nested: sums[counter::NESTED as usize],
+        losses,
+        thread_names,
+    })
+}
+
+/// Builds the stack, innermost first, from the direct caller (read at
+/// `[rsp]`) and the kernel's frame-pointer walk. The walk starts with the
+/// probed instruction itself, which is dropped; when the kernel already
+/// recovered the caller (it does for probes on `push %rbp` or `endbr64`),
+/// it is not repeated.
+pub fn assemble_stack(caller: u64, walked: Option<&[u64]>) -> Vec<u64> {
+    let mut out = Vec::new();
+    if caller != 0 {
+        out.push(caller);
+    }
+    if let Some(frames) = walked {
+        let mut rest = frames.get(1..).unwrap_or(&[]);
+        if caller != 0 && rest.first() == Some(&caller) {
+            rest = &rest[1..];
+        }
+        out.extend(rest.iter().copied().filter(|&a| a != 0));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assemble_stack;
+
+    #[test]
+    fn caller_goes_first_and_probe_ip_is_dropped() {
+        assert_eq!(
+            assemble_stack(0x10, Some(&[0x999, 0x20, 0x30])),
+            vec![0x10, 0x20, 0x30]
+        );
+    }
+
+    #[test]
+    fn caller_recovered_by_kernel_is_not_repeated() {
+        assert_eq!(
+            assemble_stack(0x10, Some(&[0x999, 0x10, 0x20])),
+            vec![0x10, 0x20]
+        );
+    }
+
+    #[test]
+    fn failed_walk_keeps_the_caller() {
+        assert_eq!(assemble_stack(0x10, None), vec![0x10]);
+    }
+}

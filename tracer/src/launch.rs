@@ -1,0 +1,314 @@
+//! Launch mode: start a command with the probes attached before its first
+//! instruction runs.
+//!
+//! The child asks to be traced (`PTRACE_TRACEME`) and execs the command, so
+//! it stops right after `execve`. We then step it from system call to
+//! system call until the object that defines `malloc` is mapped executable
+//! (the dynamic linker maps every library before any of the program's code
+//! runs), attach the probes, and let it go. It stays traced only for
+//! `PTRACE_O_TRACEEXIT`: at its exit we snapshot its mappings once more so
+//! that libraries it loaded late can still be symbolized after it is gone.
+//! Signals it receives are passed on unchanged. If mtrace dies, the kernel
+//! detaches it and it runs on.
+
+use std::{
+    ffi::CString,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+    sync::{mpsc, Arc, Mutex},
+};
+
+use anyhow::Result;
+
+use crate::{
+    allocator::{self, AllocatorObject},
+    error::{UserError, EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND},
+    symbolize::AddressSpace,
+    target::{read_maps, Mapping},
+    user_error,
+};
+
+/// How many system calls we follow, at most, waiting for the allocator to
+/// be mapped.
+const MAX_STARTUP_SYSCALLS: u32 = 20_000;
+
+pub struct Launched<T> {
+    pub pid: u32,
+    /// What the attach callback returned.
+    pub attached: T,
+    /// Receives the exit code to pass through (128 + signal when killed).
+    pub exit: tokio::sync::oneshot::Receiver<i32>,
+}
+
+/// Finds `cmd` the way a shell does.
+pub fn resolve_command(cmd: &str) -> Result<PathBuf> {
+    let candidates: Vec<PathBuf> = if cmd.contains('/') {
+        vec![PathBuf::from(cmd)]
+    } else {
+        std::env::var_os("PATH")
+            .unwrap_or_default()
+            .to_str()
+            .unwrap_or("")
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(cmd))
+            .collect()
+    };
+    let mut not_executable = None;
+    for c in candidates {
+        if c.is_file() {
+            let cpath = CString::new(c.as_os_str().as_bytes())?;
+            if unsafe { libc::access(cpath.as_ptr(), libc::X_OK) } == 0 {
+                return Ok(c);
+            }
+            not_executable = Some(c);
+        }
+    }
+    match not_executable {
+        Some(c) => Err(anyhow::Error::new(UserError::with_code(
+            format!("cannot execute {}: permission denied", c.display()),
+            EXIT_CMD_NOT_EXECUTABLE,
+        ))),
+        None => Err(anyhow::Error::new(UserError::with_code(
+            format!("command not found: {cmd}"),
+            EXIT_CMD_NOT_FOUND,
+        ))),
+    }
+}
+
+/// Starts `argv`, waits until its allocator is mapped, calls `attach` with
+/// its pid, the allocator and its mappings, then lets it run.
+pub fn launch<T, F>(
+    argv: &[String],
+    space: Arc<Mutex<AddressSpace>>,
+    attach: F,
+) -> Result<Launched<T>>
+where
+    T: Send + 'static,
+    F: FnOnce(u32, &AllocatorObject, &[Mapping]) -> Result<T> + Send + 'static,
+{
+    let path = resolve_command(&argv[0])?;
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let c_args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()?;
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(u32, T)>>();
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
+
+    // ptrace requests must come from the thread that forked the tracee, so
+    // one thread does it all.
+    std::thread::Builder::new()
+        .name("mtrace-launch".into())
+        .spawn(move || {
+            let pid = match start_stopped(&c_path, &c_args) {
+                Ok(pid) => pid,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let attached = wait_for_allocator(pid).and_then(|(alloc, maps)| {
+                space.lock().unwrap().refresh(pid);
+                attach(pid, &alloc, &maps)
+            });
+            match attached {
+                Ok(t) => {
+                    let _ = ready_tx.send(Ok((pid, t)));
+                }
+                Err(e) => {
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    let _ = wait_exit(pid, None);
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            }
+            if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+                log::warn!("resuming pid {pid}: {e}");
+            }
+            let code = wait_exit(pid, Some(&space));
+            let _ = exit_tx.send(code);
+        })?;
+
+    let (pid, attached) = ready_rx
+        .recv()
+        .map_err(|_| user_error!("the launch thread died"))??;
+    Ok(Launched {
+        pid,
+        attached,
+        exit: exit_rx,
+    })
+}
+
+fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::ptrace(
+            req,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            data as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn waitpid(pid: u32) -> std::io::Result<i32> {
+    let mut status = 0;
+    loop {
+        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::__WALL) };
+        if r >= 0 {
+            return Ok(status);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Forks; the child becomes traced and execs. Returns once the child is
+/// stopped right after a successful exec.
+fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // A close-on-exec pipe reports a failed exec's errno.
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    if pid == 0 {
+        // Child: only async-signal-safe calls from here on.
+        unsafe {
+            libc::close(fds[0]);
+            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            libc::execv(path.as_ptr(), argv.as_ptr());
+            let err = *libc::__errno_location();
+            libc::write(fds[1], (&err as *const i32).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    unsafe { libc::close(fds[1]) };
+    let mut err = 0i32;
+    let n = unsafe { libc::read(fds[0], (&mut err as *mut i32).cast(), 4) };
+    unsafe { libc::close(fds[0]) };
+    let pid = pid as u32;
+    if n == 4 {
+        let _ = waitpid(pid);
+        let e = std::io::Error::from_raw_os_error(err);
+        let code = if err == libc::ENOENT {
+            EXIT_CMD_NOT_FOUND
+        } else {
+            EXIT_CMD_NOT_EXECUTABLE
+        };
+        return Err(anyhow::Error::new(UserError::with_code(
+            format!("cannot execute {}: {e}", path.to_string_lossy()),
+            code,
+        )));
+    }
+    let status = waitpid(pid)?;
+    if !libc::WIFSTOPPED(status) {
+        return Err(user_error!("{} did not start", path.to_string_lossy()));
+    }
+    ptrace(
+        libc::PTRACE_SETOPTIONS,
+        pid,
+        (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT) as usize,
+    )?;
+    Ok(pid)
+}
+
+/// Steps the stopped child from system call to system call until its
+/// allocator is mapped executable.
+fn wait_for_allocator(pid: u32) -> Result<(AllocatorObject, Vec<Mapping>)> {
+    let mut seen_paths: Vec<String> = Vec::new();
+    for _ in 0..MAX_STARTUP_SYSCALLS {
+        let maps = read_maps(pid)?;
+        let mut paths: Vec<String> = maps
+            .iter()
+            .filter(|m| m.is_file() && m.perms.contains('x'))
+            .map(|m| m.path.clone())
+            .collect();
+        paths.dedup();
+        if paths != seen_paths {
+            if let Ok(alloc) = allocator::find_in_process(pid, &maps) {
+                return Ok((alloc, maps));
+            }
+            // A static program without an interpreter maps nothing more.
+            if !maps.iter().any(|m| is_interpreter(&m.path)) {
+                break;
+            }
+            seen_paths = paths;
+        }
+        ptrace(libc::PTRACE_SYSCALL, pid, 0)?;
+        let status = waitpid(pid)?;
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(user_error!(
+                "the command exited before its allocator was loaded"
+            ));
+        }
+        if libc::WIFSTOPPED(status) {
+            let sig = libc::WSTOPSIG(status);
+            if sig != (libc::SIGTRAP | 0x80) && sig != libc::SIGTRAP {
+                // A real signal: deliver it on the next step.
+                ptrace(libc::PTRACE_SYSCALL, pid, sig as usize)?;
+                let status = waitpid(pid)?;
+                if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                    return Err(user_error!(
+                        "the command exited before its allocator was loaded"
+                    ));
+                }
+            }
+        }
+    }
+    Err(user_error!(
+        "no malloc found in the command or any library it maps"
+    ))
+}
+
+fn is_interpreter(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.starts_with("ld-linux") || base.starts_with("ld64") || base.starts_with("ld-musl")
+}
+
+/// Follows the child to its end, passing its signals on, and returns the
+/// exit code to pass through.
+fn wait_exit(pid: u32, space: Option<&Arc<Mutex<AddressSpace>>>) -> i32 {
+    loop {
+        let Ok(status) = waitpid(pid) else {
+            return 1;
+        };
+        if libc::WIFEXITED(status) {
+            return libc::WEXITSTATUS(status);
+        }
+        if libc::WIFSIGNALED(status) {
+            return 128 + libc::WTERMSIG(status);
+        }
+        if libc::WIFSTOPPED(status) {
+            let sig = libc::WSTOPSIG(status);
+            let event = status >> 16;
+            let inject = if event == libc::PTRACE_EVENT_EXIT {
+                // Its memory is still there: last look at its mappings.
+                if let Some(space) = space {
+                    space.lock().unwrap().refresh(pid);
+                }
+                0
+            } else if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) {
+                0
+            } else {
+                sig
+            };
+            if ptrace(libc::PTRACE_CONT, pid, inject as usize).is_err() {
+                // Gone already; the next wait reports how.
+                continue;
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Loading the BPF programs and attaching them to the target's allocator.
+//! Dropping [`Probes`] detaches everything (the kernel also detaches when
+//! mtrace dies: the links are file descriptors).
+
+use std::num::NonZeroU32;
+
+use anyhow::{Context, Result};
+use aya::{
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeScope},
+        UProbe,
+    },
+    Ebpf, EbpfLoader,
+};
+use tracer_common::{BodyRange, Config, MAX_BODY_RANGES};
+
+use crate::{allocator::AllocatorObject, target::Mapping, user_error};
+
+/// The BPF object built by build.rs.
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mtrace.bpf.o"));
+
+/// Sizes of the kernel maps.
+#[derive(Clone, Copy, Debug)]
+pub struct MapSizes {
+    /// Distinct (stack, caller, function, thread) keys.
+    pub counts: u32,
+    /// Distinct stacks.
+    pub stacks: u32,
+}
+
+pub struct Probes {
+    pub ebpf: Ebpf,
+    /// One line per attached probe: `malloc+0 (push)`.
+    pub attached: Vec<String>,
+    /// Display name per `AllocFn` discriminant (aliases joined).
+    pub func_names: Vec<String>,
+}
+
+pub fn attach(
+    pid: u32,
+    alloc: &AllocatorObject,
+    maps: &[Mapping],
+    per_thread: bool,
+    sizes: MapSizes,
+) -> Result<Probes> {
+    let bodies = alloc.body_ranges(maps);
+    let mut config = Config {
+        per_thread: per_thread as u32,
+        n_bodies: bodies.len() as u32,
+        bodies: [BodyRange::default(); MAX_BODY_RANGES],
+    };
+    config.bodies[..bodies.len()].copy_from_slice(&bodies);
+
+    let mut ebpf = EbpfLoader::new()
+        .override_global("CONFIG", &config, true)
+        .map_max_entries("COUNTS", sizes.counts)
+        .map_max_entries("STACKS", sizes.stacks)
+        .load(BPF_OBJECT)
+        .context("loading the BPF programs")?;
+
+    let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
+    let mut attached = Vec::new();
+    let mut func_names: Vec<String> = tracer_common::AllocFn::ALL
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect();
+    for site in &alloc.sites {
+        let func = site.funcs[0];
+        let program: &mut UProbe = ebpf
+            .program_mut(func.name())
+            .with_context(|| format!("BPF program {} missing", func.name()))?
+            .try_into()?;
+        program
+            .load()
+            .with_context(|| format!("loading the {} probe", func.name()))?;
+        program
+            .attach(
+                UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
+                &alloc.open_path,
+                UProbeScope::OneProcess(pid_nz),
+            )
+            .with_context(|| {
+                format!(
+                    "attaching a uprobe to {} in {}",
+                    site.display_name(),
+                    alloc.path
+                )
+            })?;
+        let name = site.display_name();
+        attached.push(format!(
+            "{}+{} ({}{})",
+            name,
+            site.probe_offset,
+            site.instruction,
+            if site.emulated {
+                ""
+            } else {
+                ", single-stepped"
+            }
+        ));
+        func_names[func as usize] = name;
+    }
+    Ok(Probes {
+        ebpf,
+        attached,
+        func_names,
+    })
+}

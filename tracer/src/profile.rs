@@ -1,0 +1,135 @@
+//! The symbolized profile: what every renderer reads.
+//!
+//! Produced from a [`crate::raw_profile::RawProfile`] by
+//! [`crate::symbolize`]. Stacks are stored innermost first: `frames[0]` is the
+//! direct caller of the allocator function (the allocator's own frame is
+//! implied by [`StackEntry::func`]).
+
+use std::collections::BTreeMap;
+
+/// One source-level frame. An inlined function gets a frame of its own with
+/// `inlined = true`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// Demangled function name, or `[unknown]` / `module+0xoffset` when no
+    /// symbol was found.
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Path of the ELF object the address belongs to, as the target mapped it.
+    pub module: Option<String>,
+    /// The address in the target (a return address for all but the
+    /// innermost frame).
+    pub addr: u64,
+    pub inlined: bool,
+}
+
+impl Frame {
+    /// `function (file:line)` or just `function`.
+    pub fn describe(&self) -> String {
+        match (&self.file, self.line) {
+            (Some(f), Some(l)) => format!("{} ({}:{})", self.function, short_path(f), l),
+            (Some(f), None) => format!("{} ({})", self.function, short_path(f)),
+            _ => match &self.module {
+                Some(m) if self.function.starts_with('[') || self.function.contains("+0x") => {
+                    format!("{} [{}]", self.function, short_path(m))
+                }
+                _ => self.function.clone(),
+            },
+        }
+    }
+}
+
+/// Last path component.
+pub fn short_path(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+/// Calls and requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, other: Counts) {
+        self.calls += other.calls;
+        self.bytes += other.bytes;
+    }
+}
+
+/// One row of the profile: an allocator function reached through one stack
+/// (from one thread, when split per thread).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackEntry {
+    /// Allocator function name as probed (`malloc`, `calloc`, ...). Aliases
+    /// sharing one address are joined with `/` (`aligned_alloc/memalign`).
+    pub func: String,
+    /// Innermost first; `frames[0]` is the direct caller.
+    pub frames: Vec<Frame>,
+    /// The stack walk failed or collided: only the direct caller is known.
+    pub truncated: bool,
+    /// Thread id and name when split per thread.
+    pub thread: Option<Thread>,
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Thread {
+    pub tid: u32,
+    pub name: String,
+}
+
+/// Every way data can be lost; each is printed in every report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Losses {
+    /// Allocations that found the aggregation map full: in the totals, in no
+    /// stack.
+    pub map_full: u64,
+    /// Allocations whose stack walk failed: counted under their direct
+    /// caller only.
+    pub stack_walk_failed: u64,
+    /// Stack-map bucket collisions: counted under their direct caller only.
+    pub stack_collisions: u64,
+    /// Stack map full: counted under their direct caller only.
+    pub stack_map_full: u64,
+    /// The return address at the stack pointer could not be read.
+    pub caller_unreadable: u64,
+    /// Thread-name map full (names taken from /proc instead).
+    pub thread_names_full: u64,
+}
+
+/// Exact totals, kept apart from the per-stack map.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Per allocator function (frees have bytes = 0).
+    pub per_func: BTreeMap<String, Counts>,
+    /// Allocations (every function but `free`).
+    pub allocs: Counts,
+    pub frees: u64,
+    /// Calls the allocator made to itself (realloc -> malloc), not counted
+    /// twice.
+    pub nested: u64,
+}
+
+/// What was traced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Meta {
+    pub pid: u32,
+    /// Target command line.
+    pub command: String,
+    pub duration_secs: f64,
+    /// Object the probes sit in (for example `/usr/lib/x86_64-linux-gnu/libc.so.6`).
+    pub allocator_object: String,
+    /// Probed functions with their offsets inside the function.
+    pub probes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    pub meta: Meta,
+    pub stacks: Vec<StackEntry>,
+    pub totals: Totals,
+    pub losses: Losses,
+}

@@ -1,0 +1,32 @@
+//! The raw profile: what the kernel maps hold, as addresses. Read by
+//! [`crate::collect`], turned into a [`crate::profile::Profile`] by
+//! [`crate::symbolize`].
+
+use std::collections::BTreeMap;
+
+use crate::profile::{Counts, Losses};
+
+/// One aggregated row: an allocator function reached through one stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawStack {
+    /// `AllocFn` discriminant.
+    pub func: u32,
+    /// Return addresses, innermost first: `addrs[0]` is the direct caller.
+    pub addrs: Vec<u64>,
+    /// The stack walk failed: only the direct caller is known.
+    pub truncated: bool,
+    /// Thread id when split per thread.
+    pub tid: Option<u32>,
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RawProfile {
+    pub stacks: Vec<RawStack>,
+    /// Exact calls/bytes per `AllocFn` discriminant.
+    pub per_func: Vec<Counts>,
+    pub nested: u64,
+    pub losses: Losses,
+    /// Thread names recorded by the BPF programs at first allocation.
+    pub thread_names: BTreeMap<u32, String>,
+}

@@ -1,0 +1,424 @@
+//! Renderers for a symbolized [`Profile`]: a human-readable table, the
+//! collapsed ("folded") stack format, and an SVG flame graph.
+//!
+//! [`select`] picks and orders the rows the table shows; the folded and
+//! flame graph renderers always use every stack.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use crate::profile::{Counts, Frame, Profile, StackEntry, Thread};
+
+pub mod flamegraph;
+pub mod folded;
+pub mod table;
+
+/// Name of the deallocation function. Its stack entries (if any) are not
+/// allocations and are left out of every rendered stack, matching
+/// [`crate::profile::Totals::allocs`].
+pub const FREE_FUNC: &str = "free";
+
+/// Whether `entry` counts an allocation (anything but `free`).
+pub fn is_allocation(entry: &StackEntry) -> bool {
+    entry.func != FREE_FUNC
+}
+
+/// Which count orders the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    Calls,
+    Bytes,
+}
+
+/// Which count sizes the frames of the folded output and the flame graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Weight {
+    Calls,
+    Bytes,
+}
+
+impl Weight {
+    /// `"calls"` or `"bytes"`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Weight::Calls => "calls",
+            Weight::Bytes => "bytes",
+        }
+    }
+
+    /// The count this weight selects.
+    pub fn of(self, counts: Counts) -> u64 {
+        match self {
+            Weight::Calls => counts.calls,
+            Weight::Bytes => counts.bytes,
+        }
+    }
+}
+
+/// What the table shows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReportOptions {
+    /// Keep at most this many rows; 0 keeps all.
+    pub top: usize,
+    /// Hide rows with fewer calls than this percentage of all allocation
+    /// calls; 0 hides nothing.
+    pub threshold_pct: f64,
+    pub sort: SortKey,
+    /// Keep rows of different threads apart (otherwise they are merged).
+    pub per_thread: bool,
+}
+
+/// One row to show: an allocator function reached through one stack, from
+/// one thread when split per thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row<'a> {
+    pub func: &'a str,
+    /// Innermost first.
+    pub frames: &'a [Frame],
+    pub truncated: bool,
+    /// Always `None` unless [`ReportOptions::per_thread`] is set.
+    pub thread: Option<&'a Thread>,
+    pub counts: Counts,
+}
+
+/// Rows left out of a [`Selection`] for one reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hidden {
+    pub rows: usize,
+    pub counts: Counts,
+}
+
+/// The rows to show, in order, and what was left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection<'a> {
+    pub rows: Vec<Row<'a>>,
+    /// Rows under `--threshold`.
+    pub hidden_by_threshold: Hidden,
+    /// Rows that passed the threshold but fell beyond `--top`.
+    pub hidden_by_top: Hidden,
+}
+
+/// Picks the rows to show: merges threads (unless per thread), hides rows
+/// under the threshold, sorts by the sort key (descending) and keeps the top
+/// rows. `free` entries are never rows.
+pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
+    let mut rows = merge_rows(profile, opts.per_thread);
+
+    let total = profile.totals.allocs.calls;
+    let mut selection = Selection::default();
+    rows.retain(|row| {
+        let keep = passes_threshold(row.counts.calls, total, opts.threshold_pct);
+        if !keep {
+            selection.hidden_by_threshold.rows += 1;
+            selection.hidden_by_threshold.counts.add(row.counts);
+        }
+        keep
+    });
+
+    rows.sort_by(|a, b| compare_rows(a, b, opts.sort));
+
+    if opts.top > 0 && rows.len() > opts.top {
+        for row in rows.drain(opts.top..) {
+            selection.hidden_by_top.rows += 1;
+            selection.hidden_by_top.counts.add(row.counts);
+        }
+    }
+    selection.rows = rows;
+    selection
+}
+
+/// Percentage of `part` in `total`, 0 when `total` is 0.
+pub fn percent(part: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / total as f64
+    }
+}
+
+/// Whether a row with `calls` calls is shown under `threshold_pct`.
+fn passes_threshold(calls: u64, total: u64, threshold_pct: f64) -> bool {
+    if threshold_pct.is_nan() || threshold_pct <= 0.0 {
+        return true;
+    }
+    calls as f64 * 100.0 >= threshold_pct * total as f64
+}
+
+/// Rows identical but for the thread (unless `per_thread`), summed.
+fn merge_rows(profile: &Profile, per_thread: bool) -> Vec<Row<'_>> {
+    type Key<'a> = (&'a str, &'a [Frame], bool, Option<&'a Thread>);
+    let mut merged: BTreeMap<Key<'_>, Counts> = BTreeMap::new();
+    for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
+        let thread = if per_thread {
+            entry.thread.as_ref()
+        } else {
+            None
+        };
+        let key = (
+            entry.func.as_str(),
+            entry.frames.as_slice(),
+            entry.truncated,
+            thread,
+        );
+        merged.entry(key).or_default().add(entry.counts);
+    }
+    merged
+        .into_iter()
+        .map(|((func, frames, truncated, thread), counts)| Row {
+            func,
+            frames,
+            truncated,
+            thread,
+            counts,
+        })
+        .collect()
+}
+
+/// Descending by the sort key, then by the other count; then ascending by
+/// function, frames, truncation and thread so the order is total.
+fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
+    let key = |r: &Row<'_>| match sort {
+        SortKey::Calls => (r.counts.calls, r.counts.bytes),
+        SortKey::Bytes => (r.counts.bytes, r.counts.calls),
+    };
+    key(b)
+        .cmp(&key(a))
+        .then_with(|| a.func.cmp(b.func))
+        .then_with(|| a.frames.cmp(b.frames))
+        .then_with(|| a.truncated.cmp(&b.truncated))
+        .then_with(|| a.thread.cmp(&b.thread))
+}
+
+/// Helpers to build profiles by hand in the renderers' tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::profile::{Counts, Frame, Profile, StackEntry, Thread};
+
+    pub fn frame(function: &str) -> Frame {
+        Frame {
+            function: function.to_string(),
+            file: None,
+            line: None,
+            module: None,
+            addr: 0,
+            inlined: false,
+        }
+    }
+
+    /// Frames from names given innermost first.
+    pub fn frames(names: &[&str]) -> Vec<Frame> {
+        names.iter().map(|n| frame(n)).collect()
+    }
+
+    pub fn entry(func: &str, names: &[&str], calls: u64, bytes: u64) -> StackEntry {
+        StackEntry {
+            func: func.to_string(),
+            frames: frames(names),
+            truncated: false,
+            thread: None,
+            counts: Counts { calls, bytes },
+        }
+    }
+
+    pub fn on_thread(mut e: StackEntry, tid: u32, name: &str) -> StackEntry {
+        e.thread = Some(Thread {
+            tid,
+            name: name.to_string(),
+        });
+        e
+    }
+
+    /// A profile whose totals are the sums of its stacks.
+    pub fn profile(stacks: Vec<StackEntry>) -> Profile {
+        let mut p = Profile {
+            stacks,
+            ..Default::default()
+        };
+        for e in &p.stacks {
+            p.totals
+                .per_func
+                .entry(e.func.clone())
+                .or_default()
+                .add(e.counts);
+            if e.func == "free" {
+                p.totals.frees += e.counts.calls;
+            } else {
+                p.totals.allocs.add(e.counts);
+            }
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::{entry, on_thread, profile};
+    use super::*;
+
+    fn opts(top: usize, threshold_pct: f64, sort: SortKey, per_thread: bool) -> ReportOptions {
+        ReportOptions {
+            top,
+            threshold_pct,
+            sort,
+            per_thread,
+        }
+    }
+
+    fn callers<'a>(sel: &Selection<'a>) -> Vec<&'a str> {
+        sel.rows
+            .iter()
+            .map(|r| r.frames[0].function.as_str())
+            .collect()
+    }
+
+    fn sample() -> Profile {
+        profile(vec![
+            entry("malloc", &["a", "main"], 50, 500),
+            entry("malloc", &["b", "main"], 30, 3000),
+            entry("calloc", &["c", "main"], 15, 150),
+            entry("malloc", &["d", "main"], 5, 5),
+        ])
+    }
+
+    #[test]
+    fn sorts_by_calls_descending() {
+        let p = sample();
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, false));
+        assert_eq!(callers(&sel), ["a", "b", "c", "d"]);
+        assert_eq!(sel.hidden_by_threshold, Hidden::default());
+        assert_eq!(sel.hidden_by_top, Hidden::default());
+    }
+
+    #[test]
+    fn sorts_by_bytes_descending() {
+        let p = sample();
+        let sel = select(&p, &opts(0, 0.0, SortKey::Bytes, false));
+        assert_eq!(callers(&sel), ["b", "a", "c", "d"]);
+    }
+
+    #[test]
+    fn ties_broken_by_other_count_then_func_then_frames() {
+        let p = profile(vec![
+            entry("malloc", &["z"], 10, 100),
+            entry("malloc", &["y"], 10, 200),
+            entry("calloc", &["x"], 10, 100),
+            entry("malloc", &["w"], 10, 100),
+        ]);
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, false));
+        assert_eq!(callers(&sel), ["y", "x", "w", "z"]);
+    }
+
+    #[test]
+    fn threshold_hides_small_rows() {
+        let p = sample(); // 100 calls in all
+        let sel = select(&p, &opts(0, 15.0, SortKey::Calls, false));
+        // 15 calls is exactly 15%: kept.
+        assert_eq!(callers(&sel), ["a", "b", "c"]);
+        assert_eq!(
+            sel.hidden_by_threshold,
+            Hidden {
+                rows: 1,
+                counts: Counts { calls: 5, bytes: 5 }
+            }
+        );
+        assert_eq!(sel.hidden_by_top, Hidden::default());
+
+        let sel = select(&p, &opts(0, 15.1, SortKey::Calls, false));
+        assert_eq!(callers(&sel), ["a", "b"]);
+        assert_eq!(sel.hidden_by_threshold.rows, 2);
+        assert_eq!(sel.hidden_by_threshold.counts.calls, 20);
+    }
+
+    #[test]
+    fn threshold_zero_hides_nothing() {
+        let mut p = sample();
+        p.stacks.push(entry("malloc", &["e"], 0, 0));
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, false));
+        assert_eq!(sel.rows.len(), 5);
+        assert_eq!(sel.hidden_by_threshold.rows, 0);
+    }
+
+    #[test]
+    fn top_keeps_first_rows_and_counts_the_rest() {
+        let p = sample();
+        let sel = select(&p, &opts(2, 0.0, SortKey::Calls, false));
+        assert_eq!(callers(&sel), ["a", "b"]);
+        assert_eq!(
+            sel.hidden_by_top,
+            Hidden {
+                rows: 2,
+                counts: Counts {
+                    calls: 20,
+                    bytes: 155
+                }
+            }
+        );
+        // Threshold applies first; top counts only what passed it.
+        let sel = select(&p, &opts(2, 10.0, SortKey::Calls, false));
+        assert_eq!(sel.hidden_by_threshold.rows, 1);
+        assert_eq!(sel.hidden_by_top.rows, 1);
+        assert_eq!(sel.hidden_by_top.counts.calls, 15);
+        // Top 0 keeps all.
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, false));
+        assert_eq!(sel.rows.len(), 4);
+    }
+
+    #[test]
+    fn threads_merged_unless_per_thread() {
+        let p = profile(vec![
+            on_thread(entry("malloc", &["a", "main"], 10, 100), 1, "main"),
+            on_thread(entry("malloc", &["a", "main"], 20, 200), 2, "worker"),
+            on_thread(entry("malloc", &["b", "main"], 25, 250), 2, "worker"),
+        ]);
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, false));
+        assert_eq!(callers(&sel), ["a", "b"]);
+        assert_eq!(
+            sel.rows[0].counts,
+            Counts {
+                calls: 30,
+                bytes: 300
+            }
+        );
+        assert!(sel.rows.iter().all(|r| r.thread.is_none()));
+
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, true));
+        assert_eq!(callers(&sel), ["b", "a", "a"]);
+        let threads: Vec<u32> = sel
+            .rows
+            .iter()
+            .map(|r| r.thread.map_or(0, |t| t.tid))
+            .collect();
+        assert_eq!(threads, [2, 2, 1]);
+    }
+
+    #[test]
+    fn merged_rows_are_judged_by_the_threshold_as_a_whole() {
+        // Each thread alone is under 30%, together they are 40%.
+        let p = profile(vec![
+            on_thread(entry("malloc", &["a"], 20, 0), 1, "t1"),
+            on_thread(entry("malloc", &["a"], 20, 0), 2, "t2"),
+            entry("malloc", &["b"], 60, 0),
+        ]);
+        let sel = select(&p, &opts(0, 30.0, SortKey::Calls, false));
+        assert_eq!(callers(&sel), ["b", "a"]);
+        let sel = select(&p, &opts(0, 30.0, SortKey::Calls, true));
+        assert_eq!(callers(&sel), ["b"]);
+        assert_eq!(sel.hidden_by_threshold.rows, 2);
+    }
+
+    #[test]
+    fn truncated_rows_stay_apart_and_free_is_not_a_row() {
+        let mut cut = entry("malloc", &["a"], 3, 30);
+        cut.truncated = true;
+        let p = profile(vec![
+            entry("malloc", &["a"], 5, 50),
+            cut,
+            entry("free", &["a"], 9, 0),
+        ]);
+        let sel = select(&p, &opts(0, 0.0, SortKey::Calls, false));
+        assert_eq!(sel.rows.len(), 2);
+        assert!(!sel.rows[0].truncated);
+        assert!(sel.rows[1].truncated);
+        assert!(sel.rows.iter().all(|r| r.func == "malloc"));
+    }
+}
