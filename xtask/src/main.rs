@@ -1,1 +1,264 @@
-fn main() {}
+//! `cargo xtask`: set-up, build, demo, test and install for mtrace.
+//!
+//! Every command runs `setup` first, which installs what building BPF code
+//! needs and does nothing when it is already there:
+//! - Debian's Rust toolchain with its library source (`rustc-web`,
+//!   `cargo-web`, `rust-web-src`): rustup's toolchains cannot build
+//!   `core` for `bpfel-unknown-none` here;
+//! - LLVM 22 (`llvm-22-dev`) and `bpf-linker` 0.13.0 built against it.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "mtrace's development tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the BPF toolchain (apt packages and bpf-linker); idempotent.
+    Setup,
+    /// Set up, then build mtrace (release).
+    Build,
+    /// Set up, build, and trace the bundled demo workload.
+    Demo,
+    /// Set up, build, and run every test (unit and end-to-end; needs root).
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build, and install mtrace to /usr/local/bin (ahead of glibc's
+    /// /usr/bin/mtrace on root's PATH).
+    Install {
+        #[arg(long, default_value = "/usr/local/bin")]
+        dir: PathBuf,
+    },
+}
+
+const APT_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev"];
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    let root = workspace_root();
+    env::set_current_dir(&root)?;
+    match task {
+        Task::Setup => setup(),
+        Task::Build => {
+            setup()?;
+            build()
+        }
+        Task::Demo => {
+            setup()?;
+            build()?;
+            demo(&root)
+        }
+        Task::Test { args } => {
+            setup()?;
+            build()?;
+            test(&args)
+        }
+        Task::Install { dir } => {
+            setup()?;
+            build()?;
+            install(&root, &dir)
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> String {
+    env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn status(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let st = cmd.status().with_context(|| format!("running {shown}"))?;
+    if !st.success() {
+        bail!("{shown} failed ({st})");
+    }
+    Ok(())
+}
+
+fn setup() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        require_root("installing Debian packages")?;
+        status(Command::new("apt-get").arg("update").arg("-q"))?;
+        status(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    if !bpf_linker_ok() {
+        eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (LLVM 22)");
+        status(
+            Command::new(cargo())
+                .args([
+                    "install",
+                    &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                    "--locked",
+                    "--no-default-features",
+                    "--features",
+                    "llvm-22",
+                ])
+                // /usr/bin/llvm-config is LLVM 14: point at LLVM 22.
+                .env("LLVM_PREFIX", LLVM_PREFIX),
+        )?;
+    }
+    if !Command::new("cc")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+    {
+        bail!("no C compiler (cc): the demo and the test fixtures need one (apt-get install gcc)");
+    }
+    Ok(())
+}
+
+fn dpkg_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn bpf_linker_path() -> PathBuf {
+    let home = env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env::var("HOME").unwrap_or_default()).join(".cargo"));
+    home.join("bin/bpf-linker")
+}
+
+fn bpf_linker_ok() -> bool {
+    Command::new(bpf_linker_path())
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
+        .unwrap_or(false)
+}
+
+fn require_root(what: &str) -> Result<()> {
+    if unsafe_geteuid() != 0 {
+        bail!("{what} needs root (run as root or with sudo)");
+    }
+    Ok(())
+}
+
+fn unsafe_geteuid() -> u32 {
+    // No libc dependency for one call: /proc tells us.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
+
+fn build() -> Result<()> {
+    status(Command::new(cargo()).args(["build", "--release", "--package", "tracer"]))
+}
+
+fn demo(root: &Path) -> Result<()> {
+    require_root("tracing (loading BPF programs)")?;
+    let out = root.join("target/demo");
+    std::fs::create_dir_all(&out)?;
+    let workload = out.join("workload");
+    status(
+        Command::new("cc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-g", "-o"])
+            .arg(&workload)
+            .arg(root.join("xtask/demo/workload.c")),
+    )?;
+    let svg = out.join("flamegraph.svg");
+    let folded = out.join("allocations.folded");
+    eprintln!("xtask: mtrace -- {} 2000", workload.display());
+    status(
+        Command::new(root.join("target/release/mtrace"))
+            .args(["--top", "8", "--flamegraph"])
+            .arg(&svg)
+            .arg("--folded")
+            .arg(&folded)
+            .arg("--")
+            .arg(&workload)
+            .arg("2000"),
+    )?;
+    eprintln!(
+        "xtask: flamegraph: {}\nxtask: folded stacks: {}",
+        svg.display(),
+        folded.display()
+    );
+    Ok(())
+}
+
+fn test(args: &[String]) -> Result<()> {
+    if unsafe_geteuid() != 0 {
+        eprintln!("xtask: warning: not root; the end-to-end tests need BPF and will skip (or fail under CI)");
+    }
+    status(
+        Command::new(cargo())
+            .args(["test", "--release", "--workspace"])
+            .args(args),
+    )
+}
+
+fn install(root: &Path, dir: &Path) -> Result<()> {
+    require_root("installing to a system directory")?;
+    std::fs::create_dir_all(dir)?;
+    let dest = dir.join("mtrace");
+    std::fs::copy(root.join("target/release/mtrace"), &dest)
+        .with_context(|| format!("copying to {}", dest.display()))?;
+    eprintln!("xtask: installed {}", dest.display());
+    // glibc ships a perl script /usr/bin/mtrace: make sure ours wins.
+    let path = env::var("PATH").unwrap_or_default();
+    let ours = path.split(':').position(|d| Path::new(d) == dir);
+    let theirs = path.split(':').position(|d| d == "/usr/bin");
+    match (ours, theirs) {
+        (Some(o), Some(t)) if o < t => {}
+        _ => eprintln!(
+            "xtask: note: {} is not ahead of /usr/bin on this PATH; `mtrace` may run glibc's /usr/bin/mtrace. Use {} or put {} first.",
+            dir.display(),
+            dest.display(),
+            dir.display()
+        ),
+    }
+    Ok(())
+}
