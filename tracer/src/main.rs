@@ -39,11 +39,15 @@ use crate::{
 fn main() {
     let cli = Cli::parse();
     env_logger::Builder::new()
-        .filter_level(if cli.verbose {
-            log::LevelFilter::Debug
-        } else {
-            log::LevelFilter::Warn
-        })
+        .filter_level(log::LevelFilter::Warn)
+        .filter_module(
+            "mtrace",
+            if cli.verbose {
+                log::LevelFilter::Debug
+            } else {
+                log::LevelFilter::Warn
+            },
+        )
         .format_timestamp(None)
         .init();
     let code = match run(cli) {
@@ -117,8 +121,14 @@ fn run(cli: Cli) -> Result<i32> {
         cli.command.join(" ")
     };
     log::debug!("attached in {:?}", started.elapsed());
-    for line in &probes.attached {
-        log::debug!("probe: {line}");
+    for p in &probes.attached {
+        log::debug!(
+            "probe: {}+{} ({}{})",
+            p.function,
+            p.offset,
+            p.instruction,
+            if p.emulated { "" } else { ", single-stepped" }
+        );
     }
     eprintln!(
         "mtrace: tracing pid {pid} ({}): {} probes in {}{}",
@@ -133,6 +143,7 @@ fn run(cli: Cli) -> Result<i32> {
     );
 
     let traced_since = Instant::now();
+    let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -150,9 +161,13 @@ fn run(cli: Cli) -> Result<i32> {
     detach(probes);
 
     let meta = Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
         pid,
         command,
+        start_time,
         duration_secs,
+        kernel_release: kernel_release(),
+        mode: "count".into(),
         allocator_object: alloc_path,
         probes: attached,
     };
@@ -181,8 +196,16 @@ fn run(cli: Cli) -> Result<i32> {
             Some(rx) => rt.block_on(rx).unwrap_or(0),
             None => 0,
         },
+        // Ctrl-C is how a trace by pid normally ends.
+        End::Interrupted(_) if cli.pid.is_some() => 0,
         End::Interrupted(sig) => 128 + sig,
     })
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn detach(probes: Probes) {

@@ -30,8 +30,8 @@ pub struct MapSizes {
 
 pub struct Probes {
     pub ebpf: Ebpf,
-    /// One line per attached probe: `malloc+0 (push)`.
-    pub attached: Vec<String>,
+    /// Every attached probe.
+    pub attached: Vec<crate::profile::Probe>,
     /// Display name per `AllocFn` discriminant (aliases joined).
     pub func_names: Vec<String>,
 }
@@ -87,17 +87,12 @@ pub fn attach(
                 )
             })?;
         let name = site.display_name();
-        attached.push(format!(
-            "{}+{} ({}{})",
-            name,
-            site.probe_offset,
-            site.instruction,
-            if site.emulated {
-                ""
-            } else {
-                ", single-stepped"
-            }
-        ));
+        attached.push(crate::profile::Probe {
+            function: name.clone(),
+            offset: site.probe_offset,
+            instruction: site.instruction.clone(),
+            emulated: site.emulated,
+        });
         func_names[func as usize] = name;
     }
     Ok(Probes {

@@ -7,9 +7,11 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 /// One source-level frame. An inlined function gets a frame of its own with
 /// `inlined = true`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frame {
     /// Demangled function name, or `[unknown]` / `module+0xoffset` when no
     /// symbol was found.
@@ -18,8 +20,15 @@ pub struct Frame {
     pub line: Option<u32>,
     /// Path of the ELF object the address belongs to, as the target mapped it.
     pub module: Option<String>,
+    /// GNU build id of that object, in hex.
+    #[serde(default)]
+    pub build_id: Option<String>,
+    /// Offset of the address in that object's file.
+    #[serde(default)]
+    pub file_offset: Option<u64>,
     /// The address in the target (a return address for all but the
     /// innermost frame).
+    #[serde(rename = "address")]
     pub addr: u64,
     pub inlined: bool,
 }
@@ -46,7 +55,7 @@ pub fn short_path(p: &str) -> &str {
 }
 
 /// Calls and requested bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
     pub calls: u64,
     pub bytes: u64,
@@ -61,10 +70,11 @@ impl Counts {
 
 /// One row of the profile: an allocator function reached through one stack
 /// (from one thread, when split per thread).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StackEntry {
     /// Allocator function name as probed (`malloc`, `calloc`, ...). Aliases
     /// sharing one address are joined with `/` (`aligned_alloc/memalign`).
+    #[serde(rename = "function")]
     pub func: String,
     /// Innermost first; `frames[0]` is the direct caller.
     pub frames: Vec<Frame>,
@@ -72,17 +82,18 @@ pub struct StackEntry {
     pub truncated: bool,
     /// Thread id and name when split per thread.
     pub thread: Option<Thread>,
+    #[serde(flatten)]
     pub counts: Counts,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Thread {
     pub tid: u32,
     pub name: String,
 }
 
 /// Every way data can be lost; each is printed in every report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Losses {
     /// Allocations that found the aggregation map full: in the totals, in no
     /// stack.
@@ -101,7 +112,7 @@ pub struct Losses {
 }
 
 /// Exact totals, kept apart from the per-stack map.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Totals {
     /// Per allocator function (frees have bytes = 0).
     pub per_func: BTreeMap<String, Counts>,
@@ -113,20 +124,39 @@ pub struct Totals {
     pub nested: u64,
 }
 
-/// What was traced.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// One attached probe.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    /// `malloc`, or aliases joined with `/`.
+    pub function: String,
+    /// Bytes into the function where the probe sits.
+    pub offset: u64,
+    /// The probed instruction's mnemonic.
+    pub instruction: String,
+    /// Whether the kernel emulates it (cheap) or single-steps it.
+    pub emulated: bool,
+}
+
+/// What was traced, when and how.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
+    pub mtrace_version: String,
     pub pid: u32,
     /// Target command line.
     pub command: String,
+    /// When tracing started, RFC 3339 (UTC).
+    pub start_time: String,
     pub duration_secs: f64,
+    /// `uname -r` of the machine traced on.
+    pub kernel_release: String,
+    /// `count`.
+    pub mode: String,
     /// Object the probes sit in (for example `/usr/lib/x86_64-linux-gnu/libc.so.6`).
     pub allocator_object: String,
-    /// Probed functions with their offsets inside the function.
-    pub probes: Vec<String>,
+    pub probes: Vec<Probe>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     pub meta: Meta,
     pub stacks: Vec<StackEntry>,

@@ -31,6 +31,8 @@ pub struct AddressSpace {
     mappings: Vec<Mapping>,
     /// Open file per mapped path.
     files: HashMap<String, File>,
+    /// GNU build id (hex) per mapped path, where the file has one.
+    build_ids: HashMap<String, String>,
 }
 
 impl AddressSpace {
@@ -55,6 +57,9 @@ impl AddressSpace {
                 let file = File::open(&by_range)
                     .or_else(|_| File::open(crate::target::path_in_target(pid, &m.path)));
                 if let Ok(f) = file {
+                    if let Some(id) = build_id(&f) {
+                        self.build_ids.insert(m.path.clone(), id);
+                    }
                     self.files.insert(m.path.clone(), f);
                 }
             }
@@ -68,6 +73,23 @@ impl AddressSpace {
     fn mapping(&self, addr: u64) -> Option<&Mapping> {
         self.mappings.iter().rev().find(|m| m.contains(addr))
     }
+
+    /// Fills in where a frame's address lies: object file offset and build id.
+    fn locate(&self, frame: &mut Frame) {
+        if let Some(m) = self.mapping(frame.addr) {
+            frame.file_offset = Some(m.file_offset(frame.addr));
+            frame.build_id = self.build_ids.get(&m.path).cloned();
+        }
+    }
+}
+
+/// The GNU build id of an ELF file, read lazily (only the note is read).
+fn build_id(file: &File) -> Option<String> {
+    use object::Object;
+    let cache = object::read::ReadCache::new(file);
+    let obj = object::File::parse(&cache).ok()?;
+    let id = obj.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 pub fn symbolize(
@@ -121,6 +143,9 @@ pub fn symbolize(
                 Some(f) => frames.extend(f.iter().cloned()),
                 None => frames.push(unknown_frame(None, addr, addr)),
             }
+        }
+        for frame in &mut frames {
+            space.locate(frame);
         }
         stacks.push(StackEntry {
             func: func_name(func_names, st.func),
@@ -188,6 +213,7 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
             module: Some(module.to_string()),
             addr,
             inlined: true,
+            ..Frame::default()
         });
     }
     let (file, line) = loc(sym.code_info.as_deref());
@@ -198,6 +224,7 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
         module: Some(module.to_string()),
         addr,
         inlined: false,
+        ..Frame::default()
     });
     frames
 }
@@ -214,5 +241,6 @@ fn unknown_frame(module: Option<&str>, addr: u64, offset: u64) -> Frame {
         module: module.map(str::to_string),
         addr,
         inlined: false,
+        ..Frame::default()
     }
 }

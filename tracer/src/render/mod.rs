@@ -202,6 +202,7 @@ pub(crate) mod test_util {
             module: None,
             addr: 0,
             inlined: false,
+            ..Default::default()
         }
     }
 

@@ -213,6 +213,7 @@ mod tests {
                 module: Some("/tmp/fixture".into()),
                 addr: 0x1234,
                 inlined: true,
+                ..Default::default()
             },
             Frame {
                 function: "main".into(),
@@ -221,6 +222,7 @@ mod tests {
                 module: Some("/tmp/fixture".into()),
                 addr: 0x1300,
                 inlined: false,
+                ..Default::default()
             },
         ];
         let mut p = profile(vec![
