@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 
 use crate::render::{SortKey, Weight};
 
@@ -26,9 +26,45 @@ In launch mode mtrace exits with the command's exit status.";
     version,
     about,
     after_help = EXAMPLES,
-    override_usage = "mtrace [OPTIONS] --pid PID\n       mtrace [OPTIONS] -- CMD [ARGS]..."
+    args_conflicts_with_subcommands = true,
+    override_usage = "mtrace [OPTIONS] --pid PID\n       mtrace [OPTIONS] -- CMD [ARGS]...\n       mtrace report [OPTIONS] PROFILE.json\n       mtrace diff [OPTIONS] BASE.json NEW.json"
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub sub: Option<Sub>,
+
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Sub {
+    /// Re-render a saved profile (no target, no privilege needed).
+    #[command(after_help = REPORT_EXAMPLES)]
+    Report(ReportArgs),
+    /// Compare two saved profiles; with --fail-if, a CI regression gate.
+    #[command(after_help = DIFF_EXAMPLES)]
+    Diff(DiffArgs),
+}
+
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  mtrace report run.json
+  mtrace report run.json --top 5 --sort bytes
+  mtrace report run.json --flamegraph run.svg --pprof run.pb.gz --speedscope run.speedscope.json";
+
+const DIFF_EXAMPLES: &str = "\
+Examples:
+  mtrace diff base.json new.json
+  mtrace diff base.json new.json --fail-if 'calls>+5%' --fail-if 'bytes>+1MiB'
+  mtrace diff base.json new.json --per-stack --fail-if 'calls>+10%'
+  mtrace diff base.json new.json --flamegraph diff.svg
+
+Exit status: 0 no regression, 1 a --fail-if condition holds, 2 unreadable input.";
+
+/// Tracing a live process.
+#[derive(Args, Debug)]
+pub struct TraceArgs {
     /// Attach to this running process.
     #[arg(short, long, value_name = "PID", conflicts_with = "command")]
     pub pid: Option<u32>,
@@ -38,33 +74,17 @@ pub struct Cli {
     #[arg(short, long, value_name = "SECS", value_parser = parse_duration)]
     pub duration: Option<f64>,
 
-    /// Show at most N stacks in the table (0: all).
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    pub top: usize,
+    /// Write a snapshot profile every SECS seconds while tracing (see
+    /// --snapshot-dir); SIGUSR1 writes one at any time.
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub interval: Option<f64>,
 
-    /// Hide stacks with fewer than PCT percent of all allocation calls.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0, value_parser = parse_percent)]
-    pub threshold: f64,
+    /// Directory for snapshots, named mtrace-PID-NNNN.json.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub snapshot_dir: PathBuf,
 
-    /// Order of the table.
-    #[arg(long, value_enum, default_value_t = SortKey::Calls)]
-    pub sort: SortKey,
-
-    /// Split every stack by thread (id and name).
-    #[arg(long)]
-    pub per_thread: bool,
-
-    /// Write collapsed stacks (`root;...;caller;malloc N`) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub folded: Option<PathBuf>,
-
-    /// Write a flamegraph SVG to FILE.
-    #[arg(long, value_name = "FILE.svg")]
-    pub flamegraph: Option<PathBuf>,
-
-    /// What the folded stacks and the flamegraph count.
-    #[arg(long, value_enum, default_value_t = Weight::Calls)]
-    pub weight: Weight,
+    #[command(flatten)]
+    pub out: OutputArgs,
 
     /// Capacity of the in-kernel map of distinct (stack, function) keys.
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..))]
@@ -81,6 +101,95 @@ pub struct Cli {
     /// The command to start, with its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// What to show and which files to write; the same for a live trace and
+/// `mtrace report`.
+#[derive(Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Show at most N stacks in the table (0: all).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+
+    /// Hide stacks with fewer than PCT percent of all allocation calls.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0, value_parser = parse_percent)]
+    pub threshold: f64,
+
+    /// Order of the table.
+    #[arg(long, value_enum, default_value_t = SortKey::Calls)]
+    pub sort: SortKey,
+
+    /// Split every stack by thread (id and name).
+    #[arg(long)]
+    pub per_thread: bool,
+
+    /// Write the profile as JSON (mtrace-profile, schema version 1) to FILE.
+    #[arg(short, long, value_name = "FILE.json")]
+    pub output: Option<PathBuf>,
+
+    /// Write collapsed stacks (`root;...;caller;malloc N`) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub folded: Option<PathBuf>,
+
+    /// Write a flamegraph SVG to FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    pub flamegraph: Option<PathBuf>,
+
+    /// What the folded stacks and the flamegraph count.
+    #[arg(long, value_enum, default_value_t = Weight::Calls)]
+    pub weight: Weight,
+
+    /// Write a gzipped pprof profile (go tool pprof, Pyroscope, Parca).
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pub pprof: Option<PathBuf>,
+
+    /// Write a speedscope profile (https://www.speedscope.app).
+    #[arg(long, value_name = "FILE.json")]
+    pub speedscope: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A profile written by --output or a snapshot.
+    #[arg(value_name = "PROFILE.json")]
+    pub file: PathBuf,
+
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    #[arg(value_name = "BASE.json")]
+    pub base: PathBuf,
+
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+
+    /// Exit 1 when this holds, e.g. 'calls>+5%' or 'bytes>+1MiB' (on the
+    /// totals, or on every stack with --per-stack). May be repeated.
+    #[arg(long = "fail-if", value_name = "COND")]
+    pub fail_if: Vec<String>,
+
+    /// Apply --fail-if to every stack instead of the totals.
+    #[arg(long)]
+    pub per_stack: bool,
+
+    /// Show at most N changed stacks (0: all).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+
+    /// Write differential collapsed stacks (`stack BASE NEW`) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub folded: Option<PathBuf>,
+
+    /// Write a differential flamegraph SVG (growth red, shrinkage blue).
+    #[arg(long, value_name = "FILE.svg")]
+    pub flamegraph: Option<PathBuf>,
+
+    /// What the differential folded stacks and flamegraph count.
+    #[arg(long, value_enum, default_value_t = Weight::Calls)]
+    pub weight: Weight,
 }
 
 fn parse_duration(s: &str) -> Result<f64, String> {

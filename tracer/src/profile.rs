@@ -156,10 +156,29 @@ pub struct Meta {
     pub probes: Vec<Probe>,
 }
 
+/// Present in snapshot files: which snapshot, and what changed since the
+/// previous one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// 1 for the first snapshot of a trace.
+    pub index: u32,
+    /// Seconds since tracing started.
+    pub elapsed_secs: f64,
+    /// Change of the totals since the previous snapshot (since attach for
+    /// the first).
+    pub delta_allocs: Counts,
+    pub delta_frees: u64,
+    /// Stacks whose counts changed since the previous snapshot, with the
+    /// change as their counts.
+    pub delta_stacks: Vec<StackEntry>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     pub meta: Meta,
     pub stacks: Vec<StackEntry>,
     pub totals: Totals,
     pub losses: Losses,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
 }

@@ -184,6 +184,7 @@ pub fn symbolize(
         stacks,
         totals,
         losses: raw.losses,
+        snapshot: None,
     }
 }
 

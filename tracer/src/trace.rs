@@ -1,0 +1,278 @@
+//! A live trace: attach (by pid or by launching a command), wait for the
+//! end while writing snapshots, collect, detach, symbolize, report.
+
+use std::{
+    collections::BTreeMap,
+    os::fd::{FromRawFd, OwnedFd},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use tokio::{io::unix::AsyncFd, signal::unix::SignalKind, sync::oneshot};
+
+use crate::{
+    allocator,
+    cli::TraceArgs,
+    collect, launch, outputs,
+    probes::{self, MapSizes, Probes},
+    profile::{Meta, Probe, Profile},
+    profile_file, snapshot,
+    symbolize::{self, AddressSpace},
+    target, user_error,
+};
+
+/// Why tracing stopped.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    TargetExited(Option<i32>),
+    Duration,
+    Interrupted(i32),
+}
+
+/// How often the target's mappings are re-read (new libraries).
+const REFRESH_EVERY: Duration = Duration::from_millis(500);
+
+/// Everything needed to turn the kernel maps into a profile at any time.
+struct Session {
+    pid: u32,
+    probes: Probes,
+    space: Arc<Mutex<AddressSpace>>,
+    meta: Meta,
+    per_thread: bool,
+    started: Instant,
+    snapshots: u32,
+    last_snapshot: Option<Profile>,
+}
+
+impl Session {
+    fn profile(&self) -> Result<Profile> {
+        let mut thread_names = BTreeMap::new();
+        if self.per_thread {
+            thread_names.extend(target::thread_names(self.pid));
+        }
+        let raw = collect::collect(&self.probes).context("reading the kernel maps")?;
+        let mut meta = self.meta.clone();
+        meta.duration_secs = self.started.elapsed().as_secs_f64();
+        let space = self.space.lock().unwrap();
+        Ok(symbolize::symbolize(
+            &raw,
+            &space,
+            &self.probes.func_names,
+            &thread_names,
+            meta,
+        ))
+    }
+
+    fn write_snapshot(&mut self, dir: &std::path::Path) -> Result<()> {
+        self.space.lock().unwrap().refresh(self.pid);
+        let mut profile = self.profile()?;
+        self.snapshots += 1;
+        let snap = snapshot::delta(
+            self.snapshots,
+            profile.meta.duration_secs,
+            self.last_snapshot.as_ref(),
+            &profile,
+        );
+        profile.snapshot = Some(snap);
+        let path = snapshot::path(dir, self.pid, self.snapshots);
+        profile_file::write(&path, &profile)?;
+        eprintln!("mtrace: wrote snapshot {}", path.display());
+        profile.snapshot = None;
+        self.last_snapshot = Some(profile);
+        Ok(())
+    }
+}
+
+pub fn run(args: TraceArgs) -> Result<i32> {
+    if args.pid.is_none() && args.command.is_empty() {
+        return Err(user_error!(
+            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)"
+        ));
+    }
+    target::check_privileges()?;
+    let sizes = MapSizes {
+        counts: args.count_map_size,
+        stacks: args.stack_map_size,
+    };
+    let per_thread = args.out.per_thread;
+    let space = Arc::new(Mutex::new(AddressSpace::new()));
+    let attach_started = Instant::now();
+
+    let (pid, probes, alloc_path, exit_rx) = match args.pid {
+        Some(pid) => {
+            target::check_pid(pid)?;
+            let maps = target::read_maps(pid)
+                .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
+            let alloc = allocator::find_in_process(pid, &maps)?;
+            space.lock().unwrap().refresh(pid);
+            let probes = probes::attach(pid, &alloc, &maps, per_thread, sizes)?;
+            (pid, probes, alloc.path, None)
+        }
+        None => {
+            let launched =
+                launch::launch(&args.command, space.clone(), move |pid, alloc, maps| {
+                    let probes = probes::attach(pid, alloc, maps, per_thread, sizes)?;
+                    Ok((probes, alloc.path.clone()))
+                })?;
+            let (probes, path) = launched.attached;
+            (launched.pid, probes, path, Some(launched.exit))
+        }
+    };
+    log::debug!("attached in {:?}", attach_started.elapsed());
+    log_probes(&probes.attached);
+    let command = if args.command.is_empty() {
+        target::cmdline(pid)
+    } else {
+        args.command.join(" ")
+    };
+    eprintln!(
+        "mtrace: tracing pid {pid} ({}): {} probes in {}{}",
+        target::comm(pid),
+        probes.attached.len(),
+        alloc_path,
+        if args.duration.is_some() {
+            String::new()
+        } else {
+            ", Ctrl-C to stop".into()
+        }
+    );
+
+    let meta = Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid,
+        command,
+        start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        duration_secs: 0.0,
+        kernel_release: kernel_release(),
+        mode: "count".into(),
+        allocator_object: alloc_path,
+        probes: probes.attached.clone(),
+    };
+    let mut session = Session {
+        pid,
+        probes,
+        space,
+        meta,
+        per_thread,
+        started: Instant::now(),
+        snapshots: 0,
+        last_snapshot: None,
+    };
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (end, exit_rx) = rt.block_on(wait_for_end(&mut session, &args, exit_rx))?;
+
+    let profile = session.profile()?;
+    // Dropping the programs closes their links: the kernel takes the
+    // breakpoints out of the target.
+    drop(session);
+    outputs::emit(&profile, &args.out)?;
+
+    Ok(match end {
+        End::TargetExited(code) => code.unwrap_or(0),
+        End::Duration => match exit_rx {
+            // Launch mode: the command runs on; pass its status through.
+            Some(rx) => rt.block_on(rx).unwrap_or(0),
+            None => 0,
+        },
+        // Ctrl-C is how a trace by pid normally ends.
+        End::Interrupted(_) if args.pid.is_some() => 0,
+        End::Interrupted(sig) => 128 + sig,
+    })
+}
+
+fn log_probes(probes: &[Probe]) {
+    for p in probes {
+        log::debug!(
+            "probe: {}+{} ({}{})",
+            p.function,
+            p.offset,
+            p.instruction,
+            if p.emulated { "" } else { ", single-stepped" }
+        );
+    }
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+async fn wait_for_end(
+    session: &mut Session,
+    args: &TraceArgs,
+    exit_rx: Option<oneshot::Receiver<i32>>,
+) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
+    let pid = session.pid;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigusr1 = tokio::signal::unix::signal(SignalKind::user_defined1())?;
+    let sleep = async {
+        match args.duration {
+            Some(d) => tokio::time::sleep(Duration::from_secs_f64(d)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    let mut refresh = tokio::time::interval(REFRESH_EVERY);
+    let mut interval = args.interval.map(|secs| {
+        let every = Duration::from_secs_f64(secs);
+        tokio::time::interval_at(tokio::time::Instant::now() + every, every)
+    });
+    let snapshot_due = async |interval: &mut Option<tokio::time::Interval>| match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    };
+
+    // Launch mode learns of the exit from the launch thread; by pid, a
+    // pidfd becomes readable.
+    let exited_fd = match exit_rx {
+        Some(_) => None,
+        None => {
+            let fd = pidfd_open(pid)?;
+            // SAFETY: the descriptor is ours and lives as long as the AsyncFd.
+            Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
+        }
+    };
+    let mut exit_rx = exit_rx;
+    let target_exit = async |rx: &mut Option<oneshot::Receiver<i32>>| -> Option<i32> {
+        match (rx, &exited_fd) {
+            (Some(rx), _) => rx.await.ok(),
+            (None, Some(fd)) => {
+                let _ = fd.readable().await;
+                None
+            }
+            (None, None) => std::future::pending().await,
+        }
+    };
+
+    loop {
+        tokio::select! {
+            code = target_exit(&mut exit_rx) => return Ok((End::TargetExited(code), None)),
+            _ = &mut sleep => return Ok((End::Duration, exit_rx)),
+            _ = sigint.recv() => return Ok((End::Interrupted(libc::SIGINT), exit_rx)),
+            _ = sigterm.recv() => return Ok((End::Interrupted(libc::SIGTERM), exit_rx)),
+            _ = sigusr1.recv() => session.write_snapshot(&args.snapshot_dir)?,
+            _ = snapshot_due(&mut interval) => session.write_snapshot(&args.snapshot_dir)?,
+            _ = refresh.tick() => { session.space.lock().unwrap().refresh(pid); }
+        }
+    }
+}
+
+/// A descriptor that becomes readable when `pid` exits.
+fn pidfd_open(pid: u32) -> Result<OwnedFd> {
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(user_error!(
+            "cannot watch pid {pid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
