@@ -59,9 +59,15 @@ pub fn write_files(profile: &Profile, out: &OutputArgs) -> Result<()> {
             }
         }
     }
-    // PPROF_SPEEDSCOPE_PENDING
-    if out.pprof.is_some() || out.speedscope.is_some() {
-        return Err(user_error!("--pprof and --speedscope are not wired yet"));
+    if let Some(path) = &out.pprof {
+        write_file(path, "pprof profile", &render::pprof::render(profile)?)?;
+    }
+    if let Some(path) = &out.speedscope {
+        write_file(
+            path,
+            "speedscope profile",
+            render::speedscope::render(profile)?.as_bytes(),
+        )?;
     }
     Ok(())
 }

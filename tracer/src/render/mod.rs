@@ -11,6 +11,8 @@ use crate::profile::{Counts, Frame, Profile, StackEntry, Thread};
 
 pub mod flamegraph;
 pub mod folded;
+pub mod pprof;
+pub mod speedscope;
 pub mod table;
 
 /// Name of the deallocation function. Its stack entries (if any) are not
