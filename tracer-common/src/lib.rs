@@ -70,7 +70,7 @@ pub const STACK_ID_NONE: i32 = -1;
 /// Key of the in-kernel aggregation map: one entry per distinct
 /// (user stack, direct caller, allocator function, thread).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CountKey {
     /// Id in the stack-trace map, or [`STACK_ID_NONE`].
     pub stack_id: i32,
@@ -116,7 +116,21 @@ pub mod counter {
     /// The stack-trace map had no free slot (allocation counted under an
     /// unknown stack).
     pub const STACK_MAP_FULL: u32 = 26;
-    pub const N: u32 = 27;
+    /// Live mode: allocations not tracked because the live map was full.
+    pub const UNTRACKED: u32 = 27;
+    /// Live mode: frees of blocks not seen allocated (allocated before
+    /// attach, or untracked).
+    pub const FREE_UNKNOWN: u32 = 28;
+    /// Live mode: allocations that failed (NULL, or posix_memalign != 0).
+    pub const FAILED: u32 = 29;
+    /// Live mode: events the ring buffer had no room for.
+    pub const EVENTS_LOST: u32 = 30;
+    /// Live mode: a returned block was still in the live map (its free was
+    /// missed); the old entry was released first.
+    pub const STALE: u32 = 31;
+    /// Live mode: the per-thread pending-call map was full.
+    pub const PENDING_FULL: u32 = 32;
+    pub const N: u32 = 33;
 }
 
 /// Maximum number of allocator body ranges the nesting check compares.
@@ -148,12 +162,61 @@ pub struct EntryMark {
 pub struct Config {
     /// Non-zero: key the aggregation by thread id.
     pub per_thread: u32,
+    /// Non-zero: live mode (track every block until it is freed).
+    pub live: u32,
+    pub _pad: u32,
     /// How many entries of `bodies` are valid.
     pub n_bodies: u32,
     /// Bodies of the probed allocator functions in the target's address
     /// space: a call whose return address lies in one is the allocator
     /// calling itself (realloc -> malloc) and is not counted again.
     pub bodies: [BodyRange; MAX_BODY_RANGES],
+}
+
+/// Live mode: an allocating call between its entry and its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    pub key: CountKey,
+    pub size: u64,
+    /// realloc/reallocarray: the block being resized.
+    pub old_ptr: u64,
+    /// posix_memalign: where the block's address will be written.
+    pub memptr: u64,
+    /// When the call began (ns, CLOCK_MONOTONIC).
+    pub entry_ts: u64,
+    /// Stack pointer at entry: a call made while this one is in flight, at
+    /// this depth or deeper, is the allocator calling itself.
+    pub sp: u64,
+}
+
+/// Live mode: one outstanding block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveBlock {
+    pub key: CountKey,
+    pub size: u64,
+    /// When it was allocated (ns, CLOCK_MONOTONIC).
+    pub ts: u64,
+}
+
+pub const EVENT_ALLOC: u32 = 1;
+pub const EVENT_FREE: u32 = 2;
+
+/// Live mode: what the ring buffer carries, one per tracked allocation and
+/// one per free of a tracked block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    pub kind: u32,
+    pub _pad: u32,
+    pub ptr: u64,
+    pub size: u64,
+    /// Allocation time.
+    pub alloc_ts: u64,
+    /// Time of this event (allocation or free).
+    pub ts: u64,
+    pub key: CountKey,
 }
 
 /// Slots in the entry-mark array (indexed by `tid % TAIL_SLOTS`).
@@ -170,4 +233,7 @@ mod pod {
     unsafe impl aya::Pod for BodyRange {}
     unsafe impl aya::Pod for EntryMark {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for Pending {}
+    unsafe impl aya::Pod for LiveBlock {}
+    unsafe impl aya::Pod for Event {}
 }

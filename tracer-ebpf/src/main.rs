@@ -15,15 +15,17 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_user},
-    macros::{map, uprobe},
-    maps::{Array, HashMap, PerCpuArray, StackTrace},
-    programs::{tracing::StackIdContext, ProbeContext},
+    bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    counter, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, MAX_BODY_RANGES,
-    STACK_ID_NONE, TAIL_SLOTS,
+    counter, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, Event, LiveBlock, Pending,
+    EVENT_ALLOC, EVENT_FREE, MAX_BODY_RANGES, STACK_ID_NONE, TAIL_SLOTS,
 };
 
 const EEXIST: i32 = 17;
@@ -33,6 +35,8 @@ const ENOMEM: i32 = 12;
 #[no_mangle]
 static CONFIG: Config = Config {
     per_thread: 0,
+    live: 0,
+    _pad: 0,
     n_bodies: 0,
     bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
 };
@@ -53,6 +57,19 @@ static MARKS: Array<EntryMark> = Array::with_max_entries(TAIL_SLOTS, 0);
 #[map]
 static THREAD_NAMES: HashMap<u32, Comm> = HashMap::with_max_entries(16384, 0);
 
+/// Live mode: calls between entry and return, by thread id.
+#[map]
+static PENDING: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
+
+/// Live mode: every outstanding block, by address. Bounded (the tracer sets
+/// the size): when full, allocations are counted as untracked.
+#[map]
+static LIVE: HashMap<u64, LiveBlock> = HashMap::with_max_entries(262144, 0);
+
+/// Live mode: allocation and free events for the tracer.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+
 #[inline(always)]
 fn bump(index: u32, by: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(index) {
@@ -66,6 +83,11 @@ fn atomic_add(p: *mut u64, by: u64) {
     unsafe {
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by);
     }
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    unsafe { bpf_ktime_get_ns() }
 }
 
 #[inline(always)]
@@ -92,8 +114,15 @@ fn in_allocator_body(addr: u64) -> bool {
     false
 }
 
+/// What an entry probe passes on to the return probe in live mode.
+#[derive(Clone, Copy, Default)]
+struct Extra {
+    old_ptr: u64,
+    memptr: u64,
+}
+
 #[inline(always)]
-fn record(ctx: &ProbeContext, func: AllocFn, size: u64) -> u32 {
+fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     let sp = unsafe { (*ctx.regs).rsp };
     let caller = match unsafe { bpf_probe_read_user(sp as *const u64) } {
         Ok(v) => v,
@@ -107,11 +136,23 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64) -> u32 {
         return 0;
     }
     let tid = bpf_get_current_pid_tgid() as u32;
-    // A tail call from another allocator function arrives with the same
-    // stack pointer and return address as the call that was just counted
-    // (reallocarray -> realloc -> malloc in glibc). The mark stays, so a
-    // chain of tail calls is counted once; the next counted call replaces it.
-    if let Some(mark) = MARKS.get_ptr_mut(tid % TAIL_SLOTS) {
+    let live = config_u32(&CONFIG.live) != 0;
+    if live {
+        // In live mode the outer call's pending entry says exactly when the
+        // thread is inside the allocator (the return probes have replaced
+        // return addresses, so the marks below would not match).
+        if let Some(p) = unsafe { PENDING.get(&tid) } {
+            if sp <= p.sp {
+                bump(counter::NESTED, 1);
+                return 0;
+            }
+        }
+    } else if let Some(mark) = MARKS.get_ptr_mut(tid % TAIL_SLOTS) {
+        // A tail call from another allocator function arrives with the same
+        // stack pointer and return address as the call that was just
+        // counted (reallocarray -> realloc -> malloc in glibc). The mark
+        // stays, so a chain of tail calls is counted once; the next counted
+        // call replaces it.
         let mark = unsafe { &mut *mark };
         if mark.tid == tid && mark.sp == sp && mark.ret == caller && mark.func != func as u32 {
             bump(counter::NESTED, 1);
@@ -126,6 +167,9 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64) -> u32 {
     }
     bump(counter::CALLS + func as u32, 1);
     if func == AllocFn::Free {
+        if live && extra.old_ptr != 0 {
+            release(extra.old_ptr, now_ns(), 0);
+        }
         return 0;
     }
     bump(counter::BYTES + func as u32, size);
@@ -152,14 +196,32 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64) -> u32 {
         _pad: 0,
         caller,
     };
-    if add_to(&key, size) {
-        return 0;
+    if live {
+        let pending = Pending {
+            key,
+            size,
+            old_ptr: extra.old_ptr,
+            memptr: extra.memptr,
+            entry_ts: now_ns(),
+            sp,
+        };
+        if PENDING.insert(&tid, &pending, BPF_ANY as u64).is_err() {
+            bump(counter::PENDING_FULL, 1);
+        }
     }
+    if !add_to(&key, size) {
+        insert_count(&key, size, tid, per_thread);
+    }
+    0
+}
+
+#[inline(always)]
+fn insert_count(key: &CountKey, size: u64, tid: u32, per_thread: bool) {
     let first = CountValue {
         calls: 1,
         bytes: size,
     };
-    match COUNTS.insert(&key, &first, BPF_NOEXIST as u64) {
+    match COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
         Ok(()) => {
             if per_thread {
                 if let Ok(comm) = bpf_get_current_comm() {
@@ -171,13 +233,128 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64) -> u32 {
         }
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
-            if !add_to(&key, size) {
+            if !add_to(key, size) {
                 bump(counter::MAP_FULL, 1);
             }
         }
         Err(_) => bump(counter::MAP_FULL, 1),
     }
+}
+
+/// Live mode: the return of an allocating call. Only the outermost call
+/// of a thread completes: a nested call (realloc -> malloc) returns with
+/// the outer call's pending entry, which names another function.
+#[inline(always)]
+fn complete(ctx: &RetProbeContext, func: AllocFn) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let pending = match unsafe { PENDING.get(&tid) } {
+        Some(p) if p.key.func == func as u32 => *p,
+        _ => return 0,
+    };
+    let _ = PENDING.remove(&tid);
+    let now = now_ns();
+    let ret: u64 = ctx.ret();
+    let ptr = if func == AllocFn::PosixMemalign {
+        if ret as u32 == 0 {
+            unsafe { bpf_probe_read_user(pending.memptr as *const u64) }.unwrap_or(0)
+        } else {
+            0
+        }
+    } else {
+        ret
+    };
+    let resizes = func == AllocFn::Realloc || func == AllocFn::Reallocarray;
+    if resizes && pending.old_ptr != 0 && (ptr != 0 || pending.size == 0) {
+        // The old block is gone (moved, or freed by realloc(p, 0)). Only
+        // if it is still the one that existed when the call began: another
+        // thread may have been handed the same address since.
+        release(pending.old_ptr, now, pending.entry_ts);
+    }
+    if ptr == 0 {
+        if !(resizes && pending.size == 0) {
+            bump(counter::FAILED, 1);
+        }
+        return 0;
+    }
+    track(ptr, &pending, now);
     0
+}
+
+#[inline(always)]
+fn track(ptr: u64, pending: &Pending, now: u64) {
+    let block = LiveBlock {
+        key: pending.key,
+        size: pending.size,
+        ts: now,
+    };
+    if let Err(e) = LIVE.insert(&ptr, &block, BPF_NOEXIST as u64) {
+        if e != -EEXIST {
+            bump(counter::UNTRACKED, 1);
+            return;
+        }
+        // Its free was missed: close the old block first.
+        bump(counter::STALE, 1);
+        release(ptr, now, 0);
+        if LIVE.insert(&ptr, &block, BPF_ANY as u64).is_err() {
+            bump(counter::UNTRACKED, 1);
+            return;
+        }
+    }
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            entry.write(Event {
+                kind: EVENT_ALLOC,
+                _pad: 0,
+                ptr,
+                size: pending.size,
+                alloc_ts: now,
+                ts: now,
+                key: pending.key,
+            });
+            entry.submit(0);
+        }
+        None => {
+            // Without its event the tracer cannot account for the block:
+            // forget it, and say so.
+            let _ = LIVE.remove(&ptr);
+            bump(counter::EVENTS_LOST, 1);
+        }
+    }
+}
+
+/// Live mode: `ptr` was freed. `born_before`, when non-zero, releases the
+/// block only if it was allocated before that time.
+#[inline(always)]
+fn release(ptr: u64, now: u64, born_before: u64) {
+    let block = match unsafe { LIVE.get(&ptr) } {
+        Some(b) => *b,
+        None => {
+            bump(counter::FREE_UNKNOWN, 1);
+            return;
+        }
+    };
+    if born_before != 0 && block.ts > born_before {
+        return;
+    }
+    if LIVE.remove(&ptr).is_err() {
+        // Another CPU released it first.
+        return;
+    }
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            entry.write(Event {
+                kind: EVENT_FREE,
+                _pad: 0,
+                ptr,
+                size: block.size,
+                alloc_ts: block.ts,
+                ts: now,
+                key: block.key,
+            });
+            entry.submit(0);
+        }
+        None => bump(counter::EVENTS_LOST, 1),
+    }
 }
 
 #[inline(always)]
@@ -223,54 +400,109 @@ fn product(n: u64, m: u64) -> u64 {
 
 #[uprobe]
 pub fn malloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Malloc, arg(&ctx, 0))
+    record(&ctx, AllocFn::Malloc, arg(&ctx, 0), Extra::default())
 }
 
 #[uprobe]
 pub fn calloc(ctx: ProbeContext) -> u32 {
     let size = product(arg(&ctx, 0), arg(&ctx, 1));
-    record(&ctx, AllocFn::Calloc, size)
+    record(&ctx, AllocFn::Calloc, size, Extra::default())
 }
 
 #[uprobe]
 pub fn realloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Realloc, arg(&ctx, 1))
+    record(
+        &ctx,
+        AllocFn::Realloc,
+        arg(&ctx, 1),
+        Extra {
+            old_ptr: arg(&ctx, 0),
+            memptr: 0,
+        },
+    )
 }
 
 #[uprobe]
 pub fn reallocarray(ctx: ProbeContext) -> u32 {
     let size = product(arg(&ctx, 1), arg(&ctx, 2));
-    record(&ctx, AllocFn::Reallocarray, size)
+    record(
+        &ctx,
+        AllocFn::Reallocarray,
+        size,
+        Extra {
+            old_ptr: arg(&ctx, 0),
+            memptr: 0,
+        },
+    )
 }
 
 #[uprobe]
 pub fn posix_memalign(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::PosixMemalign, arg(&ctx, 2))
+    record(
+        &ctx,
+        AllocFn::PosixMemalign,
+        arg(&ctx, 2),
+        Extra {
+            old_ptr: 0,
+            memptr: arg(&ctx, 0),
+        },
+    )
 }
 
 #[uprobe]
 pub fn aligned_alloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1))
+    record(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1), Extra::default())
 }
 
 #[uprobe]
 pub fn memalign(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Memalign, arg(&ctx, 1))
+    record(&ctx, AllocFn::Memalign, arg(&ctx, 1), Extra::default())
 }
 
 #[uprobe]
 pub fn valloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Valloc, arg(&ctx, 0))
+    record(&ctx, AllocFn::Valloc, arg(&ctx, 0), Extra::default())
 }
 
 #[uprobe]
 pub fn pvalloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Pvalloc, arg(&ctx, 0))
+    record(&ctx, AllocFn::Pvalloc, arg(&ctx, 0), Extra::default())
 }
 
 #[uprobe]
 pub fn free(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Free, 0)
+    record(
+        &ctx,
+        AllocFn::Free,
+        0,
+        Extra {
+            old_ptr: arg(&ctx, 0),
+            memptr: 0,
+        },
+    )
+}
+
+macro_rules! return_probes {
+    ($($name:ident => $func:expr),* $(,)?) => {
+        $(
+            #[uretprobe]
+            pub fn $name(ctx: RetProbeContext) -> u32 {
+                complete(&ctx, $func)
+            }
+        )*
+    };
+}
+
+return_probes! {
+    malloc_ret => AllocFn::Malloc,
+    calloc_ret => AllocFn::Calloc,
+    realloc_ret => AllocFn::Realloc,
+    reallocarray_ret => AllocFn::Reallocarray,
+    posix_memalign_ret => AllocFn::PosixMemalign,
+    aligned_alloc_ret => AllocFn::AlignedAlloc,
+    memalign_ret => AllocFn::Memalign,
+    valloc_ret => AllocFn::Valloc,
+    pvalloc_ret => AllocFn::Pvalloc,
 }
 
 #[cfg(not(test))]

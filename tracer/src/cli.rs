@@ -1,6 +1,6 @@
 //! Command-line interface.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -82,6 +82,31 @@ pub struct TraceArgs {
     /// Directory for snapshots, named mtrace-PID-NNNN.json.
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub snapshot_dir: PathBuf,
+
+    /// Live mode: also follow every block until it is freed (return probes
+    /// on the allocating functions): outstanding blocks and leaks, sizes and
+    /// lifetimes, temporaries, the peak of live bytes.
+    #[arg(long)]
+    pub live: bool,
+
+    /// Live mode: show as leak suspects only blocks at least SECS old.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0, value_parser = parse_age, requires = "live")]
+    pub min_age: f64,
+
+    /// Live mode: a block freed sooner than this after its allocation is a
+    /// temporary (e.g. 500us, 1ms, 2s).
+    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = parse_span, requires = "live")]
+    pub temporary_under: Duration,
+
+    /// Live mode: how many outstanding blocks the kernel tracks at once;
+    /// beyond that, allocations are counted as untracked.
+    #[arg(long, value_name = "N", default_value_t = 262144, value_parser = clap::value_parser!(u32).range(1..))]
+    pub live_map_size: u32,
+
+    /// Live mode: size of the kernel-to-tracer event buffer in bytes (a
+    /// power of two, at least 4096).
+    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20, value_parser = parse_ring_size)]
+    pub event_buffer_size: u32,
 
     #[command(flatten)]
     pub out: OutputArgs,
@@ -202,6 +227,30 @@ fn parse_duration(s: &str) -> Result<f64, String> {
         Err(format!(
             "duration must be a positive number of seconds, not {s}"
         ))
+    }
+}
+
+fn parse_age(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("age must be zero or more seconds, not {s}"))
+    }
+}
+
+fn parse_span(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration like 500us, 1ms or 2s: {e}"))
+}
+
+fn parse_ring_size(s: &str) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    if v >= 4096 && v.is_power_of_two() {
+        Ok(v)
+    } else {
+        Err(format!("the event buffer must be a power of two of at least 4096 bytes, not {s}"))
     }
 }
 

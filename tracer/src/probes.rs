@@ -26,6 +26,18 @@ pub struct MapSizes {
     pub counts: u32,
     /// Distinct stacks.
     pub stacks: u32,
+    /// Live mode: outstanding blocks tracked at once.
+    pub live: u32,
+    /// Live mode: event ring buffer, bytes (a power of two).
+    pub events: u32,
+}
+
+/// What to attach.
+#[derive(Clone, Copy, Debug)]
+pub struct Mode {
+    pub per_thread: bool,
+    /// Live mode: return probes too, every block tracked.
+    pub live: bool,
 }
 
 pub struct Probes {
@@ -40,12 +52,14 @@ pub fn attach(
     pid: u32,
     alloc: &AllocatorObject,
     maps: &[Mapping],
-    per_thread: bool,
+    mode: Mode,
     sizes: MapSizes,
 ) -> Result<Probes> {
     let bodies = alloc.body_ranges(maps);
     let mut config = Config {
-        per_thread: per_thread as u32,
+        per_thread: mode.per_thread as u32,
+        live: mode.live as u32,
+        _pad: 0,
         n_bodies: bodies.len() as u32,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],
     };
@@ -55,6 +69,9 @@ pub fn attach(
         .override_global("CONFIG", &config, true)
         .map_max_entries("COUNTS", sizes.counts)
         .map_max_entries("STACKS", sizes.stacks)
+        .map_max_entries("LIVE", if mode.live { sizes.live } else { 1 })
+        .map_max_entries("PENDING", if mode.live { 16384 } else { 1 })
+        .map_max_entries("EVENTS", if mode.live { sizes.events } else { 4096 })
         .load(BPF_OBJECT)
         .context("loading the BPF programs")?;
 
@@ -86,6 +103,29 @@ pub fn attach(
                     alloc.path
                 )
             })?;
+        if mode.live && func != tracer_common::AllocFn::Free {
+            let ret_name = format!("{}_ret", func.name());
+            let program: &mut UProbe = ebpf
+                .program_mut(&ret_name)
+                .with_context(|| format!("BPF program {ret_name} missing"))?
+                .try_into()?;
+            program
+                .load()
+                .with_context(|| format!("loading the {ret_name} probe"))?;
+            program
+                .attach(
+                    UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
+                    &alloc.open_path,
+                    UProbeScope::OneProcess(pid_nz),
+                )
+                .with_context(|| {
+                    format!(
+                        "attaching a uretprobe to {} in {}",
+                        site.display_name(),
+                        alloc.path
+                    )
+                })?;
+        }
         let name = site.display_name();
         attached.push(crate::profile::Probe {
             function: name.clone(),

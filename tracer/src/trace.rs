@@ -15,7 +15,7 @@ use crate::{
     allocator,
     cli::TraceArgs,
     collect, launch, outputs,
-    probes::{self, MapSizes, Probes},
+    probes::{self, MapSizes, Mode, Probes},
     profile::{Meta, Probe, Profile},
     profile_file, snapshot,
     symbolize::{self, AddressSpace},
@@ -94,8 +94,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let sizes = MapSizes {
         counts: args.count_map_size,
         stacks: args.stack_map_size,
+        live: args.live_map_size,
+        events: args.event_buffer_size,
     };
     let per_thread = args.out.per_thread;
+    let mode = Mode {
+        per_thread,
+        live: args.live,
+    };
     let space = Arc::new(Mutex::new(AddressSpace::new()));
     let attach_started = Instant::now();
 
@@ -106,13 +112,13 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
             let alloc = allocator::find_in_process(pid, &maps)?;
             space.lock().unwrap().refresh(pid);
-            let probes = probes::attach(pid, &alloc, &maps, per_thread, sizes)?;
+            let probes = probes::attach(pid, &alloc, &maps, mode, sizes)?;
             (pid, probes, alloc.path, None)
         }
         None => {
             let launched =
                 launch::launch(&args.command, space.clone(), move |pid, alloc, maps| {
-                    let probes = probes::attach(pid, alloc, maps, per_thread, sizes)?;
+                    let probes = probes::attach(pid, alloc, maps, mode, sizes)?;
                     Ok((probes, alloc.path.clone()))
                 })?;
             let (probes, path) = launched.attached;
