@@ -242,15 +242,20 @@ fn parse_age(s: &str) -> Result<f64, String> {
 }
 
 fn parse_span(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration like 500us, 1ms or 2s: {e}"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration like 500us, 1ms or 2s: {e}"))
 }
 
 fn parse_ring_size(s: &str) -> Result<u32, String> {
-    let v: u32 = s.parse().map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
     if v >= 4096 && v.is_power_of_two() {
         Ok(v)
     } else {
-        Err(format!("the event buffer must be a power of two of at least 4096 bytes, not {s}"))
+        Err(format!(
+            "the event buffer must be a power of two of at least 4096 bytes, not {s}"
+        ))
     }
 }
 

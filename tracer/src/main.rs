@@ -6,10 +6,10 @@
 mod allocator;
 mod cli;
 mod collect;
-#[allow(dead_code)]
 mod diff;
 mod error;
 mod launch;
+mod live;
 mod outputs;
 mod probes;
 mod profile;

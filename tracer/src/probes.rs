@@ -46,6 +46,8 @@ pub struct Probes {
     pub attached: Vec<crate::profile::Probe>,
     /// Display name per `AllocFn` discriminant (aliases joined).
     pub func_names: Vec<String>,
+    /// Live mode is on.
+    pub live: bool,
 }
 
 pub fn attach(
@@ -139,5 +141,6 @@ pub fn attach(
         ebpf,
         attached,
         func_names,
+        live: mode.live,
     })
 }

@@ -127,6 +127,7 @@ mod tests {
                 calls: 1000,
                 bytes: 48000,
             },
+            live: None,
         });
         p
     }

@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::profile::{Counts, Losses};
+use tracer_common::CountKey;
+
+use crate::profile::{Counts, LiveStats, LiveTotals, Losses};
 
 /// One aggregated row: an allocator function reached through one stack.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RawStack {
     /// `AllocFn` discriminant.
     pub func: u32,
@@ -18,6 +20,10 @@ pub struct RawStack {
     /// Thread id when split per thread.
     pub tid: Option<u32>,
     pub counts: Counts,
+    /// The kernel's aggregation key (joins live statistics).
+    pub key: CountKey,
+    /// Live mode: what became of this stack's blocks.
+    pub live: Option<LiveStats>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -29,4 +35,6 @@ pub struct RawProfile {
     pub losses: Losses,
     /// Thread names recorded by the BPF programs at first allocation.
     pub thread_names: BTreeMap<u32, String>,
+    /// Live-mode counters from the kernel (totals filled in by the tracker).
+    pub live: Option<LiveTotals>,
 }

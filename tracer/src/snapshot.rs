@@ -82,6 +82,7 @@ mod tests {
                 calls,
                 bytes: calls * 8,
             },
+            live: None,
         }
     }
 

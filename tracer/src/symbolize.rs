@@ -160,6 +160,7 @@ pub fn symbolize(
                     .unwrap_or_else(|| "?".into()),
             }),
             counts: st.counts,
+            live: st.live.clone(),
         });
     }
 
@@ -184,6 +185,7 @@ pub fn symbolize(
         stacks,
         totals,
         losses: raw.losses,
+        live: raw.live.clone(),
         snapshot: None,
     }
 }

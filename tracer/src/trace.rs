@@ -9,15 +9,20 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use aya::maps::{MapData, RingBuf};
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind, sync::oneshot};
 
 use crate::{
     allocator,
     cli::TraceArgs,
-    collect, launch, outputs,
+    collect, launch,
+    live::{self, LiveTracker},
+    outputs,
     probes::{self, MapSizes, Mode, Probes},
     profile::{Meta, Probe, Profile},
-    profile_file, snapshot,
+    profile_file,
+    raw_profile::RawProfile,
+    snapshot,
     symbolize::{self, AddressSpace},
     target, user_error,
 };
@@ -37,6 +42,13 @@ const REFRESH_EVERY: Duration = Duration::from_millis(500);
 struct Session {
     pid: u32,
     probes: Probes,
+    /// Live mode: folds the kernel's events.
+    tracker: Option<LiveTracker>,
+    /// Live mode: blocks at least this old are leak suspects.
+    min_age_ns: u64,
+    /// CLOCK_MONOTONIC when tracing began.
+    started_ns: u64,
+    live_map_size: u32,
     space: Arc<Mutex<AddressSpace>>,
     meta: Meta,
     per_thread: bool,
@@ -51,7 +63,10 @@ impl Session {
         if self.per_thread {
             thread_names.extend(target::thread_names(self.pid));
         }
-        let raw = collect::collect(&self.probes).context("reading the kernel maps")?;
+        let mut raw = collect::collect(&self.probes).context("reading the kernel maps")?;
+        if let Some(tracker) = &self.tracker {
+            self.add_live(&mut raw, tracker)?;
+        }
         let mut meta = self.meta.clone();
         meta.duration_secs = self.started.elapsed().as_secs_f64();
         let space = self.space.lock().unwrap();
@@ -62,6 +77,34 @@ impl Session {
             &thread_names,
             meta,
         ))
+    }
+
+    /// Joins the tracker's per-stack statistics and the kernel's map of
+    /// outstanding blocks to the raw profile.
+    fn add_live(&self, raw: &mut RawProfile, tracker: &LiveTracker) -> Result<()> {
+        let now = live::monotonic_ns();
+        let outstanding = collect::outstanding(&self.probes, now, self.min_age_ns)?;
+        for st in &mut raw.stacks {
+            st.live = tracker.stats(&st.key, outstanding.get(&st.key), now);
+        }
+        if let Some(t) = &mut raw.live {
+            t.peak_bytes = tracker.peak_bytes;
+            t.peak_secs = tracker.peak_ts.saturating_sub(self.started_ns) as f64 / 1e9;
+            t.min_age_secs = self.min_age_ns as f64 / 1e9;
+            t.temporary_under_ns = tracker.temporary_ns;
+            t.live_map_size = self.live_map_size as u64;
+            for o in outstanding.values() {
+                t.outstanding += o.blocks;
+                t.outstanding_bytes += o.bytes;
+                t.old_outstanding += o.old_blocks;
+                t.old_outstanding_bytes += o.old_bytes;
+            }
+            for k in tracker.keys.values() {
+                t.tracked_allocations += k.allocations;
+                t.temporaries += k.temporaries;
+            }
+        }
+        Ok(())
     }
 
     fn write_snapshot(&mut self, dir: &std::path::Path) -> Result<()> {
@@ -151,12 +194,18 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         duration_secs: 0.0,
         kernel_release: kernel_release(),
-        mode: "count".into(),
+        mode: if args.live { "live" } else { "count" }.into(),
         allocator_object: alloc_path,
         probes: probes.attached.clone(),
     };
     let mut session = Session {
         pid,
+        tracker: args
+            .live
+            .then(|| LiveTracker::new(args.temporary_under.as_nanos() as u64)),
+        min_age_ns: (args.min_age * 1e9) as u64,
+        started_ns: live::monotonic_ns(),
+        live_map_size: args.live_map_size,
         probes,
         space,
         meta,
@@ -171,6 +220,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .build()?;
     let (end, exit_rx) = rt.block_on(wait_for_end(&mut session, &args, exit_rx))?;
 
+    if let Some(t) = &mut session.tracker {
+        t.finish();
+    }
     let profile = session.profile()?;
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
@@ -214,6 +266,23 @@ async fn wait_for_end(
     exit_rx: Option<oneshot::Receiver<i32>>,
 ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
     let pid = session.pid;
+    // Live mode: the event ring buffer, read whenever it has data.
+    let mut events = match session.probes.ebpf.take_map("EVENTS") {
+        Some(map) if session.tracker.is_some() => {
+            let ring = RingBuf::try_from(map)?;
+            // SAFETY: the ring buffer owns its descriptor for as long as
+            // the AsyncFd lives.
+            Some(
+                unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+                    .map_err(|e| e.into_parts().1)?,
+            )
+        }
+        _ => None,
+    };
+    let events_ready = async |events: &mut Option<AsyncFd<RingBuf<MapData>>>| match events {
+        Some(fd) => fd.readable_mut().await.ok().map(|mut g| g.clear_ready()),
+        None => std::future::pending().await,
+    };
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
     let mut sigusr1 = tokio::signal::unix::signal(SignalKind::user_defined1())?;
@@ -258,16 +327,36 @@ async fn wait_for_end(
         }
     };
 
-    loop {
+    let end = loop {
         tokio::select! {
-            code = target_exit(&mut exit_rx) => return Ok((End::TargetExited(code), None)),
-            _ = &mut sleep => return Ok((End::Duration, exit_rx)),
-            _ = sigint.recv() => return Ok((End::Interrupted(libc::SIGINT), exit_rx)),
-            _ = sigterm.recv() => return Ok((End::Interrupted(libc::SIGTERM), exit_rx)),
-            _ = sigusr1.recv() => session.write_snapshot(&args.snapshot_dir)?,
-            _ = snapshot_due(&mut interval) => session.write_snapshot(&args.snapshot_dir)?,
+            code = target_exit(&mut exit_rx) => break (End::TargetExited(code), None),
+            _ = &mut sleep => break (End::Duration, exit_rx),
+            _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
+            _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
+            _ = events_ready(&mut events) => drain(&mut events, &mut session.tracker),
+            _ = sigusr1.recv() => {
+                drain(&mut events, &mut session.tracker);
+                session.write_snapshot(&args.snapshot_dir)?;
+            }
+            _ = snapshot_due(&mut interval) => {
+                drain(&mut events, &mut session.tracker);
+                session.write_snapshot(&args.snapshot_dir)?;
+            }
             _ = refresh.tick() => { session.space.lock().unwrap().refresh(pid); }
         }
+    };
+    drain(&mut events, &mut session.tracker);
+    Ok(end)
+}
+
+/// Feeds every event waiting in the ring buffer to the tracker.
+fn drain(events: &mut Option<AsyncFd<RingBuf<MapData>>>, tracker: &mut Option<LiveTracker>) {
+    let (Some(fd), Some(tracker)) = (events.as_mut(), tracker.as_mut()) else {
+        return;
+    };
+    let ring = fd.get_mut();
+    while let Some(item) = ring.next() {
+        tracker.on_bytes(&item);
     }
 }
 

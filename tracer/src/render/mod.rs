@@ -220,6 +220,7 @@ pub(crate) mod test_util {
             truncated: false,
             thread: None,
             counts: Counts { calls, bytes },
+            live: None,
         }
     }
 
