@@ -7,10 +7,11 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::profile::{Counts, Frame, Profile, StackEntry, Thread};
+use crate::profile::{Counts, Frame, LiveStats, Profile, StackEntry, Thread};
 
 pub mod flamegraph;
 pub mod folded;
+pub mod live;
 pub mod pprof;
 pub mod speedscope;
 pub mod table;
@@ -72,7 +73,7 @@ pub struct ReportOptions {
 
 /// One row to show: an allocator function reached through one stack, from
 /// one thread when split per thread.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Row<'a> {
     pub func: &'a str,
     /// Innermost first.
@@ -81,6 +82,9 @@ pub struct Row<'a> {
     /// Always `None` unless [`ReportOptions::per_thread`] is set.
     pub thread: Option<&'a Thread>,
     pub counts: Counts,
+    /// Live mode: the entry's live statistics (`None` when several entries
+    /// were merged into this row: percentiles do not add up).
+    pub live: Option<&'a LiveStats>,
 }
 
 /// Rows left out of a [`Selection`] for one reason.
@@ -91,7 +95,7 @@ pub struct Hidden {
 }
 
 /// The rows to show, in order, and what was left out.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Selection<'a> {
     pub rows: Vec<Row<'a>>,
     /// Rows under `--threshold`.
@@ -149,7 +153,7 @@ fn passes_threshold(calls: u64, total: u64, threshold_pct: f64) -> bool {
 /// Rows identical but for the thread (unless `per_thread`), summed.
 fn merge_rows(profile: &Profile, per_thread: bool) -> Vec<Row<'_>> {
     type Key<'a> = (&'a str, &'a [Frame], bool, Option<&'a Thread>);
-    let mut merged: BTreeMap<Key<'_>, Counts> = BTreeMap::new();
+    let mut merged: BTreeMap<Key<'_>, (Counts, Option<&LiveStats>, usize)> = BTreeMap::new();
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
         let thread = if per_thread {
             entry.thread.as_ref()
@@ -162,17 +166,23 @@ fn merge_rows(profile: &Profile, per_thread: bool) -> Vec<Row<'_>> {
             entry.truncated,
             thread,
         );
-        merged.entry(key).or_default().add(entry.counts);
+        let slot = merged.entry(key).or_default();
+        slot.0.add(entry.counts);
+        slot.1 = entry.live.as_ref();
+        slot.2 += 1;
     }
     merged
         .into_iter()
-        .map(|((func, frames, truncated, thread), counts)| Row {
-            func,
-            frames,
-            truncated,
-            thread,
-            counts,
-        })
+        .map(
+            |((func, frames, truncated, thread), (counts, live, n))| Row {
+                func,
+                frames,
+                truncated,
+                thread,
+                counts,
+                live: if n == 1 { live } else { None },
+            },
+        )
         .collect()
 }
 

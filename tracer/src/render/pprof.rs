@@ -169,7 +169,7 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
     let mut b = Builder::new();
     b.add_mappings(profile);
 
-    let sample_type = vec![
+    let mut sample_type = vec![
         proto::ValueType {
             r#type: b.string("alloc_objects"),
             unit: b.string("count"),
@@ -179,13 +179,30 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
             unit: b.string("bytes"),
         },
     ];
-    let default_sample_type = b.string("alloc_space");
+    // Live mode: what was still allocated when tracing ended, as
+    // go tool pprof's heap profiles name it.
+    if profile.live.is_some() {
+        sample_type.push(proto::ValueType {
+            r#type: b.string("inuse_objects"),
+            unit: b.string("count"),
+        });
+        sample_type.push(proto::ValueType {
+            r#type: b.string("inuse_space"),
+            unit: b.string("bytes"),
+        });
+    }
+    let default_sample_type = b.string(if profile.live.is_some() {
+        "inuse_space"
+    } else {
+        "alloc_space"
+    });
+    let with_inuse = profile.live.is_some();
 
     let samples: Vec<proto::Sample> = profile
         .stacks
         .iter()
         .filter(|e| is_allocation(e))
-        .map(|e| b.sample(e, &meta.allocator_object))
+        .map(|e| b.sample(e, &meta.allocator_object, with_inuse))
         .collect();
 
     let version = if meta.mtrace_version.is_empty() {
@@ -449,7 +466,12 @@ impl Builder {
         self.location(mapping_id, address, lines)
     }
 
-    fn sample(&mut self, entry: &StackEntry, allocator_object: &str) -> proto::Sample {
+    fn sample(
+        &mut self,
+        entry: &StackEntry,
+        allocator_object: &str,
+        with_inuse: bool,
+    ) -> proto::Sample {
         let mut location_id = Vec::with_capacity(entry.frames.len() + 1);
         let allocator_mapping = self.mapping_id(Some(allocator_object));
         let allocator = proto::Line {
@@ -474,9 +496,15 @@ impl Builder {
                 ..Default::default()
             });
         }
+        let mut values = vec![value(entry.counts.calls), value(entry.counts.bytes)];
+        if with_inuse {
+            let live = entry.live.as_ref();
+            values.push(value(live.map_or(0, |l| l.outstanding)));
+            values.push(value(live.map_or(0, |l| l.outstanding_bytes)));
+        }
         proto::Sample {
             location_id,
-            value: vec![value(entry.counts.calls), value(entry.counts.bytes)],
+            value: values,
             label,
         }
     }

@@ -53,6 +53,9 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
         out.push_str(&note);
         out.push('\n');
     }
+    if let Some(live) = &profile.live {
+        out.push_str(&super::live::summary(profile, live, opts.top));
+    }
     out
 }
 
@@ -99,6 +102,9 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
             out.push_str(" [inlined]");
         }
         out.push('\n');
+    }
+    if let Some(live) = row.live {
+        out.push_str(&super::live::row_lines(live));
     }
 }
 
