@@ -84,13 +84,35 @@ pub struct CountKey {
     pub caller: u64,
 }
 
-/// Value of the aggregation map. Updated with atomic adds.
+/// Value of the aggregation map. Updated with atomic adds. In sampled
+/// mode `calls` is an estimate in 16.16 fixed point and `bytes` an estimate.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CountValue {
     pub calls: u64,
     pub bytes: u64,
+    /// Calls recorded (all of them unless sampled).
+    pub samples: u64,
 }
+
+/// Fixed-point one for sample weights (16.16).
+pub const WEIGHT_ONE: u64 = 1 << 16;
+
+/// `Config::sample_mode`.
+pub const SAMPLE_NONE: u32 = 0;
+/// On average one sample per `sample_param` allocated bytes (exponential
+/// intervals, as jemalloc and tcmalloc draw them).
+pub const SAMPLE_BYTES: u32 = 1;
+/// Each call sampled with probability 1 / `sample_param`.
+pub const SAMPLE_EVERY: u32 = 2;
+
+/// Entries of the exponential-interval table: `-ln((i + 0.5) / N)` in 16.16.
+pub const EXP_TABLE_LEN: usize = 1024;
+/// Entries of the bytes-sampling weight table, for `x = size / rate` from
+/// 0.5 in steps of 1/256: `1 / (1 - exp(-x))` in 16.16.
+pub const WEIGHT_TABLE_LEN: usize = 4096;
+/// `x` (in 1/256) where the weight table starts; below it a series is used.
+pub const WEIGHT_TABLE_START: u64 = 128;
 
 /// Indexes into the per-CPU `COUNTERS` array: exact totals and every way a
 /// sample can be lost. Totals are kept apart from the aggregation map so they
@@ -130,7 +152,9 @@ pub mod counter {
     pub const STALE: u32 = 31;
     /// Live mode: the per-thread pending-call map was full.
     pub const PENDING_FULL: u32 = 32;
-    pub const N: u32 = 33;
+    /// Sampled mode: calls recorded.
+    pub const SAMPLES: u32 = 33;
+    pub const N: u32 = 34;
 }
 
 /// Maximum number of allocator body ranges the nesting check compares.
@@ -158,19 +182,26 @@ pub struct EntryMark {
 
 /// Run-time settings the tracer writes into the BPF object before loading.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Non-zero: key the aggregation by thread id.
     pub per_thread: u32,
     /// Non-zero: live mode (track every block until it is freed).
     pub live: u32,
-    pub _pad: u32,
+    /// `SAMPLE_NONE`, `SAMPLE_BYTES` or `SAMPLE_EVERY`.
+    pub sample_mode: u32,
+    /// Mean bytes between samples, or N of one-in-N.
+    pub sample_param: u64,
     /// How many entries of `bodies` are valid.
     pub n_bodies: u32,
     /// Bodies of the probed allocator functions in the target's address
     /// space: a call whose return address lies in one is the allocator
     /// calling itself (realloc -> malloc) and is not counted again.
     pub bodies: [BodyRange; MAX_BODY_RANGES],
+    /// `-ln((i + 0.5) / EXP_TABLE_LEN)` in 16.16 (bytes sampling).
+    pub exp_table: [u32; EXP_TABLE_LEN],
+    /// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i) / 256`.
+    pub weight_table: [u32; WEIGHT_TABLE_LEN],
 }
 
 /// Live mode: an allocating call between its entry and its return.

@@ -17,7 +17,8 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
@@ -25,7 +26,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, Event, LiveBlock, Pending,
-    EVENT_ALLOC, EVENT_FREE, MAX_BODY_RANGES, STACK_ID_NONE, TAIL_SLOTS,
+    EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, SAMPLE_BYTES, SAMPLE_EVERY,
+    SAMPLE_NONE, STACK_ID_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 const EEXIST: i32 = 17;
@@ -36,9 +38,12 @@ const ENOMEM: i32 = 12;
 static CONFIG: Config = Config {
     per_thread: 0,
     live: 0,
-    _pad: 0,
+    sample_mode: SAMPLE_NONE,
+    sample_param: 0,
     n_bodies: 0,
     bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
+    exp_table: [0; EXP_TABLE_LEN],
+    weight_table: [0; WEIGHT_TABLE_LEN],
 };
 
 /// Sizes are placeholders: the tracer sets them before load.
@@ -56,6 +61,13 @@ static MARKS: Array<EntryMark> = Array::with_max_entries(TAIL_SLOTS, 0);
 
 #[map]
 static THREAD_NAMES: HashMap<u32, Comm> = HashMap::with_max_entries(16384, 0);
+
+/// Sampled by bytes: bytes left until the next sample, per CPU. The byte
+/// stream of each CPU is sampled as a Poisson process; a thread that moves
+/// between CPUs just continues another CPU's countdown, which the
+/// memorylessness of exponential intervals makes harmless.
+#[map]
+static COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Live mode: calls between entry and return, by thread id.
 #[map]
@@ -121,8 +133,82 @@ struct Extra {
     memptr: u64,
 }
 
+/// Sampling: `None` to skip this call, else its weight in 16.16 (one
+/// without sampling). Unsampled calls cost a countdown or one random
+/// number, nothing more.
+#[inline(always)]
+fn sample_weight(size: u64) -> Option<u64> {
+    let mode = config_u32(&CONFIG.sample_mode);
+    if mode == SAMPLE_NONE {
+        return Some(WEIGHT_ONE);
+    }
+    let rate = unsafe { core::ptr::read_volatile(&CONFIG.sample_param) };
+    if rate == 0 {
+        return Some(WEIGHT_ONE);
+    }
+    if mode == SAMPLE_EVERY {
+        let r = unsafe { bpf_get_prandom_u32() } as u64;
+        return if r.checked_rem(rate) == Some(0) {
+            Some(rate << 16)
+        } else {
+            None
+        };
+    }
+    if mode != SAMPLE_BYTES {
+        return Some(WEIGHT_ONE);
+    }
+    let left = COUNTDOWN.get_ptr_mut(0)?;
+    let remaining = unsafe { *left } - size as i64;
+    if remaining > 0 {
+        unsafe { *left = remaining };
+        return None;
+    }
+    // Sampled: draw the next exponential interval.
+    let i = (unsafe { bpf_get_prandom_u32() } as usize) & (EXP_TABLE_LEN - 1);
+    let e = unsafe { core::ptr::read_volatile(&CONFIG.exp_table[i]) } as u64;
+    unsafe { *left = ((rate.wrapping_mul(e)) >> 16) as i64 + 1 };
+    Some(bytes_weight(size, rate))
+}
+
+/// Weight of a block of `size` bytes sampled at one per `rate` bytes:
+/// `1 / (1 - exp(-size / rate))`, the inverse of its chance to be sampled,
+/// which makes calls and bytes estimates unbiased.
+#[inline(always)]
+fn bytes_weight(size: u64, rate: u64) -> u64 {
+    if size == 0 {
+        return WEIGHT_ONE;
+    }
+    // checked_div: a division the compiler cannot prove safe would leave a
+    // panic path, which the verifier rejects.
+    let x256 = (size << 8).checked_div(rate).unwrap_or(u64::MAX);
+    if x256 < WEIGHT_TABLE_START {
+        // x < 1/2: 1/x + 1/2 + x/12, within 2e-5.
+        return (rate << 16).checked_div(size).unwrap_or(0)
+            + WEIGHT_ONE / 2
+            + (size << 16).checked_div(rate.wrapping_mul(12)).unwrap_or(0);
+    }
+    let i = (x256 - WEIGHT_TABLE_START) as usize;
+    if i >= WEIGHT_TABLE_LEN {
+        return WEIGHT_ONE;
+    }
+    unsafe { core::ptr::read_volatile(&CONFIG.weight_table[i]) as u64 }
+}
+
+/// `size * weight >> 16` without overflowing.
+#[inline(always)]
+fn weighted_bytes(size: u64, weight: u64) -> u64 {
+    (size >> 16).wrapping_mul(weight) + (((size & 0xffff) * weight) >> 16)
+}
+
 #[inline(always)]
 fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
+    let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
+    if sampled && func == AllocFn::Free {
+        return 0;
+    }
+    let Some(weight) = sample_weight(size) else {
+        return 0;
+    };
     let sp = unsafe { (*ctx.regs).rsp };
     let caller = match unsafe { bpf_probe_read_user(sp as *const u64) } {
         Ok(v) => v,
@@ -165,14 +251,20 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
             ret: caller,
         };
     }
-    bump(counter::CALLS + func as u32, 1);
+    let (calls_inc, bytes_inc) = if sampled {
+        bump(counter::SAMPLES, 1);
+        (weight, weighted_bytes(size, weight))
+    } else {
+        (1, size)
+    };
+    bump(counter::CALLS + func as u32, calls_inc);
     if func == AllocFn::Free {
         if live && extra.old_ptr != 0 {
             release(extra.old_ptr, now_ns(), 0);
         }
         return 0;
     }
-    bump(counter::BYTES + func as u32, size);
+    bump(counter::BYTES + func as u32, bytes_inc);
 
     let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
         Ok(id) => id as i32,
@@ -209,17 +301,18 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
             bump(counter::PENDING_FULL, 1);
         }
     }
-    if !add_to(&key, size) {
-        insert_count(&key, size, tid, per_thread);
+    if !add_to(&key, calls_inc, bytes_inc) {
+        insert_count(&key, calls_inc, bytes_inc, tid, per_thread);
     }
     0
 }
 
 #[inline(always)]
-fn insert_count(key: &CountKey, size: u64, tid: u32, per_thread: bool) {
+fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bool) {
     let first = CountValue {
-        calls: 1,
-        bytes: size,
+        calls,
+        bytes,
+        samples: 1,
     };
     match COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
         Ok(()) => {
@@ -233,7 +326,7 @@ fn insert_count(key: &CountKey, size: u64, tid: u32, per_thread: bool) {
         }
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
-            if !add_to(key, size) {
+            if !add_to(key, calls, bytes) {
                 bump(counter::MAP_FULL, 1);
             }
         }
@@ -358,12 +451,13 @@ fn release(ptr: u64, now: u64, born_before: u64) {
 }
 
 #[inline(always)]
-fn add_to(key: &CountKey, size: u64) -> bool {
+fn add_to(key: &CountKey, calls: u64, bytes: u64) -> bool {
     match COUNTS.get_ptr_mut(key) {
         Some(v) => {
             unsafe {
-                atomic_add(&raw mut (*v).calls, 1);
-                atomic_add(&raw mut (*v).bytes, size);
+                atomic_add(&raw mut (*v).calls, calls);
+                atomic_add(&raw mut (*v).bytes, bytes);
+                atomic_add(&raw mut (*v).samples, 1);
             }
             true
         }
@@ -480,6 +574,19 @@ pub fn free(ctx: ProbeContext) -> u32 {
             memptr: 0,
         },
     )
+}
+
+/// The benchmark's floor: attached where the real probes go, does nothing.
+/// What mtrace costs beyond it is ours to cut.
+#[uprobe]
+pub fn floor(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+/// The floor of live mode's return probes.
+#[uretprobe]
+pub fn floor_ret(_ctx: RetProbeContext) -> u32 {
+    0
 }
 
 macro_rules! return_probes {

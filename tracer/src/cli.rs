@@ -89,6 +89,22 @@ pub struct TraceArgs {
     #[arg(long)]
     pub live: bool,
 
+    /// Sample instead of counting every call: on average one sample per N
+    /// allocated bytes (exponential intervals, as jemalloc and tcmalloc),
+    /// each weighted so estimated calls and bytes stay unbiased. Accepts
+    /// KiB/MiB suffixes. Unsampled calls cost almost nothing.
+    #[arg(long, value_name = "N", value_parser = parse_bytes, conflicts_with_all = ["sample_every", "live"])]
+    pub sample_bytes: Option<u64>,
+
+    /// Sample each allocating call with probability 1/N (weight N).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "live")]
+    pub sample_every: Option<u64>,
+
+    /// Benchmark floor: attach programs that do nothing where the real
+    /// probes go (used by `cargo xtask bench`).
+    #[arg(long, hide = true)]
+    pub bench_floor: bool,
+
     /// Live mode: show as leak suspects only blocks at least SECS old.
     #[arg(long, value_name = "SECS", default_value_t = 0.0, value_parser = parse_age, requires = "live")]
     pub min_age: f64,
@@ -227,6 +243,35 @@ fn parse_duration(s: &str) -> Result<f64, String> {
         Err(format!(
             "duration must be a positive number of seconds, not {s}"
         ))
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    match n.checked_mul(mult) {
+        Some(v) if v > 0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` must be at least one byte and fit in 64 bits"
+        )),
     }
 }
 

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, StackTraceMap};
-use tracer_common::{counter, Comm, CountKey, CountValue, LiveBlock, N_FUNCS, STACK_ID_NONE};
+use tracer_common::{
+    counter, Comm, CountKey, CountValue, LiveBlock, N_FUNCS, STACK_ID_NONE, WEIGHT_ONE,
+};
 
 use crate::{
     live::Outstanding,
@@ -22,9 +24,18 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         let values = counters.get(&(i as u32), 0)?;
         *sum = values.iter().sum();
     }
+    // Sampled counts are estimates, calls in 16.16 fixed point.
+    let sampled = probes.sampling.is_some();
+    let calls = |raw: u64| {
+        if sampled {
+            (raw + WEIGHT_ONE / 2) / WEIGHT_ONE
+        } else {
+            raw
+        }
+    };
     let per_func = (0..N_FUNCS)
         .map(|f| Counts {
-            calls: sums[counter::CALLS as usize + f],
+            calls: calls(sums[counter::CALLS as usize + f]),
             bytes: sums[counter::BYTES as usize + f],
         })
         .collect();
@@ -63,7 +74,7 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
             truncated: walked.is_none(),
             tid: (key.tid != 0).then_some(key.tid),
             counts: Counts {
-                calls: value.calls,
+                calls: calls(value.calls),
                 bytes: value.bytes,
             },
             key,
@@ -98,6 +109,7 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         losses,
         thread_names,
         live,
+        samples: sums[counter::SAMPLES as usize],
     })
 }
 

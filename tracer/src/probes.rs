@@ -12,7 +12,10 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use tracer_common::{BodyRange, Config, MAX_BODY_RANGES};
+use tracer_common::{
+    BodyRange, Config, EXP_TABLE_LEN, MAX_BODY_RANGES, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE,
+    WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+};
 
 use crate::{allocator::AllocatorObject, target::Mapping, user_error};
 
@@ -38,6 +41,38 @@ pub struct Mode {
     pub per_thread: bool,
     /// Live mode: return probes too, every block tracked.
     pub live: bool,
+    pub sampling: Option<Sampling>,
+    /// Benchmark floor: programs that do nothing, at the same places.
+    pub floor: bool,
+}
+
+/// Count mode, sampled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sampling {
+    /// On average one sample per N allocated bytes.
+    Bytes(u64),
+    /// Each call with probability 1/N.
+    Every(u64),
+}
+
+/// `-ln((i + 0.5) / len)` in 16.16: exponential intervals by table lookup.
+fn exp_table() -> [u32; EXP_TABLE_LEN] {
+    let mut t = [0u32; EXP_TABLE_LEN];
+    for (i, v) in t.iter_mut().enumerate() {
+        let u = (i as f64 + 0.5) / EXP_TABLE_LEN as f64;
+        *v = (-u.ln() * WEIGHT_ONE as f64).round() as u32;
+    }
+    t
+}
+
+/// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i + 0.5) / 256`.
+fn weight_table() -> [u32; WEIGHT_TABLE_LEN] {
+    let mut t = [0u32; WEIGHT_TABLE_LEN];
+    for (i, v) in t.iter_mut().enumerate() {
+        let x = (WEIGHT_TABLE_START as f64 + i as f64 + 0.5) / 256.0;
+        *v = (WEIGHT_ONE as f64 / (1.0 - (-x).exp())).round() as u32;
+    }
+    t
 }
 
 pub struct Probes {
@@ -48,6 +83,7 @@ pub struct Probes {
     pub func_names: Vec<String>,
     /// Live mode is on.
     pub live: bool,
+    pub sampling: Option<Sampling>,
 }
 
 pub fn attach(
@@ -58,17 +94,25 @@ pub fn attach(
     sizes: MapSizes,
 ) -> Result<Probes> {
     let bodies = alloc.body_ranges(maps);
-    let mut config = Config {
+    let (sample_mode, sample_param) = match mode.sampling {
+        None => (SAMPLE_NONE, 0),
+        Some(Sampling::Bytes(n)) => (SAMPLE_BYTES, n),
+        Some(Sampling::Every(n)) => (SAMPLE_EVERY, n),
+    };
+    let mut config = Box::new(Config {
         per_thread: mode.per_thread as u32,
         live: mode.live as u32,
-        _pad: 0,
+        sample_mode,
+        sample_param,
         n_bodies: bodies.len() as u32,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],
-    };
+        exp_table: exp_table(),
+        weight_table: weight_table(),
+    });
     config.bodies[..bodies.len()].copy_from_slice(&bodies);
 
     let mut ebpf = EbpfLoader::new()
-        .override_global("CONFIG", &config, true)
+        .override_global("CONFIG", &*config, true)
         .map_max_entries("COUNTS", sizes.counts)
         .map_max_entries("STACKS", sizes.stacks)
         .map_max_entries("LIVE", if mode.live { sizes.live } else { 1 })
@@ -85,13 +129,16 @@ pub fn attach(
         .collect();
     for site in &alloc.sites {
         let func = site.funcs[0];
+        let program_name = if mode.floor { "floor" } else { func.name() };
         let program: &mut UProbe = ebpf
-            .program_mut(func.name())
+            .program_mut(program_name)
             .with_context(|| format!("BPF program {} missing", func.name()))?
             .try_into()?;
-        program
-            .load()
-            .with_context(|| format!("loading the {} probe", func.name()))?;
+        if program.fd().is_err() {
+            program
+                .load()
+                .with_context(|| format!("loading the {program_name} probe"))?;
+        }
         program
             .attach(
                 UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
@@ -106,14 +153,20 @@ pub fn attach(
                 )
             })?;
         if mode.live && func != tracer_common::AllocFn::Free {
-            let ret_name = format!("{}_ret", func.name());
+            let ret_name = if mode.floor {
+                "floor_ret".to_string()
+            } else {
+                format!("{}_ret", func.name())
+            };
             let program: &mut UProbe = ebpf
                 .program_mut(&ret_name)
                 .with_context(|| format!("BPF program {ret_name} missing"))?
                 .try_into()?;
-            program
-                .load()
-                .with_context(|| format!("loading the {ret_name} probe"))?;
+            if program.fd().is_err() {
+                program
+                    .load()
+                    .with_context(|| format!("loading the {ret_name} probe"))?;
+            }
             program
                 .attach(
                     UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
@@ -142,5 +195,6 @@ pub fn attach(
         attached,
         func_names,
         live: mode.live,
+        sampling: mode.sampling,
     })
 }

@@ -208,6 +208,17 @@ pub struct Probe {
     pub emulated: bool,
 }
 
+/// How a sampled trace was sampled.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplingInfo {
+    /// `bytes`: on average one sample per `rate` allocated bytes;
+    /// `every`: each call with probability 1/`rate`.
+    pub kind: String,
+    pub rate: u64,
+    /// Calls recorded.
+    pub samples: u64,
+}
+
 /// What was traced, when and how.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
@@ -220,8 +231,11 @@ pub struct Meta {
     pub duration_secs: f64,
     /// `uname -r` of the machine traced on.
     pub kernel_release: String,
-    /// `count`.
+    /// `count` or `live`.
     pub mode: String,
+    /// Count mode, sampled: counts are unbiased estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingInfo>,
     /// Object the probes sit in (for example `/usr/lib/x86_64-linux-gnu/libc.so.6`).
     pub allocator_object: String,
     pub probes: Vec<Probe>,

@@ -37,4 +37,6 @@ pub struct RawProfile {
     pub thread_names: BTreeMap<u32, String>,
     /// Live-mode counters from the kernel (totals filled in by the tracker).
     pub live: Option<LiveTotals>,
+    /// Sampled mode: calls recorded.
+    pub samples: u64,
 }

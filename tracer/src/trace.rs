@@ -18,8 +18,8 @@ use crate::{
     collect, launch,
     live::{self, LiveTracker},
     outputs,
-    probes::{self, MapSizes, Mode, Probes},
-    profile::{Meta, Probe, Profile},
+    probes::{self, MapSizes, Mode, Probes, Sampling},
+    profile::{Meta, Probe, Profile, SamplingInfo},
     profile_file,
     raw_profile::RawProfile,
     snapshot,
@@ -69,6 +69,17 @@ impl Session {
         }
         let mut meta = self.meta.clone();
         meta.duration_secs = self.started.elapsed().as_secs_f64();
+        meta.sampling = self.probes.sampling.map(|s| {
+            let (kind, rate) = match s {
+                Sampling::Bytes(n) => ("bytes", n),
+                Sampling::Every(n) => ("every", n),
+            };
+            SamplingInfo {
+                kind: kind.into(),
+                rate,
+                samples: raw.samples,
+            }
+        });
         let space = self.space.lock().unwrap();
         Ok(symbolize::symbolize(
             &raw,
@@ -144,6 +155,12 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let mode = Mode {
         per_thread,
         live: args.live,
+        sampling: match (args.sample_bytes, args.sample_every) {
+            (Some(n), _) => Some(Sampling::Bytes(n)),
+            (None, Some(n)) => Some(Sampling::Every(n)),
+            _ => None,
+        },
+        floor: args.bench_floor,
     };
     let space = Arc::new(Mutex::new(AddressSpace::new()));
     let attach_started = Instant::now();
@@ -195,6 +212,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         duration_secs: 0.0,
         kernel_release: kernel_release(),
         mode: if args.live { "live" } else { "count" }.into(),
+        sampling: None,
         allocator_object: alloc_path,
         probes: probes.attached.clone(),
     };
