@@ -70,6 +70,17 @@ fn header(profile: &Profile) -> String {
     if !meta.allocator_object.is_empty() {
         let _ = write!(line, ", probes in {}", meta.allocator_object);
     }
+    if let Some(s) = &meta.sampling {
+        let how = match s.kind.as_str() {
+            "bytes" => format!("one sample per {} bytes on average", s.rate),
+            _ => format!("one call in {}", s.rate),
+        };
+        let _ = write!(
+            line,
+            "\nsampled: {how}, {} samples; calls and bytes are unbiased estimates, frees are not counted",
+            s.samples
+        );
+    }
     line
 }
 
