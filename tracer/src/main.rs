@@ -68,5 +68,19 @@ fn main() {
             code
         }
     };
+    log_resources();
     std::process::exit(code);
+}
+
+/// With -v: mtrace's own CPU time and peak memory (the benchmark reads it).
+fn log_resources() {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+        let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+        log::debug!(
+            "resources: cpu {:.1} ms, peak rss {} KiB",
+            ms(ru.ru_utime) + ms(ru.ru_stime),
+            ru.ru_maxrss
+        );
+    }
 }

@@ -185,7 +185,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             (launched.pid, probes, path, Some(launched.exit))
         }
     };
-    log::debug!("attached in {:?}", attach_started.elapsed());
+    log::debug!(
+        "attached in {:.1} ms",
+        attach_started.elapsed().as_secs_f64() * 1e3
+    );
     log_probes(&probes.attached);
     let command = if args.command.is_empty() {
         target::cmdline(pid)

@@ -14,6 +14,8 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+
+mod bench;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -36,6 +38,19 @@ enum Task {
         /// Extra arguments for `cargo test`.
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Set up, build, and measure mtrace's overhead on a malloc-heavy
+    /// benchmark against the uprobe floor (needs root).
+    Bench {
+        /// Iterations of malloc+free per thread and run.
+        #[arg(long, default_value_t = 200_000)]
+        iterations: u64,
+        /// Runs of every mode (they alternate).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Where to write the JSON results.
+        #[arg(long, default_value = "target/bench/bench.json")]
+        json: PathBuf,
     },
     /// Set up, build, and install mtrace to /usr/local/bin (ahead of glibc's
     /// /usr/bin/mtrace on root's PATH).
@@ -79,6 +94,15 @@ fn run(task: Task) -> Result<()> {
             build()?;
             test(&args)
         }
+        Task::Bench {
+            iterations,
+            runs,
+            json,
+        } => {
+            setup()?;
+            build()?;
+            bench::run(&root, iterations, runs, &json)
+        }
         Task::Install { dir } => {
             setup()?;
             build()?;
@@ -98,7 +122,7 @@ fn cargo() -> String {
     env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
-fn status(cmd: &mut Command) -> Result<()> {
+pub(crate) fn status(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
     let st = cmd.status().with_context(|| format!("running {shown}"))?;
     if !st.success() {
@@ -174,7 +198,7 @@ fn bpf_linker_ok() -> bool {
         .unwrap_or(false)
 }
 
-fn require_root(what: &str) -> Result<()> {
+pub(crate) fn require_root(what: &str) -> Result<()> {
     if unsafe_geteuid() != 0 {
         bail!("{what} needs root (run as root or with sudo)");
     }

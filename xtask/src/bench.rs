@@ -1,0 +1,312 @@
+//! `cargo xtask bench`: mtrace's cost on a malloc-heavy program, against
+//! the floor of what any uprobe tracer pays.
+//!
+//! The benchmark (`xtask/bench/bench.c`) does malloc+free from three call
+//! sites at stack depths of about 3, 8 and 20, in 1 and in 2 threads. Every
+//! mode runs `runs` times, the modes alternating so that drift of the
+//! machine hits all alike:
+//! - untraced;
+//! - floor: `mtrace --bench-floor`, a BPF program that does nothing, on the
+//!   same functions as count mode (entry probes);
+//! - count, and two sampled count modes;
+//! - live floor (`--live --bench-floor`: entry, return and free probes that
+//!   do nothing) and live.
+//!
+//! The benchmark times its own loop, so start-up and attach are not in
+//! ns/iteration. mtrace -v reports its attach time, CPU time and peak RSS.
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{require_root, status};
+
+struct Mode {
+    name: &'static str,
+    args: &'static [&'static str],
+    /// The mode this one is compared with.
+    floor: Option<&'static str>,
+}
+
+const MODES: &[Mode] = &[
+    Mode {
+        name: "untraced",
+        args: &[],
+        floor: None,
+    },
+    Mode {
+        name: "floor",
+        args: &["--bench-floor"],
+        floor: None,
+    },
+    Mode {
+        name: "count",
+        args: &[],
+        floor: Some("floor"),
+    },
+    Mode {
+        name: "sampled 512KiB",
+        args: &["--sample-bytes", "512KiB"],
+        floor: Some("floor"),
+    },
+    Mode {
+        name: "sampled 1/1000",
+        args: &["--sample-every", "1000"],
+        floor: Some("floor"),
+    },
+    Mode {
+        name: "live floor",
+        args: &["--live", "--bench-floor"],
+        floor: None,
+    },
+    Mode {
+        name: "live",
+        args: &["--live"],
+        floor: Some("live floor"),
+    },
+];
+
+#[derive(Default, Clone)]
+struct Sample {
+    ns_per_iter: f64,
+    attach_ms: Option<f64>,
+    cpu_ms: Option<f64>,
+    rss_kib: Option<f64>,
+}
+
+struct Result1 {
+    threads: u32,
+    mode: &'static str,
+    floor: Option<&'static str>,
+    samples: Vec<Sample>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+impl Result1 {
+    fn ns(&self) -> Vec<f64> {
+        self.samples.iter().map(|s| s.ns_per_iter).collect()
+    }
+    fn median_ns(&self) -> f64 {
+        median(&mut self.ns())
+    }
+    fn spread(&self) -> (f64, f64) {
+        let v = self.ns();
+        (
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        )
+    }
+    fn median_of(&self, f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+        let mut v: Vec<f64> = self.samples.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(&mut v))
+    }
+}
+
+fn parse_after(text: &str, key: &str) -> Option<f64> {
+    let at = text.find(key)? + key.len();
+    text[at..]
+        .split_whitespace()
+        .next()?
+        .trim_end_matches(',')
+        .parse()
+        .ok()
+}
+
+fn run_once(
+    root: &Path,
+    bench: &Path,
+    mode: &Mode,
+    iterations: u64,
+    threads: u32,
+) -> Result<Sample> {
+    let mut cmd = if mode.name == "untraced" {
+        Command::new(bench)
+    } else {
+        let mut c = Command::new(root.join("target/release/mtrace"));
+        c.arg("-v")
+            .args(mode.args)
+            .args(["--top", "1", "--"])
+            .arg(bench);
+        c
+    };
+    cmd.arg(iterations.to_string())
+        .arg(threads.to_string())
+        .stdin(Stdio::null());
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            mode.name,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Ok(Sample {
+        ns_per_iter: parse_after(&stdout, "ns_per_iter ")
+            .with_context(|| format!("no ns_per_iter from {}", mode.name))?,
+        attach_ms: parse_after(&stderr, "attached in "),
+        cpu_ms: parse_after(&stderr, "resources: cpu "),
+        rss_kib: parse_after(&stderr, "peak rss "),
+    })
+}
+
+pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Result<()> {
+    require_root("the benchmark (it loads BPF programs)")?;
+    let out_dir = root.join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let bench = out_dir.join("bench");
+    status(
+        Command::new("cc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
+            .arg(&bench)
+            .arg(root.join("xtask/bench/bench.c")),
+    )?;
+
+    let mut results: Vec<Result1> = Vec::new();
+    for threads in [1u32, 2] {
+        let mut per_mode: Vec<Result1> = MODES
+            .iter()
+            .map(|m| Result1 {
+                threads,
+                mode: m.name,
+                floor: m.floor,
+                samples: Vec::new(),
+            })
+            .collect();
+        for run in 0..runs {
+            for (i, mode) in MODES.iter().enumerate() {
+                eprint!(
+                    "\rxtask: bench {threads} thread(s), run {}/{runs}, {:<16}",
+                    run + 1,
+                    mode.name
+                );
+                per_mode[i]
+                    .samples
+                    .push(run_once(root, &bench, mode, iterations, threads)?);
+            }
+        }
+        eprintln!();
+        results.extend(per_mode);
+    }
+
+    let table = render_table(&results, iterations, runs);
+    println!("{table}");
+    std::fs::write(json_path, render_json(&results, iterations, runs))
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    eprintln!("xtask: wrote {}", json_path.display());
+    Ok(())
+}
+
+fn find<'a>(results: &'a [Result1], threads: u32, mode: &str) -> Option<&'a Result1> {
+    results
+        .iter()
+        .find(|r| r.threads == threads && r.mode == mode)
+}
+
+/// Each iteration makes two allocator calls (malloc and free).
+const CALLS_PER_ITER: f64 = 2.0;
+
+fn render_table(results: &[Result1], iterations: u64, runs: usize) -> String {
+    let mut out = String::new();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "mtrace overhead: {iterations} iterations of malloc+free per thread, {runs} runs per mode, medians\nmachine: {cpu}, {} CPUs, Linux {}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        kernel.trim()
+    );
+    let _ = writeln!(
+        out,
+        "\n| threads | mode | ns/iter | min..max | +ns per call | vs floor | tracer CPU ms | tracer RSS MiB | attach ms |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in results {
+        let base = find(results, r.threads, "untraced").map(|u| u.median_ns());
+        let ns = r.median_ns();
+        let (lo, hi) = r.spread();
+        let added = base
+            .filter(|_| r.mode != "untraced")
+            .map(|b| format!("{:.0}", (ns - b) / CALLS_PER_ITER))
+            .unwrap_or_else(|| "-".into());
+        let vs_floor = r
+            .floor
+            .and_then(|f| find(results, r.threads, f))
+            .map(|f| format!("{:.2}x", ns / f.median_ns()))
+            .unwrap_or_else(|| "-".into());
+        let opt = |v: Option<f64>, scale: f64| {
+            v.map(|x| format!("{:.1}", x / scale))
+                .unwrap_or_else(|| "-".into())
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {} | {} | {} |",
+            r.threads,
+            r.mode,
+            ns,
+            lo,
+            hi,
+            added,
+            vs_floor,
+            opt(r.median_of(|s| s.cpu_ms), 1.0),
+            opt(r.median_of(|s| s.rss_kib), 1024.0),
+            opt(r.median_of(|s| s.attach_ms), 1.0),
+        );
+    }
+    out
+}
+
+fn render_json(results: &[Result1], iterations: u64, runs: usize) -> String {
+    let mut rows = Vec::new();
+    for r in results {
+        let (lo, hi) = r.spread();
+        let floor = r
+            .floor
+            .and_then(|f| find(results, r.threads, f))
+            .map(|f| r.median_ns() / f.median_ns());
+        let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.3}"));
+        rows.push(format!(
+            "    {{\"threads\": {}, \"mode\": \"{}\", \"ns_per_iter_median\": {:.3}, \"ns_per_iter_min\": {:.3}, \"ns_per_iter_max\": {:.3}, \"ns_per_iter_runs\": [{}], \"vs_floor\": {}, \"tracer_cpu_ms\": {}, \"tracer_peak_rss_kib\": {}, \"attach_ms\": {}}}",
+            r.threads,
+            r.mode,
+            r.median_ns(),
+            lo,
+            hi,
+            r.ns()
+                .iter()
+                .map(|v| format!("{v:.3}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            num(floor),
+            num(r.median_of(|s| s.cpu_ms)),
+            num(r.median_of(|s| s.rss_kib)),
+            num(r.median_of(|s| s.attach_ms)),
+        ));
+    }
+    format!(
+        "{{\n  \"iterations\": {iterations},\n  \"runs\": {runs},\n  \"calls_per_iteration\": {CALLS_PER_ITER},\n  \"results\": [\n{}\n  ]\n}}\n",
+        rows.join(",\n")
+    )
+}
