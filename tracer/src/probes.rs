@@ -22,6 +22,17 @@ use crate::{allocator::AllocatorObject, target::Mapping, user_error};
 /// The BPF object built by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mtrace.bpf.o"));
 
+/// The embedded BPF object, or for experiments on the programs the file
+/// named by `MTRACE_BPF_OBJECT`.
+fn bpf_object() -> Result<std::borrow::Cow<'static, [u8]>> {
+    match std::env::var_os("MTRACE_BPF_OBJECT") {
+        Some(path) => Ok(std::borrow::Cow::Owned(std::fs::read(&path).with_context(
+            || format!("reading MTRACE_BPF_OBJECT={}", path.to_string_lossy()),
+        )?)),
+        None => Ok(std::borrow::Cow::Borrowed(BPF_OBJECT)),
+    }
+}
+
 /// Sizes of the kernel maps.
 #[derive(Clone, Copy, Debug)]
 pub struct MapSizes {
@@ -118,7 +129,7 @@ pub fn attach(
         .map_max_entries("LIVE", if mode.live { sizes.live } else { 1 })
         .map_max_entries("PENDING", if mode.live { 16384 } else { 1 })
         .map_max_entries("EVENTS", if mode.live { sizes.events } else { 4096 })
-        .load(BPF_OBJECT)
+        .load(&bpf_object()?)
         .context("loading the BPF programs")?;
 
     let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
