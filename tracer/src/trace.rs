@@ -245,10 +245,13 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         t.finish();
     }
     let profile = session.profile()?;
+    // Report first: detaching takes the kernel about 0.1 s per probe (an
+    // RCU grace period each), and the counts are already read.
+    let emitted = outputs::emit(&profile, &args.out);
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
     drop(session);
-    outputs::emit(&profile, &args.out)?;
+    emitted?;
 
     Ok(match end {
         End::TargetExited(code) => code.unwrap_or(0),

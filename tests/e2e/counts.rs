@@ -1,0 +1,200 @@
+//! The counts fixture: exact calls and bytes per allocation site, traced
+//! from launch and attached by pid.
+
+use std::fs;
+
+use crate::common::{require_bpf, Finished, Fixture, FixtureProc, Mtrace, Report, EXIT_TIMEOUT};
+
+/// (allocator function, direct caller, calls, bytes) of tests/fixtures/counts.c.
+pub const COUNTS_SITES: &[(&str, &str, u64, u64)] = &[
+    ("malloc", "alloc_small", 1000, 48000),
+    ("calloc", "alloc_zeroed", 250, 62500),
+    // realloc(NULL, 100), then 200, ... 1000.
+    ("realloc", "grow_buffer", 10, 5500),
+    ("malloc", "leaf_alloc", 5, 20480),
+    ("posix_memalign", "aligned_allocs", 7, 700),
+    ("aligned_alloc/memalign", "aligned_allocs", 3, 384),
+    // 8 * 16, 8 * 32, 8 * 48, 8 * 64.
+    ("reallocarray", "array_allocs", 4, 1280),
+    ("valloc", "page_allocs", 2, 2000),
+];
+pub const COUNTS_TOTAL_CALLS: u64 = 1281;
+pub const COUNTS_TOTAL_BYTES: u64 = 140844;
+/// 1000 + 250 + 1 + 5 + 7 + 3 + 1 + 2.
+pub const COUNTS_FREES: u64 = 1269;
+/// recurse(20) between main and leaf_alloc.
+pub const RECURSE_DEPTH: usize = 20;
+
+/// Everything the counts fixture must produce, whatever the mode.
+pub fn check_counts_report(r: &Report) {
+    let dump = r.dump();
+    for &(func, caller, calls, bytes) in COUNTS_SITES {
+        assert_eq!(
+            r.site(func, caller),
+            (calls, bytes),
+            "{func} from {caller}: (calls, bytes)\n{dump}"
+        );
+        for row in r.rows_at(func, caller) {
+            assert!(!row.truncated, "truncated row\n{dump}");
+            if caller == "leaf_alloc" {
+                let f = &row.frames;
+                assert!(f.len() > RECURSE_DEPTH + 1, "short stack {f:?}");
+                assert!(
+                    f[1..=RECURSE_DEPTH].iter().all(|n| n == "recurse"),
+                    "expected {RECURSE_DEPTH} recurse frames under leaf_alloc: {f:?}"
+                );
+                assert_eq!(f[RECURSE_DEPTH + 1], "main", "{f:?}");
+            } else {
+                assert_eq!(
+                    row.frames.get(1).map(String::as_str),
+                    Some("main"),
+                    "{row:?}"
+                );
+            }
+        }
+    }
+    // No other allocation site.
+    let mut expected: Vec<(String, String)> = COUNTS_SITES
+        .iter()
+        .map(|&(f, c, _, _)| (f.to_string(), c.to_string()))
+        .collect();
+    expected.sort();
+    expected.dedup();
+    assert_eq!(r.sites(), expected, "unexpected allocation sites\n{dump}");
+
+    assert_eq!(
+        (r.total_calls, r.total_bytes),
+        (COUNTS_TOTAL_CALLS, COUNTS_TOTAL_BYTES),
+        "totals\n{dump}"
+    );
+    assert_eq!(r.frees, COUNTS_FREES, "frees");
+    let per_func_sum: u64 = r.per_func.values().sum();
+    assert_eq!(per_func_sum, COUNTS_TOTAL_CALLS, "{:?}", r.per_func);
+    assert_eq!(r.per_func.get("malloc"), Some(&1005));
+    r.assert_no_losses();
+}
+
+fn check_launch_run(out: &Finished) -> Report {
+    out.assert_exit(0);
+    // The fixture's own output comes first on the shared stdout.
+    assert!(
+        out.stdout.lines().any(|l| l == "done"),
+        "the fixture did not finish\n{}",
+        out.describe()
+    );
+    let r = out.report();
+    assert!(r.header.starts_with("mtrace: pid "), "{}", r.header);
+    assert!(r.header.contains(Fixture::Counts.path_str()));
+    check_counts_report(&r);
+    r
+}
+
+#[test]
+fn launch_mode_exact_counts() {
+    if !require_bpf() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let mut m = Mtrace::start(&["--top", "0", "--", counts]);
+    m.wait_tracing();
+    check_launch_run(&m.finish());
+}
+
+#[test]
+fn launch_mode_folded_and_flamegraph() {
+    if !require_bpf() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("counts.folded");
+    let svg = dir.path().join("counts.svg");
+    let mut m = Mtrace::start(&[
+        "--top",
+        "0",
+        "--folded",
+        folded.to_str().unwrap(),
+        "--weight",
+        "bytes",
+        "--flamegraph",
+        svg.to_str().unwrap(),
+        "--",
+        counts,
+    ]);
+    m.wait_tracing();
+    let out = m.finish();
+    check_launch_run(&out);
+
+    let text = fs::read_to_string(&folded).expect("no folded file written");
+    let mut total = 0;
+    let mut small = 0;
+    let mut leaf = 0;
+    for line in text.lines() {
+        let (stack, n) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad folded line {line:?}"));
+        let n: u64 = n
+            .parse()
+            .unwrap_or_else(|_| panic!("bad count in {line:?}"));
+        total += n;
+        let frames: Vec<&str> = stack.split(';').collect();
+        let func = *frames.last().unwrap();
+        assert!(
+            COUNTS_SITES.iter().any(|&(f, ..)| f == func),
+            "folded line does not end in an allocator: {line:?}"
+        );
+        if stack.ends_with(";alloc_small;malloc") {
+            small += n;
+        }
+        if stack.ends_with(";leaf_alloc;malloc") {
+            leaf += n;
+            // Root first: ...;main;recurse x 20;leaf_alloc;malloc.
+            let k = frames.len();
+            assert!(k >= RECURSE_DEPTH + 3, "{line:?}");
+            assert!(
+                frames[k - 2 - RECURSE_DEPTH..k - 2]
+                    .iter()
+                    .all(|f| *f == "recurse"),
+                "{line:?}"
+            );
+            assert_eq!(frames[k - 3 - RECURSE_DEPTH], "main", "{line:?}");
+        }
+    }
+    assert_eq!(small, 48000, "bytes of alloc_small in\n{text}");
+    assert_eq!(leaf, 20480, "bytes of leaf_alloc in\n{text}");
+    assert_eq!(total, COUNTS_TOTAL_BYTES, "all bytes in\n{text}");
+
+    let svg_text = fs::read_to_string(&svg).expect("no flamegraph written");
+    assert!(svg_text.contains("<svg"), "not an SVG");
+    assert!(
+        svg_text.contains("alloc_small"),
+        "alloc_small not in the SVG"
+    );
+}
+
+#[test]
+fn pid_mode_exact_counts() {
+    if !require_bpf() {
+        return;
+    }
+    let mut fx = FixtureProc::start(Fixture::Counts.path(), &["--wait"]);
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let mut m = Mtrace::start(&["--top", "0", "--pid", &pid]);
+    assert_eq!(m.wait_tracing(), fx.pid());
+    fx.release();
+    let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "fixture status");
+    fx.stdout.wait_for(|l| l == "done", EXIT_TIMEOUT);
+
+    // mtrace notices the exit by itself.
+    let out = m.finish();
+    out.assert_exit(0);
+    let r = out.report();
+    assert!(
+        r.header.starts_with(&format!("mtrace: pid {pid} (")),
+        "{}",
+        r.header
+    );
+    check_counts_report(&r);
+}

@@ -1,0 +1,115 @@
+//! Errors: one line on stderr starting `mtrace: `, a fixed exit code, no
+//! report.
+
+use std::{
+    fs,
+    os::unix::{fs::PermissionsExt, process::CommandExt},
+    process::{Command, Stdio},
+};
+
+use crate::common::{
+    copy_executable, dead_pid, mtrace_path, public_tempdir, require_bpf, run_mtrace, Fixture,
+    Mtrace, Proc,
+};
+
+#[test]
+fn no_such_process() {
+    if !require_bpf() {
+        return;
+    }
+    let pid = dead_pid().to_string();
+    let out = run_mtrace(&["--pid", &pid]);
+    out.assert_exit(1);
+    out.assert_error("no such process");
+}
+
+#[test]
+fn kernel_thread() {
+    if !require_bpf() {
+        return;
+    }
+    let comm = fs::read_to_string("/proc/2/comm").unwrap_or_default();
+    if comm.trim() != "kthreadd" {
+        eprintln!("skipped: pid 2 is not kthreadd here (a pid namespace?)");
+        return;
+    }
+    let out = run_mtrace(&["--pid", "2"]);
+    out.assert_exit(1);
+    out.assert_error("kernel thread");
+}
+
+#[test]
+fn not_enough_privilege() {
+    // A copy of mtrace that user nobody can reach and execute.
+    let dir = public_tempdir();
+    let bin = copy_executable(mtrace_path(), dir.path(), "mtrace");
+    let me = std::process::id().to_string();
+    let mut cmd = Command::new(&bin);
+    cmd.args(["--pid", &me])
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if unsafe { libc::geteuid() } == 0 {
+        // std drops the supplementary groups too.
+        cmd.uid(65534).gid(65534);
+    }
+    let out = Mtrace::spawn(&mut cmd).finish();
+    out.assert_exit(1);
+    out.assert_error("not enough privilege");
+}
+
+#[test]
+fn no_malloc_found() {
+    if !require_bpf() {
+        return;
+    }
+    let path = Fixture::NoMalloc.path();
+    let fixture = Proc::spawn(&mut Command::new(path), "nomalloc");
+    let pid = fixture.id().to_string();
+    let out = run_mtrace(&["--pid", &pid]);
+    out.assert_exit(1);
+    out.assert_error("no malloc found");
+    // The fixture is killed when dropped.
+}
+
+#[test]
+fn command_not_found() {
+    if !require_bpf() {
+        return;
+    }
+    let out = run_mtrace(&["--", "/nonexistent/cmd"]);
+    out.assert_exit(127);
+    let line = out.stderr.join("\n");
+    assert!(
+        line.contains("command not found") || line.contains("cannot execute"),
+        "{}",
+        out.describe()
+    );
+    out.assert_error("/nonexistent/cmd");
+}
+
+#[test]
+fn command_not_executable() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-executable");
+    fs::write(&file, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run_mtrace(&["--", file.to_str().unwrap()]);
+    out.assert_exit(126);
+    out.assert_error("cannot execute");
+}
+
+#[test]
+fn no_target() {
+    let out = run_mtrace::<&str>(&[]);
+    assert!(
+        matches!(out.status.code(), Some(c) if c != 0),
+        "{}",
+        out.describe()
+    );
+    out.assert_error("");
+}

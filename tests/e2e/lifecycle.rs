@@ -1,0 +1,190 @@
+//! The target's and mtrace's lives: exit status pass-through, a target
+//! whose binary is gone before the report, and mtrace killed mid-trace.
+
+use std::{
+    fs,
+    os::unix::process::ExitStatusExt,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    common::{
+        copy_executable, read_mem, require_bpf, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT,
+        LINE_TIMEOUT,
+    },
+    counts::check_counts_report,
+};
+
+#[test]
+fn launch_mode_passes_exit_status_through() {
+    if !require_bpf() {
+        return;
+    }
+    let mut m = Mtrace::start(&["--top", "0", "--", Fixture::Exit7.path_str()]);
+    m.wait_tracing();
+    let out = m.finish();
+    out.assert_exit(7);
+    // The report is still printed.
+    let r = out.report();
+    assert_eq!(r.site("malloc", "main"), (1, 64), "\n{}", r.dump());
+    assert_eq!((r.total_calls, r.total_bytes), (1, 64));
+}
+
+#[test]
+fn deleted_binary_of_exited_target_is_still_symbolized() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = copy_executable(Fixture::Counts.path(), dir.path(), "counts-copy");
+    let mut fx = FixtureProc::start(&bin, &["--wait"]);
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let mut m = Mtrace::start(&["--top", "0", "--pid", &pid]);
+    m.wait_tracing();
+    fs::remove_file(&bin).unwrap();
+    fx.release();
+    assert_eq!(fx.proc.wait_timeout(EXIT_TIMEOUT).code(), Some(0));
+    let out = m.finish();
+    out.assert_exit(0);
+    let r = out.report();
+    // Names, not addresses, and still the exact numbers.
+    assert_eq!(
+        r.site("malloc", "alloc_small"),
+        (1000, 48000),
+        "\n{}",
+        r.dump()
+    );
+    check_counts_report(&r);
+    // An unresolved frame would be shown as `counts-copy (deleted)+0x...`.
+    let unresolved: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("    ") && l.contains("counts-copy"))
+        .collect();
+    assert!(unresolved.is_empty(), "unresolved frames {unresolved:?}");
+}
+
+/// What tests/fixtures/longrun.c sums over `n` iterations.
+fn longrun_sum(n: u64) -> u64 {
+    (0..n).fold(0u64, |sum, i| {
+        sum + (i & 0xff) + ((i >> 8) & 0xff) + (i.wrapping_mul(31) & 0xff)
+    })
+}
+
+const WINDOW: usize = 16;
+
+#[test]
+fn sigkilled_mtrace_leaves_no_breakpoints() {
+    if !require_bpf() {
+        return;
+    }
+    let mut fx = FixtureProc::start(Fixture::Longrun.path(), &[]);
+    let pid = fx.pid();
+    let mut funcs: Vec<(String, u64)> = Vec::new();
+    for name in ["malloc", "free", "calloc", "realloc"] {
+        let line = fx.stdout.next_line(LINE_TIMEOUT);
+        let addr = line
+            .strip_prefix(name)
+            .and_then(|a| a.strip_prefix(" 0x"))
+            .and_then(|a| u64::from_str_radix(a, 16).ok())
+            .unwrap_or_else(|| panic!("expected `{name} 0x...`, got {line:?}"));
+        funcs.push((name.to_string(), addr));
+    }
+    fx.wait_ready();
+    // The addresses are libc's code, as the process maps it.
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for (name, addr) in &funcs {
+        let in_libc = maps.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (s, e) = f[0].split_once('-').unwrap();
+            let (s, e) = (
+                u64::from_str_radix(s, 16).unwrap(),
+                u64::from_str_radix(e, 16).unwrap(),
+            );
+            (s..e).contains(addr)
+                && f[1].contains('x')
+                && f.get(5).is_some_and(|p| p.contains("libc"))
+        });
+        assert!(
+            in_libc,
+            "{name} at {addr:#x} is not in libc's code:\n{maps}"
+        );
+    }
+    let windows = || -> Vec<Vec<u8>> {
+        funcs
+            .iter()
+            .map(|(name, addr)| {
+                read_mem(pid, *addr, WINDOW)
+                    .unwrap_or_else(|e| panic!("reading {name} in pid {pid}: {e}"))
+            })
+            .collect()
+    };
+    let before = windows();
+
+    let mut m = Mtrace::start(&["--pid", &pid.to_string()]);
+    m.wait_tracing();
+    // The probes are in place: some byte became int3. (This is what shows
+    // the check after the kill could fail.)
+    let during = windows();
+    let int3s: Vec<(&str, usize)> = funcs
+        .iter()
+        .zip(before.iter().zip(&during))
+        .flat_map(|((name, _), (b, d))| {
+            (0..WINDOW)
+                .filter(|&i| d[i] == 0xcc && b[i] != 0xcc)
+                .map(move |i| (name.as_str(), i))
+        })
+        .collect();
+    assert!(
+        !int3s.is_empty(),
+        "no int3 in the probed functions while traced:\nbefore {before:02x?}\nduring {during:02x?}"
+    );
+
+    fx.release();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        fx.proc.running(),
+        "the fixture ended before mtrace was killed"
+    );
+    assert!(m.proc.running(), "mtrace ended by itself");
+    m.proc.signal(libc::SIGKILL);
+    let status = m.proc.wait_timeout(EXIT_TIMEOUT);
+    let killed = Instant::now();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "mtrace status");
+
+    // The kernel removes the breakpoints when the last reference to the
+    // probes goes, which may be a moment after mtrace is reaped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = windows();
+    while after != before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        after = windows();
+    }
+    assert_eq!(
+        after, before,
+        "code of {funcs:x?} not restored after mtrace was killed"
+    );
+    eprintln!(
+        "int3 while traced at {int3s:?}; code restored {:?} after mtrace's death",
+        killed.elapsed()
+    );
+
+    // The fixture runs to its end, correctly.
+    let line = fx.stdout.next_line(EXIT_TIMEOUT);
+    drop(fx.stdin.take());
+    let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "fixture status (last line {line:?})"
+    );
+    let (n, sum) = line
+        .strip_prefix("iterations=")
+        .and_then(|l| l.split_once(" sum="))
+        .unwrap_or_else(|| panic!("expected `iterations=N sum=S`, got {line:?}"));
+    let n: u64 = n.parse().unwrap();
+    let sum: u64 = sum.parse().unwrap();
+    assert!(n > 0);
+    assert_eq!(sum, longrun_sum(n), "checksum over {n} iterations");
+}

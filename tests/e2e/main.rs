@@ -1,0 +1,11 @@
+//! End-to-end tests of mtrace: real probes on real fixture processes
+//! (tests/fixtures/*.c, compiled with cc on first use). They need root;
+//! without it they are skipped, unless the environment variable CI is set.
+//!
+//!     cargo test --release -p tracer --test e2e
+
+mod common;
+mod counts;
+mod errors;
+mod lifecycle;
+mod threads;
