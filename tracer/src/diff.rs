@@ -654,9 +654,9 @@ pub fn differential_folded(diff: &Diff, weight: Weight) -> String {
             .frames
             .iter()
             .rev()
-            .map(|f| clean(&f.function))
+            .map(|f| crate::render::folded::clean(&f.function))
             .collect();
-        parts.push(clean(&row.key.func));
+        parts.push(crate::render::folded::clean(&row.key.func));
         let sums = lines.entry(parts.join(";")).or_default();
         sums.0 = sums.0.saturating_add(b);
         sums.1 = sums.1.saturating_add(n);
@@ -668,25 +668,6 @@ pub fn differential_folded(diff: &Diff, weight: Weight) -> String {
     out
 }
 
-/// A frame name safe for the folded format, as in
-/// [`crate::render::folded`]: `;` becomes `:`, control characters become
-/// spaces, an empty name becomes `[unknown]`.
-fn clean(name: &str) -> String {
-    let cleaned: String = name
-        .chars()
-        .map(|c| match c {
-            ';' => ':',
-            c if c.is_control() => ' ',
-            c => c,
-        })
-        .collect();
-    let trimmed = cleaned.trim();
-    if trimmed.is_empty() {
-        "[unknown]".to_string()
-    } else {
-        trimmed.to_string()
-    }
-}
 
 /// Draws [`differential_folded`] output as an SVG. Frame widths are the NEW
 /// counts; each stack's allocator frame is red when it grew and blue when

@@ -17,10 +17,52 @@ use tracer_common::{
     WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
-use crate::{allocator::AllocatorObject, target::Mapping, user_error};
+use crate::{
+    allocator::{AllocatorObject, ProbeSite},
+    target::Mapping,
+    user_error,
+};
 
 /// The BPF object built by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mtrace.bpf.o"));
+
+/// Loads program `name` (once: the floor program serves every site) and
+/// attaches it where `site` says, for `pid` only.
+fn attach_one(
+    ebpf: &mut Ebpf,
+    name: &str,
+    site: &ProbeSite,
+    alloc: &AllocatorObject,
+    pid: NonZeroU32,
+) -> Result<()> {
+    let program: &mut UProbe = ebpf
+        .program_mut(name)
+        .with_context(|| format!("BPF program {name} missing"))?
+        .try_into()?;
+    if program.fd().is_err() {
+        program
+            .load()
+            .with_context(|| format!("loading the {name} probe"))?;
+    }
+    let kind = match program.kind() {
+        aya::programs::ProbeKind::Return => "uretprobe",
+        _ => "uprobe",
+    };
+    program
+        .attach(
+            UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
+            &alloc.open_path,
+            UProbeScope::OneProcess(pid),
+        )
+        .with_context(|| {
+            format!(
+                "attaching a {kind} to {} in {}",
+                site.display_name(),
+                alloc.path
+            )
+        })?;
+    Ok(())
+}
 
 /// The embedded BPF object, or for experiments on the programs the file
 /// named by `MTRACE_BPF_OBJECT`.
@@ -141,56 +183,14 @@ pub fn attach(
     for site in &alloc.sites {
         let func = site.funcs[0];
         let program_name = if mode.floor { "floor" } else { func.name() };
-        let program: &mut UProbe = ebpf
-            .program_mut(program_name)
-            .with_context(|| format!("BPF program {} missing", func.name()))?
-            .try_into()?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .with_context(|| format!("loading the {program_name} probe"))?;
-        }
-        program
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
-                &alloc.open_path,
-                UProbeScope::OneProcess(pid_nz),
-            )
-            .with_context(|| {
-                format!(
-                    "attaching a uprobe to {} in {}",
-                    site.display_name(),
-                    alloc.path
-                )
-            })?;
+        attach_one(&mut ebpf, program_name, site, alloc, pid_nz)?;
         if mode.live && func != tracer_common::AllocFn::Free {
             let ret_name = if mode.floor {
                 "floor_ret".to_string()
             } else {
                 format!("{}_ret", func.name())
             };
-            let program: &mut UProbe = ebpf
-                .program_mut(&ret_name)
-                .with_context(|| format!("BPF program {ret_name} missing"))?
-                .try_into()?;
-            if program.fd().is_err() {
-                program
-                    .load()
-                    .with_context(|| format!("loading the {ret_name} probe"))?;
-            }
-            program
-                .attach(
-                    UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
-                    &alloc.open_path,
-                    UProbeScope::OneProcess(pid_nz),
-                )
-                .with_context(|| {
-                    format!(
-                        "attaching a uretprobe to {} in {}",
-                        site.display_name(),
-                        alloc.path
-                    )
-                })?;
+            attach_one(&mut ebpf, &ret_name, site, alloc, pid_nz)?;
         }
         let name = site.display_name();
         attached.push(crate::profile::Probe {

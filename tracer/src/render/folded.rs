@@ -57,7 +57,7 @@ fn stack_line(entry: &StackEntry, per_thread: bool) -> String {
 /// A frame name safe for the format: `;` (the frame separator) becomes `:`,
 /// line breaks and other control characters become spaces, and an empty
 /// name becomes `[unknown]`.
-fn clean(name: &str) -> String {
+pub(crate) fn clean(name: &str) -> String {
     let cleaned: String = name
         .chars()
         .map(|c| match c {
