@@ -53,9 +53,13 @@ pub enum Fixture {
     Longrun,
     Exit7,
     NoMalloc,
+    /// counts.c with 20% more allocations at alloc_small (1200).
+    CountsPlus20,
+    Live,
+    Sampled,
 }
 
-const N_FIXTURES: usize = 5;
+const N_FIXTURES: usize = 8;
 
 /// `cc -O2 -fno-omit-frame-pointer -g -o OUT SRC`: frame pointers for the
 /// kernel's stack walk, debug info for file:line.
@@ -69,13 +73,25 @@ impl Fixture {
             Fixture::Longrun => "longrun",
             Fixture::Exit7 => "exit7",
             Fixture::NoMalloc => "nomalloc",
+            Fixture::CountsPlus20 => "counts-plus20",
+            Fixture::Live => "live",
+            Fixture::Sampled => "sampled",
+        }
+    }
+
+    /// The source file in tests/fixtures.
+    fn source(self) -> &'static str {
+        match self {
+            Fixture::CountsPlus20 => "counts",
+            other => other.name(),
         }
     }
 
     /// Flags before `-o OUT SRC`, and after.
     fn flags(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
-            Fixture::Threads => (FRAME_FLAGS, &["-pthread"]),
+            Fixture::Threads | Fixture::Live => (FRAME_FLAGS, &["-pthread"]),
+            Fixture::CountsPlus20 => (FRAME_FLAGS, &["-DSMALL_N=1200"]),
             Fixture::NoMalloc => (&["-O2", "-static", "-nostdlib"], &[]),
             _ => (FRAME_FLAGS, &[]),
         }
@@ -98,7 +114,7 @@ pub fn fixtures_dir() -> PathBuf {
 
 fn compile(fixture: Fixture) -> PathBuf {
     let name = fixture.name();
-    let src = fixtures_dir().join(format!("{name}.c"));
+    let src = fixtures_dir().join(format!("{}.c", fixture.source()));
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-fixtures");
     fs::create_dir_all(&dir).unwrap();
     let out = dir.join(name);

@@ -4,8 +4,11 @@
 //!
 //!     cargo test --release -p tracer --test e2e
 
+mod artifacts;
 mod common;
 mod counts;
 mod errors;
 mod lifecycle;
+mod live;
+mod sampling;
 mod threads;
