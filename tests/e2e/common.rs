@@ -598,6 +598,15 @@ impl Report {
             if line.is_empty() {
                 continue;
             }
+            // Live mode: the heap summary and the leak suspects follow the
+            // table (tests/e2e/live.rs reads them from the JSON profile).
+            if line.starts_with("live: ") {
+                break;
+            }
+            // Live mode: statistics under a row.
+            if line.starts_with("    live: ") || line.starts_with("    size ") {
+                continue;
+            }
             if line.starts_with('#') {
                 r.rows.push(parse_row_header(line)?);
             } else if let Some(frame) = line.strip_prefix("    ") {
@@ -634,6 +643,7 @@ impl Report {
             } else if line.contains(" hidden by --")
                 || line == "no allocations traced"
                 || line.starts_with("note: ")
+                || line.starts_with("sampled: ")
             {
             } else {
                 return Err(format!("unexpected line {line:?}"));

@@ -668,7 +668,6 @@ pub fn differential_folded(diff: &Diff, weight: Weight) -> String {
     out
 }
 
-
 /// Draws [`differential_folded`] output as an SVG. Frame widths are the NEW
 /// counts; each stack's allocator frame is red when it grew and blue when
 /// it shrank (inferno colours the last frame of each line by `NEW - BASE`,

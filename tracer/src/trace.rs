@@ -96,7 +96,13 @@ impl Session {
         let now = live::monotonic_ns();
         let outstanding = collect::outstanding(&self.probes, now, self.min_age_ns)?;
         for st in &mut raw.stacks {
-            st.live = tracker.stats(&st.key, outstanding.get(&st.key), now);
+            // Every stack gets live data in live mode: zeros for one whose
+            // calls all failed.
+            st.live = Some(
+                tracker
+                    .stats(&st.key, outstanding.get(&st.key), now)
+                    .unwrap_or_default(),
+            );
         }
         if let Some(t) = &mut raw.live {
             t.peak_bytes = tracker.peak_bytes;

@@ -60,7 +60,16 @@ enum Task {
     },
 }
 
-const APT_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev"];
+/// The BPF toolchain, then what the tests use to check pprof output
+/// independently (protoc and the official profile.proto).
+const APT_PACKAGES: [&str; 6] = [
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "llvm-22-dev",
+    "protobuf-compiler",
+    "golang-github-google-pprof-dev",
+];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
