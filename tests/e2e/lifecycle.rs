@@ -79,22 +79,11 @@ fn sigkilled_mtrace_leaves_no_breakpoints() {
     if !require_bpf() {
         return;
     }
-    let mut fx = FixtureProc::start(Fixture::Longrun.path(), &[]);
-    let pid = fx.pid();
-    let mut funcs: Vec<(String, u64)> = Vec::new();
-    for name in ["malloc", "free", "calloc", "realloc"] {
-        let line = fx.stdout.next_line(LINE_TIMEOUT);
-        let addr = line
-            .strip_prefix(name)
-            .and_then(|a| a.strip_prefix(" 0x"))
-            .and_then(|a| u64::from_str_radix(a, 16).ok())
-            .unwrap_or_else(|| panic!("expected `{name} 0x...`, got {line:?}"));
-        funcs.push((name.to_string(), addr));
-    }
-    fx.wait_ready();
+    let mut target = Longrun::start();
+    let pid = target.fx.pid();
     // The addresses are libc's code, as the process maps it.
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    for (name, addr) in &funcs {
+    for (name, addr) in &target.funcs {
         let in_libc = maps.lines().any(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             let (s, e) = f[0].split_once('-').unwrap();
@@ -111,25 +100,16 @@ fn sigkilled_mtrace_leaves_no_breakpoints() {
             "{name} at {addr:#x} is not in libc's code:\n{maps}"
         );
     }
-    let windows = || -> Vec<Vec<u8>> {
-        funcs
-            .iter()
-            .map(|(name, addr)| {
-                read_mem(pid, *addr, WINDOW)
-                    .unwrap_or_else(|e| panic!("reading {name} in pid {pid}: {e}"))
-            })
-            .collect()
-    };
-    let before = windows();
 
     let mut m = Mtrace::start(&["--pid", &pid.to_string()]);
     m.wait_tracing();
     // The probes are in place: some byte became int3. (This is what shows
     // the check after the kill could fail.)
-    let during = windows();
-    let int3s: Vec<(&str, usize)> = funcs
+    let during = target.windows();
+    let int3s: Vec<(&str, usize)> = target
+        .funcs
         .iter()
-        .zip(before.iter().zip(&during))
+        .zip(target.before.iter().zip(&during))
         .flat_map(|((name, _), (b, d))| {
             (0..WINDOW)
                 .filter(|&i| d[i] == 0xcc && b[i] != 0xcc)
@@ -138,13 +118,14 @@ fn sigkilled_mtrace_leaves_no_breakpoints() {
         .collect();
     assert!(
         !int3s.is_empty(),
-        "no int3 in the probed functions while traced:\nbefore {before:02x?}\nduring {during:02x?}"
+        "no int3 in the probed functions while traced:\nbefore {:02x?}\nduring {during:02x?}",
+        target.before
     );
 
-    fx.release();
+    target.fx.release();
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        fx.proc.running(),
+        target.fx.proc.running(),
         "the fixture ended before mtrace was killed"
     );
     assert!(m.proc.running(), "mtrace ended by itself");
@@ -155,36 +136,142 @@ fn sigkilled_mtrace_leaves_no_breakpoints() {
 
     // The kernel removes the breakpoints when the last reference to the
     // probes goes, which may be a moment after mtrace is reaped.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut after = windows();
-    while after != before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-        after = windows();
-    }
-    assert_eq!(
-        after, before,
-        "code of {funcs:x?} not restored after mtrace was killed"
-    );
+    target.assert_restored();
     eprintln!(
         "int3 while traced at {int3s:?}; code restored {:?} after mtrace's death",
         killed.elapsed()
     );
 
     // The fixture runs to its end, correctly.
-    let line = fx.stdout.next_line(EXIT_TIMEOUT);
-    drop(fx.stdin.take());
-    let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "fixture status (last line {line:?})"
+    target.finish();
+}
+
+/// The longrun fixture with the first bytes of its allocator functions, to
+/// see probes come and go.
+struct Longrun {
+    fx: FixtureProc,
+    funcs: Vec<(String, u64)>,
+    before: Vec<Vec<u8>>,
+}
+
+impl Longrun {
+    fn start() -> Longrun {
+        let mut fx = FixtureProc::start(Fixture::Longrun.path(), &[]);
+        let mut funcs = Vec::new();
+        for name in ["malloc", "free", "calloc", "realloc"] {
+            let line = fx.stdout.next_line(LINE_TIMEOUT);
+            let addr = line
+                .strip_prefix(name)
+                .and_then(|a| a.strip_prefix(" 0x"))
+                .and_then(|a| u64::from_str_radix(a, 16).ok())
+                .unwrap_or_else(|| panic!("expected `{name} 0x...`, got {line:?}"));
+            funcs.push((name.to_string(), addr));
+        }
+        fx.wait_ready();
+        let mut l = Longrun {
+            fx,
+            funcs,
+            before: Vec::new(),
+        };
+        l.before = l.windows();
+        l
+    }
+
+    fn windows(&self) -> Vec<Vec<u8>> {
+        let pid = self.fx.pid();
+        self.funcs
+            .iter()
+            .map(|(name, addr)| {
+                read_mem(pid, *addr, WINDOW)
+                    .unwrap_or_else(|e| panic!("reading {name} in pid {pid}: {e}"))
+            })
+            .collect()
+    }
+
+    fn probed(&self) -> bool {
+        self.windows() != self.before
+    }
+
+    /// Waits (up to 10 s) for the original code to be back.
+    fn assert_restored(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.probed() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!self.probed(), "probes left in {:x?}", self.funcs);
+    }
+
+    /// Lets the fixture end and checks its own output.
+    fn finish(mut self) {
+        let line = self.fx.stdout.next_line(EXIT_TIMEOUT);
+        drop(self.fx.stdin.take());
+        let status = self.fx.proc.wait_timeout(EXIT_TIMEOUT);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "fixture status (last line {line:?})"
+        );
+        let (n, sum) = line
+            .strip_prefix("iterations=")
+            .and_then(|l| l.split_once(" sum="))
+            .unwrap_or_else(|| panic!("expected `iterations=N sum=S`, got {line:?}"));
+        let n: u64 = n.parse().unwrap();
+        assert_eq!(sum.parse::<u64>().unwrap(), longrun_sum(n));
+    }
+}
+
+/// mtrace ended by `--duration`, SIGTERM or SIGINT while the target
+/// allocates: a report of what was seen, exit 0, the probes gone, and the
+/// target runs on to its correct end.
+fn ends_cleanly(end: &str) {
+    if !require_bpf() {
+        return;
+    }
+    let target = Longrun::start();
+    let pid = target.fx.pid().to_string();
+    let mut args = vec!["--pid", pid.as_str()];
+    if end == "duration" {
+        args.extend(["--duration", "0.7"]);
+    }
+    let mut m = Mtrace::start(&args);
+    m.wait_tracing();
+    assert!(target.probed(), "no probe in place while tracing");
+    let mut target = target;
+    target.fx.release();
+    std::thread::sleep(Duration::from_millis(500));
+    match end {
+        "SIGTERM" => m.proc.signal(libc::SIGTERM),
+        "SIGINT" => m.proc.signal(libc::SIGINT),
+        _ => {}
+    }
+    let out = m.finish();
+    out.assert_exit(0);
+    let r = out.report();
+    let (calls, _) = r.site("malloc", "main");
+    assert!(
+        calls > 0,
+        "no malloc seen before the {end}\n{}",
+        out.describe()
     );
-    let (n, sum) = line
-        .strip_prefix("iterations=")
-        .and_then(|l| l.split_once(" sum="))
-        .unwrap_or_else(|| panic!("expected `iterations=N sum=S`, got {line:?}"));
-    let n: u64 = n.parse().unwrap();
-    let sum: u64 = sum.parse().unwrap();
-    assert!(n > 0);
-    assert_eq!(sum, longrun_sum(n), "checksum over {n} iterations");
+    assert!(
+        target.fx.proc.running(),
+        "the target did not outlive the trace"
+    );
+    target.assert_restored();
+    target.finish();
+}
+
+#[test]
+fn duration_ends_with_a_report_and_a_clean_detach() {
+    ends_cleanly("duration");
+}
+
+#[test]
+fn sigterm_ends_with_a_report_and_a_clean_detach() {
+    ends_cleanly("SIGTERM");
+}
+
+#[test]
+fn sigint_ends_with_a_report_and_a_clean_detach() {
+    ends_cleanly("SIGINT");
 }
