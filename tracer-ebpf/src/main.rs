@@ -203,7 +203,13 @@ fn weighted_bytes(size: u64, weight: u64) -> u64 {
 #[inline(always)]
 fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
-    if sampled && func == AllocFn::Free {
+    if func == AllocFn::Free && config_u32(&CONFIG.live) == 0 {
+        // Count mode wants the number of frees only: no stack, no nesting
+        // check (a free the allocator makes itself, as realloc(p, 0) does,
+        // is a free all the same). Sampled, frees are not counted at all.
+        if !sampled {
+            bump(counter::CALLS + AllocFn::Free as u32, 1);
+        }
         return 0;
     }
     let Some(weight) = sample_weight(size) else {
