@@ -15,7 +15,7 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
         bpf_probe_read_user,
@@ -78,7 +78,9 @@ static PENDING: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
 #[map]
 static LIVE: HashMap<u64, LiveBlock> = HashMap::with_max_entries(262144, 0);
 
-/// Live mode: allocation and free events for the tracer.
+/// Live mode: allocation and free events for the tracer. Submitted without
+/// waking it (a wake-up per event would cost the target a context switch):
+/// the tracer drains the buffer on a timer.
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
 
@@ -410,7 +412,7 @@ fn track(ptr: u64, pending: &Pending, now: u64) {
                 ts: now,
                 key: pending.key,
             });
-            entry.submit(0);
+            entry.submit(BPF_RB_NO_WAKEUP as u64);
         }
         None => {
             // Without its event the tracer cannot account for the block:
@@ -450,7 +452,7 @@ fn release(ptr: u64, now: u64, born_before: u64) {
                 ts: now,
                 key: block.key,
             });
-            entry.submit(0);
+            entry.submit(BPF_RB_NO_WAKEUP as u64);
         }
         None => bump(counter::EVENTS_LOST, 1),
     }

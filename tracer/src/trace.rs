@@ -35,6 +35,9 @@ enum End {
     Interrupted(i32),
 }
 
+/// Live mode: how often the event ring buffer is drained.
+const DRAIN_EVERY: Duration = Duration::from_millis(10);
+
 /// How often the target's mappings are re-read (new libraries).
 const REFRESH_EVERY: Duration = Duration::from_millis(500);
 
@@ -296,23 +299,23 @@ async fn wait_for_end(
     exit_rx: Option<oneshot::Receiver<i32>>,
 ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
     let pid = session.pid;
-    // Live mode: the event ring buffer, read whenever it has data.
+    // Live mode: the event ring buffer. The BPF programs do not wake us
+    // per event; we drain it on a timer, often enough that it cannot fill
+    // at any allocation rate a uprobe allows (a few million events a
+    // second at most, 8 MiB hold about 150,000).
     let mut events = match session.probes.ebpf.take_map("EVENTS") {
-        Some(map) if session.tracker.is_some() => {
-            let ring = RingBuf::try_from(map)?;
-            // SAFETY: the ring buffer owns its descriptor for as long as
-            // the AsyncFd lives.
-            Some(
-                unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-                    .map_err(|e| e.into_parts().1)?,
-            )
-        }
+        Some(map) if session.tracker.is_some() => Some(RingBuf::try_from(map)?),
         _ => None,
     };
-    let events_ready = async |events: &mut Option<AsyncFd<RingBuf<MapData>>>| match events {
-        Some(fd) => fd.readable_mut().await.ok().map(|mut g| g.clear_ready()),
-        None => std::future::pending().await,
-    };
+    let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
+    drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let drain_due =
+        async |events: &Option<RingBuf<MapData>>, tick: &mut tokio::time::Interval| match events {
+            Some(_) => {
+                tick.tick().await;
+            }
+            None => std::future::pending().await,
+        };
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
     let mut sigusr1 = tokio::signal::unix::signal(SignalKind::user_defined1())?;
@@ -363,7 +366,7 @@ async fn wait_for_end(
             _ = &mut sleep => break (End::Duration, exit_rx),
             _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
             _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
-            _ = events_ready(&mut events) => drain(&mut events, &mut session.tracker),
+            _ = drain_due(&events, &mut drain_tick) => drain(&mut events, &mut session.tracker),
             _ = sigusr1.recv() => {
                 drain(&mut events, &mut session.tracker);
                 session.write_snapshot(&args.snapshot_dir)?;
@@ -380,11 +383,10 @@ async fn wait_for_end(
 }
 
 /// Feeds every event waiting in the ring buffer to the tracker.
-fn drain(events: &mut Option<AsyncFd<RingBuf<MapData>>>, tracker: &mut Option<LiveTracker>) {
-    let (Some(fd), Some(tracker)) = (events.as_mut(), tracker.as_mut()) else {
+fn drain(events: &mut Option<RingBuf<MapData>>, tracker: &mut Option<LiveTracker>) {
+    let (Some(ring), Some(tracker)) = (events.as_mut(), tracker.as_mut()) else {
         return;
     };
-    let ring = fd.get_mut();
     while let Some(item) = ring.next() {
         tracker.on_bytes(&item);
     }

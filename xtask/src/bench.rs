@@ -17,6 +17,7 @@
 
 use std::{
     fmt::Write as _,
+    io::IsTerminal,
     path::Path,
     process::{Command, Stdio},
 };
@@ -178,6 +179,7 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
             .arg(root.join("xtask/bench/bench.c")),
     )?;
 
+    let progress = std::io::stderr().is_terminal();
     let mut results: Vec<Result1> = Vec::new();
     for threads in [1u32, 2] {
         let mut per_mode: Vec<Result1> = MODES
@@ -201,7 +203,9 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
                     .push(run_once(root, &bench, mode, iterations, threads)?);
             }
         }
-        eprintln!();
+        if progress {
+            eprintln!();
+        }
         results.extend(per_mode);
     }
 
