@@ -33,7 +33,7 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
             raw
         }
     };
-    let per_func = (0..N_FUNCS)
+    let mut per_func: Vec<Counts> = (0..N_FUNCS)
         .map(|f| Counts {
             calls: calls(sums[counter::CALLS as usize + f]),
             bytes: sums[counter::BYTES as usize + f],
@@ -53,8 +53,10 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         BpfHashMap::try_from(ebpf.map("COUNTS").context("COUNTS map")?)?;
     let mut frames_by_id: HashMap<i32, Option<Vec<u64>>> = HashMap::new();
     let mut stacks = Vec::new();
+    let mut raw_stack_calls = Vec::new();
     for item in counts.iter() {
         let (key, value) = item?;
+        raw_stack_calls.push(value.calls);
         let walked = if key.stack_id == STACK_ID_NONE {
             None
         } else {
@@ -101,6 +103,24 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         pending_full: sums[counter::PENDING_FULL as usize],
         ..LiveTotals::default()
     });
+
+    if sampled {
+        // Rounded estimates must add up: a function's total is the sum of
+        // its stacks' rounded estimates, plus the rounded rest (samples
+        // that found the map full).
+        let mut in_stacks = [(0u64, 0u64); N_FUNCS];
+        for (st, raw_calls) in stacks.iter().zip(&raw_stack_calls) {
+            if let Some(slot) = in_stacks.get_mut(st.func as usize) {
+                slot.0 += raw_calls;
+                slot.1 += st.counts.calls;
+            }
+        }
+        for (f, total) in per_func.iter_mut().enumerate() {
+            let raw_total = sums[counter::CALLS as usize + f];
+            let (raw_in, rounded_in) = in_stacks[f];
+            total.calls = rounded_in + calls(raw_total.saturating_sub(raw_in));
+        }
+    }
 
     Ok(RawProfile {
         stacks,

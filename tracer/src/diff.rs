@@ -3,7 +3,7 @@
 //!
 //! Stacks are matched across runs and builds by a [`StackKey`]: the
 //! allocator function and, per frame, the function name and the basename of
-//! its object. Addresses, files, lines, build ids and threads are left out,
+//! its object (the traced program itself is just `<program>`). Addresses, files, lines, build ids and threads are left out,
 //! so two runs of one binary, or two builds of it, line up; entries that map
 //! to the same key are summed.
 //!
@@ -43,13 +43,27 @@ pub struct KeyFrame {
     pub module: Option<String>,
 }
 
+/// How frames of the traced program itself name their module in a key: two
+/// builds of a program may carry different file names (`bench-old`,
+/// `bench-new`) and must still line up.
+pub const PROGRAM_MODULE: &str = "<program>";
+
 impl KeyFrame {
-    fn of(frame: &Frame) -> KeyFrame {
+    /// `program`: the traced executable's path in the frame's profile.
+    fn of(frame: &Frame, program: Option<&str>) -> KeyFrame {
         let module = frame
             .module
             .as_deref()
             .map(|m| m.strip_suffix(" (deleted)").unwrap_or(m))
-            .map(short_path)
+            .map(|m| {
+                if program.is_some_and(|p| {
+                    !p.is_empty() && p.strip_suffix(" (deleted)").unwrap_or(p) == m
+                }) {
+                    PROGRAM_MODULE
+                } else {
+                    short_path(m)
+                }
+            })
             .filter(|m| !m.is_empty())
             .map(str::to_string);
         KeyFrame {
@@ -75,10 +89,15 @@ pub struct StackKey {
 }
 
 impl StackKey {
-    pub fn of(entry: &StackEntry) -> StackKey {
+    /// `program`: the traced executable's path (`Meta::executable`).
+    pub fn of(entry: &StackEntry, program: Option<&str>) -> StackKey {
         StackKey {
             func: entry.func.clone(),
-            frames: entry.frames.iter().map(KeyFrame::of).collect(),
+            frames: entry
+                .frames
+                .iter()
+                .map(|f| KeyFrame::of(f, program))
+                .collect(),
             truncated: entry.truncated,
         }
     }
@@ -157,14 +176,20 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
     let mut in_stacks = Change::default();
     for entry in base.stacks.iter().filter(|e| is_allocation(e)) {
         add(
-            &mut by_key.entry(StackKey::of(entry)).or_default().base,
+            &mut by_key
+                .entry(StackKey::of(entry, Some(&base.meta.executable)))
+                .or_default()
+                .base,
             entry.counts,
         );
         add(&mut in_stacks.base, entry.counts);
     }
     for entry in new.stacks.iter().filter(|e| is_allocation(e)) {
         add(
-            &mut by_key.entry(StackKey::of(entry)).or_default().new,
+            &mut by_key
+                .entry(StackKey::of(entry, Some(&new.meta.executable)))
+                .or_default()
+                .new,
             entry.counts,
         );
         add(&mut in_stacks.new, entry.counts);
@@ -1353,7 +1378,7 @@ mod tests {
         let deep: Vec<String> = (0..12).map(|i| format!("f{i}")).collect();
         let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
         let mut e = entry("malloc", &deep, 1, 1);
-        let key = StackKey::of(&e);
+        let key = StackKey::of(&e, None);
         assert_eq!(
             key.chain(),
             "malloc <- f0 <- f1 <- f2 <- f3 <- f4 <- f5 <- f6 <- f7 <- ... (+4 frames)"
@@ -1361,7 +1386,7 @@ mod tests {
         e.frames.truncate(9);
         e.truncated = true;
         assert_eq!(
-            StackKey::of(&e).chain(),
+            StackKey::of(&e, None).chain(),
             "malloc <- f0 <- f1 <- f2 <- f3 <- f4 <- f5 <- f6 <- f7 <- ... (+1 frame) [stack truncated]"
         );
     }

@@ -108,6 +108,34 @@ pub enum Sampling {
     Every(u64),
 }
 
+/// Bytes sampling: every CPU's countdown starts at an exponential draw, so
+/// the first allocation is no more likely to be sampled than any other.
+fn seed_countdowns(ebpf: &mut Ebpf, rate: u64) -> Result<()> {
+    use aya::maps::{PerCpuArray, PerCpuValues};
+    let n = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    let mut state = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x9e37_79b9_7f4a_7c15)
+        ^ (std::process::id() as u64) << 32
+        | 1;
+    let draws: Vec<i64> = (0..n)
+        .map(|_| {
+            // xorshift64*: plenty for spreading start points.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let r = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            let u = ((r >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            (-u.ln() * rate as f64) as i64 + 1
+        })
+        .collect();
+    let mut map: PerCpuArray<_, i64> =
+        PerCpuArray::try_from(ebpf.map_mut("COUNTDOWN").context("COUNTDOWN map")?)?;
+    map.set(0, PerCpuValues::try_from(draws)?, 0)?;
+    Ok(())
+}
+
 /// `-ln((i + 0.5) / len)` in 16.16: exponential intervals by table lookup.
 fn exp_table() -> [u32; EXP_TABLE_LEN] {
     let mut t = [0u32; EXP_TABLE_LEN];
@@ -174,6 +202,9 @@ pub fn attach(
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
 
+    if let Some(Sampling::Bytes(rate)) = mode.sampling {
+        seed_countdowns(&mut ebpf, rate)?;
+    }
     let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
     let mut attached = Vec::new();
     let mut func_names: Vec<String> = tracer_common::AllocFn::ALL

@@ -226,6 +226,9 @@ pub struct Meta {
     pub pid: u32,
     /// Target command line.
     pub command: String,
+    /// The target's executable, as it sees it (`/proc/PID/exe`).
+    #[serde(default)]
+    pub executable: String,
     /// When tracing started, RFC 3339 (UTC).
     pub start_time: String,
     pub duration_secs: f64,

@@ -154,6 +154,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         ));
     }
     target::check_privileges()?;
+    // Signal handlers before anything else: a Ctrl-C from here on ends the
+    // trace with a report (once the probes are in), never kills mtrace.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let signals = {
+        let _in_runtime = rt.enter();
+        Signals::new()?
+    };
     let sizes = MapSizes {
         counts: args.count_map_size,
         stacks: args.stack_map_size,
@@ -220,6 +229,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
         pid,
         command,
+        executable: std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         duration_secs: 0.0,
         kernel_release: kernel_release(),
@@ -245,10 +257,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         last_snapshot: None,
     };
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (end, exit_rx) = rt.block_on(wait_for_end(&mut session, &args, exit_rx))?;
+    let (end, exit_rx) = rt.block_on(wait_for_end(&mut session, &args, exit_rx, signals))?;
 
     if let Some(t) = &mut session.tracker {
         t.finish();
@@ -293,10 +302,29 @@ fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
+/// The signals that end a trace or ask for a snapshot.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        use tokio::signal::unix::signal;
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        })
+    }
+}
+
 async fn wait_for_end(
     session: &mut Session,
     args: &TraceArgs,
     exit_rx: Option<oneshot::Receiver<i32>>,
+    signals: Signals,
 ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
     let pid = session.pid;
     // Live mode: the event ring buffer. The BPF programs do not wake us
@@ -316,9 +344,11 @@ async fn wait_for_end(
             }
             None => std::future::pending().await,
         };
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-    let mut sigusr1 = tokio::signal::unix::signal(SignalKind::user_defined1())?;
+    let Signals {
+        int: mut sigint,
+        term: mut sigterm,
+        usr1: mut sigusr1,
+    } = signals;
     let sleep = async {
         match args.duration {
             Some(d) => tokio::time::sleep(Duration::from_secs_f64(d)).await,
