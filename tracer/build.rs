@@ -22,6 +22,7 @@ fn main() {
         watch(&root.join(dir));
     }
     for file in [
+        "tracer-ebpf/.cargo/config.toml",
         "tracer-ebpf/Cargo.toml",
         "tracer-ebpf/Cargo.lock",
         "tracer-common/Cargo.toml",

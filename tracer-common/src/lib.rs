@@ -63,22 +63,50 @@ impl AllocFn {
     }
 }
 
-/// `CountKey::stack_id` when the stack walk failed; the allocation is still
-/// counted, under an unknown stack.
-pub const STACK_ID_NONE: i32 = -1;
+/// `CountKey::stack` when the stack walk failed; the allocation is still
+/// counted, under its direct caller only.
+pub const STACK_NONE: u64 = 0;
+
+/// `CountKey::stack` when there was no frame pointer to follow: the stack
+/// is the direct caller alone (not a loss).
+pub const STACK_EMPTY: u64 = 1;
+
+/// Most frames a stack keeps (as the kernel's perf_event_max_stack).
+pub const MAX_FRAMES: usize = 127;
+
+/// Bytes of the target's stack read at once by the frame-pointer walk.
+pub const STACK_CHUNK: usize = 1024;
+
+/// A walked user stack: return addresses above the direct caller, stored
+/// once per distinct stack under its hash.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackFrames {
+    pub len: u32,
+    pub _pad: u32,
+    pub frames: [u64; MAX_FRAMES],
+}
+
+/// Per-CPU scratch space of the stack walk.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WalkScratch {
+    pub chunk: [u64; STACK_CHUNK / 8],
+    pub stack: StackFrames,
+}
 
 /// Key of the in-kernel aggregation map: one entry per distinct
 /// (user stack, direct caller, allocator function, thread).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CountKey {
-    /// Id in the stack-trace map, or [`STACK_ID_NONE`].
-    pub stack_id: i32,
+    /// Hash of the walked stack (its key in the stack map), or
+    /// [`STACK_NONE`].
+    pub stack: u64,
     /// An [`AllocFn`] discriminant.
     pub func: u32,
     /// Thread id when per-thread splitting is on, else 0.
     pub tid: u32,
-    pub _pad: u32,
     /// The return address at `[rsp]` on entry: the direct caller, which a
     /// frame-pointer walk started inside the allocator's prologue misses.
     pub caller: u64,
@@ -267,4 +295,5 @@ mod pod {
     unsafe impl aya::Pod for Pending {}
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for Event {}
+    unsafe impl aya::Pod for StackFrames {}
 }

@@ -15,23 +15,23 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
         bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
     counter, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, Event, LiveBlock, Pending,
-    EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, SAMPLE_BYTES, SAMPLE_EVERY,
-    SAMPLE_NONE, STACK_ID_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    StackFrames, WalkScratch, EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FRAMES,
+    SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK, STACK_EMPTY, STACK_NONE, TAIL_SLOTS,
+    WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 const EEXIST: i32 = 17;
-const ENOMEM: i32 = 12;
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
 #[no_mangle]
@@ -50,8 +50,14 @@ static CONFIG: Config = Config {
 #[map]
 static COUNTS: HashMap<CountKey, CountValue> = HashMap::with_max_entries(65536, 0);
 
+/// Every distinct stack, once, under its hash. Inserted only when a new
+/// aggregation key appears, so not preallocated.
 #[map]
-static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Scratch space of the stack walk, per CPU.
+#[map]
+static WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::N, 0);
@@ -274,26 +280,12 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     }
     bump(counter::BYTES + func as u32, bytes_inc);
 
-    let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            bump(
-                match -e {
-                    EEXIST => counter::STACK_COLLISION,
-                    ENOMEM => counter::STACK_MAP_FULL,
-                    _ => counter::STACK_WALK_FAILED,
-                },
-                1,
-            );
-            STACK_ID_NONE
-        }
-    };
+    let (stack, walk) = walk_stack(ctx);
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
     let key = CountKey {
-        stack_id,
+        stack,
         func: func as u32,
         tid: if per_thread { tid } else { 0 },
-        _pad: 0,
         caller,
     };
     if live {
@@ -309,14 +301,132 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
             bump(counter::PENDING_FULL, 1);
         }
     }
-    if !add_to(&key, calls_inc, bytes_inc) {
-        insert_count(&key, calls_inc, bytes_inc, tid, per_thread);
+    if !add_to(&key, calls_inc, bytes_inc)
+        && insert_count(&key, calls_inc, bytes_inc, tid, per_thread)
+    {
+        // A new key: make sure its stack is stored (once per stack).
+        if let Some(w) = walk {
+            if let Err(e) = STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
+                if e != -EEXIST {
+                    bump(counter::STACK_MAP_FULL, 1);
+                }
+            }
+        }
     }
     0
 }
 
+/// State of a stack walk, on the program's stack, for the `bpf_loop`
+/// callback.
+#[repr(C)]
+struct Walk {
+    w: *mut WalkScratch,
+    fp: u64,
+    base: u64,
+    hash: u64,
+    n: u64,
+    valid: u64,
+}
+
+/// One frame of the walk; 1 stops the loop.
+#[inline(never)]
+extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let st = unsafe { &mut *(ctx as *mut Walk) };
+    let w = unsafe { &mut *st.w };
+    let fp = st.fp;
+    if fp == 0 || fp & 7 != 0 {
+        return 1;
+    }
+    if fp < st.base || fp - st.base + 16 > st.valid {
+        let bytes = unsafe {
+            core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK)
+        };
+        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, bytes) }.is_ok() {
+            st.valid = STACK_CHUNK as u64;
+        } else {
+            // Near the top of the stack: read just this frame.
+            let frame =
+                unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
+            if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, frame) }
+                .is_err()
+            {
+                return 1;
+            }
+            st.valid = 16;
+        }
+        st.base = fp;
+    }
+    let i = (((fp - st.base) / 8) as usize) & (STACK_CHUNK / 8 - 1);
+    if i + 1 >= STACK_CHUNK / 8 {
+        return 1;
+    }
+    let next = w.chunk[i];
+    let ret = w.chunk[i + 1];
+    if ret == 0 {
+        return 1;
+    }
+    let n = st.n as usize;
+    if n >= MAX_FRAMES {
+        return 1;
+    }
+    w.stack.frames[n] = ret;
+    st.hash = (st.hash ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
+    st.n += 1;
+    // Frames lie at higher addresses as the walk goes up.
+    if next <= fp {
+        return 1;
+    }
+    st.fp = next;
+    0
+}
+
+/// Walks the target's frame pointers from `rbp`, reading its stack
+/// `STACK_CHUNK` bytes at a time into per-CPU scratch (one helper call for
+/// many frames, where the kernel's walk copies frame by frame). Returns the
+/// stack's hash (FNV-1a over the return addresses) and the scratch holding
+/// the frames, or `STACK_NONE` when not even the first frame was readable.
 #[inline(always)]
-fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bool) {
+fn walk_stack(ctx: &ProbeContext) -> (u64, Option<*mut WalkScratch>) {
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        bump(counter::STACK_WALK_FAILED, 1);
+        return (STACK_NONE, None);
+    };
+    let mut st = Walk {
+        w,
+        fp: unsafe { (*ctx.regs).rbp },
+        base: 0,
+        hash: 0xcbf2_9ce4_8422_2325,
+        n: 0,
+        valid: 0,
+    };
+    // No frame pointer to follow (rbp zero, or not a frame address, as in
+    // code built without frame pointers) is not a failure: the stack is
+    // the direct caller alone, as the kernel's walk has it.
+    if st.fp == 0 || st.fp & 7 != 0 {
+        return (STACK_EMPTY, None);
+    }
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            MAX_FRAMES as u32,
+            walk_step as *mut core::ffi::c_void,
+            &mut st as *mut Walk as *mut core::ffi::c_void,
+            0,
+        );
+    }
+    let n = st.n as u32;
+    unsafe { (*w).stack.len = n };
+    if n == 0 {
+        // A frame pointer, but no stack to read there.
+        bump(counter::STACK_WALK_FAILED, 1);
+        return (STACK_NONE, None);
+    }
+    // Never one of the reserved values.
+    (st.hash | 2, Some(w))
+}
+
+/// Inserts a new aggregation key; true when this call created it.
+#[inline(always)]
+fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bool) -> bool {
     let first = CountValue {
         calls,
         bytes,
@@ -331,14 +441,19 @@ fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bo
                     }
                 }
             }
+            true
         }
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
             if !add_to(key, calls, bytes) {
                 bump(counter::MAP_FULL, 1);
             }
+            false
         }
-        Err(_) => bump(counter::MAP_FULL, 1),
+        Err(_) => {
+            bump(counter::MAP_FULL, 1);
+            false
+        }
     }
 }
 

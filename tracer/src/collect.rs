@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, StackTraceMap};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tracer_common::{
-    counter, Comm, CountKey, CountValue, LiveBlock, N_FUNCS, STACK_ID_NONE, WEIGHT_ONE,
+    counter, Comm, CountKey, CountValue, LiveBlock, StackFrames, N_FUNCS, STACK_EMPTY, STACK_NONE,
+    WEIGHT_ONE,
 };
 
 use crate::{
@@ -48,25 +49,28 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         thread_names_full: sums[counter::THREAD_NAMES_FULL as usize],
     };
 
-    let stack_map = StackTraceMap::try_from(ebpf.map("STACKS").context("STACKS map")?)?;
+    let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
+        BpfHashMap::try_from(ebpf.map("STACKS").context("STACKS map")?)?;
     let counts: BpfHashMap<&MapData, CountKey, CountValue> =
         BpfHashMap::try_from(ebpf.map("COUNTS").context("COUNTS map")?)?;
-    let mut frames_by_id: HashMap<i32, Option<Vec<u64>>> = HashMap::new();
+    let mut frames_by_hash: HashMap<u64, Option<Vec<u64>>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
     for item in counts.iter() {
         let (key, value) = item?;
         raw_stack_calls.push(value.calls);
-        let walked = if key.stack_id == STACK_ID_NONE {
+        let walked = if key.stack == STACK_NONE {
             None
+        } else if key.stack == STACK_EMPTY {
+            Some(Vec::new())
         } else {
-            frames_by_id
-                .entry(key.stack_id)
+            frames_by_hash
+                .entry(key.stack)
                 .or_insert_with(|| {
-                    stack_map
-                        .get(&(key.stack_id as u32), 0)
-                        .ok()
-                        .map(|st| st.frames().iter().map(|f| f.ip).collect())
+                    stack_map.get(&key.stack, 0).ok().map(|st| {
+                        let n = (st.len as usize).min(st.frames.len());
+                        st.frames[..n].to_vec()
+                    })
                 })
                 .clone()
         };
@@ -162,17 +166,17 @@ pub fn outstanding(
 }
 
 /// Builds the stack, innermost first, from the direct caller (read at
-/// `[rsp]`) and the kernel's frame-pointer walk. The walk starts with the
-/// probed instruction itself, which is dropped; when the kernel already
-/// recovered the caller (it does for probes on `push %rbp` or `endbr64`),
-/// it is not repeated.
+/// `[rsp]`) and the frame-pointer walk from `rbp`. When the probed function
+/// had already set up its own frame (a probe after `push %rbp; mov
+/// %rsp,%rbp`), the walk's first return address is the caller again: it is
+/// not repeated.
 pub fn assemble_stack(caller: u64, walked: Option<&[u64]>) -> Vec<u64> {
     let mut out = Vec::new();
     if caller != 0 {
         out.push(caller);
     }
     if let Some(frames) = walked {
-        let mut rest = frames.get(1..).unwrap_or(&[]);
+        let mut rest = frames;
         if caller != 0 && rest.first() == Some(&caller) {
             rest = &rest[1..];
         }
@@ -186,19 +190,16 @@ mod tests {
     use super::assemble_stack;
 
     #[test]
-    fn caller_goes_first_and_probe_ip_is_dropped() {
+    fn caller_goes_first() {
         assert_eq!(
-            assemble_stack(0x10, Some(&[0x999, 0x20, 0x30])),
+            assemble_stack(0x10, Some(&[0x20, 0x30])),
             vec![0x10, 0x20, 0x30]
         );
     }
 
     #[test]
-    fn caller_recovered_by_kernel_is_not_repeated() {
-        assert_eq!(
-            assemble_stack(0x10, Some(&[0x999, 0x10, 0x20])),
-            vec![0x10, 0x20]
-        );
+    fn caller_found_by_the_walk_too_is_not_repeated() {
+        assert_eq!(assemble_stack(0x10, Some(&[0x10, 0x20])), vec![0x10, 0x20]);
     }
 
     #[test]

@@ -219,14 +219,14 @@ pub fn monotonic_ns() -> u64 {
 mod tests {
     use super::*;
 
-    fn key(stack_id: i32) -> CountKey {
+    fn key(stack: u64) -> CountKey {
         CountKey {
-            stack_id,
+            stack,
             ..CountKey::default()
         }
     }
 
-    fn alloc(k: i32, size: u64, ts: u64) -> Event {
+    fn alloc(k: u64, size: u64, ts: u64) -> Event {
         Event {
             kind: EVENT_ALLOC,
             ptr: ts,
@@ -238,7 +238,7 @@ mod tests {
         }
     }
 
-    fn free(k: i32, size: u64, alloc_ts: u64, ts: u64) -> Event {
+    fn free(k: u64, size: u64, alloc_ts: u64, ts: u64) -> Event {
         Event {
             kind: EVENT_FREE,
             ptr: alloc_ts,

@@ -142,6 +142,13 @@ pub fn thread_names(pid: u32) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// The target's executable as it sees it, or empty when unreadable.
+pub fn executable(pid: u32) -> String {
+    fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// The command line, space-separated, or the comm when it is unreadable.
 pub fn cmdline(pid: u32) -> String {
     match fs::read(format!("/proc/{pid}/cmdline")) {

@@ -183,24 +183,27 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let space = Arc::new(Mutex::new(AddressSpace::new()));
     let attach_started = Instant::now();
 
-    let (pid, probes, alloc_path, exit_rx) = match args.pid {
+    // The executable is read while the target surely lives: a launched
+    // command may be gone by the time tracing is under way.
+    let (pid, probes, alloc_path, executable, exit_rx) = match args.pid {
         Some(pid) => {
             target::check_pid(pid)?;
             let maps = target::read_maps(pid)
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
             let alloc = allocator::find_in_process(pid, &maps)?;
             space.lock().unwrap().refresh(pid);
+            let executable = target::executable(pid);
             let probes = probes::attach(pid, &alloc, &maps, mode, sizes)?;
-            (pid, probes, alloc.path, None)
+            (pid, probes, alloc.path, executable, None)
         }
         None => {
             let launched =
                 launch::launch(&args.command, space.clone(), move |pid, alloc, maps| {
                     let probes = probes::attach(pid, alloc, maps, mode, sizes)?;
-                    Ok((probes, alloc.path.clone()))
+                    Ok((probes, alloc.path.clone(), target::executable(pid)))
                 })?;
-            let (probes, path) = launched.attached;
-            (launched.pid, probes, path, Some(launched.exit))
+            let (probes, path, executable) = launched.attached;
+            (launched.pid, probes, path, executable, Some(launched.exit))
         }
     };
     log::debug!(
@@ -229,9 +232,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
         pid,
         command,
-        executable: std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        executable,
         start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
         duration_secs: 0.0,
         kernel_release: kernel_release(),
