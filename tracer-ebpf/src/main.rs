@@ -55,9 +55,13 @@ static COUNTS: HashMap<CountKey, CountValue> = HashMap::with_max_entries(65536, 
 #[map]
 static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
-/// Scratch space of the stack walk, per CPU.
+/// Scratch space of the stack walk, per thread (slot `tid % WALK_SLOTS`).
+/// Not per CPU: a uprobe program can be preempted mid-walk by another
+/// thread of the target on the same CPU.
 #[map]
-static WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
+static WALK: Array<WalkScratch> = Array::with_max_entries(WALK_SLOTS, 0);
+
+const WALK_SLOTS: u32 = 4096;
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::N, 0);
@@ -280,7 +284,7 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     }
     bump(counter::BYTES + func as u32, bytes_inc);
 
-    let (stack, walk) = walk_stack(ctx);
+    let (stack, walk) = walk_stack(ctx, tid);
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
     let key = CountKey {
         stack,
@@ -381,13 +385,13 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 }
 
 /// Walks the target's frame pointers from `rbp`, reading its stack
-/// `STACK_CHUNK` bytes at a time into per-CPU scratch (one helper call for
+/// `STACK_CHUNK` bytes at a time into per-thread scratch (one helper call for
 /// many frames, where the kernel's walk copies frame by frame). Returns the
 /// stack's hash (FNV-1a over the return addresses) and the scratch holding
 /// the frames, or `STACK_NONE` when not even the first frame was readable.
 #[inline(always)]
-fn walk_stack(ctx: &ProbeContext) -> (u64, Option<*mut WalkScratch>) {
-    let Some(w) = WALK.get_ptr_mut(0) else {
+fn walk_stack(ctx: &ProbeContext, tid: u32) -> (u64, Option<*mut WalkScratch>) {
+    let Some(w) = WALK.get_ptr_mut(tid % WALK_SLOTS) else {
         bump(counter::STACK_WALK_FAILED, 1);
         return (STACK_NONE, None);
     };
