@@ -388,7 +388,7 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// `STACK_CHUNK` bytes at a time into per-thread scratch (one helper call for
 /// many frames, where the kernel's walk copies frame by frame). Returns the
 /// stack's hash (FNV-1a over the return addresses) and the scratch holding
-/// the frames, or `STACK_NONE` when not even the first frame was readable.
+/// the frames; `STACK_EMPTY` when there is no frame pointer chain to follow.
 #[inline(always)]
 fn walk_stack(ctx: &ProbeContext, tid: u32) -> (u64, Option<*mut WalkScratch>) {
     let Some(w) = WALK.get_ptr_mut(tid % WALK_SLOTS) else {
@@ -420,9 +420,10 @@ fn walk_stack(ctx: &ProbeContext, tid: u32) -> (u64, Option<*mut WalkScratch>) {
     let n = st.n as u32;
     unsafe { (*w).stack.len = n };
     if n == 0 {
-        // A frame pointer, but no stack to read there.
-        bump(counter::STACK_WALK_FAILED, 1);
-        return (STACK_NONE, None);
+        // A frame pointer that points nowhere readable: code without frame
+        // pointers keeps other data in rbp. As with the kernel's walk, the
+        // stack is then the direct caller alone (not a loss).
+        return (STACK_EMPTY, None);
     }
     // Never one of the reserved values.
     (st.hash | 2, Some(w))
