@@ -24,7 +24,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{require_root, status};
+use crate::{compile_c, require_root};
 
 struct Mode {
     name: &'static str,
@@ -172,12 +172,7 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     let bench = out_dir.join("bench");
-    status(
-        Command::new("cc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
-            .arg(&bench)
-            .arg(root.join("xtask/bench/bench.c")),
-    )?;
+    compile_c(&root.join("xtask/bench/bench.c"), &bench, &["-pthread"])?;
 
     let progress = std::io::stderr().is_terminal();
     let mut results: Vec<Result1> = Vec::new();

@@ -226,6 +226,19 @@ fn unsafe_geteuid() -> u32 {
         .unwrap_or(u32::MAX)
 }
 
+/// `cc -O2 -fno-omit-frame-pointer EXTRA -o OUT SRC`: frame pointers so
+/// mtrace sees whole stacks.
+pub(crate) fn compile_c(src: &Path, out: &Path, extra: &[&str]) -> Result<()> {
+    status(
+        Command::new("cc")
+            .args(["-O2", "-fno-omit-frame-pointer"])
+            .args(extra)
+            .arg("-o")
+            .arg(out)
+            .arg(src),
+    )
+}
+
 fn build() -> Result<()> {
     status(Command::new(cargo()).args(["build", "--release", "--package", "tracer"]))
 }
@@ -235,12 +248,7 @@ fn demo(root: &Path) -> Result<()> {
     let out = root.join("target/demo");
     std::fs::create_dir_all(&out)?;
     let workload = out.join("workload");
-    status(
-        Command::new("cc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-g", "-o"])
-            .arg(&workload)
-            .arg(root.join("xtask/demo/workload.c")),
-    )?;
+    compile_c(&root.join("xtask/demo/workload.c"), &workload, &["-g"])?;
     let svg = out.join("flamegraph.svg");
     let folded = out.join("allocations.folded");
     eprintln!("xtask: mtrace -- {} 2000", workload.display());
