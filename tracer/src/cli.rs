@@ -105,6 +105,11 @@ pub struct TraceArgs {
     #[arg(long, hide = true)]
     pub bench_floor: bool,
 
+    /// Benchmark: have the kernel time every BPF program run and log the
+    /// mean time per program with -v (the timing itself costs ~40 ns a run).
+    #[arg(long, hide = true)]
+    pub bpf_stats: bool,
+
     /// Live mode: show as leak suspects only blocks at least SECS old.
     #[arg(long, value_name = "SECS", default_value_t = 0.0, value_parser = parse_age, requires = "live")]
     pub min_age: f64,

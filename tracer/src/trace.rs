@@ -258,8 +258,20 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         last_snapshot: None,
     };
 
+    let stats_fd = if args.bpf_stats {
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling BPF run-time stats")?,
+        )
+    } else {
+        None
+    };
     let (end, exit_rx) = rt.block_on(wait_for_end(&mut session, &args, exit_rx, signals))?;
 
+    if stats_fd.is_some() {
+        log_program_times(&session.probes.ebpf);
+    }
+    drop(stats_fd);
     if let Some(t) = &mut session.tracker {
         t.finish();
     }
@@ -294,6 +306,21 @@ fn log_probes(probes: &[Probe]) {
             p.instruction,
             if p.emulated { "" } else { ", single-stepped" }
         );
+    }
+}
+
+/// Time spent inside each BPF program (`--bpf-stats`).
+fn log_program_times(ebpf: &aya::Ebpf) {
+    for (name, prog) in ebpf.programs() {
+        if let Ok(info) = prog.info() {
+            let runs = info.run_count();
+            if runs > 0 {
+                log::debug!(
+                    "bpf program {name}: {runs} runs, {:.1} ns per run",
+                    info.run_time().as_nanos() as f64 / runs as f64
+                );
+            }
+        }
     }
 }
 
