@@ -166,23 +166,16 @@ pub mod counter {
     /// The stack-trace map had no free slot (allocation counted under an
     /// unknown stack).
     pub const STACK_MAP_FULL: u32 = 26;
-    /// Live mode: allocations not tracked because the live map was full.
-    pub const UNTRACKED: u32 = 27;
-    /// Live mode: frees of blocks not seen allocated (allocated before
-    /// attach, or untracked).
-    pub const FREE_UNKNOWN: u32 = 28;
     /// Live mode: allocations that failed (NULL, or posix_memalign != 0).
-    pub const FAILED: u32 = 29;
+    pub const FAILED: u32 = 27;
     /// Live mode: events the ring buffer had no room for.
-    pub const EVENTS_LOST: u32 = 30;
-    /// Live mode: a returned block was still in the live map (its free was
-    /// missed); the old entry was released first.
-    pub const STALE: u32 = 31;
-    /// Live mode: the per-thread pending-call map was full.
-    pub const PENDING_FULL: u32 = 32;
+    pub const EVENTS_LOST: u32 = 28;
+    /// Live mode: allocating calls not followed to their return (no
+    /// per-thread storage for the pending call).
+    pub const PENDING_FULL: u32 = 29;
     /// Sampled mode: calls recorded.
-    pub const SAMPLES: u32 = 33;
-    pub const N: u32 = 34;
+    pub const SAMPLES: u32 = 30;
+    pub const N: u32 = 31;
 }
 
 /// Maximum number of allocator body ranges the nesting check compares.
@@ -247,35 +240,47 @@ pub struct Pending {
     /// Stack pointer at entry: a call made while this one is in flight, at
     /// this depth or deeper, is the allocator calling itself.
     pub sp: u64,
-}
-
-/// Live mode: one outstanding block.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LiveBlock {
-    pub key: CountKey,
-    pub size: u64,
-    /// When it was allocated (ns, CLOCK_MONOTONIC).
-    pub ts: u64,
+    /// Non-zero while the call is in flight (the entry is the thread's own
+    /// and stays between calls).
+    pub active: u64,
 }
 
 pub const EVENT_ALLOC: u32 = 1;
 pub const EVENT_FREE: u32 = 2;
 
-/// Live mode: what the ring buffer carries, one per tracked allocation and
-/// one per free of a tracked block.
+/// Live mode: the return of an allocating call, sent to the tracer, which
+/// keeps the table of outstanding blocks. Events reach the tracer in the
+/// order they were reserved: an allocation's event before any free of it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Event {
+pub struct AllocEvent {
+    /// [`EVENT_ALLOC`].
+    pub kind: u32,
+    pub _pad: u32,
+    /// The new block, or 0 when the call only released `old_ptr`
+    /// (`realloc(p, 0)` returning NULL).
+    pub ptr: u64,
+    pub size: u64,
+    /// When the call returned (ns, CLOCK_MONOTONIC).
+    pub ts: u64,
+    pub key: CountKey,
+    /// realloc/reallocarray: the block the call released, or 0. Released
+    /// only if it is still the block that existed when the call began
+    /// (allocated no later than `entry_ts`): another thread may have been
+    /// handed the same address since.
+    pub old_ptr: u64,
+    pub entry_ts: u64,
+}
+
+/// Live mode: a call to `free` with a non-NULL pointer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreeEvent {
+    /// [`EVENT_FREE`].
     pub kind: u32,
     pub _pad: u32,
     pub ptr: u64,
-    pub size: u64,
-    /// Allocation time.
-    pub alloc_ts: u64,
-    /// Time of this event (allocation or free).
     pub ts: u64,
-    pub key: CountKey,
 }
 
 /// Slots in the entry-mark array (indexed by `tid % TAIL_SLOTS`).
@@ -293,7 +298,5 @@ mod pod {
     unsafe impl aya::Pod for EntryMark {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for Pending {}
-    unsafe impl aya::Pod for LiveBlock {}
-    unsafe impl aya::Pod for Event {}
     unsafe impl aya::Pod for StackFrames {}
 }

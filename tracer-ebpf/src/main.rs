@@ -15,7 +15,7 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
         bpf_probe_read_user,
@@ -25,8 +25,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    counter, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, Event, LiveBlock, Pending,
-    StackFrames, WalkScratch, EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FRAMES,
+    counter, AllocEvent, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, FreeEvent,
+    Pending, StackFrames, WalkScratch, EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FRAMES,
     SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK, STACK_EMPTY, STACK_NONE, TAIL_SLOTS,
     WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
@@ -79,16 +79,59 @@ static THREAD_NAMES: HashMap<u32, Comm> = HashMap::with_max_entries(16384, 0);
 #[map]
 static COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Live mode: calls between entry and return, by thread id.
-#[map]
-static PENDING: HashMap<u32, Pending> = HashMap::with_max_entries(16384, 0);
+/// Live mode: the thread's allocating call between its entry and its
+/// return, in task-local storage (no shared hash map on the hot path).
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "PENDING")]
+static PENDING: TaskStorage<Pending> = TaskStorage::new();
 
-/// Live mode: every outstanding block, by address. Bounded (the tracer sets
-/// the size): when full, allocations are counted as untracked.
-#[map]
-static LIVE: HashMap<u64, LiveBlock> = HashMap::with_max_entries(262144, 0);
+/// A BTF-defined task storage map (aya-ebpf 0.2.1 has none): one value per
+/// thread, created on first use.
+#[repr(C)]
+struct TaskStorage<T> {
+    r#type: *const [i32; aya_ebpf::bindings::bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
 
-/// Live mode: allocation and free events for the tracer. Submitted without
+// SAFETY: placeholders the loader reads from BTF; never dereferenced.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    const fn new() -> Self {
+        TaskStorage {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The current thread's value, created zeroed when `create`.
+    #[inline(always)]
+    fn current(&self, create: bool) -> Option<&mut T> {
+        let p = unsafe {
+            aya_ebpf::helpers::generated::bpf_task_storage_get(
+                self as *const Self as *mut core::ffi::c_void,
+                aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+                core::ptr::null_mut(),
+                if create {
+                    aya_ebpf::bindings::BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+                } else {
+                    0
+                },
+            )
+        } as *mut T;
+        unsafe { p.as_mut() }
+    }
+}
+
+/// Live mode: allocation and free events for the tracer, which keeps the
+/// table of outstanding blocks (no shared map updated per block on the
+/// target's hot path). Submitted without
 /// waking it (a wake-up per event would cost the target a context switch):
 /// the tracer drains the buffer on a timer.
 #[map]
@@ -215,12 +258,17 @@ fn weighted_bytes(size: u64, weight: u64) -> u64 {
 #[inline(always)]
 fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
-    if func == AllocFn::Free && config_u32(&CONFIG.live) == 0 {
-        // Count mode wants the number of frees only: no stack, no nesting
-        // check (a free the allocator makes itself, as realloc(p, 0) does,
-        // is a free all the same). Sampled, frees are not counted at all.
+    let live = config_u32(&CONFIG.live) != 0;
+    if func == AllocFn::Free {
+        // A free needs no stack and no nesting check: a free the allocator
+        // makes itself, as realloc(p, 0) does, is a free all the same.
+        // Count mode wants the number of frees; live mode, which block
+        // went when. Sampled, frees are not counted at all.
         if !sampled {
             bump(counter::CALLS + AllocFn::Free as u32, 1);
+        }
+        if live && extra.old_ptr != 0 {
+            send_free(extra.old_ptr);
         }
         return 0;
     }
@@ -240,16 +288,19 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
         return 0;
     }
     let tid = bpf_get_current_pid_tgid() as u32;
-    let live = config_u32(&CONFIG.live) != 0;
+    let mut pending = None;
     if live {
         // In live mode the outer call's pending entry says exactly when the
         // thread is inside the allocator (the return probes have replaced
         // return addresses, so the marks below would not match).
-        if let Some(p) = unsafe { PENDING.get(&tid) } {
-            if sp <= p.sp {
+        pending = PENDING.current(true);
+        match &pending {
+            Some(p) if p.active != 0 && sp <= p.sp => {
                 bump(counter::NESTED, 1);
                 return 0;
             }
+            Some(_) => {}
+            None => bump(counter::PENDING_FULL, 1),
         }
     } else if let Some(mark) = MARKS.get_ptr_mut(tid % TAIL_SLOTS) {
         // A tail call from another allocator function arrives with the same
@@ -276,12 +327,6 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
         (1, size)
     };
     bump(counter::CALLS + func as u32, calls_inc);
-    if func == AllocFn::Free {
-        if live && extra.old_ptr != 0 {
-            release(extra.old_ptr, now_ns(), 0);
-        }
-        return 0;
-    }
     bump(counter::BYTES + func as u32, bytes_inc);
 
     let (stack, walk) = walk_stack(ctx, tid);
@@ -292,18 +337,17 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
         tid: if per_thread { tid } else { 0 },
         caller,
     };
-    if live {
-        let pending = Pending {
+    if let Some(p) = pending {
+        *p = Pending {
             key,
             size,
             old_ptr: extra.old_ptr,
             memptr: extra.memptr,
-            entry_ts: now_ns(),
+            // Only a resize needs to know when it began.
+            entry_ts: if extra.old_ptr != 0 { now_ns() } else { 0 },
             sp,
+            active: 1,
         };
-        if PENDING.insert(&tid, &pending, BPF_ANY as u64).is_err() {
-            bump(counter::PENDING_FULL, 1);
-        }
     }
     if !add_to(&key, calls_inc, bytes_inc)
         && insert_count(&key, calls_inc, bytes_inc, tid, per_thread)
@@ -467,13 +511,13 @@ fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bo
 /// the outer call's pending entry, which names another function.
 #[inline(always)]
 fn complete(ctx: &RetProbeContext, func: AllocFn) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let pending = match unsafe { PENDING.get(&tid) } {
-        Some(p) if p.key.func == func as u32 => *p,
+    let pending = match PENDING.current(false) {
+        Some(p) if p.active != 0 && p.key.func == func as u32 => {
+            p.active = 0;
+            *p
+        }
         _ => return 0,
     };
-    let _ = PENDING.remove(&tid);
-    let now = now_ns();
     let ret: u64 = ctx.ret();
     let ptr = if func == AllocFn::PosixMemalign {
         if ret as u32 == 0 {
@@ -485,92 +529,48 @@ fn complete(ctx: &RetProbeContext, func: AllocFn) -> u32 {
         ret
     };
     let resizes = func == AllocFn::Realloc || func == AllocFn::Reallocarray;
-    if resizes && pending.old_ptr != 0 && (ptr != 0 || pending.size == 0) {
-        // The old block is gone (moved, or freed by realloc(p, 0)). Only
-        // if it is still the one that existed when the call began: another
-        // thread may have been handed the same address since.
-        release(pending.old_ptr, now, pending.entry_ts);
+    // The old block is gone when the call moved it, or freed it
+    // (realloc(p, 0)); a failed resize leaves it.
+    let released = if resizes && (ptr != 0 || pending.size == 0) {
+        pending.old_ptr
+    } else {
+        0
+    };
+    if ptr == 0 && !(resizes && pending.size == 0) {
+        bump(counter::FAILED, 1);
     }
-    if ptr == 0 {
-        if !(resizes && pending.size == 0) {
-            bump(counter::FAILED, 1);
-        }
+    if ptr == 0 && released == 0 {
         return 0;
     }
-    track(ptr, &pending, now);
-    0
-}
-
-#[inline(always)]
-fn track(ptr: u64, pending: &Pending, now: u64) {
-    let block = LiveBlock {
-        key: pending.key,
-        size: pending.size,
-        ts: now,
-    };
-    if let Err(e) = LIVE.insert(&ptr, &block, BPF_NOEXIST as u64) {
-        if e != -EEXIST {
-            bump(counter::UNTRACKED, 1);
-            return;
-        }
-        // Its free was missed: close the old block first.
-        bump(counter::STALE, 1);
-        release(ptr, now, 0);
-        if LIVE.insert(&ptr, &block, BPF_ANY as u64).is_err() {
-            bump(counter::UNTRACKED, 1);
-            return;
-        }
-    }
-    match EVENTS.reserve::<Event>(0) {
+    match EVENTS.reserve::<AllocEvent>(0) {
         Some(mut entry) => {
-            entry.write(Event {
+            entry.write(AllocEvent {
                 kind: EVENT_ALLOC,
                 _pad: 0,
                 ptr,
                 size: pending.size,
-                alloc_ts: now,
-                ts: now,
+                ts: now_ns(),
                 key: pending.key,
+                old_ptr: released,
+                entry_ts: pending.entry_ts,
             });
             entry.submit(BPF_RB_NO_WAKEUP as u64);
         }
-        None => {
-            // Without its event the tracer cannot account for the block:
-            // forget it, and say so.
-            let _ = LIVE.remove(&ptr);
-            bump(counter::EVENTS_LOST, 1);
-        }
+        None => bump(counter::EVENTS_LOST, 1),
     }
+    0
 }
 
-/// Live mode: `ptr` was freed. `born_before`, when non-zero, releases the
-/// block only if it was allocated before that time.
+/// Live mode: `ptr` was freed.
 #[inline(always)]
-fn release(ptr: u64, now: u64, born_before: u64) {
-    let block = match unsafe { LIVE.get(&ptr) } {
-        Some(b) => *b,
-        None => {
-            bump(counter::FREE_UNKNOWN, 1);
-            return;
-        }
-    };
-    if born_before != 0 && block.ts > born_before {
-        return;
-    }
-    if LIVE.remove(&ptr).is_err() {
-        // Another CPU released it first.
-        return;
-    }
-    match EVENTS.reserve::<Event>(0) {
+fn send_free(ptr: u64) {
+    match EVENTS.reserve::<FreeEvent>(0) {
         Some(mut entry) => {
-            entry.write(Event {
+            entry.write(FreeEvent {
                 kind: EVENT_FREE,
                 _pad: 0,
                 ptr,
-                size: block.size,
-                alloc_ts: block.ts,
-                ts: now,
-                key: block.key,
+                ts: now_ns(),
             });
             entry.submit(BPF_RB_NO_WAKEUP as u64);
         }

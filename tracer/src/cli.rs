@@ -119,7 +119,7 @@ pub struct TraceArgs {
     #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = parse_span, requires = "live")]
     pub temporary_under: Duration,
 
-    /// Live mode: how many outstanding blocks the kernel tracks at once;
+    /// Live mode: how many outstanding blocks mtrace tracks at once;
     /// beyond that, allocations are counted as untracked.
     #[arg(long, value_name = "N", default_value_t = 262144, value_parser = clap::value_parser!(u32).range(1..))]
     pub live_map_size: u32,

@@ -5,12 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tracer_common::{
-    counter, Comm, CountKey, CountValue, LiveBlock, StackFrames, N_FUNCS, STACK_EMPTY, STACK_NONE,
-    WEIGHT_ONE,
+    counter, Comm, CountKey, CountValue, StackFrames, N_FUNCS, STACK_EMPTY, STACK_NONE, WEIGHT_ONE,
 };
 
 use crate::{
-    live::Outstanding,
     probes::Probes,
     profile::{Counts, LiveTotals, Losses},
     raw_profile::{RawProfile, RawStack},
@@ -99,11 +97,8 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
     }
 
     let live = probes.live.then(|| LiveTotals {
-        untracked: sums[counter::UNTRACKED as usize],
-        frees_unknown: sums[counter::FREE_UNKNOWN as usize],
         failed: sums[counter::FAILED as usize],
         events_lost: sums[counter::EVENTS_LOST as usize],
-        stale: sums[counter::STALE as usize],
         pending_full: sums[counter::PENDING_FULL as usize],
         ..LiveTotals::default()
     });
@@ -135,34 +130,6 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         live,
         samples: sums[counter::SAMPLES as usize],
     })
-}
-
-/// Live mode: the blocks still outstanding, per stack, from the kernel's
-/// live map. `now` and `min_age_ns` decide which count as old.
-pub fn outstanding(
-    probes: &Probes,
-    now: u64,
-    min_age_ns: u64,
-) -> Result<HashMap<CountKey, Outstanding>> {
-    let mut out: HashMap<CountKey, Outstanding> = HashMap::new();
-    let Some(map) = probes.ebpf.map("LIVE") else {
-        return Ok(out);
-    };
-    let live: BpfHashMap<&MapData, u64, LiveBlock> = BpfHashMap::try_from(map)?;
-    for item in live.iter() {
-        let (_, block) = item?;
-        let o = out.entry(block.key).or_default();
-        if o.blocks == 0 || block.ts < o.oldest_ts {
-            o.oldest_ts = block.ts;
-        }
-        o.blocks += 1;
-        o.bytes += block.size;
-        if now.saturating_sub(block.ts) >= min_age_ns {
-            o.old_blocks += 1;
-            o.old_bytes += block.size;
-        }
-    }
-    Ok(out)
 }
 
 /// Builds the stack, innermost first, from the direct caller (read at

@@ -1,17 +1,19 @@
 //! Live mode: what the allocation and free events say about the heap.
 //!
-//! The BPF programs keep every outstanding block in a bounded map and send
-//! one event per tracked allocation and one per free of a tracked block, in
-//! the order they happened. [`LiveTracker`] folds them into per-stack
-//! statistics: outstanding blocks, sizes and lifetimes (hdrhistogram),
-//! temporary allocations, each stack's own maximum of live bytes, and the
-//! global peak with every stack's share of it (what DHAT calls t-gmax).
-//! Its memory is bounded by the number of distinct stacks, not blocks.
+//! The BPF programs send one event per allocating call that returned a
+//! block and one per `free`, in the order they happened; they keep no
+//! table of blocks (a shared map updated twice per block cost the target
+//! more than everything else mtrace does). [`LiveTracker`] keeps the table
+//! of outstanding blocks, bounded by `--live-map-size`, and folds the
+//! events into per-stack statistics: outstanding blocks, sizes and
+//! lifetimes (hdrhistogram), temporary allocations, each stack's own
+//! maximum of live bytes, and the global peak with every stack's share of
+//! it (what DHAT calls t-gmax).
 
 use std::collections::HashMap;
 
 use hdrhistogram::Histogram;
-use tracer_common::{CountKey, Event, EVENT_ALLOC, EVENT_FREE};
+use tracer_common::{AllocEvent, CountKey, FreeEvent, EVENT_ALLOC, EVENT_FREE};
 
 use crate::profile::{LiveStats, Percentiles};
 
@@ -49,8 +51,24 @@ impl KeyStats {
     }
 }
 
+/// One outstanding block.
+#[derive(Clone, Copy)]
+struct Block {
+    /// Index into `LiveTracker::stacks`.
+    stack: u32,
+    size: u64,
+    /// When it was allocated (ns, CLOCK_MONOTONIC).
+    ts: u64,
+}
+
 pub struct LiveTracker {
-    pub keys: HashMap<CountKey, KeyStats>,
+    /// Per-stack statistics, in order of first allocation.
+    stacks: Vec<(CountKey, KeyStats)>,
+    index: HashMap<CountKey, u32>,
+    /// Outstanding blocks by address.
+    blocks: HashMap<u64, Block>,
+    /// Most blocks tracked at once (`--live-map-size`).
+    capacity: usize,
     pub temporary_ns: u64,
     pub live_bytes: u64,
     pub peak_bytes: u64,
@@ -58,44 +76,99 @@ pub struct LiveTracker {
     pub peak_ts: u64,
     /// The peak was raised and per-stack shares not yet taken.
     peak_pending: bool,
+    /// Allocations not tracked because the table was full.
+    pub untracked: u64,
+    /// Frees of blocks not seen allocated (allocated before attach, or
+    /// untracked).
+    pub frees_unknown: u64,
+    /// Blocks handed out again while still tracked: their free was missed
+    /// (its event lost); the old block is closed first.
+    pub stale: u64,
     /// Events that did not parse (never expected).
     pub bad_events: u64,
 }
 
 impl LiveTracker {
-    pub fn new(temporary_ns: u64) -> Self {
+    pub fn new(temporary_ns: u64, capacity: usize) -> Self {
         LiveTracker {
-            keys: HashMap::new(),
+            stacks: Vec::new(),
+            index: HashMap::new(),
+            blocks: HashMap::new(),
+            capacity,
             temporary_ns,
             live_bytes: 0,
             peak_bytes: 0,
             peak_ts: 0,
             peak_pending: false,
+            untracked: 0,
+            frees_unknown: 0,
+            stale: 0,
             bad_events: 0,
         }
     }
 
     /// Takes one raw ring-buffer record.
     pub fn on_bytes(&mut self, bytes: &[u8]) {
-        if bytes.len() < std::mem::size_of::<Event>() {
-            self.bad_events += 1;
-            return;
-        }
-        // SAFETY: Event is plain old data and the record is at least its size.
-        let ev: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        self.on_event(&ev);
-    }
-
-    pub fn on_event(&mut self, ev: &Event) {
-        match ev.kind {
-            EVENT_ALLOC => self.on_alloc(ev),
-            EVENT_FREE => self.on_free(ev),
+        let kind = bytes
+            .get(..4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
+        match kind {
+            Some(EVENT_ALLOC) if bytes.len() >= std::mem::size_of::<AllocEvent>() => {
+                // SAFETY: plain old data, and the record is at least its size.
+                let ev: AllocEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+                self.on_alloc(&ev);
+            }
+            Some(EVENT_FREE) if bytes.len() >= std::mem::size_of::<FreeEvent>() => {
+                // SAFETY: as above.
+                let ev: FreeEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+                self.on_free(&ev);
+            }
             _ => self.bad_events += 1,
         }
     }
 
-    fn on_alloc(&mut self, ev: &Event) {
-        let st = self.keys.entry(ev.key).or_insert_with(KeyStats::new);
+    pub fn on_alloc(&mut self, ev: &AllocEvent) {
+        if ev.old_ptr != 0 {
+            // A resize released its old block: only if that block is still
+            // the one that existed when the call began. Not finding it is
+            // no news (a block from before attach, or one the allocator's
+            // own free call already released, as glibc's realloc(p, 0)
+            // does).
+            if let Some(b) = self.blocks.get(&ev.old_ptr) {
+                if b.ts <= ev.entry_ts {
+                    self.release(ev.old_ptr, ev.ts);
+                }
+            }
+        }
+        if ev.ptr == 0 {
+            return;
+        }
+        if self.blocks.contains_key(&ev.ptr) {
+            self.stale += 1;
+            self.release(ev.ptr, ev.ts);
+        }
+        if self.blocks.len() >= self.capacity {
+            self.untracked += 1;
+            return;
+        }
+        let stack = match self.index.get(&ev.key) {
+            Some(&i) => i,
+            None => {
+                let i = self.stacks.len() as u32;
+                self.stacks.push((ev.key, KeyStats::new()));
+                self.index.insert(ev.key, i);
+                i
+            }
+        };
+        self.blocks.insert(
+            ev.ptr,
+            Block {
+                stack,
+                size: ev.size,
+                ts: ev.ts,
+            },
+        );
+        let st = &mut self.stacks[stack as usize].1;
         st.allocations += 1;
         st.allocated_bytes += ev.size;
         st.live_blocks += 1;
@@ -110,26 +183,37 @@ impl LiveTracker {
         }
     }
 
-    fn on_free(&mut self, ev: &Event) {
+    pub fn on_free(&mut self, ev: &FreeEvent) {
+        if !self.release(ev.ptr, ev.ts) {
+            self.frees_unknown += 1;
+        }
+    }
+
+    /// Closes the block at `ptr`, freed at `ts`; false if there is none.
+    fn release(&mut self, ptr: u64, ts: u64) -> bool {
+        let Some(block) = self.blocks.remove(&ptr) else {
+            return false;
+        };
         // Leaving a peak: record every stack's share of it, once.
         if self.peak_pending {
             self.take_peak_shares();
         }
-        let st = self.keys.entry(ev.key).or_insert_with(KeyStats::new);
+        let st = &mut self.stacks[block.stack as usize].1;
         st.frees += 1;
-        st.freed_bytes += ev.size;
-        st.live_blocks = st.live_blocks.saturating_sub(1);
-        st.live_bytes = st.live_bytes.saturating_sub(ev.size);
-        let lifetime = ev.ts.saturating_sub(ev.alloc_ts);
+        st.freed_bytes += block.size;
+        st.live_blocks -= 1;
+        st.live_bytes -= block.size;
+        let lifetime = ts.saturating_sub(block.ts);
         record(&mut st.lifetimes, lifetime);
         if lifetime < self.temporary_ns {
             st.temporaries += 1;
         }
-        self.live_bytes = self.live_bytes.saturating_sub(ev.size);
+        self.live_bytes -= block.size;
+        true
     }
 
     fn take_peak_shares(&mut self) {
-        for st in self.keys.values_mut() {
+        for (_, st) in &mut self.stacks {
             st.live_bytes_at_peak = st.live_bytes;
         }
         self.peak_pending = false;
@@ -142,16 +226,43 @@ impl LiveTracker {
         }
     }
 
-    /// The statistics of one stack; `outstanding` comes from the kernel's
-    /// map of live blocks: (blocks, bytes, oldest allocation time, blocks
-    /// and bytes at least `--min-age` old).
+    /// Every stack that allocated a tracked block.
+    pub fn stacks(&self) -> impl Iterator<Item = &(CountKey, KeyStats)> {
+        self.stacks.iter()
+    }
+
+    pub fn key_stats(&self, key: &CountKey) -> Option<&KeyStats> {
+        self.index.get(key).map(|&i| &self.stacks[i as usize].1)
+    }
+
+    /// The outstanding blocks per stack at `now`; those allocated at
+    /// least `min_age_ns` before count as old.
+    pub fn outstanding(&self, now: u64, min_age_ns: u64) -> HashMap<CountKey, Outstanding> {
+        let mut out: HashMap<CountKey, Outstanding> = HashMap::new();
+        for block in self.blocks.values() {
+            let key = self.stacks[block.stack as usize].0;
+            let o = out.entry(key).or_default();
+            if o.blocks == 0 || block.ts < o.oldest_ts {
+                o.oldest_ts = block.ts;
+            }
+            o.blocks += 1;
+            o.bytes += block.size;
+            if now.saturating_sub(block.ts) >= min_age_ns {
+                o.old_blocks += 1;
+                o.old_bytes += block.size;
+            }
+        }
+        out
+    }
+
+    /// The statistics of one stack, with its `outstanding` blocks.
     pub fn stats(
         &self,
         key: &CountKey,
         outstanding: Option<&Outstanding>,
         now: u64,
     ) -> Option<LiveStats> {
-        let st = self.keys.get(key);
+        let st = self.key_stats(key);
         if st.is_none() && outstanding.is_none() {
             return None;
         }
@@ -194,7 +305,7 @@ fn record(h: &mut Histogram<u64>, v: u64) {
     }
 }
 
-/// Outstanding blocks of one stack, from the kernel's live map.
+/// Outstanding blocks of one stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outstanding {
     pub blocks: u64,
@@ -226,64 +337,68 @@ mod tests {
         }
     }
 
-    fn alloc(k: u64, size: u64, ts: u64) -> Event {
-        Event {
+    fn alloc(k: u64, ptr: u64, size: u64, ts: u64) -> AllocEvent {
+        AllocEvent {
             kind: EVENT_ALLOC,
-            ptr: ts,
+            ptr,
             size,
-            alloc_ts: ts,
             ts,
             key: key(k),
-            ..Event::default()
+            ..AllocEvent::default()
         }
     }
 
-    fn free(k: u64, size: u64, alloc_ts: u64, ts: u64) -> Event {
-        Event {
+    fn free(ptr: u64, ts: u64) -> FreeEvent {
+        FreeEvent {
             kind: EVENT_FREE,
-            ptr: alloc_ts,
-            size,
-            alloc_ts,
+            ptr,
             ts,
-            key: key(k),
-            ..Event::default()
+            ..FreeEvent::default()
+        }
+    }
+
+    fn resize(k: u64, old_ptr: u64, ptr: u64, size: u64, entry_ts: u64, ts: u64) -> AllocEvent {
+        AllocEvent {
+            old_ptr,
+            entry_ts,
+            ..alloc(k, ptr, size, ts)
         }
     }
 
     #[test]
     fn peak_shares_are_taken_when_the_heap_shrinks() {
-        let mut t = LiveTracker::new(1_000_000);
-        t.on_event(&alloc(1, 100, 1));
-        t.on_event(&alloc(2, 50, 2));
+        let mut t = LiveTracker::new(1_000_000, 100);
+        t.on_alloc(&alloc(1, 0x10, 100, 1));
+        t.on_alloc(&alloc(2, 0x20, 50, 2));
         // Peak 150: stack 1 has 100 of it, stack 2 has 50.
-        t.on_event(&free(1, 100, 1, 3));
-        t.on_event(&alloc(2, 60, 4)); // live 110, below the peak
+        t.on_free(&free(0x10, 3));
+        t.on_alloc(&alloc(2, 0x30, 60, 4)); // live 110, below the peak
         t.finish();
         assert_eq!(t.peak_bytes, 150);
-        assert_eq!(t.keys[&key(1)].live_bytes_at_peak, 100);
-        assert_eq!(t.keys[&key(2)].live_bytes_at_peak, 50);
-        assert_eq!(t.keys[&key(2)].max_live_bytes, 110);
+        assert_eq!(t.key_stats(&key(1)).unwrap().live_bytes_at_peak, 100);
+        assert_eq!(t.key_stats(&key(2)).unwrap().live_bytes_at_peak, 50);
+        assert_eq!(t.key_stats(&key(2)).unwrap().max_live_bytes, 110);
     }
 
     #[test]
     fn a_later_higher_peak_replaces_the_shares() {
-        let mut t = LiveTracker::new(1_000_000);
-        t.on_event(&alloc(1, 100, 1));
-        t.on_event(&free(1, 100, 1, 2));
-        t.on_event(&alloc(2, 300, 3));
+        let mut t = LiveTracker::new(1_000_000, 100);
+        t.on_alloc(&alloc(1, 0x10, 100, 1));
+        t.on_free(&free(0x10, 2));
+        t.on_alloc(&alloc(2, 0x10, 300, 3));
         t.finish();
         assert_eq!(t.peak_bytes, 300);
-        assert_eq!(t.keys[&key(1)].live_bytes_at_peak, 0);
-        assert_eq!(t.keys[&key(2)].live_bytes_at_peak, 300);
+        assert_eq!(t.key_stats(&key(1)).unwrap().live_bytes_at_peak, 0);
+        assert_eq!(t.key_stats(&key(2)).unwrap().live_bytes_at_peak, 300);
     }
 
     #[test]
     fn temporaries_and_lifetimes() {
-        let mut t = LiveTracker::new(1000);
-        t.on_event(&alloc(1, 8, 10));
-        t.on_event(&free(1, 8, 10, 500)); // 490 ns: temporary
-        t.on_event(&alloc(1, 8, 600));
-        t.on_event(&free(1, 8, 600, 10_600)); // 10 us: not
+        let mut t = LiveTracker::new(1000, 100);
+        t.on_alloc(&alloc(1, 0x10, 8, 10));
+        t.on_free(&free(0x10, 500)); // 490 ns: temporary
+        t.on_alloc(&alloc(1, 0x10, 8, 600));
+        t.on_free(&free(0x10, 10_600)); // 10 us: not
         t.finish();
         let s = t.stats(&key(1), None, 20_000).unwrap();
         assert_eq!(s.temporaries, 1);
@@ -295,19 +410,53 @@ mod tests {
     }
 
     #[test]
-    fn outstanding_comes_from_the_kernel_map() {
-        let mut t = LiveTracker::new(1000);
-        t.on_event(&alloc(1, 64, 1_000_000_000));
+    fn outstanding_blocks_and_their_age() {
+        let mut t = LiveTracker::new(1000, 100);
+        t.on_alloc(&alloc(1, 0x10, 64, 1_000_000_000));
+        t.on_alloc(&alloc(1, 0x20, 32, 2_900_000_000));
         t.finish();
-        let o = Outstanding {
-            blocks: 1,
-            bytes: 64,
-            oldest_ts: 1_000_000_000,
-            old_blocks: 1,
-            old_bytes: 64,
-        };
-        let s = t.stats(&key(1), Some(&o), 3_000_000_000).unwrap();
-        assert_eq!(s.outstanding, 1);
+        let now = 3_000_000_000;
+        let out = t.outstanding(now, 1_000_000_000);
+        let o = out[&key(1)];
+        assert_eq!(
+            (o.blocks, o.bytes, o.old_blocks, o.old_bytes),
+            (2, 96, 1, 64)
+        );
+        let s = t.stats(&key(1), Some(&o), now).unwrap();
+        assert_eq!(s.outstanding, 2);
         assert!((s.oldest_age_secs - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn unknown_frees_stale_blocks_and_a_full_table_are_counted() {
+        let mut t = LiveTracker::new(1000, 2);
+        t.on_free(&free(0x99, 1));
+        t.on_alloc(&alloc(1, 0x10, 8, 2));
+        t.on_alloc(&alloc(1, 0x10, 8, 3)); // its free was never seen
+        t.on_alloc(&alloc(1, 0x20, 8, 4));
+        t.on_alloc(&alloc(1, 0x30, 8, 5)); // no room
+        assert_eq!((t.frees_unknown, t.stale, t.untracked), (1, 1, 1));
+        assert_eq!(t.key_stats(&key(1)).unwrap().live_blocks, 2);
+        t.on_free(&free(0x30, 6)); // the untracked block
+        assert_eq!(t.frees_unknown, 2);
+    }
+
+    #[test]
+    fn a_resize_releases_its_old_block_only_if_it_predates_the_call() {
+        let mut t = LiveTracker::new(1000, 100);
+        t.on_alloc(&alloc(1, 0x10, 8, 10));
+        // Moved: 0x10 released, 0x20 tracked.
+        t.on_alloc(&resize(2, 0x10, 0x20, 16, 20, 30));
+        assert!(t.outstanding(40, 0).get(&key(1)).is_none());
+        // A resize that began at 55 moved 0x20; another thread was handed
+        // 0x20 before that resize returned (its event comes first, and
+        // finds the old block still there). The new block stays.
+        t.on_alloc(&alloc(3, 0x20, 4, 60));
+        t.on_alloc(&resize(2, 0x20, 0x40, 32, 55, 70));
+        assert_eq!(t.stale, 1);
+        assert_eq!(t.outstanding(80, 0)[&key(3)].blocks, 1);
+        // A resize of a block never seen is not an unknown free.
+        t.on_alloc(&resize(2, 0x77, 0x30, 8, 90, 91));
+        assert_eq!(t.frees_unknown, 0);
     }
 }

@@ -82,8 +82,6 @@ pub struct MapSizes {
     pub counts: u32,
     /// Distinct stacks.
     pub stacks: u32,
-    /// Live mode: outstanding blocks tracked at once.
-    pub live: u32,
     /// Live mode: event ring buffer, bytes (a power of two).
     pub events: u32,
 }
@@ -193,11 +191,11 @@ pub fn attach(
     config.bodies[..bodies.len()].copy_from_slice(&bodies);
 
     let mut ebpf = EbpfLoader::new()
+        // PENDING is task storage, which aya cannot read (mtrace never does).
+        .allow_unsupported_maps()
         .override_global("CONFIG", &*config, true)
         .map_max_entries("COUNTS", sizes.counts)
         .map_max_entries("STACKS", sizes.stacks)
-        .map_max_entries("LIVE", if mode.live { sizes.live } else { 1 })
-        .map_max_entries("PENDING", if mode.live { 16384 } else { 1 })
         .map_max_entries("EVENTS", if mode.live { sizes.events } else { 4096 })
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;

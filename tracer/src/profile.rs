@@ -159,7 +159,7 @@ pub struct LiveTotals {
     pub events_lost: u64,
     /// Blocks handed out again while still tracked (a free was missed).
     pub stale: u64,
-    /// Allocating calls not followed to their return (pending map full).
+    /// Allocating calls not followed to their return (no per-thread storage).
     pub pending_full: u64,
 }
 

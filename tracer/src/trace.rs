@@ -93,11 +93,11 @@ impl Session {
         ))
     }
 
-    /// Joins the tracker's per-stack statistics and the kernel's map of
+    /// Joins the tracker's per-stack statistics and its table of
     /// outstanding blocks to the raw profile.
     fn add_live(&self, raw: &mut RawProfile, tracker: &LiveTracker) -> Result<()> {
         let now = live::monotonic_ns();
-        let outstanding = collect::outstanding(&self.probes, now, self.min_age_ns)?;
+        let outstanding = tracker.outstanding(now, self.min_age_ns);
         for st in &mut raw.stacks {
             // Every stack gets live data in live mode: zeros for one whose
             // calls all failed.
@@ -119,7 +119,10 @@ impl Session {
                 t.old_outstanding += o.old_blocks;
                 t.old_outstanding_bytes += o.old_bytes;
             }
-            for k in tracker.keys.values() {
+            t.untracked = tracker.untracked;
+            t.frees_unknown = tracker.frees_unknown;
+            t.stale = tracker.stale;
+            for (_, k) in tracker.stacks() {
                 t.tracked_allocations += k.allocations;
                 t.temporaries += k.temporaries;
             }
@@ -166,7 +169,6 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let sizes = MapSizes {
         counts: args.count_map_size,
         stacks: args.stack_map_size,
-        live: args.live_map_size,
         events: args.event_buffer_size,
     };
     let per_thread = args.out.per_thread;
@@ -179,6 +181,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             _ => None,
         },
         floor: args.bench_floor,
+    };
+    // Before attaching: the target runs on once probes are in.
+    let stats_fd = if args.bpf_stats {
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling BPF run-time stats")?,
+        )
+    } else {
+        None
     };
     let space = Arc::new(Mutex::new(AddressSpace::new()));
     let attach_started = Instant::now();
@@ -243,9 +254,12 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     };
     let mut session = Session {
         pid,
-        tracker: args
-            .live
-            .then(|| LiveTracker::new(args.temporary_under.as_nanos() as u64)),
+        tracker: args.live.then(|| {
+            LiveTracker::new(
+                args.temporary_under.as_nanos() as u64,
+                args.live_map_size as usize,
+            )
+        }),
         min_age_ns: (args.min_age * 1e9) as u64,
         started_ns: live::monotonic_ns(),
         live_map_size: args.live_map_size,
@@ -258,14 +272,6 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         last_snapshot: None,
     };
 
-    let stats_fd = if args.bpf_stats {
-        Some(
-            aya::sys::enable_stats(aya::sys::Stats::RunTime)
-                .context("enabling BPF run-time stats")?,
-        )
-    } else {
-        None
-    };
     let (end, exit_rx) = rt.block_on(wait_for_end(&mut session, &args, exit_rx, signals))?;
 
     if stats_fd.is_some() {
