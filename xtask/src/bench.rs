@@ -14,6 +14,14 @@
 //!
 //! The benchmark times its own loop, so start-up and attach are not in
 //! ns/iteration. mtrace -v reports its attach time, CPU time and peak RSS.
+//! A mode's ratio to its floor is the median over rounds of the ratio
+//! within a round: this machine's speed drifts, and the runs of one round
+//! are close in time.
+//!
+//! A last pass runs each traced mode once more with `--bpf-stats`: the
+//! kernel times every BPF program run, which says where mtrace's cost on
+//! the target goes (the timing adds some 30 ns per run of its own, so this
+//! pass is not in the table above).
 
 use std::{
     fmt::Write as _,
@@ -112,6 +120,16 @@ impl Result1 {
             v.iter().copied().fold(0.0, f64::max),
         )
     }
+    /// Median over rounds of this mode's time over `floor`'s.
+    fn ratio_to(&self, floor: &Result1) -> f64 {
+        let mut v: Vec<f64> = self
+            .samples
+            .iter()
+            .zip(&floor.samples)
+            .map(|(a, b)| a.ns_per_iter / b.ns_per_iter)
+            .collect();
+        median(&mut v)
+    }
     fn median_of(&self, f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
         let mut v: Vec<f64> = self.samples.iter().filter_map(f).collect();
         (!v.is_empty()).then(|| median(&mut v))
@@ -134,13 +152,15 @@ fn run_once(
     mode: &Mode,
     iterations: u64,
     threads: u32,
-) -> Result<Sample> {
+    bpf_stats: bool,
+) -> Result<(Sample, Vec<ProgramTime>)> {
     let mut cmd = if mode.name == "untraced" {
         Command::new(bench)
     } else {
         let mut c = Command::new(root.join("target/release/mtrace"));
         c.arg("-v")
             .args(mode.args)
+            .args(bpf_stats.then_some("--bpf-stats"))
             .args(["--top", "1", "--"])
             .arg(bench);
         c
@@ -158,13 +178,44 @@ fn run_once(
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    Ok(Sample {
+    let sample = Sample {
         ns_per_iter: parse_after(&stdout, "ns_per_iter ")
             .with_context(|| format!("no ns_per_iter from {}", mode.name))?,
         attach_ms: parse_after(&stderr, "attached in "),
         cpu_ms: parse_after(&stderr, "resources: cpu "),
         rss_kib: parse_after(&stderr, "peak rss "),
-    })
+    };
+    Ok((sample, program_times(&stderr)))
+}
+
+/// Time inside one BPF program, from `mtrace -v --bpf-stats`.
+struct ProgramTime {
+    mode: &'static str,
+    program: String,
+    runs: u64,
+    ns_per_run: f64,
+}
+
+/// Parses "bpf program NAME: RUNS runs, NS ns per run" lines.
+fn program_times(stderr: &str) -> Vec<ProgramTime> {
+    let mut out: Vec<ProgramTime> = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("bpf program ")? + "bpf program ".len()..];
+            let (name, rest) = rest.split_once(": ")?;
+            let mut words = rest.split_whitespace();
+            let runs = words.next()?.parse().ok()?;
+            let ns_per_run = words.nth(1)?.parse().ok()?;
+            Some(ProgramTime {
+                mode: "",
+                program: name.to_string(),
+                runs,
+                ns_per_run,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.runs.cmp(&a.runs).then(a.program.cmp(&b.program)));
+    out
 }
 
 pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Result<()> {
@@ -193,9 +244,8 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
                     run + 1,
                     mode.name
                 );
-                per_mode[i]
-                    .samples
-                    .push(run_once(root, &bench, mode, iterations, threads)?);
+                let (sample, _) = run_once(root, &bench, mode, iterations, threads, false)?;
+                per_mode[i].samples.push(sample);
             }
         }
         if progress {
@@ -204,10 +254,26 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
         results.extend(per_mode);
     }
 
-    let table = render_table(&results, iterations, runs);
+    let mut programs = Vec::new();
+    for mode in MODES.iter().filter(|m| m.name != "untraced") {
+        eprint!("\rxtask: bench BPF program times, {:<16}", mode.name);
+        let (_, times) = run_once(root, &bench, mode, iterations, 1, true)?;
+        programs.extend(times.into_iter().map(|t| ProgramTime {
+            mode: mode.name,
+            ..t
+        }));
+    }
+    if progress {
+        eprintln!();
+    }
+
+    let table = render_table(&results, &programs, iterations, runs);
     println!("{table}");
-    std::fs::write(json_path, render_json(&results, iterations, runs))
-        .with_context(|| format!("writing {}", json_path.display()))?;
+    std::fs::write(
+        json_path,
+        render_json(&results, &programs, iterations, runs),
+    )
+    .with_context(|| format!("writing {}", json_path.display()))?;
     eprintln!("xtask: wrote {}", json_path.display());
     Ok(())
 }
@@ -221,7 +287,12 @@ fn find<'a>(results: &'a [Result1], threads: u32, mode: &str) -> Option<&'a Resu
 /// Each iteration makes two allocator calls (malloc and free).
 const CALLS_PER_ITER: f64 = 2.0;
 
-fn render_table(results: &[Result1], iterations: u64, runs: usize) -> String {
+fn render_table(
+    results: &[Result1],
+    programs: &[ProgramTime],
+    iterations: u64,
+    runs: usize,
+) -> String {
     let mut out = String::new();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -234,7 +305,7 @@ fn render_table(results: &[Result1], iterations: u64, runs: usize) -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let _ = writeln!(
         out,
-        "mtrace overhead: {iterations} iterations of malloc+free per thread, {runs} runs per mode, medians\nmachine: {cpu}, {} CPUs, Linux {}",
+        "mtrace overhead: {iterations} iterations of malloc+free per thread, {runs} runs per mode, medians (vs floor: median of the ratios within a round)\nmachine: {cpu}, {} CPUs, Linux {}",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         kernel.trim()
     );
@@ -253,7 +324,7 @@ fn render_table(results: &[Result1], iterations: u64, runs: usize) -> String {
         let vs_floor = r
             .floor
             .and_then(|f| find(results, r.threads, f))
-            .map(|f| format!("{:.2}x", ns / f.median_ns()))
+            .map(|f| format!("{:.2}x", r.ratio_to(f)))
             .unwrap_or_else(|| "-".into());
         let opt = |v: Option<f64>, scale: f64| {
             v.map(|x| format!("{:.1}", x / scale))
@@ -274,17 +345,35 @@ fn render_table(results: &[Result1], iterations: u64, runs: usize) -> String {
             opt(r.median_of(|s| s.attach_ms), 1.0),
         );
     }
+    if !programs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nTime inside each BPF program (1 thread, one run with --bpf-stats; the kernel's timing adds ~30 ns a run, the whole of the floor's):\n\n| mode | program | runs | ns per run |\n|---|---|---|---|"
+        );
+        for p in programs.iter().filter(|p| p.runs >= iterations / 2) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} |",
+                p.mode, p.program, p.runs, p.ns_per_run
+            );
+        }
+    }
     out
 }
 
-fn render_json(results: &[Result1], iterations: u64, runs: usize) -> String {
+fn render_json(
+    results: &[Result1],
+    programs: &[ProgramTime],
+    iterations: u64,
+    runs: usize,
+) -> String {
     let mut rows = Vec::new();
     for r in results {
         let (lo, hi) = r.spread();
         let floor = r
             .floor
             .and_then(|f| find(results, r.threads, f))
-            .map(|f| r.median_ns() / f.median_ns());
+            .map(|f| r.ratio_to(f));
         let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.3}"));
         rows.push(format!(
             "    {{\"threads\": {}, \"mode\": \"{}\", \"ns_per_iter_median\": {:.3}, \"ns_per_iter_min\": {:.3}, \"ns_per_iter_max\": {:.3}, \"ns_per_iter_runs\": [{}], \"vs_floor\": {}, \"tracer_cpu_ms\": {}, \"tracer_peak_rss_kib\": {}, \"attach_ms\": {}}}",
@@ -304,8 +393,18 @@ fn render_json(results: &[Result1], iterations: u64, runs: usize) -> String {
             num(r.median_of(|s| s.attach_ms)),
         ));
     }
+    let programs: Vec<String> = programs
+        .iter()
+        .map(|p| {
+            format!(
+                "    {{\"mode\": \"{}\", \"program\": \"{}\", \"runs\": {}, \"ns_per_run\": {:.1}}}",
+                p.mode, p.program, p.runs, p.ns_per_run
+            )
+        })
+        .collect();
     format!(
-        "{{\n  \"iterations\": {iterations},\n  \"runs\": {runs},\n  \"calls_per_iteration\": {CALLS_PER_ITER},\n  \"results\": [\n{}\n  ]\n}}\n",
-        rows.join(",\n")
+        "{{\n  \"iterations\": {iterations},\n  \"runs\": {runs},\n  \"calls_per_iteration\": {CALLS_PER_ITER},\n  \"results\": [\n{}\n  ],\n  \"bpf_programs\": [\n{}\n  ]\n}}\n",
+        rows.join(",\n"),
+        programs.join(",\n")
     )
 }
