@@ -87,12 +87,18 @@ pub struct StackFrames {
     pub frames: [u64; MAX_FRAMES],
 }
 
-/// Per-CPU scratch space of the stack walk.
+/// Scratch space of the stack walk, per thread slot.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct WalkScratch {
     pub chunk: [u64; STACK_CHUNK / 8],
     pub stack: StackFrames,
+    /// The walk's state between chunks: the next frame pointer and the
+    /// hash so far (`stack.len` counts the frames). Kept in the map rather
+    /// than on the program's stack, where the verifier would follow every
+    /// exact frame count as a state of its own.
+    pub fp: u64,
+    pub hash: u64,
 }
 
 /// Key of the in-kernel aggregation map: one entry per distinct

@@ -364,68 +364,74 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     0
 }
 
-/// State of a stack walk, on the program's stack, for the `bpf_loop`
-/// callback.
-#[repr(C)]
-struct Walk {
-    w: *mut WalkScratch,
-    fp: u64,
-    base: u64,
-    hash: u64,
-    n: u64,
-    valid: u64,
-}
-
-/// One frame of the walk; 1 stops the loop.
+/// One chunk of the walk: reads the target's stack at the frame pointer
+/// (`STACK_CHUNK` bytes, or one frame near the top of the stack) and
+/// follows every frame that lies in what was read, without leaving the
+/// callback (a callback call per frame cost more than the frame). `ctx`
+/// points to the scratch pointer; returns 1 when the walk is over, 0 to
+/// read the next chunk.
 #[inline(never)]
-extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
-    let st = unsafe { &mut *(ctx as *mut Walk) };
-    let w = unsafe { &mut *st.w };
-    let fp = st.fp;
-    if fp == 0 || fp & 7 != 0 {
+extern "C" fn walk_chunk(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+    let base = w.fp;
+    if base == 0 || base & 7 != 0 {
         return 1;
     }
-    if fp < st.base || fp - st.base + 16 > st.valid {
-        let bytes = unsafe {
-            core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK)
-        };
-        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, bytes) }.is_ok() {
-            st.valid = STACK_CHUNK as u64;
-        } else {
-            // Near the top of the stack: read just this frame.
-            let frame =
-                unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
-            if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, frame) }
-                .is_err()
-            {
-                return 1;
-            }
-            st.valid = 16;
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK) };
+    let valid = if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(base as *const u8, bytes) }
+        .is_ok()
+    {
+        STACK_CHUNK as u64
+    } else {
+        // Near the top of the stack: read just this frame.
+        let frame =
+            unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
+        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(base as *const u8, frame) }
+            .is_err()
+        {
+            return 1;
         }
-        st.base = fp;
+        16
+    };
+    let mut fp = base;
+    let mut hash = w.hash;
+    let mut done = 0;
+    // At most STACK_CHUNK / 16 frames fit in a chunk.
+    let mut k = 0;
+    while k < STACK_CHUNK / 16 {
+        let off = fp - base;
+        if off > valid - 16 {
+            break;
+        }
+        let i = ((off / 8) as usize) & (STACK_CHUNK / 8 - 1);
+        if i + 1 >= STACK_CHUNK / 8 {
+            break;
+        }
+        let next = w.chunk[i];
+        let ret = w.chunk[i + 1];
+        // The count is read afresh and masked on every frame, so that the
+        // compiler cannot fold the slot's address into a running pointer
+        // whose bounds the verifier cannot see.
+        let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
+        if ret == 0 || n >= MAX_FRAMES {
+            done = 1;
+            break;
+        }
+        w.stack.frames[n] = ret;
+        unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 1) };
+        hash = (hash ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
+        // Frames lie at higher addresses as the walk goes up.
+        if next <= fp || next & 7 != 0 {
+            done = 1;
+            break;
+        }
+        fp = next;
+        k += 1;
     }
-    let i = (((fp - st.base) / 8) as usize) & (STACK_CHUNK / 8 - 1);
-    if i + 1 >= STACK_CHUNK / 8 {
-        return 1;
-    }
-    let next = w.chunk[i];
-    let ret = w.chunk[i + 1];
-    if ret == 0 {
-        return 1;
-    }
-    let n = st.n as usize;
-    if n >= MAX_FRAMES {
-        return 1;
-    }
-    w.stack.frames[n] = ret;
-    st.hash = (st.hash ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
-    st.n += 1;
-    // Frames lie at higher addresses as the walk goes up.
-    if next <= fp {
-        return 1;
-    }
-    st.fp = next;
-    0
+    w.fp = fp;
+    w.hash = hash;
+    done
 }
 
 /// Walks the target's frame pointers from `rbp`, reading its stack
@@ -435,42 +441,36 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// the frames; `STACK_EMPTY` when there is no frame pointer chain to follow.
 #[inline(always)]
 fn walk_stack(ctx: &ProbeContext, tid: u32) -> (u64, Option<*mut WalkScratch>) {
-    let Some(w) = WALK.get_ptr_mut(tid % WALK_SLOTS) else {
+    let Some(mut w) = WALK.get_ptr_mut(tid % WALK_SLOTS) else {
         bump(counter::STACK_WALK_FAILED, 1);
         return (STACK_NONE, None);
     };
-    let mut st = Walk {
-        w,
-        fp: unsafe { (*ctx.regs).rbp },
-        base: 0,
-        hash: 0xcbf2_9ce4_8422_2325,
-        n: 0,
-        valid: 0,
-    };
+    let fp = unsafe { (*ctx.regs).rbp };
     // No frame pointer to follow (rbp zero, or not a frame address, as in
     // code built without frame pointers) is not a failure: the stack is
     // the direct caller alone, as the kernel's walk has it.
-    if st.fp == 0 || st.fp & 7 != 0 {
+    if fp == 0 || fp & 7 != 0 {
         return (STACK_EMPTY, None);
     }
     unsafe {
+        (*w).fp = fp;
+        (*w).hash = 0xcbf2_9ce4_8422_2325;
+        (*w).stack.len = 0;
         aya_ebpf::helpers::generated::bpf_loop(
             MAX_FRAMES as u32,
-            walk_step as *mut core::ffi::c_void,
-            &mut st as *mut Walk as *mut core::ffi::c_void,
+            walk_chunk as *mut core::ffi::c_void,
+            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
             0,
         );
     }
-    let n = st.n as u32;
-    unsafe { (*w).stack.len = n };
-    if n == 0 {
+    if unsafe { (*w).stack.len } == 0 {
         // A frame pointer that points nowhere readable: code without frame
         // pointers keeps other data in rbp. As with the kernel's walk, the
         // stack is then the direct caller alone (not a loss).
         return (STACK_EMPTY, None);
     }
     // Never one of the reserved values.
-    (st.hash | 2, Some(w))
+    (unsafe { (*w).hash } | 2, Some(w))
 }
 
 /// Inserts a new aggregation key; true when this call created it.
