@@ -447,7 +447,7 @@ mod tests {
         t.on_alloc(&alloc(1, 0x10, 8, 10));
         // Moved: 0x10 released, 0x20 tracked.
         t.on_alloc(&resize(2, 0x10, 0x20, 16, 20, 30));
-        assert!(t.outstanding(40, 0).get(&key(1)).is_none());
+        assert!(!t.outstanding(40, 0).contains_key(&key(1)));
         // A resize that began at 55 moved 0x20; another thread was handed
         // 0x20 before that resize returned (its event comes first, and
         // finds the old block still there). The new block stays.
