@@ -21,7 +21,7 @@ use aya_ebpf::{
         bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
@@ -46,9 +46,13 @@ static CONFIG: Config = Config {
     weight_table: [0; WEIGHT_TABLE_LEN],
 };
 
-/// Sizes are placeholders: the tracer sets them before load.
+/// Sizes are placeholders: the tracer sets them before load. Per CPU, so
+/// that threads on different CPUs counting the same stack do not fight
+/// over one cache line; not preallocated, so that its memory grows with the
+/// keys in use rather than with keys times CPUs.
 #[map]
-static COUNTS: HashMap<CountKey, CountValue> = HashMap::with_max_entries(65536, 0);
+static COUNTS: PerCpuHashMap<CountKey, CountValue> =
+    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Every distinct stack, once, under its hash. Inserted only when a new
 /// aggregation key appears, so not preallocated.

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use tracer_common::{
     counter, Comm, CountKey, CountValue, StackFrames, N_FUNCS, STACK_EMPTY, STACK_NONE, WEIGHT_ONE,
 };
@@ -49,13 +49,20 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
 
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map("STACKS").context("STACKS map")?)?;
-    let counts: BpfHashMap<&MapData, CountKey, CountValue> =
-        BpfHashMap::try_from(ebpf.map("COUNTS").context("COUNTS map")?)?;
+    let counts: PerCpuHashMap<&MapData, CountKey, CountValue> =
+        PerCpuHashMap::try_from(ebpf.map("COUNTS").context("COUNTS map")?)?;
     let mut frames_by_hash: HashMap<u64, Option<Vec<u64>>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
     for item in counts.iter() {
-        let (key, value) = item?;
+        let (key, per_cpu) = item?;
+        let value = per_cpu
+            .iter()
+            .fold(CountValue::default(), |sum, v| CountValue {
+                calls: sum.calls + v.calls,
+                bytes: sum.bytes + v.bytes,
+                samples: sum.samples + v.samples,
+            });
         raw_stack_calls.push(value.calls);
         let walked = if key.stack == STACK_NONE {
             None
