@@ -254,21 +254,28 @@ pub struct Pending {
 pub const EVENT_ALLOC: u32 = 1;
 pub const EVENT_FREE: u32 = 2;
 
+/// Event ring buffers: events go to ring `cpu % EVENT_RINGS`, so that
+/// threads on different CPUs do not contend for one buffer. The tracer
+/// merges them by time stamp.
+pub const EVENT_RINGS: u32 = 8;
+
 /// Live mode: the return of an allocating call, sent to the tracer, which
-/// keeps the table of outstanding blocks. Events reach the tracer in the
-/// order they were reserved: an allocation's event before any free of it.
+/// keeps the table of outstanding blocks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AllocEvent {
     /// [`EVENT_ALLOC`].
     pub kind: u32,
     pub _pad: u32,
+    /// When the call returned (ns, CLOCK_MONOTONIC), taken after the
+    /// event's buffer space was reserved: an event that follows another
+    /// causally (a free after the allocation's return) has a later stamp
+    /// than the other's commit.
+    pub ts: u64,
     /// The new block, or 0 when the call only released `old_ptr`
     /// (`realloc(p, 0)` returning NULL).
     pub ptr: u64,
     pub size: u64,
-    /// When the call returned (ns, CLOCK_MONOTONIC).
-    pub ts: u64,
     pub key: CountKey,
     /// realloc/reallocarray: the block the call released, or 0. Released
     /// only if it is still the block that existed when the call began
@@ -285,8 +292,9 @@ pub struct FreeEvent {
     /// [`EVENT_FREE`].
     pub kind: u32,
     pub _pad: u32,
-    pub ptr: u64,
+    /// As [`AllocEvent::ts`].
     pub ts: u64,
+    pub ptr: u64,
 }
 
 /// Slots in the entry-mark array (indexed by `tid % TAIL_SLOTS`).

@@ -27,7 +27,7 @@ use aya_ebpf::{
 use tracer_common::{
     counter, AllocEvent, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, FreeEvent,
     Pending, StackFrames, WalkScratch, EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FRAMES,
-    SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK, STACK_EMPTY, STACK_NONE, TAIL_SLOTS,
+    SAMPLE_BYTES, SAMPLE_EVERY, EVENT_RINGS, SAMPLE_NONE, STACK_CHUNK, STACK_EMPTY, STACK_NONE, TAIL_SLOTS,
     WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
@@ -135,11 +135,46 @@ impl<T> TaskStorage<T> {
 
 /// Live mode: allocation and free events for the tracer, which keeps the
 /// table of outstanding blocks (no shared map updated per block on the
-/// target's hot path). Submitted without
-/// waking it (a wake-up per event would cost the target a context switch):
-/// the tracer drains the buffer on a timer.
-#[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+/// target's hot path). One ring per CPU (modulo `EVENT_RINGS`): a single
+/// ring shared by all CPUs made two threads pay for each other's events.
+/// Submitted without waking the tracer (a wake-up per event would cost
+/// the target a context switch): the tracer drains the rings on a timer.
+/// Sizes are set by the tracer.
+macro_rules! event_rings {
+    ($($name:ident),*) => {
+        $(
+            #[map]
+            static $name: RingBuf = RingBuf::with_byte_size(4096, 0);
+        )*
+    };
+}
+event_rings!(EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7);
+
+/// Sends one event on this CPU's ring; the time stamp is taken once the
+/// space is reserved (see `AllocEvent::ts`).
+#[inline(always)]
+fn send<T: 'static>(make: impl Fn(u64) -> T) {
+    let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } % EVENT_RINGS;
+    // One call site per ring: the verifier wants each reservation's map
+    // known.
+    let entry = match cpu {
+        0 => EVENTS0.reserve::<T>(0),
+        1 => EVENTS1.reserve::<T>(0),
+        2 => EVENTS2.reserve::<T>(0),
+        3 => EVENTS3.reserve::<T>(0),
+        4 => EVENTS4.reserve::<T>(0),
+        5 => EVENTS5.reserve::<T>(0),
+        6 => EVENTS6.reserve::<T>(0),
+        _ => EVENTS7.reserve::<T>(0),
+    };
+    match entry {
+        Some(mut entry) => {
+            entry.write(make(now_ns()));
+            entry.submit(BPF_RB_NO_WAKEUP as u64);
+        }
+        None => bump(counter::EVENTS_LOST, 1),
+    }
+}
 
 #[inline(always)]
 fn bump(index: u32, by: u64) {
@@ -546,40 +581,28 @@ fn complete(ctx: &RetProbeContext, func: AllocFn) -> u32 {
     if ptr == 0 && released == 0 {
         return 0;
     }
-    match EVENTS.reserve::<AllocEvent>(0) {
-        Some(mut entry) => {
-            entry.write(AllocEvent {
-                kind: EVENT_ALLOC,
-                _pad: 0,
-                ptr,
-                size: pending.size,
-                ts: now_ns(),
-                key: pending.key,
-                old_ptr: released,
-                entry_ts: pending.entry_ts,
-            });
-            entry.submit(BPF_RB_NO_WAKEUP as u64);
-        }
-        None => bump(counter::EVENTS_LOST, 1),
-    }
+    send(|ts| AllocEvent {
+        kind: EVENT_ALLOC,
+        _pad: 0,
+        ts,
+        ptr,
+        size: pending.size,
+        key: pending.key,
+        old_ptr: released,
+        entry_ts: pending.entry_ts,
+    });
     0
 }
 
 /// Live mode: `ptr` was freed.
 #[inline(always)]
 fn send_free(ptr: u64) {
-    match EVENTS.reserve::<FreeEvent>(0) {
-        Some(mut entry) => {
-            entry.write(FreeEvent {
-                kind: EVENT_FREE,
-                _pad: 0,
-                ptr,
-                ts: now_ns(),
-            });
-            entry.submit(BPF_RB_NO_WAKEUP as u64);
-        }
-        None => bump(counter::EVENTS_LOST, 1),
-    }
+    send(|ts| FreeEvent {
+        kind: EVENT_FREE,
+        _pad: 0,
+        ts,
+        ptr,
+    });
 }
 
 #[inline(always)]

@@ -124,9 +124,9 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", default_value_t = 262144, value_parser = clap::value_parser!(u32).range(1..))]
     pub live_map_size: u32,
 
-    /// Live mode: size of the kernel-to-tracer event buffer in bytes (a
-    /// power of two, at least 4096).
-    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20, value_parser = parse_ring_size)]
+    /// Live mode: size in bytes of each kernel-to-tracer event buffer, one
+    /// per CPU up to 8 (a power of two, at least 4096).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20, value_parser = parse_ring_size)]
     pub event_buffer_size: u32,
 
     #[command(flatten)]

@@ -52,6 +52,21 @@ impl KeyStats {
     }
 }
 
+/// An event as the BPF programs sent it.
+enum Event {
+    Alloc(AllocEvent),
+    Free(FreeEvent),
+}
+
+impl Event {
+    fn ts(&self) -> u64 {
+        match self {
+            Event::Alloc(a) => a.ts,
+            Event::Free(f) => f.ts,
+        }
+    }
+}
+
 /// One outstanding block.
 #[derive(Clone, Copy)]
 struct Block {
@@ -89,6 +104,8 @@ pub struct LiveTracker {
     pub stale: u64,
     /// Events that did not parse (never expected).
     pub bad_events: u64,
+    /// Events drained but not yet applied (see [`Self::flush`]).
+    waiting: Vec<Event>,
 }
 
 impl LiveTracker {
@@ -107,26 +124,55 @@ impl LiveTracker {
             frees_unknown: 0,
             stale: 0,
             bad_events: 0,
+            waiting: Vec::new(),
         }
     }
 
-    /// Takes one raw ring-buffer record.
+    /// Takes one raw ring-buffer record; it is applied by [`Self::flush`].
     pub fn on_bytes(&mut self, bytes: &[u8]) {
         let kind = bytes
             .get(..4)
             .map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
-        match kind {
+        let ev = match kind {
             Some(EVENT_ALLOC) if bytes.len() >= std::mem::size_of::<AllocEvent>() => {
                 // SAFETY: plain old data, and the record is at least its size.
-                let ev: AllocEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-                self.on_alloc(&ev);
+                Event::Alloc(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
             }
             Some(EVENT_FREE) if bytes.len() >= std::mem::size_of::<FreeEvent>() => {
                 // SAFETY: as above.
-                let ev: FreeEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-                self.on_free(&ev);
+                Event::Free(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
             }
-            _ => self.bad_events += 1,
+            _ => {
+                self.bad_events += 1;
+                return;
+            }
+        };
+        self.waiting.push(ev);
+    }
+
+    /// Applies the events taken so far in time-stamp order: all of them
+    /// (`upto` None, once no more can come), or those stamped no later than
+    /// `upto`, a time read before the rings were drained.
+    ///
+    /// Each CPU has its own ring, so events arrive out of order between
+    /// CPUs. Events that must be in order (an allocation, the free of that
+    /// block, its next allocation) are: the later one is stamped after the
+    /// earlier one was committed. So when an event stamped by `upto` is
+    /// here, every event it depends on was committed before `upto`, and
+    /// was drained with it. Later events wait for the next drain.
+    pub fn flush(&mut self, upto: Option<u64>) {
+        // Stable: events of one ring keep their order on equal stamps.
+        self.waiting.sort_by_key(Event::ts);
+        let n = match upto {
+            Some(t) => self.waiting.partition_point(|e| e.ts() <= t),
+            None => self.waiting.len(),
+        };
+        let ready: Vec<Event> = self.waiting.drain(..n).collect();
+        for ev in &ready {
+            match ev {
+                Event::Alloc(a) => self.on_alloc(a),
+                Event::Free(f) => self.on_free(f),
+            }
         }
     }
 
@@ -461,5 +507,34 @@ mod tests {
         // A resize of a block never seen is not an unknown free.
         t.on_alloc(&resize(2, 0x77, 0x30, 8, 90, 91));
         assert_eq!(t.frees_unknown, 0);
+    }
+
+    fn bytes<T: Copy>(v: &T) -> Vec<u8> {
+        // SAFETY: plain old data.
+        unsafe {
+            std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>())
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn rings_are_merged_by_time_and_later_events_wait() {
+        let mut t = LiveTracker::new(1000, 100);
+        // Ring of CPU 1 drained first: the free of 0x10 and its next
+        // allocation; ring of CPU 0: the first allocation of 0x10.
+        t.on_bytes(&bytes(&free(0x10, 20)));
+        t.on_bytes(&bytes(&alloc(2, 0x10, 16, 30)));
+        t.on_bytes(&bytes(&alloc(1, 0x10, 8, 10)));
+        // A free stamped after the drain began waits.
+        t.on_bytes(&bytes(&free(0x10, 50)));
+        t.flush(Some(40));
+        assert_eq!((t.frees_unknown, t.stale), (0, 0));
+        assert_eq!(t.key_stats(&key(1)).unwrap().frees, 1);
+        assert_eq!(t.outstanding(45, 0)[&key(2)].blocks, 1);
+        t.flush(None);
+        assert!(t.outstanding(60, 0).is_empty());
+        assert_eq!(t.bad_events, 0);
+        t.on_bytes(&[9, 0, 0, 0]);
+        assert_eq!(t.bad_events, 1);
     }
 }

@@ -13,8 +13,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    BodyRange, Config, EXP_TABLE_LEN, MAX_BODY_RANGES, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE,
-    WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    BodyRange, Config, EVENT_RINGS, EXP_TABLE_LEN, MAX_BODY_RANGES, SAMPLE_BYTES, SAMPLE_EVERY,
+    SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
@@ -190,13 +190,21 @@ pub fn attach(
     });
     config.bodies[..bodies.len()].copy_from_slice(&bodies);
 
-    let mut ebpf = EbpfLoader::new()
+    // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
+    // share them); rings no CPU uses, and all in count mode, get a page.
+    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+    let ring_names: Vec<String> = (0..EVENT_RINGS).map(|i| format!("EVENTS{i}")).collect();
+    let mut loader = EbpfLoader::new();
+    for (i, name) in ring_names.iter().enumerate() {
+        let used = mode.live && (i as u32) < cpus;
+        loader.map_max_entries(name, if used { sizes.events } else { 4096 });
+    }
+    let mut ebpf = loader
         // PENDING is task storage, which aya cannot read (mtrace never does).
         .allow_unsupported_maps()
         .override_global("CONFIG", &*config, true)
         .map_max_entries("COUNTS", sizes.counts)
         .map_max_entries("STACKS", sizes.stacks)
-        .map_max_entries("EVENTS", if mode.live { sizes.events } else { 4096 })
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
 

@@ -361,23 +361,27 @@ async fn wait_for_end(
     signals: Signals,
 ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
     let pid = session.pid;
-    // Live mode: the event ring buffer. The BPF programs do not wake us
-    // per event; we drain it on a timer, often enough that it cannot fill
-    // at any allocation rate a uprobe allows (a few million events a
-    // second at most, 8 MiB hold about 150,000).
-    let mut events = match session.probes.ebpf.take_map("EVENTS") {
-        Some(map) if session.tracker.is_some() => Some(RingBuf::try_from(map)?),
-        _ => None,
-    };
+    // Live mode: the event rings, one per CPU. The BPF programs do not
+    // wake us per event; we drain them on a timer, often enough that they
+    // cannot fill at any allocation rate a uprobe allows (about a million
+    // events a second per CPU at most; 4 MiB hold some 70,000).
+    let mut events = Vec::new();
+    if session.tracker.is_some() {
+        for i in 0..tracer_common::EVENT_RINGS {
+            if let Some(map) = session.probes.ebpf.take_map(&format!("EVENTS{i}")) {
+                events.push(RingBuf::try_from(map)?);
+            }
+        }
+    }
     let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let drain_due =
-        async |events: &Option<RingBuf<MapData>>, tick: &mut tokio::time::Interval| match events {
-            Some(_) => {
-                tick.tick().await;
-            }
-            None => std::future::pending().await,
-        };
+    let drain_due = async |events: &Vec<RingBuf<MapData>>, tick: &mut tokio::time::Interval| {
+        if events.is_empty() {
+            std::future::pending().await
+        } else {
+            tick.tick().await;
+        }
+    };
     let Signals {
         int: mut sigint,
         term: mut sigterm,
@@ -446,14 +450,20 @@ async fn wait_for_end(
     Ok(end)
 }
 
-/// Feeds every event waiting in the ring buffer to the tracker.
-fn drain(events: &mut Option<RingBuf<MapData>>, tracker: &mut Option<LiveTracker>) {
-    let (Some(ring), Some(tracker)) = (events.as_mut(), tracker.as_mut()) else {
+/// Feeds every event waiting in the rings to the tracker, which applies
+/// those stamped before the drain began. The rest wait for the next drain;
+/// after the last one, they are events of after the trace's end.
+fn drain(events: &mut [RingBuf<MapData>], tracker: &mut Option<LiveTracker>) {
+    let Some(tracker) = tracker.as_mut() else {
         return;
     };
-    while let Some(item) = ring.next() {
-        tracker.on_bytes(&item);
+    let started = live::monotonic_ns();
+    for ring in events.iter_mut() {
+        while let Some(item) = ring.next() {
+            tracker.on_bytes(&item);
+        }
     }
+    tracker.flush(Some(started));
 }
 
 /// A descriptor that becomes readable when `pid` exits.
