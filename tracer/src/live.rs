@@ -167,13 +167,14 @@ impl LiveTracker {
             Some(t) => self.waiting.partition_point(|e| e.ts() <= t),
             None => self.waiting.len(),
         };
-        let ready: Vec<Event> = self.waiting.drain(..n).collect();
-        for ev in &ready {
+        let mut waiting = std::mem::take(&mut self.waiting);
+        for ev in waiting.drain(..n) {
             match ev {
-                Event::Alloc(a) => self.on_alloc(a),
-                Event::Free(f) => self.on_free(f),
+                Event::Alloc(a) => self.on_alloc(&a),
+                Event::Free(f) => self.on_free(&f),
             }
         }
+        self.waiting = waiting;
     }
 
     pub fn on_alloc(&mut self, ev: &AllocEvent) {

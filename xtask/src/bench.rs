@@ -16,7 +16,7 @@
 //! ns/iteration. mtrace -v reports its attach time, CPU time and peak RSS.
 //! A mode's ratio to its floor is the median over rounds of the ratio
 //! within a round: this machine's speed drifts, and the runs of one round
-//! are close in time.
+//! are close in time (every other round runs the modes in reverse order).
 //!
 //! A last pass runs each traced mode once more with `--bpf-stats`: the
 //! kernel times every BPF program run, which says where mtrace's cost on
@@ -238,7 +238,14 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
             })
             .collect();
         for run in 0..runs {
-            for (i, mode) in MODES.iter().enumerate() {
+            // Every other round in reverse order: a drift of the machine's
+            // speed then favours neither a mode nor its floor.
+            let mut order: Vec<usize> = (0..MODES.len()).collect();
+            if run % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let mode = &MODES[i];
                 eprint!(
                     "\rxtask: bench {threads} thread(s), run {}/{runs}, {:<16}",
                     run + 1,
