@@ -63,7 +63,18 @@ impl AddressSpace {
                     self.files.insert(m.path.clone(), f);
                 }
             }
-            if !self.mappings.contains(&m) {
+            // The same file under a new name (` (deleted)` once removed)
+            // that could not be opened any more: keep the mapping known
+            // under the old name, whose file is open.
+            let same_file_known = !self.files.contains_key(&m.path)
+                && self.mappings.iter().any(|k| {
+                    k.start == m.start
+                        && k.end == m.end
+                        && k.offset == m.offset
+                        && k.inode == m.inode
+                        && self.files.contains_key(&k.path)
+                });
+            if !same_file_known && !self.mappings.contains(&m) {
                 self.mappings.push(m);
             }
         }
