@@ -99,6 +99,10 @@ pub struct WalkScratch {
     /// exact frame count as a state of its own.
     pub fp: u64,
     pub hash: u64,
+    /// Where in the target's stack `chunk` was read from, and how many of
+    /// its bytes are valid (0: none).
+    pub base: u64,
+    pub valid: u64,
 }
 
 /// Key of the in-kernel aggregation map: one entry per distinct

@@ -315,18 +315,25 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
         return 0;
     };
     let sp = unsafe { (*ctx.regs).rsp };
-    let caller = match unsafe { bpf_probe_read_user(sp as *const u64) } {
-        Ok(v) => v,
-        Err(_) => {
-            bump(counter::CALLER_READ_FAILED, 1);
-            0
-        }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // The direct caller's return address is at [rsp]. Read the stack from
+    // there a chunk at a time: the same read usually holds the first
+    // frames of the walk too.
+    let scratch = WALK.get_ptr_mut(tid % WALK_SLOTS);
+    let caller = match read_chunk(scratch, sp) {
+        Some(v) => v,
+        None => match unsafe { bpf_probe_read_user(sp as *const u64) } {
+            Ok(v) => v,
+            Err(_) => {
+                bump(counter::CALLER_READ_FAILED, 1);
+                0
+            }
+        },
     };
     if caller != 0 && in_allocator_body(caller) {
         bump(counter::NESTED, 1);
         return 0;
     }
-    let tid = bpf_get_current_pid_tgid() as u32;
     let mut pending = None;
     if live {
         // In live mode the outer call's pending entry says exactly when the
@@ -368,7 +375,7 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     bump(counter::CALLS + func as u32, calls_inc);
     bump(counter::BYTES + func as u32, bytes_inc);
 
-    let (stack, walk) = walk_stack(ctx, tid);
+    let (stack, walk) = walk_stack(ctx, scratch);
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
     let key = CountKey {
         stack,
@@ -412,28 +419,37 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
 #[inline(never)]
 extern "C" fn walk_chunk(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
-    let base = w.fp;
-    if base == 0 || base & 7 != 0 {
+    let fp = w.fp;
+    if fp == 0 || fp & 7 != 0 {
         return 1;
     }
-    let bytes =
-        unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK) };
-    let valid = if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(base as *const u8, bytes) }
-        .is_ok()
-    {
-        STACK_CHUNK as u64
-    } else {
-        // Near the top of the stack: read just this frame.
-        let frame =
-            unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
-        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(base as *const u8, frame) }
-            .is_err()
-        {
-            return 1;
+    // The frame may lie in the chunk already read.
+    if !(fp >= w.base && w.valid >= 16 && fp - w.base <= w.valid - 16) {
+        let bytes = unsafe {
+            core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK)
+        };
+        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, bytes) }.is_ok() {
+            w.valid = STACK_CHUNK as u64;
+        } else {
+            // Near the top of the stack: read just this frame.
+            let frame =
+                unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
+            if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, frame) }
+                .is_err()
+            {
+                w.valid = 0;
+                return 1;
+            }
+            w.valid = 16;
         }
-        16
-    };
-    let mut fp = base;
+        w.base = fp;
+    }
+    let base = w.base;
+    let valid = w.valid;
+    if valid < 16 || fp < base {
+        return 1;
+    }
+    let mut fp = fp;
     let mut hash = w.hash;
     let mut done = 0;
     // At most STACK_CHUNK / 16 frames fit in a chunk.
@@ -473,14 +489,35 @@ extern "C" fn walk_chunk(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     done
 }
 
+/// Reads `STACK_CHUNK` bytes of the target's stack at `sp` into the
+/// scratch; returns the first word (the return address at `[rsp]`), or
+/// None if there is no scratch or the read failed (near the top of the
+/// stack).
+#[inline(always)]
+fn read_chunk(scratch: Option<*mut WalkScratch>, sp: u64) -> Option<u64> {
+    let w = unsafe { &mut *scratch? };
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK) };
+    if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(sp as *const u8, bytes) }.is_err() {
+        w.valid = 0;
+        return None;
+    }
+    w.base = sp;
+    w.valid = STACK_CHUNK as u64;
+    Some(w.chunk[0])
+}
+
 /// Walks the target's frame pointers from `rbp`, reading its stack
 /// `STACK_CHUNK` bytes at a time into per-thread scratch (one helper call for
 /// many frames, where the kernel's walk copies frame by frame). Returns the
 /// stack's hash (FNV-1a over the return addresses) and the scratch holding
 /// the frames; `STACK_EMPTY` when there is no frame pointer chain to follow.
 #[inline(always)]
-fn walk_stack(ctx: &ProbeContext, tid: u32) -> (u64, Option<*mut WalkScratch>) {
-    let Some(mut w) = WALK.get_ptr_mut(tid % WALK_SLOTS) else {
+fn walk_stack(
+    ctx: &ProbeContext,
+    scratch: Option<*mut WalkScratch>,
+) -> (u64, Option<*mut WalkScratch>) {
+    let Some(mut w) = scratch else {
         bump(counter::STACK_WALK_FAILED, 1);
         return (STACK_NONE, None);
     };
