@@ -57,9 +57,10 @@ pub enum Fixture {
     CountsPlus20,
     Live,
     Sampled,
+    ManyStacks,
 }
 
-const N_FIXTURES: usize = 8;
+const N_FIXTURES: usize = 9;
 
 /// `cc -O2 -fno-omit-frame-pointer -g -o OUT SRC`: frame pointers for the
 /// kernel's stack walk, debug info for file:line.
@@ -76,6 +77,7 @@ impl Fixture {
             Fixture::CountsPlus20 => "counts-plus20",
             Fixture::Live => "live",
             Fixture::Sampled => "sampled",
+            Fixture::ManyStacks => "manystacks",
         }
     }
 

@@ -10,5 +10,6 @@ mod counts;
 mod errors;
 mod lifecycle;
 mod live;
+mod losses;
 mod sampling;
 mod threads;
