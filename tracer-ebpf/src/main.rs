@@ -320,15 +320,12 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     // there a chunk at a time: the same read usually holds the first
     // frames of the walk too.
     let scratch = WALK.get_ptr_mut(tid % WALK_SLOTS);
-    let caller = match read_chunk(scratch, sp) {
-        Some(v) => v,
-        None => match unsafe { bpf_probe_read_user(sp as *const u64) } {
-            Ok(v) => v,
-            Err(_) => {
-                bump(counter::CALLER_READ_FAILED, 1);
-                0
-            }
-        },
+    let caller = match scratch {
+        Some(w) if load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
+        _ => {
+            bump(counter::CALLER_READ_FAILED, 1);
+            0
+        }
     };
     if caller != 0 && in_allocator_body(caller) {
         bump(counter::NESTED, 1);
@@ -424,25 +421,8 @@ extern "C" fn walk_chunk(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     }
     // The frame may lie in the chunk already read.
-    if !(fp >= w.base && w.valid >= 16 && fp - w.base <= w.valid - 16) {
-        let bytes = unsafe {
-            core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK)
-        };
-        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, bytes) }.is_ok() {
-            w.valid = STACK_CHUNK as u64;
-        } else {
-            // Near the top of the stack: read just this frame.
-            let frame =
-                unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
-            if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(fp as *const u8, frame) }
-                .is_err()
-            {
-                w.valid = 0;
-                return 1;
-            }
-            w.valid = 16;
-        }
-        w.base = fp;
+    if !(fp >= w.base && w.valid >= 16 && fp - w.base <= w.valid - 16) && !load_chunk(w, fp) {
+        return 1;
     }
     let base = w.base;
     let valid = w.valid;
@@ -489,22 +469,25 @@ extern "C" fn walk_chunk(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     done
 }
 
-/// Reads `STACK_CHUNK` bytes of the target's stack at `sp` into the
-/// scratch; returns the first word (the return address at `[rsp]`), or
-/// None if there is no scratch or the read failed (near the top of the
-/// stack).
+/// Reads the target's stack at `addr` into the scratch: `STACK_CHUNK`
+/// bytes, or near the top of the stack (where that read fails) one frame's
+/// 16. False when nothing could be read.
 #[inline(always)]
-fn read_chunk(scratch: Option<*mut WalkScratch>, sp: u64) -> Option<u64> {
-    let w = unsafe { &mut *scratch? };
+fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
     let bytes =
         unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK) };
-    if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(sp as *const u8, bytes) }.is_err() {
-        w.valid = 0;
-        return None;
+    if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, bytes) }.is_ok() {
+        w.valid = STACK_CHUNK as u64;
+    } else {
+        let frame = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
+        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, frame) }.is_err() {
+            w.valid = 0;
+            return false;
+        }
+        w.valid = 16;
     }
-    w.base = sp;
-    w.valid = STACK_CHUNK as u64;
-    Some(w.chunk[0])
+    w.base = addr;
+    true
 }
 
 /// Walks the target's frame pointers from `rbp`, reading its stack
