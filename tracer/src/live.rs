@@ -276,6 +276,11 @@ impl LiveTracker {
         }
     }
 
+    /// Most blocks tracked at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Every stack that allocated a tracked block.
     pub fn stacks(&self) -> impl Iterator<Item = &(CountKey, KeyStats)> {
         self.stacks.iter()

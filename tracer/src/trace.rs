@@ -51,7 +51,6 @@ struct Session {
     min_age_ns: u64,
     /// CLOCK_MONOTONIC when tracing began.
     started_ns: u64,
-    live_map_size: u32,
     space: Arc<Mutex<AddressSpace>>,
     meta: Meta,
     per_thread: bool,
@@ -68,7 +67,7 @@ impl Session {
         }
         let mut raw = collect::collect(&self.probes).context("reading the kernel maps")?;
         if let Some(tracker) = &self.tracker {
-            self.add_live(&mut raw, tracker)?;
+            self.add_live(&mut raw, tracker);
         }
         let mut meta = self.meta.clone();
         meta.duration_secs = self.started.elapsed().as_secs_f64();
@@ -95,7 +94,7 @@ impl Session {
 
     /// Joins the tracker's per-stack statistics and its table of
     /// outstanding blocks to the raw profile.
-    fn add_live(&self, raw: &mut RawProfile, tracker: &LiveTracker) -> Result<()> {
+    fn add_live(&self, raw: &mut RawProfile, tracker: &LiveTracker) {
         let now = live::monotonic_ns();
         let outstanding = tracker.outstanding(now, self.min_age_ns);
         for st in &mut raw.stacks {
@@ -112,7 +111,7 @@ impl Session {
             t.peak_secs = tracker.peak_ts.saturating_sub(self.started_ns) as f64 / 1e9;
             t.min_age_secs = self.min_age_ns as f64 / 1e9;
             t.temporary_under_ns = tracker.temporary_ns;
-            t.live_map_size = self.live_map_size as u64;
+            t.live_map_size = tracker.capacity() as u64;
             for o in outstanding.values() {
                 t.outstanding += o.blocks;
                 t.outstanding_bytes += o.bytes;
@@ -127,7 +126,6 @@ impl Session {
                 t.temporaries += k.temporaries;
             }
         }
-        Ok(())
     }
 
     fn write_snapshot(&mut self, dir: &std::path::Path) -> Result<()> {
@@ -262,7 +260,6 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         }),
         min_age_ns: (args.min_age * 1e9) as u64,
         started_ns: live::monotonic_ns(),
-        live_map_size: args.live_map_size,
         probes,
         space,
         meta,
