@@ -327,7 +327,8 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
             0
         }
     };
-    if caller != 0 && in_allocator_body(caller) {
+    // In live mode the pending entry below is the nesting check.
+    if !live && caller != 0 && in_allocator_body(caller) {
         bump(counter::NESTED, 1);
         return 0;
     }
