@@ -1,4 +1,7 @@
-//! mtrace's BPF programs: one uprobe per allocator entry point.
+//! mtrace's BPF programs: one uprobe program per role (what the probed
+//! function's arguments mean, see `tracer_common::Role`), attached to every
+//! allocator entry point of that role with the function's index in the
+//! run's function table as its attach cookie.
 //!
 //! Count mode aggregates in the kernel: per (user stack, direct caller,
 //! function, thread) the number of calls and requested bytes, with atomic
@@ -23,9 +26,10 @@ use aya_ebpf::{
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
 };
 use tracer_common::{
-    counter, AllocEvent, AllocFn, Comm, Config, CountKey, CountValue, EntryMark, FreeEvent,
+    counter, AllocEvent, Comm, Role, MAX_FUNCS, Config, CountKey, CountValue, EntryMark, FreeEvent,
     Pending, StackFrames, WalkScratch, EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FRAMES,
     SAMPLE_BYTES, SAMPLE_EVERY, EVENT_RINGS, SAMPLE_NONE, STACK_CHUNK, STACK_EMPTY, STACK_NONE, TAIL_SLOTS,
     WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
@@ -295,16 +299,17 @@ fn weighted_bytes(size: u64, weight: u64) -> u64 {
 }
 
 #[inline(always)]
-fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
+fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
+    let func = cookie_func(ctx.as_ptr());
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
     let live = config_u32(&CONFIG.live) != 0;
-    if func == AllocFn::Free {
+    if role == Role::Free {
         // A free needs no stack and no nesting check: a free the allocator
         // makes itself, as realloc(p, 0) does, is a free all the same.
         // Count mode wants the number of frees; live mode, which block
         // went when. Sampled, frees are not counted at all.
         if !sampled {
-            bump(counter::CALLS + AllocFn::Free as u32, 1);
+            bump(counter::CALLS + func, 1);
         }
         if live && extra.old_ptr != 0 {
             send_free(extra.old_ptr);
@@ -353,13 +358,13 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
         // stays, so a chain of tail calls is counted once; the next counted
         // call replaces it.
         let mark = unsafe { &mut *mark };
-        if mark.tid == tid && mark.sp == sp && mark.ret == caller && mark.func != func as u32 {
+        if mark.tid == tid && mark.sp == sp && mark.ret == caller && mark.func != func {
             bump(counter::NESTED, 1);
             return 0;
         }
         *mark = EntryMark {
             tid,
-            func: func as u32,
+            func,
             sp,
             ret: caller,
         };
@@ -370,14 +375,14 @@ fn record(ctx: &ProbeContext, func: AllocFn, size: u64, extra: Extra) -> u32 {
     } else {
         (1, size)
     };
-    bump(counter::CALLS + func as u32, calls_inc);
-    bump(counter::BYTES + func as u32, bytes_inc);
+    bump(counter::CALLS + func, calls_inc);
+    bump(counter::BYTES + func, bytes_inc);
 
     let (stack, walk) = walk_stack(ctx, scratch);
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
     let key = CountKey {
         stack,
-        func: func as u32,
+        func,
         tid: if per_thread { tid } else { 0 },
         caller,
     };
@@ -570,16 +575,17 @@ fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bo
 /// of a thread completes: a nested call (realloc -> malloc) returns with
 /// the outer call's pending entry, which names another function.
 #[inline(always)]
-fn complete(ctx: &RetProbeContext, func: AllocFn) -> u32 {
+fn complete(ctx: &RetProbeContext, role: Role) -> u32 {
+    let func = cookie_func(ctx.as_ptr());
     let pending = match PENDING.current(false) {
-        Some(p) if p.active != 0 && p.key.func == func as u32 => {
+        Some(p) if p.active != 0 && p.key.func == func => {
             p.active = 0;
             *p
         }
         _ => return 0,
     };
     let ret: u64 = ctx.ret();
-    let ptr = if func == AllocFn::PosixMemalign {
+    let ptr = if role == Role::PosixMemalign {
         if ret as u32 == 0 {
             unsafe { bpf_probe_read_user(pending.memptr as *const u64) }.unwrap_or(0)
         } else {
@@ -588,7 +594,7 @@ fn complete(ctx: &RetProbeContext, func: AllocFn) -> u32 {
     } else {
         ret
     };
-    let resizes = func == AllocFn::Realloc || func == AllocFn::Reallocarray;
+    let resizes = role == Role::Resize || role == Role::ResizeArray;
     // The old block is gone when the call moved it, or freed it
     // (realloc(p, 0)); a failed resize leaves it.
     let released = if resizes && (ptr != 0 || pending.size == 0) {
@@ -668,22 +674,38 @@ fn product(n: u64, m: u64) -> u64 {
     }
 }
 
-#[uprobe]
-pub fn malloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Malloc, arg(&ctx, 0), Extra::default())
+/// The probed function's index in the run's function table: the probe's
+/// attach cookie (masked, so that it always indexes the counters).
+#[inline(always)]
+fn cookie_func(ctx: *mut core::ffi::c_void) -> u32 {
+    (unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx) } as u32) & (MAX_FUNCS - 1)
 }
 
+/// `f(size)`: malloc, valloc, pvalloc.
 #[uprobe]
-pub fn calloc(ctx: ProbeContext) -> u32 {
+pub fn alloc_size(ctx: ProbeContext) -> u32 {
+    record(&ctx, Role::Size, arg(&ctx, 0), Extra::default())
+}
+
+/// `f(n, size)`: calloc.
+#[uprobe]
+pub fn alloc_count_size(ctx: ProbeContext) -> u32 {
     let size = product(arg(&ctx, 0), arg(&ctx, 1));
-    record(&ctx, AllocFn::Calloc, size, Extra::default())
+    record(&ctx, Role::CountSize, size, Extra::default())
 }
 
+/// `f(align, size)`: memalign, aligned_alloc.
 #[uprobe]
-pub fn realloc(ctx: ProbeContext) -> u32 {
+pub fn alloc_align_size(ctx: ProbeContext) -> u32 {
+    record(&ctx, Role::AlignSize, arg(&ctx, 1), Extra::default())
+}
+
+/// `f(ptr, size)`: realloc.
+#[uprobe]
+pub fn resize(ctx: ProbeContext) -> u32 {
     record(
         &ctx,
-        AllocFn::Realloc,
+        Role::Resize,
         arg(&ctx, 1),
         Extra {
             old_ptr: arg(&ctx, 0),
@@ -692,12 +714,13 @@ pub fn realloc(ctx: ProbeContext) -> u32 {
     )
 }
 
+/// `f(ptr, n, size)`: reallocarray.
 #[uprobe]
-pub fn reallocarray(ctx: ProbeContext) -> u32 {
+pub fn resize_array(ctx: ProbeContext) -> u32 {
     let size = product(arg(&ctx, 1), arg(&ctx, 2));
     record(
         &ctx,
-        AllocFn::Reallocarray,
+        Role::ResizeArray,
         size,
         Extra {
             old_ptr: arg(&ctx, 0),
@@ -706,11 +729,12 @@ pub fn reallocarray(ctx: ProbeContext) -> u32 {
     )
 }
 
+/// `f(&ptr, align, size)`: posix_memalign.
 #[uprobe]
 pub fn posix_memalign(ctx: ProbeContext) -> u32 {
     record(
         &ctx,
-        AllocFn::PosixMemalign,
+        Role::PosixMemalign,
         arg(&ctx, 2),
         Extra {
             old_ptr: 0,
@@ -719,31 +743,12 @@ pub fn posix_memalign(ctx: ProbeContext) -> u32 {
     )
 }
 
+/// `f(ptr)`: free.
 #[uprobe]
-pub fn aligned_alloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::AlignedAlloc, arg(&ctx, 1), Extra::default())
-}
-
-#[uprobe]
-pub fn memalign(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Memalign, arg(&ctx, 1), Extra::default())
-}
-
-#[uprobe]
-pub fn valloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Valloc, arg(&ctx, 0), Extra::default())
-}
-
-#[uprobe]
-pub fn pvalloc(ctx: ProbeContext) -> u32 {
-    record(&ctx, AllocFn::Pvalloc, arg(&ctx, 0), Extra::default())
-}
-
-#[uprobe]
-pub fn free(ctx: ProbeContext) -> u32 {
+pub fn release(ctx: ProbeContext) -> u32 {
     record(
         &ctx,
-        AllocFn::Free,
+        Role::Free,
         0,
         Extra {
             old_ptr: arg(&ctx, 0),
@@ -765,27 +770,23 @@ pub fn floor_ret(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-macro_rules! return_probes {
-    ($($name:ident => $func:expr),* $(,)?) => {
-        $(
-            #[uretprobe]
-            pub fn $name(ctx: RetProbeContext) -> u32 {
-                complete(&ctx, $func)
-            }
-        )*
-    };
+/// Live mode: the return of `alloc_size`, `alloc_count_size` and
+/// `alloc_align_size` functions.
+#[uretprobe]
+pub fn alloc_ret(ctx: RetProbeContext) -> u32 {
+    complete(&ctx, Role::Size)
 }
 
-return_probes! {
-    malloc_ret => AllocFn::Malloc,
-    calloc_ret => AllocFn::Calloc,
-    realloc_ret => AllocFn::Realloc,
-    reallocarray_ret => AllocFn::Reallocarray,
-    posix_memalign_ret => AllocFn::PosixMemalign,
-    aligned_alloc_ret => AllocFn::AlignedAlloc,
-    memalign_ret => AllocFn::Memalign,
-    valloc_ret => AllocFn::Valloc,
-    pvalloc_ret => AllocFn::Pvalloc,
+/// Live mode: the return of a resize.
+#[uretprobe]
+pub fn resize_ret(ctx: RetProbeContext) -> u32 {
+    complete(&ctx, Role::Resize)
+}
+
+/// Live mode: the return of posix_memalign.
+#[uretprobe]
+pub fn posix_memalign_ret(ctx: RetProbeContext) -> u32 {
+    complete(&ctx, Role::PosixMemalign)
 }
 
 #[cfg(not(test))]

@@ -1,26 +1,24 @@
 //! mtrace: an out-of-process malloc tracer on eBPF.
 //!
-//! Data flows one way: kernel maps -> [`raw_profile`] (addresses, read by
-//! [`collect`]) -> [`profile`] (symbols, made by [`symbolize`]) -> [`render`].
+//! Data flows one way: kernel maps -> [`collect::raw`] (addresses) ->
+//! [`profile`] (symbols, made by [`symbolize`]) -> [`render`] -> [`sinks`].
 
-mod allocator;
-mod cli;
-mod collect;
-mod diff;
-mod error;
-mod launch;
-mod live;
-mod outputs;
-mod probes;
-mod profile;
-mod profile_file;
-mod raw_profile;
-mod render;
-mod report;
-mod snapshot;
-mod symbolize;
-mod target;
-mod trace;
+// The stages, in the order data flows through them; each uses only the
+// ones before it. Only `probes`, `collect` and `session` touch the kernel.
+mod allocators; // which object allocates, its entry points, probe placement
+mod collect; // kernel maps and event rings -> raw profile (addresses)
+mod probes; // load and attach the BPF programs
+mod session;
+mod sinks; // where profiles go: the report and its files, snapshots
+mod symbolize; // raw profile -> profile (functions, files, lines)
+mod target; // the traced process: /proc, launch, its address space // the tick loop of a trace under way
+
+mod cli; // arguments (clap) and what they mean (config)
+mod commands; // trace, report, diff
+
+// The offline half (model, file format, diff, renderers) is its own crate,
+// with no kernel in its dependency tree.
+use tracer_offline::{diff, error, profile, render, user_error};
 
 use clap::Parser;
 
@@ -44,9 +42,9 @@ fn main() {
         .format_timestamp(None)
         .init();
     let result = match cli.sub {
-        Some(Sub::Report(args)) => report::run(args),
-        Some(Sub::Diff(args)) => report::diff(args),
-        None => trace::run(cli.trace),
+        Some(Sub::Report(args)) => commands::report::run(args),
+        Some(Sub::Diff(args)) => commands::diff::run(args),
+        None => commands::trace::run(cli.trace),
     };
     let code = match result {
         Ok(code) => code,

@@ -1,23 +1,27 @@
-//! Reading the kernel maps into a [`RawProfile`].
+//! Collection: the kernel maps into a [`RawProfile`] (addresses, counts,
+//! losses), and in live mode the event rings into the [`live_tracker`].
+
+pub mod live_tracker;
+pub mod raw;
 
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use tracer_common::{
-    counter, Comm, CountKey, CountValue, StackFrames, N_FUNCS, STACK_EMPTY, STACK_NONE, WEIGHT_ONE,
+    counter, maps, Comm, CountKey, CountValue, StackFrames, STACK_EMPTY, STACK_NONE, WEIGHT_ONE,
 };
 
+use self::raw::{RawProfile, RawStack};
 use crate::{
     probes::Probes,
     profile::{Counts, LiveTotals, Losses},
-    raw_profile::{RawProfile, RawStack},
 };
 
 pub fn collect(probes: &Probes) -> Result<RawProfile> {
     let ebpf = &probes.ebpf;
     let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        PerCpuArray::try_from(ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
     let mut sums = vec![0u64; counter::N as usize];
     for (i, sum) in sums.iter_mut().enumerate() {
         let values = counters.get(&(i as u32), 0)?;
@@ -32,7 +36,8 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
             raw
         }
     };
-    let mut per_func: Vec<Counts> = (0..N_FUNCS)
+    let n_funcs = probes.funcs.len();
+    let mut per_func: Vec<Counts> = (0..n_funcs)
         .map(|f| Counts {
             calls: calls(sums[counter::CALLS as usize + f]),
             bytes: sums[counter::BYTES as usize + f],
@@ -48,9 +53,9 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
     };
 
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
-        BpfHashMap::try_from(ebpf.map("STACKS").context("STACKS map")?)?;
+        BpfHashMap::try_from(ebpf.map(maps::STACKS).context("STACKS map")?)?;
     let counts: PerCpuHashMap<&MapData, CountKey, CountValue> =
-        PerCpuHashMap::try_from(ebpf.map("COUNTS").context("COUNTS map")?)?;
+        PerCpuHashMap::try_from(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
     let mut frames_by_hash: HashMap<u64, Option<Vec<u64>>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
@@ -94,7 +99,7 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
     }
 
     let mut thread_names = BTreeMap::new();
-    if let Some(map) = ebpf.map("THREAD_NAMES") {
+    if let Some(map) = ebpf.map(maps::THREAD_NAMES) {
         let names: BpfHashMap<&MapData, u32, Comm> = BpfHashMap::try_from(map)?;
         for item in names.iter() {
             let (tid, comm) = item?;
@@ -114,7 +119,7 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         // Rounded estimates must add up: a function's total is the sum of
         // its stacks' rounded estimates, plus the rounded rest (samples
         // that found the map full).
-        let mut in_stacks = [(0u64, 0u64); N_FUNCS];
+        let mut in_stacks = vec![(0u64, 0u64); n_funcs];
         for (st, raw_calls) in stacks.iter().zip(&raw_stack_calls) {
             if let Some(slot) = in_stacks.get_mut(st.func as usize) {
                 slot.0 += raw_calls;

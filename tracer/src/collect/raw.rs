@@ -11,7 +11,7 @@ use crate::profile::{Counts, LiveStats, LiveTotals, Losses};
 /// One aggregated row: an allocator function reached through one stack.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RawStack {
-    /// `AllocFn` discriminant.
+    /// Index in the run's function table ([`crate::allocators::FuncInfo`]).
     pub func: u32,
     /// Return addresses, innermost first: `addrs[0]` is the direct caller.
     pub addrs: Vec<u64>,
@@ -29,7 +29,7 @@ pub struct RawStack {
 #[derive(Clone, Debug, Default)]
 pub struct RawProfile {
     pub stacks: Vec<RawStack>,
-    /// Exact calls/bytes per `AllocFn` discriminant.
+    /// Exact calls/bytes per function (index in the function table).
     pub per_func: Vec<Counts>,
     pub nested: u64,
     pub losses: Losses,

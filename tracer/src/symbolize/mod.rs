@@ -1,15 +1,15 @@
 //! Turning a [`RawProfile`] (addresses) into a [`Profile`] (functions, files,
 //! lines) with blazesym.
 //!
-//! The target may be gone by the time we symbolize, so [`AddressSpace`]
-//! keeps, while it lives, a copy of its mappings and an open descriptor to
-//! every file it maps. Addresses are turned into file offsets with those
+//! The target may be gone by the time we symbolize, so the
+//! [`AddressSpace`] (filled by the target stage while it lives) keeps a
+//! copy of its mappings and an open descriptor to every file it maps.
+//! Addresses are turned into file offsets with those
 //! mappings and symbolized in the files through `/proc/self/fd/N`, which
 //! also works for deleted files and other mount namespaces.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    fs::File,
     os::fd::AsRawFd,
 };
 
@@ -19,94 +19,16 @@ use blazesym::symbolize::{
 };
 
 use crate::{
+    allocators::FuncInfo,
+    collect::raw::RawProfile,
     profile::{Frame, Meta, Profile, StackEntry, Thread, Totals},
-    raw_profile::RawProfile,
-    target::{read_maps, Mapping},
+    target::AddressSpace,
 };
-
-/// The target's mappings as last seen, and the files behind them.
-#[derive(Default)]
-pub struct AddressSpace {
-    /// Every file mapping ever seen, newest last.
-    mappings: Vec<Mapping>,
-    /// Open file per mapped path.
-    files: HashMap<String, File>,
-    /// GNU build id (hex) per mapped path, where the file has one.
-    build_ids: HashMap<String, String>,
-}
-
-impl AddressSpace {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Re-reads /proc/PID/maps and opens files not seen before. Returns
-    /// false when the process's maps could not be read (it has exited).
-    pub fn refresh(&mut self, pid: u32) -> bool {
-        let Ok(maps) = read_maps(pid) else {
-            return false;
-        };
-        if maps.is_empty() {
-            return false;
-        }
-        for m in maps.into_iter().filter(|m| m.is_file()) {
-            if !self.files.contains_key(&m.path) {
-                // map_files reaches the very file mapped (even deleted or in
-                // another mount namespace); the root path is the fallback.
-                let by_range = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-                let file = File::open(&by_range)
-                    .or_else(|_| File::open(crate::target::path_in_target(pid, &m.path)));
-                if let Ok(f) = file {
-                    if let Some(id) = build_id(&f) {
-                        self.build_ids.insert(m.path.clone(), id);
-                    }
-                    self.files.insert(m.path.clone(), f);
-                }
-            }
-            // The same file under a new name (` (deleted)` once removed)
-            // that could not be opened any more: keep the mapping known
-            // under the old name, whose file is open.
-            let same_file_known = !self.files.contains_key(&m.path)
-                && self.mappings.iter().any(|k| {
-                    k.start == m.start
-                        && k.end == m.end
-                        && k.offset == m.offset
-                        && k.inode == m.inode
-                        && self.files.contains_key(&k.path)
-                });
-            if !same_file_known && !self.mappings.contains(&m) {
-                self.mappings.push(m);
-            }
-        }
-        true
-    }
-
-    fn mapping(&self, addr: u64) -> Option<&Mapping> {
-        self.mappings.iter().rev().find(|m| m.contains(addr))
-    }
-
-    /// Fills in where a frame's address lies: object file offset and build id.
-    fn locate(&self, frame: &mut Frame) {
-        if let Some(m) = self.mapping(frame.addr) {
-            frame.file_offset = Some(m.file_offset(frame.addr));
-            frame.build_id = self.build_ids.get(&m.path).cloned();
-        }
-    }
-}
-
-/// The GNU build id of an ELF file, read lazily (only the note is read).
-fn build_id(file: &File) -> Option<String> {
-    use object::Object;
-    let cache = object::read::ReadCache::new(file);
-    let obj = object::File::parse(&cache).ok()?;
-    let id = obj.build_id().ok()??;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
-}
 
 pub fn symbolize(
     raw: &RawProfile,
     space: &AddressSpace,
-    func_names: &[String],
+    funcs: &[FuncInfo],
     thread_names: &BTreeMap<u32, String>,
     meta: Meta,
 ) -> Profile {
@@ -133,7 +55,7 @@ pub fn symbolize(
             .iter()
             .map(|&a| space.mapping(a).unwrap().file_offset(a).saturating_sub(1))
             .collect();
-        let results = space.files.get(path).and_then(|f| {
+        let results = space.file(path).and_then(|f| {
             let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", f.as_raw_fd())));
             symbolizer.symbolize(&src, Input::FileOffset(&offsets)).ok()
         });
@@ -159,7 +81,7 @@ pub fn symbolize(
             space.locate(frame);
         }
         stacks.push(StackEntry {
-            func: func_name(func_names, st.func),
+            func: func_name(funcs, st.func),
             frames,
             truncated: st.truncated,
             thread: st.tid.map(|tid| Thread {
@@ -183,8 +105,8 @@ pub fn symbolize(
         if counts.calls == 0 {
             continue;
         }
-        let name = func_name(func_names, f as u32);
-        if f == tracer_common::AllocFn::Free as usize {
+        let name = func_name(funcs, f as u32);
+        if funcs.get(f).is_some_and(|i| !i.role.allocates()) {
             totals.frees += counts.calls;
         } else {
             totals.allocs.add(*counts);
@@ -201,10 +123,10 @@ pub fn symbolize(
     }
 }
 
-fn func_name(names: &[String], func: u32) -> String {
-    names
+fn func_name(funcs: &[FuncInfo], func: u32) -> String {
+    funcs
         .get(func as usize)
-        .cloned()
+        .map(|f| f.name.clone())
         .unwrap_or_else(|| format!("func{func}"))
 }
 
@@ -217,29 +139,25 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
         })
         .unwrap_or((None, None))
     };
-    let mut frames = Vec::new();
-    for inl in sym.inlined.iter().rev() {
-        let (file, line) = loc(inl.code_info.as_ref());
-        frames.push(Frame {
-            function: inl.name.to_string(),
+    let frame = |function: &str, ci: Option<&blazesym::symbolize::CodeInfo>, inlined: bool| {
+        let (file, line) = loc(ci);
+        Frame {
+            function: function.to_string(),
             file,
             line,
             module: Some(module.to_string()),
             addr,
-            inlined: true,
+            inlined,
             ..Frame::default()
-        });
-    }
-    let (file, line) = loc(sym.code_info.as_deref());
-    frames.push(Frame {
-        function: sym.name.to_string(),
-        file,
-        line,
-        module: Some(module.to_string()),
-        addr,
-        inlined: false,
-        ..Frame::default()
-    });
+        }
+    };
+    let mut frames: Vec<Frame> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|inl| frame(&inl.name, inl.code_info.as_ref(), true))
+        .collect();
+    frames.push(frame(&sym.name, sym.code_info.as_deref(), false));
     frames
 }
 

@@ -1,13 +1,16 @@
 //! The symbolized profile: what every renderer reads.
 //!
-//! Produced from a [`crate::raw_profile::RawProfile`] by
-//! [`crate::symbolize`]. Stacks are stored innermost first: `frames[0]` is the
+//! Produced by the tracer's symbolizer from the raw profile (addresses);
+//! written and read as a file by [`file`]. Stacks are stored innermost first: `frames[0]` is the
 //! direct caller of the allocator function (the allocator's own frame is
 //! implied by [`StackEntry::func`]).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+pub mod file;
+pub mod snapshot;
 
 /// One source-level frame. An inlined function gets a frame of its own with
 /// `inlined = true`.
@@ -65,6 +68,41 @@ impl Counts {
     pub fn add(&mut self, other: Counts) {
         self.calls += other.calls;
         self.bytes += other.bytes;
+    }
+}
+
+/// Name of the deallocation function. Its stack entries (if any) are not
+/// allocations and are left out of every rendered stack, matching
+/// [`Totals::allocs`].
+pub const FREE_FUNC: &str = "free";
+
+/// Whether `entry` counts an allocation (anything but `free`).
+pub fn is_allocation(entry: &StackEntry) -> bool {
+    entry.func != FREE_FUNC
+}
+
+/// Which count sizes a stack: in folded stacks, flame graphs, the diff gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weight {
+    Calls,
+    Bytes,
+}
+
+impl Weight {
+    /// `"calls"` or `"bytes"`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Weight::Calls => "calls",
+            Weight::Bytes => "bytes",
+        }
+    }
+
+    /// The count this weight selects.
+    pub fn of(self, counts: Counts) -> u64 {
+        match self {
+            Weight::Calls => counts.calls,
+            Weight::Bytes => counts.bytes,
+        }
     }
 }
 

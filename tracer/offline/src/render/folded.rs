@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::diff::Diff;
 use crate::profile::{Profile, StackEntry};
 
 use super::{is_allocation, Weight};
@@ -72,6 +73,38 @@ pub(crate) fn clean(name: &str) -> String {
     } else {
         trimmed.to_string()
     }
+}
+
+/// The differential collapsed format (as inferno's `diff-folded` and
+/// `difffolded.pl` write it): `root;...;caller;malloc BASE NEW`, frames
+/// outermost first, the allocator function last, counts of `weight`. Keys
+/// that only differ by module are summed into one line; lines where both
+/// counts are 0 are left out; lines are sorted. Every line ends with a
+/// newline.
+pub fn differential(diff: &Diff, weight: Weight) -> String {
+    let mut lines: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for row in &diff.rows {
+        let (b, n) = (weight.of(row.change.base), weight.of(row.change.new));
+        if b == 0 && n == 0 {
+            continue;
+        }
+        let mut parts: Vec<String> = row
+            .key
+            .frames
+            .iter()
+            .rev()
+            .map(|f| clean(&f.function))
+            .collect();
+        parts.push(clean(&row.key.func));
+        let sums = lines.entry(parts.join(";")).or_default();
+        sums.0 = sums.0.saturating_add(b);
+        sums.1 = sums.1.saturating_add(n);
+    }
+    let mut out = String::new();
+    for (stack, (b, n)) in &lines {
+        let _ = writeln!(out, "{stack} {b} {n}");
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The JSON profile file: a [`Profile`] with a format tag and a schema
 //! version, written by `--output` and snapshots, read by `mtrace report`
 //! and `mtrace diff`. The schema is `tracer/schema/profile.schema.json`.
+//! Writing files is the tracer's `sinks` (one place for every output).
 
 use std::path::Path;
 
@@ -39,21 +40,6 @@ pub fn to_json(profile: &Profile) -> String {
     };
     // Serializing plain data to a String cannot fail.
     serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
-}
-
-/// Writes atomically: a reader never sees half a file.
-pub fn write(path: &Path, profile: &Profile) -> Result<()> {
-    write_atomic(path, to_json(profile).as_bytes())
-}
-
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| crate::user_error!("cannot write {}: {e}", path.display()))
 }
 
 fn bad_input(path: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -157,7 +143,7 @@ mod tests {
     #[test]
     fn output_validates_against_the_schema() {
         let schema: serde_json::Value =
-            serde_json::from_str(include_str!("../schema/profile.schema.json")).unwrap();
+            serde_json::from_str(include_str!("../../../schema/profile.schema.json")).unwrap();
         let validator = jsonschema::validator_for(&schema).unwrap();
         let mut p = sample();
         let doc: serde_json::Value = serde_json::from_str(&to_json(&p)).unwrap();

@@ -1,19 +1,10 @@
 //! Snapshots: profiles written while tracing goes on (`--interval`,
 //! SIGUSR1), each with what changed since the previous one.
-//!
-//! Files are named `mtrace-PID-NNNN.json` (NNNN counts from 0001) in
-//! `--snapshot-dir`.
+//! The tracer's snapshot sink names and writes the files.
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::collections::HashMap;
 
 use crate::profile::{Counts, Profile, Snapshot, StackEntry};
-
-pub fn path(dir: &Path, pid: u32, index: u32) -> PathBuf {
-    dir.join(format!("mtrace-{pid}-{index:04}.json"))
-}
 
 /// Identity of a stack within one trace: addresses are stable while the
 /// target lives.
@@ -112,13 +103,5 @@ mod tests {
         assert_eq!(s.delta_stacks.len(), 2);
         assert_eq!(s.delta_stacks[0].counts.calls, 15);
         assert_eq!(s.delta_stacks[1].counts.calls, 1);
-    }
-
-    #[test]
-    fn names_follow_the_pattern() {
-        assert_eq!(
-            path(Path::new("/tmp"), 42, 7),
-            PathBuf::from("/tmp/mtrace-42-0007.json")
-        );
     }
 }

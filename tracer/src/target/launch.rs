@@ -21,12 +21,11 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    allocator::{self, AllocatorObject},
     error::{UserError, EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND},
-    symbolize::AddressSpace,
-    target::{read_maps, Mapping},
     user_error,
 };
+
+use super::{proc::read_maps, AddressSpace, Mapping};
 
 /// How many system calls we follow, at most, waiting for the allocator to
 /// be mapped.
@@ -76,8 +75,9 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf> {
     }
 }
 
-/// Starts `argv`, waits until its allocator is mapped, calls `attach` with
-/// its pid, the allocator and its mappings, then lets it run.
+/// Starts `argv` stopped and steps it until `attach` (called with its pid
+/// and mappings each time the set of executable mappings changes) returns
+/// `Some`: the allocator is mapped and the probes are in. Then lets it run.
 pub fn launch<T, F>(
     argv: &[String],
     space: Arc<Mutex<AddressSpace>>,
@@ -85,7 +85,7 @@ pub fn launch<T, F>(
 ) -> Result<Launched<T>>
 where
     T: Send + 'static,
-    F: FnOnce(u32, &AllocatorObject, &[Mapping]) -> Result<T> + Send + 'static,
+    F: FnMut(u32, &[Mapping]) -> Result<Option<T>> + Send + 'static,
 {
     let path = resolve_command(&argv[0])?;
     let c_path = CString::new(path.as_os_str().as_bytes())?;
@@ -108,10 +108,7 @@ where
                     return;
                 }
             };
-            let attached = wait_for_allocator(pid).and_then(|(alloc, maps)| {
-                space.lock().unwrap().refresh(pid);
-                attach(pid, &alloc, &maps)
-            });
+            let attached = wait_for_allocator(pid, &space, attach);
             match attached {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok((pid, t)));
@@ -226,8 +223,12 @@ fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
 }
 
 /// Steps the stopped child from system call to system call until its
-/// allocator is mapped executable.
-fn wait_for_allocator(pid: u32) -> Result<(AllocatorObject, Vec<Mapping>)> {
+/// allocator is mapped executable and `attach` has attached to it.
+fn wait_for_allocator<T>(
+    pid: u32,
+    space: &Mutex<AddressSpace>,
+    mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
+) -> Result<T> {
     let mut seen_paths: Vec<String> = Vec::new();
     for _ in 0..MAX_STARTUP_SYSCALLS {
         let maps = read_maps(pid)?;
@@ -238,8 +239,9 @@ fn wait_for_allocator(pid: u32) -> Result<(AllocatorObject, Vec<Mapping>)> {
             .collect();
         paths.dedup();
         if paths != seen_paths {
-            if let Ok(alloc) = allocator::find_in_process(pid, &maps) {
-                return Ok((alloc, maps));
+            space.lock().unwrap().refresh(pid);
+            if let Some(attached) = attach(pid, &maps)? {
+                return Ok(attached);
             }
             // A static program without an interpreter maps nothing more.
             if !maps.iter().any(|m| is_interpreter(&m.path)) {

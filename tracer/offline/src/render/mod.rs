@@ -1,5 +1,7 @@
-//! Renderers for a symbolized [`Profile`]: a human-readable table, the
-//! collapsed ("folded") stack format, and an SVG flame graph.
+//! Renderers: a symbolized [`Profile`] (or a [`crate::diff::Diff`]) in,
+//! bytes out, no I/O. The table, the leak summary, folded stacks and
+//! flame graphs (plain and differential), pprof, speedscope, the diff
+//! table.
 //!
 //! [`select`] picks and orders the rows the table shows; the folded and
 //! flame graph renderers always use every stack.
@@ -7,59 +9,26 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::profile::{Counts, Frame, LiveStats, Profile, StackEntry, Thread};
+pub use crate::profile::{is_allocation, Weight, FREE_FUNC};
+use crate::profile::{Counts, Frame, LiveStats, Profile, Thread};
 
+pub mod diff_table;
 pub mod flamegraph;
 pub mod folded;
-pub mod live;
+pub mod leaks;
 pub mod pprof;
 pub mod speedscope;
 pub mod table;
 
-/// Name of the deallocation function. Its stack entries (if any) are not
-/// allocations and are left out of every rendered stack, matching
-/// [`crate::profile::Totals::allocs`].
-pub const FREE_FUNC: &str = "free";
-
-/// Whether `entry` counts an allocation (anything but `free`).
-pub fn is_allocation(entry: &StackEntry) -> bool {
-    entry.func != FREE_FUNC
-}
-
 /// Which count orders the table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortKey {
     Calls,
     Bytes,
 }
 
-/// Which count sizes the frames of the folded output and the flame graph.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Weight {
-    Calls,
-    Bytes,
-}
-
-impl Weight {
-    /// `"calls"` or `"bytes"`.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Weight::Calls => "calls",
-            Weight::Bytes => "bytes",
-        }
-    }
-
-    /// The count this weight selects.
-    pub fn of(self, counts: Counts) -> u64 {
-        match self {
-            Weight::Calls => counts.calls,
-            Weight::Bytes => counts.bytes,
-        }
-    }
-}
-
 /// What the table shows.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct ReportOptions {
     /// Keep at most this many rows; 0 keeps all.
     pub top: usize,

@@ -54,7 +54,7 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
         out.push('\n');
     }
     if let Some(live) = &profile.live {
-        out.push_str(&super::live::summary(profile, live, opts.top));
+        out.push_str(&super::leaks::summary(profile, live, opts.top));
     }
     out
 }
@@ -115,7 +115,7 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
         out.push('\n');
     }
     if let Some(live) = row.live {
-        out.push_str(&super::live::row_lines(live));
+        out.push_str(&super::leaks::row_lines(live));
     }
 }
 

@@ -1,10 +1,25 @@
-//! Command-line interface.
+//! The command line: what clap parses ([`Cli`]), kept apart from what the
+//! arguments mean ([`config`]).
+
+pub mod config;
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::render::{SortKey, Weight};
+/// `--sort`: which count orders the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SortArg {
+    Calls,
+    Bytes,
+}
+
+/// `--weight`: what folded stacks and flame graphs count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WeightArg {
+    Calls,
+    Bytes,
+}
 
 const EXAMPLES: &str = "\
 Examples:
@@ -162,8 +177,8 @@ pub struct OutputArgs {
     pub threshold: f64,
 
     /// Order of the table.
-    #[arg(long, value_enum, default_value_t = SortKey::Calls)]
-    pub sort: SortKey,
+    #[arg(long, value_enum, default_value_t = SortArg::Calls)]
+    pub sort: SortArg,
 
     /// Split every stack by thread (id and name).
     #[arg(long)]
@@ -182,8 +197,8 @@ pub struct OutputArgs {
     pub flamegraph: Option<PathBuf>,
 
     /// What the folded stacks and the flamegraph count.
-    #[arg(long, value_enum, default_value_t = Weight::Calls)]
-    pub weight: Weight,
+    #[arg(long, value_enum, default_value_t = WeightArg::Calls)]
+    pub weight: WeightArg,
 
     /// Write a gzipped pprof profile (go tool pprof, Pyroscope, Parca).
     #[arg(long, value_name = "FILE.pb.gz")]
@@ -234,8 +249,8 @@ pub struct DiffArgs {
     pub flamegraph: Option<PathBuf>,
 
     /// What the differential folded stacks and flamegraph count.
-    #[arg(long, value_enum, default_value_t = Weight::Calls)]
-    pub weight: Weight,
+    #[arg(long, value_enum, default_value_t = WeightArg::Calls)]
+    pub weight: WeightArg,
 }
 
 fn parse_duration(s: &str) -> Result<f64, String> {

@@ -7,18 +7,18 @@ use std::num::NonZeroU32;
 use anyhow::{Context, Result};
 use aya::{
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
         UProbe,
     },
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    BodyRange, Config, EVENT_RINGS, EXP_TABLE_LEN, MAX_BODY_RANGES, SAMPLE_BYTES, SAMPLE_EVERY,
+    maps, BodyRange, Config, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY,
     SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
-    allocator::{AllocatorObject, ProbeSite},
+    allocators::{AllocatorObject, FuncInfo, ProbeSite},
     target::Mapping,
     user_error,
 };
@@ -26,12 +26,14 @@ use crate::{
 /// The BPF object built by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mtrace.bpf.o"));
 
-/// Loads program `name` (once: the floor program serves every site) and
-/// attaches it where `site` says, for `pid` only.
+/// Loads program `name` (once: a role's program serves every function of
+/// that role) and attaches it where `site` says, for `pid` only, with the
+/// function's index in the run's table as its cookie.
 fn attach_one(
     ebpf: &mut Ebpf,
     name: &str,
     site: &ProbeSite,
+    func: u32,
     alloc: &AllocatorObject,
     pid: NonZeroU32,
 ) -> Result<()> {
@@ -50,7 +52,12 @@ fn attach_one(
     };
     program
         .attach(
-            UProbeAttachLocation::AbsoluteOffset(site.file_offset + site.probe_offset),
+            UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(
+                    site.file_offset + site.probe_offset,
+                ),
+                cookie: Some(func as u64),
+            },
             &alloc.open_path,
             UProbeScope::OneProcess(pid),
         )
@@ -129,7 +136,7 @@ fn seed_countdowns(ebpf: &mut Ebpf, rate: u64) -> Result<()> {
         })
         .collect();
     let mut map: PerCpuArray<_, i64> =
-        PerCpuArray::try_from(ebpf.map_mut("COUNTDOWN").context("COUNTDOWN map")?)?;
+        PerCpuArray::try_from(ebpf.map_mut(maps::COUNTDOWN).context("COUNTDOWN map")?)?;
     map.set(0, PerCpuValues::try_from(draws)?, 0)?;
     Ok(())
 }
@@ -158,8 +165,9 @@ pub struct Probes {
     pub ebpf: Ebpf,
     /// Every attached probe.
     pub attached: Vec<crate::profile::Probe>,
-    /// Display name per `AllocFn` discriminant (aliases joined).
-    pub func_names: Vec<String>,
+    /// The run's function table: one row per probe site, indexed by the
+    /// probes' cookies.
+    pub funcs: Vec<FuncInfo>,
     /// Live mode is on.
     pub live: bool,
     pub sampling: Option<Sampling>,
@@ -193,18 +201,17 @@ pub fn attach(
     // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
     // share them); rings no CPU uses, and all in count mode, get a page.
     let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let ring_names: Vec<String> = (0..EVENT_RINGS).map(|i| format!("EVENTS{i}")).collect();
     let mut loader = EbpfLoader::new();
-    for (i, name) in ring_names.iter().enumerate() {
+    for (i, name) in maps::EVENTS.iter().enumerate() {
         let used = mode.live && (i as u32) < cpus;
         loader.map_max_entries(name, if used { sizes.events } else { 4096 });
     }
     let mut ebpf = loader
         // PENDING is task storage, which aya cannot read (mtrace never does).
         .allow_unsupported_maps()
-        .override_global("CONFIG", &*config, true)
-        .map_max_entries("COUNTS", sizes.counts)
-        .map_max_entries("STACKS", sizes.stacks)
+        .override_global(maps::CONFIG, &*config, true)
+        .map_max_entries(maps::COUNTS, sizes.counts)
+        .map_max_entries(maps::STACKS, sizes.stacks)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
 
@@ -212,22 +219,27 @@ pub fn attach(
         seed_countdowns(&mut ebpf, rate)?;
     }
     let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
+    if alloc.sites.len() > MAX_FUNCS as usize {
+        return Err(user_error!(
+            "{} allocator functions in {}: mtrace probes at most {MAX_FUNCS}",
+            alloc.sites.len(),
+            alloc.path
+        ));
+    }
     let mut attached = Vec::new();
-    let mut func_names: Vec<String> = tracer_common::AllocFn::ALL
-        .iter()
-        .map(|f| f.name().to_string())
-        .collect();
-    for site in &alloc.sites {
-        let func = site.funcs[0];
-        let program_name = if mode.floor { "floor" } else { func.name() };
-        attach_one(&mut ebpf, program_name, site, alloc, pid_nz)?;
-        if mode.live && func != tracer_common::AllocFn::Free {
-            let ret_name = if mode.floor {
-                "floor_ret".to_string()
-            } else {
-                format!("{}_ret", func.name())
-            };
-            attach_one(&mut ebpf, &ret_name, site, alloc, pid_nz)?;
+    let mut funcs = Vec::new();
+    for (func, site) in alloc.sites.iter().enumerate() {
+        let func = func as u32;
+        let role = site.role();
+        let program = if mode.floor {
+            maps::FLOOR
+        } else {
+            role.program()
+        };
+        attach_one(&mut ebpf, program, site, func, alloc, pid_nz)?;
+        if let (true, Some(ret)) = (mode.live, role.return_program()) {
+            let ret = if mode.floor { maps::FLOOR_RET } else { ret };
+            attach_one(&mut ebpf, ret, site, func, alloc, pid_nz)?;
         }
         let name = site.display_name();
         attached.push(crate::profile::Probe {
@@ -236,13 +248,48 @@ pub fn attach(
             instruction: site.instruction.clone(),
             emulated: site.emulated,
         });
-        func_names[func as usize] = name;
+        funcs.push(FuncInfo { name, role });
     }
     Ok(Probes {
         ebpf,
         attached,
-        func_names,
+        funcs,
         live: mode.live,
         sampling: mode.sampling,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::{Object, ObjectSymbol};
+    use tracer_common::Role;
+
+    /// The contract: every map and program name the tracer uses exists in
+    /// the BPF object it embeds.
+    #[test]
+    fn the_bpf_object_has_every_name_the_tracer_uses() {
+        let file = object::File::parse(BPF_OBJECT).expect("the embedded BPF object parses");
+        let symbols: Vec<String> = file
+            .symbols()
+            .filter_map(|s| s.name().ok().map(str::to_string))
+            .collect();
+        let has = |name: &str| symbols.iter().any(|s| s == name);
+        let mut programs = vec![maps::FLOOR, maps::FLOOR_RET];
+        for role in Role::ALL {
+            programs.push(role.program());
+            programs.extend(role.return_program());
+        }
+        for name in programs {
+            assert!(has(name), "program {name} missing from the BPF object");
+        }
+        for name in maps::ALL_MAPS
+            .iter()
+            .chain(&maps::EVENTS)
+            .chain([&maps::CONFIG])
+        {
+            assert!(has(name), "map {name} missing from the BPF object");
+        }
+        assert!(file.section_by_name(".maps").is_some());
+    }
 }

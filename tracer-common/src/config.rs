@@ -1,0 +1,38 @@
+//! Run-time settings the tracer writes into the BPF object before loading.
+
+use crate::{EXP_TABLE_LEN, WEIGHT_TABLE_LEN};
+
+/// Maximum number of allocator body ranges the nesting check compares.
+pub const MAX_BODY_RANGES: usize = 12;
+
+/// Address range `[start, end)` of an allocator function in the target.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BodyRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Run-time settings the tracer writes into the BPF object before loading.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Non-zero: key the aggregation by thread id.
+    pub per_thread: u32,
+    /// Non-zero: live mode (track every block until it is freed).
+    pub live: u32,
+    /// `SAMPLE_NONE`, `SAMPLE_BYTES` or `SAMPLE_EVERY`.
+    pub sample_mode: u32,
+    /// Mean bytes between samples, or N of one-in-N.
+    pub sample_param: u64,
+    /// How many entries of `bodies` are valid.
+    pub n_bodies: u32,
+    /// Bodies of the probed allocator functions in the target's address
+    /// space: a call whose return address lies in one is the allocator
+    /// calling itself (realloc -> malloc) and is not counted again.
+    pub bodies: [BodyRange; MAX_BODY_RANGES],
+    /// `-ln((i + 0.5) / EXP_TABLE_LEN)` in 16.16 (bytes sampling).
+    pub exp_table: [u32; EXP_TABLE_LEN],
+    /// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i) / 256`.
+    pub weight_table: [u32; WEIGHT_TABLE_LEN],
+}

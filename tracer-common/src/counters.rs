@@ -1,0 +1,39 @@
+//! The per-CPU `COUNTERS` array: exact totals per function and every way
+//! a call can lose its stack or its event.
+
+/// Indexes into the per-CPU `COUNTERS` array: exact totals and every way a
+/// sample can be lost. Totals are kept apart from the aggregation map so they
+/// stay exact even when that map is full.
+pub mod counter {
+    use crate::MAX_FUNCS;
+    /// Calls per function: `CALLS + func`.
+    pub const CALLS: u32 = 0;
+    /// Requested bytes per function: `BYTES + func`.
+    pub const BYTES: u32 = MAX_FUNCS;
+    /// Allocations that found the aggregation map full (counted in totals only).
+    pub const MAP_FULL: u32 = 2 * MAX_FUNCS;
+    /// Stack walks that failed (allocation counted under an unknown stack).
+    pub const STACK_WALK_FAILED: u32 = MAP_FULL + 1;
+    /// Stack-map bucket collisions (allocation counted under an unknown stack).
+    pub const STACK_COLLISION: u32 = MAP_FULL + 2;
+    /// The return address at `[rsp]` could not be read.
+    pub const CALLER_READ_FAILED: u32 = MAP_FULL + 3;
+    /// Calls made by the allocator itself (realloc -> malloc and the like),
+    /// not counted again.
+    pub const NESTED: u32 = MAP_FULL + 4;
+    /// Thread-name map full (names then come from /proc only).
+    pub const THREAD_NAMES_FULL: u32 = MAP_FULL + 5;
+    /// The stack-trace map had no free slot (allocation counted under an
+    /// unknown stack).
+    pub const STACK_MAP_FULL: u32 = MAP_FULL + 6;
+    /// Live mode: allocations that failed (NULL, or posix_memalign != 0).
+    pub const FAILED: u32 = MAP_FULL + 7;
+    /// Live mode: events the ring buffer had no room for.
+    pub const EVENTS_LOST: u32 = MAP_FULL + 8;
+    /// Live mode: allocating calls not followed to their return (no
+    /// per-thread storage for the pending call).
+    pub const PENDING_FULL: u32 = MAP_FULL + 9;
+    /// Sampled mode: calls recorded.
+    pub const SAMPLES: u32 = MAP_FULL + 10;
+    pub const N: u32 = MAP_FULL + 11;
+}

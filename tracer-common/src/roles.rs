@@ -1,0 +1,70 @@
+//! Roles: what a probe reads at the allocator function's entry and return.
+//!
+//! One BPF program per role, not per function: `malloc`, `valloc`,
+//! `operator new` and `mi_malloc` all take the size in the first argument
+//! and return the block, so they share [`Role::Size`]. Which function fired
+//! is the probe's attach cookie, an index into the run's function table
+//! that the tracer builds (symbol -> role -> display name).
+
+/// Most functions one run probes (the width of the per-function counters).
+pub const MAX_FUNCS: u32 = 64;
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// `f(size)` returns the block: malloc, valloc, pvalloc.
+    Size = 0,
+    /// `f(n, size)` returns `n * size` bytes: calloc.
+    CountSize = 1,
+    /// `f(align, size)` returns the block: memalign, aligned_alloc.
+    AlignSize = 2,
+    /// `f(ptr, size)` resizes `ptr`: realloc.
+    Resize = 3,
+    /// `f(ptr, n, size)` resizes `ptr` to `n * size`: reallocarray.
+    ResizeArray = 4,
+    /// `f(&ptr, align, size)` returns 0 and writes the block: posix_memalign.
+    PosixMemalign = 5,
+    /// `f(ptr)` releases `ptr`: free.
+    Free = 6,
+}
+
+impl Role {
+    pub const ALL: [Role; 7] = [
+        Role::Size,
+        Role::CountSize,
+        Role::AlignSize,
+        Role::Resize,
+        Role::ResizeArray,
+        Role::PosixMemalign,
+        Role::Free,
+    ];
+
+    /// The entry program of this role.
+    pub const fn program(self) -> &'static str {
+        match self {
+            Role::Size => "alloc_size",
+            Role::CountSize => "alloc_count_size",
+            Role::AlignSize => "alloc_align_size",
+            Role::Resize => "resize",
+            Role::ResizeArray => "resize_array",
+            Role::PosixMemalign => "posix_memalign",
+            Role::Free => "release",
+        }
+    }
+
+    /// Live mode: the return program, `None` for a function that only
+    /// releases.
+    pub const fn return_program(self) -> Option<&'static str> {
+        match self {
+            Role::Size | Role::CountSize | Role::AlignSize => Some("alloc_ret"),
+            Role::Resize | Role::ResizeArray => Some("resize_ret"),
+            Role::PosixMemalign => Some("posix_memalign_ret"),
+            Role::Free => None,
+        }
+    }
+
+    /// Does a call of this role allocate (count as an allocation call)?
+    pub const fn allocates(self) -> bool {
+        !matches!(self, Role::Free)
+    }
+}

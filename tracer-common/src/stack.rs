@@ -1,0 +1,91 @@
+//! Stacks: the aggregation key and value, the walked frames and the
+//! walk's scratch space.
+
+/// `CountKey::stack` when the stack walk failed; the allocation is still
+/// counted, under its direct caller only.
+pub const STACK_NONE: u64 = 0;
+
+/// `CountKey::stack` when there was no frame pointer to follow: the stack
+/// is the direct caller alone (not a loss).
+pub const STACK_EMPTY: u64 = 1;
+
+/// Most frames a stack keeps (as the kernel's perf_event_max_stack).
+pub const MAX_FRAMES: usize = 127;
+
+/// Bytes of the target's stack read at once by the frame-pointer walk.
+pub const STACK_CHUNK: usize = 1024;
+
+/// A walked user stack: return addresses above the direct caller, stored
+/// once per distinct stack under its hash.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackFrames {
+    pub len: u32,
+    pub _pad: u32,
+    pub frames: [u64; MAX_FRAMES],
+}
+
+/// Scratch space of the stack walk, per thread slot.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WalkScratch {
+    pub chunk: [u64; STACK_CHUNK / 8],
+    pub stack: StackFrames,
+    /// The walk's state between chunks: the next frame pointer and the
+    /// hash so far (`stack.len` counts the frames). Kept in the map rather
+    /// than on the program's stack, where the verifier would follow every
+    /// exact frame count as a state of its own.
+    pub fp: u64,
+    pub hash: u64,
+    /// Where in the target's stack `chunk` was read from, and how many of
+    /// its bytes are valid (0: none).
+    pub base: u64,
+    pub valid: u64,
+}
+
+/// Key of the in-kernel aggregation map: one entry per distinct
+/// (user stack, direct caller, allocator function, thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CountKey {
+    /// Hash of the walked stack (its key in the stack map), or
+    /// [`STACK_NONE`].
+    pub stack: u64,
+    /// The probed function: its index in the run's function table (the
+    /// probe's attach cookie).
+    pub func: u32,
+    /// Thread id when per-thread splitting is on, else 0.
+    pub tid: u32,
+    /// The return address at `[rsp]` on entry: the direct caller, which a
+    /// frame-pointer walk started inside the allocator's prologue misses.
+    pub caller: u64,
+}
+
+/// Value of the aggregation map. Updated with atomic adds. In sampled
+/// mode `calls` is an estimate in 16.16 fixed point and `bytes` an estimate.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountValue {
+    pub calls: u64,
+    pub bytes: u64,
+    /// Calls recorded (all of them unless sampled).
+    pub samples: u64,
+}
+
+/// Slots in the entry-mark array (indexed by `tid % TAIL_SLOTS`).
+pub const TAIL_SLOTS: u32 = 65536;
+
+/// Thread name as `bpf_get_current_comm` returns it.
+pub type Comm = [u8; 16];
+
+/// Per-thread record of the last counted allocator entry, used to recognise
+/// a tail call from one allocator function into another (glibc's
+/// `realloc(NULL, n)` jumps to `malloc` with the caller's frame intact).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryMark {
+    pub tid: u32,
+    pub func: u32,
+    pub sp: u64,
+    pub ret: u64,
+}

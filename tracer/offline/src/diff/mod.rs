@@ -1,0 +1,228 @@
+//! Matching two saved profiles stack by stack: the first half of
+//! `mtrace diff BASE.json NEW.json`, the CI regression gate.
+//!
+//! Stacks are matched across runs and builds by a [`StackKey`]: the
+//! allocator function and, per frame, the function name and the basename of
+//! its object (the traced program itself is just `<program>`). Addresses,
+//! files, lines, build ids and threads are left out, so two runs of one
+//! binary, or two builds of it, line up; entries that map to the same key
+//! are summed.
+//!
+//! The `--fail-if` condition language lives in [`gate`]; the diff table in
+//! [`crate::render::diff_table`]; the differential folded stacks and flame
+//! graph in [`crate::render::folded`] and [`crate::render::flamegraph`].
+
+pub mod gate;
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::profile::{is_allocation, Weight};
+use crate::profile::{short_path, Counts, Frame, Profile, StackEntry};
+
+/// One frame of a [`StackKey`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct KeyFrame {
+    pub function: String,
+    /// Basename of the object (`libc.so.6`, `bench`), without a
+    /// ` (deleted)` suffix: the object may sit in another directory, or have
+    /// been rebuilt, in the other run.
+    pub module: Option<String>,
+}
+
+/// How frames of the traced program itself name their module in a key: two
+/// builds of a program may carry different file names (`bench-old`,
+/// `bench-new`) and must still line up.
+pub const PROGRAM_MODULE: &str = "<program>";
+
+impl KeyFrame {
+    /// `program`: the traced executable's path in the frame's profile.
+    fn of(frame: &Frame, program: Option<&str>) -> KeyFrame {
+        let module = frame
+            .module
+            .as_deref()
+            .map(|m| m.strip_suffix(" (deleted)").unwrap_or(m))
+            .map(|m| {
+                if program.is_some_and(|p| {
+                    !p.is_empty() && p.strip_suffix(" (deleted)").unwrap_or(p) == m
+                }) {
+                    PROGRAM_MODULE
+                } else {
+                    short_path(m)
+                }
+            })
+            .filter(|m| !m.is_empty())
+            .map(str::to_string);
+        KeyFrame {
+            function: frame.function.clone(),
+            module,
+        }
+    }
+}
+
+/// Identifies a stack across runs and builds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct StackKey {
+    /// Allocator function (`malloc`, `aligned_alloc/memalign`, ...).
+    pub func: String,
+    /// Innermost first, like [`StackEntry::frames`]. Whether a frame was
+    /// inlined is left out: it is a compiler decision that may change
+    /// between builds while the source-level stack stays the same.
+    pub frames: Vec<KeyFrame>,
+    /// Only the direct caller is known (stack walk failed or collided).
+    /// Kept apart, as in the main table, so a cut stack is not mistaken for
+    /// a complete one-frame stack.
+    pub truncated: bool,
+}
+
+impl StackKey {
+    /// `program`: the traced executable's path (`Meta::executable`).
+    pub fn of(entry: &StackEntry, program: Option<&str>) -> StackKey {
+        StackKey {
+            func: entry.func.clone(),
+            frames: entry
+                .frames
+                .iter()
+                .map(|f| KeyFrame::of(f, program))
+                .collect(),
+            truncated: entry.truncated,
+        }
+    }
+
+    /// `malloc <- alloc_small <- main`: the allocator function, then the
+    /// frames' function names innermost first. After [`MAX_CHAIN_FRAMES`]
+    /// frames the rest is only counted (`<- ... (+3 frames)`).
+    pub fn chain(&self) -> String {
+        let mut out = self.func.clone();
+        for frame in self.frames.iter().take(MAX_CHAIN_FRAMES) {
+            out.push_str(" <- ");
+            out.push_str(&frame.function);
+        }
+        let rest = self.frames.len().saturating_sub(MAX_CHAIN_FRAMES);
+        if rest > 0 {
+            let _ = write!(
+                out,
+                " <- ... (+{rest} frame{})",
+                if rest == 1 { "" } else { "s" }
+            );
+        }
+        if self.truncated {
+            out.push_str(" [stack truncated]");
+        }
+        out
+    }
+}
+
+/// Frames named in [`StackKey::chain`]: enough to recognize a stack in a
+/// one-line CI message without a deep C++ stack running over a screen.
+pub const MAX_CHAIN_FRAMES: usize = 8;
+
+/// The counts of one thing (a stack, or the totals) on both sides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub base: Counts,
+    pub new: Counts,
+}
+
+impl Change {
+    /// The base counts, or the new ones.
+    fn side(&mut self, new: bool) -> &mut Counts {
+        if new {
+            &mut self.new
+        } else {
+            &mut self.base
+        }
+    }
+
+    /// `new - base` of the count `weight` selects.
+    pub fn delta(&self, weight: Weight) -> i128 {
+        i128::from(weight.of(self.new)) - i128::from(weight.of(self.base))
+    }
+
+    /// Neither calls nor bytes changed.
+    pub fn is_unchanged(&self) -> bool {
+        self.base == self.new
+    }
+}
+
+/// One stack of either profile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DiffRow {
+    pub key: StackKey,
+    /// Zero on the side where the stack is missing.
+    pub change: Change,
+}
+
+/// Two profiles compared.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Diff {
+    /// Exact totals ([`crate::profile::Totals::allocs`]): they include
+    /// allocations that found the kernel map full and are in no stack.
+    pub total: Change,
+    /// Sums over the stacks (allocations only).
+    pub in_stacks: Change,
+    /// Every stack of either side, unchanged ones included, by absolute
+    /// change: calls, then bytes, largest first; then by key.
+    pub rows: Vec<DiffRow>,
+}
+
+/// Compares `base` with `new`. `free` entries are left out.
+pub fn diff(base: &Profile, new: &Profile) -> Diff {
+    let mut by_key: BTreeMap<StackKey, Change> = BTreeMap::new();
+    let mut in_stacks = Change::default();
+    for (profile, is_new) in [(base, false), (new, true)] {
+        for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
+            let key = StackKey::of(entry, Some(&profile.meta.executable));
+            add(by_key.entry(key).or_default().side(is_new), entry.counts);
+            add(in_stacks.side(is_new), entry.counts);
+        }
+    }
+    let mut rows: Vec<DiffRow> = by_key
+        .into_iter()
+        .map(|(key, change)| DiffRow { key, change })
+        .collect();
+    rows.sort_by(compare_rows);
+    Diff {
+        total: Change {
+            base: base.totals.allocs,
+            new: new.totals.allocs,
+        },
+        in_stacks,
+        rows,
+    }
+}
+
+/// [`Counts::add`], saturating: a corrupt file must not panic the gate.
+fn add(to: &mut Counts, c: Counts) {
+    to.calls = to.calls.saturating_add(c.calls);
+    to.bytes = to.bytes.saturating_add(c.bytes);
+}
+
+fn compare_rows(a: &DiffRow, b: &DiffRow) -> Ordering {
+    let size = |r: &DiffRow| {
+        (
+            Reverse(r.change.delta(Weight::Calls).unsigned_abs()),
+            Reverse(r.change.delta(Weight::Bytes).unsigned_abs()),
+        )
+    };
+    size(a).cmp(&size(b)).then_with(|| a.key.cmp(&b.key))
+}
+
+/// `+20.00%`, `-100.00%`, `+0.00%` (0 -> 0), or `new` (0 -> something).
+pub fn pct_change(base: u64, new: u64) -> String {
+    if base == 0 {
+        return if new == 0 {
+            "+0.00%".into()
+        } else {
+            "new".into()
+        };
+    }
+    let delta = i128::from(new) - i128::from(base);
+    format!("{:+.2}%", delta as f64 * 100.0 / base as f64)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+//! The diff table of `mtrace diff`: total and per-stack changes, largest
+//! first.
+//!
+//! ```text
+//! total: calls 1000 -> 1200 (+200, +20.00%), bytes 48000 -> 57600 (+9600, +20.00%)
+//!
+//! #1  calls +200 (+20.00%, 1000 -> 1200)  bytes +9600 (+20.00%, 48000 -> 57600)  malloc
+//!     alloc_small [fixture]
+//!     main [fixture]
+//!
+//! 3 stacks unchanged
+//! ```
+
+use std::fmt::Write as _;
+
+use super::Weight;
+use crate::diff::{pct_change, Change, Diff, DiffRow};
+
+/// `+200`, `-3`, `+0`.
+fn signed(delta: i128) -> String {
+    format!("{delta:+}")
+}
+
+/// `calls 1000 -> 1200 (+200, +20.00%)`
+fn side_by_side(change: &Change, weight: Weight) -> String {
+    describe_change(change, weight, false)
+}
+
+/// `calls +200 (+20.00%, 1000 -> 1200)`
+fn row_delta(change: &Change, weight: Weight) -> String {
+    describe_change(change, weight, true)
+}
+
+fn describe_change(change: &Change, weight: Weight, delta_first: bool) -> String {
+    let (b, n) = (weight.of(change.base), weight.of(change.new));
+    let (delta, pct) = (signed(change.delta(weight)), pct_change(b, n));
+    if delta_first {
+        format!("{} {delta} ({pct}, {b} -> {n})", weight.unit())
+    } else {
+        format!("{} {b} -> {n} ({delta}, {pct})", weight.unit())
+    }
+}
+
+pub fn render_table(diff: &Diff, top: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "total: {}, {}",
+        side_by_side(&diff.total, Weight::Calls),
+        side_by_side(&diff.total, Weight::Bytes)
+    );
+    if diff.in_stacks != diff.total {
+        let _ = writeln!(
+            out,
+            "in stacks: {}, {} (the rest is in the totals only: allocations lost to a full map)",
+            side_by_side(&diff.in_stacks, Weight::Calls),
+            side_by_side(&diff.in_stacks, Weight::Bytes)
+        );
+    }
+
+    let changed: Vec<&DiffRow> = diff
+        .rows
+        .iter()
+        .filter(|r| !r.change.is_unchanged())
+        .collect();
+    let unchanged = diff.rows.len() - changed.len();
+    let shown = if top == 0 {
+        changed.len()
+    } else {
+        top.min(changed.len())
+    };
+    for (i, row) in changed[..shown].iter().enumerate() {
+        out.push('\n');
+        write_row(&mut out, i + 1, row);
+    }
+
+    out.push('\n');
+    if changed.is_empty() {
+        out.push_str("no stack changed\n");
+    }
+    let hidden = &changed[shown..];
+    if !hidden.is_empty() {
+        let (mut calls, mut bytes) = (0i128, 0i128);
+        for row in hidden {
+            calls += row.change.delta(Weight::Calls);
+            bytes += row.change.delta(Weight::Bytes);
+        }
+        let _ = writeln!(
+            out,
+            "{} more changed stack{} (calls {}, bytes {}) hidden by --top",
+            hidden.len(),
+            if hidden.len() == 1 { "" } else { "s" },
+            signed(calls),
+            signed(bytes)
+        );
+    }
+    if unchanged > 0 {
+        let _ = writeln!(
+            out,
+            "{unchanged} stack{} unchanged",
+            if unchanged == 1 { "" } else { "s" }
+        );
+    }
+    out
+}
+
+/// `#1  calls +200 (+20.00%, 1000 -> 1200)  bytes ...  malloc` and the
+/// frames, `function [module]`, innermost first.
+fn write_row(out: &mut String, rank: usize, row: &DiffRow) {
+    let _ = write!(
+        out,
+        "#{rank}  {}  {}  {}",
+        row_delta(&row.change, Weight::Calls),
+        row_delta(&row.change, Weight::Bytes),
+        row.key.func
+    );
+    if row.key.truncated {
+        out.push_str("  [stack truncated]");
+    }
+    out.push('\n');
+    if row.key.frames.is_empty() {
+        out.push_str("    [no frames]\n");
+    }
+    for frame in &row.key.frames {
+        out.push_str("    ");
+        out.push_str(&frame.function);
+        if let Some(module) = &frame.module {
+            let _ = write!(out, " [{module}]");
+        }
+        out.push('\n');
+    }
+}

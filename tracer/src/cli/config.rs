@@ -1,0 +1,106 @@
+//! What the arguments mean: [`TraceArgs`] and [`OutputArgs`] turned into
+//! the settings each stage takes (probe mode and map sizes, the session's
+//! schedule, the live tracker's limits, the sinks' outputs).
+
+use std::{path::PathBuf, time::Duration};
+
+use super::{OutputArgs, SortArg, TraceArgs, WeightArg};
+use crate::{
+    probes::{MapSizes, Mode, Sampling},
+    profile::Weight,
+    render::{ReportOptions, SortKey},
+    session::Schedule,
+    sinks::Outputs,
+};
+
+/// What to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Pid(u32),
+    Command(Vec<String>),
+}
+
+/// A trace, as the arguments ask for it.
+pub struct TraceConfig {
+    pub target: Target,
+    pub mode: Mode,
+    pub sizes: MapSizes,
+    pub schedule: Schedule,
+    pub snapshot_dir: PathBuf,
+    /// Live mode: blocks at least this old are leak suspects.
+    pub min_age_ns: u64,
+    /// Live mode: a block freed sooner than this is a temporary.
+    pub temporary_ns: u64,
+    /// Live mode: outstanding blocks tracked at once.
+    pub live_blocks: usize,
+    /// Have the kernel time every BPF program (`--bpf-stats`).
+    pub bpf_stats: bool,
+    pub outputs: Outputs,
+}
+
+impl TraceConfig {
+    /// `None` when there is nothing to trace (no pid, no command).
+    pub fn from_args(args: &TraceArgs) -> Option<TraceConfig> {
+        let target = match (args.pid, args.command.is_empty()) {
+            (Some(pid), _) => Target::Pid(pid),
+            (None, false) => Target::Command(args.command.clone()),
+            (None, true) => return None,
+        };
+        Some(TraceConfig {
+            target,
+            mode: Mode {
+                per_thread: args.out.per_thread,
+                live: args.live,
+                sampling: match (args.sample_bytes, args.sample_every) {
+                    (Some(n), _) => Some(Sampling::Bytes(n)),
+                    (None, Some(n)) => Some(Sampling::Every(n)),
+                    _ => None,
+                },
+                floor: args.bench_floor,
+            },
+            sizes: MapSizes {
+                counts: args.count_map_size,
+                stacks: args.stack_map_size,
+                events: args.event_buffer_size,
+            },
+            schedule: Schedule {
+                duration: args.duration.map(Duration::from_secs_f64),
+                interval: args.interval.map(Duration::from_secs_f64),
+            },
+            snapshot_dir: args.snapshot_dir.clone(),
+            min_age_ns: (args.min_age * 1e9) as u64,
+            temporary_ns: args.temporary_under.as_nanos() as u64,
+            live_blocks: args.live_map_size as usize,
+            bpf_stats: args.bpf_stats,
+            outputs: outputs(&args.out),
+        })
+    }
+}
+
+/// The table's options and the files to write.
+pub fn outputs(out: &OutputArgs) -> Outputs {
+    Outputs {
+        table: ReportOptions {
+            top: out.top,
+            threshold_pct: out.threshold,
+            sort: match out.sort {
+                SortArg::Calls => SortKey::Calls,
+                SortArg::Bytes => SortKey::Bytes,
+            },
+            per_thread: out.per_thread,
+        },
+        profile: out.output.clone(),
+        folded: out.folded.clone(),
+        flamegraph: out.flamegraph.clone(),
+        weight: weight(out.weight),
+        pprof: out.pprof.clone(),
+        speedscope: out.speedscope.clone(),
+    }
+}
+
+pub fn weight(w: WeightArg) -> Weight {
+    match w {
+        WeightArg::Calls => Weight::Calls,
+        WeightArg::Bytes => Weight::Bytes,
+    }
+}

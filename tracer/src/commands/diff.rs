@@ -1,0 +1,85 @@
+//! `mtrace diff BASE.json NEW.json`: prints what changed; exits 1 when a
+//! `--fail-if` condition holds, 2 on unreadable input or a bad condition.
+
+use anyhow::Result;
+
+use crate::{
+    cli::{config, DiffArgs},
+    diff::{self, gate},
+    error::UserError,
+    profile::{file as profile_file, Profile},
+    render::{diff_table, flamegraph::Kind, folded},
+    sinks::{print_stdout, write_file, write_flamegraph},
+};
+
+pub fn run(args: DiffArgs) -> Result<i32> {
+    let conditions = args
+        .fail_if
+        .iter()
+        .map(|c| gate::parse_condition(c))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|e| anyhow::Error::new(UserError::with_code(e, profile_file::EXIT_BAD_INPUT)))?;
+    let base = profile_file::read(&args.base)?;
+    let new = profile_file::read(&args.new)?;
+    let d = diff::diff(&base, &new);
+
+    let mut out = format!(
+        "mtrace diff: {} ({}) -> {} ({})\n",
+        args.base.display(),
+        describe(&base),
+        args.new.display(),
+        describe(&new)
+    );
+    out.push_str(&diff_table::render_table(&d, args.top));
+    let violations = gate::check(&d, &conditions, args.per_stack);
+    if !conditions.is_empty() {
+        out.push('\n');
+        if violations.is_empty() {
+            out.push_str(&format!(
+                "ok: no regression ({})\n",
+                args.fail_if.join(", ")
+            ));
+        }
+        for v in &violations {
+            out.push_str(&format!("{v}\n"));
+        }
+    }
+    print_stdout(&out)?;
+
+    if args.folded.is_some() || args.flamegraph.is_some() {
+        let weight = config::weight(args.weight);
+        let folded = folded::differential(&d, weight);
+        if let Some(path) = &args.folded {
+            write_file(path, "differential folded stacks", folded.as_bytes())?;
+        }
+        if let Some(path) = &args.flamegraph {
+            let title = format!(
+                "mtrace diff: {} -> {}",
+                args.base.display(),
+                args.new.display()
+            );
+            write_flamegraph(
+                path,
+                "differential flamegraph",
+                &folded,
+                &title,
+                weight,
+                Kind::Differential,
+            )?;
+        }
+    }
+    if violations.is_empty() {
+        Ok(0)
+    } else {
+        eprintln!(
+            "mtrace: {} regression{} found",
+            violations.len(),
+            if violations.len() == 1 { "" } else { "s" }
+        );
+        Ok(1)
+    }
+}
+
+fn describe(p: &Profile) -> String {
+    format!("{}, {}", p.meta.command, p.meta.start_time)
+}

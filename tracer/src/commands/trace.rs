@@ -1,0 +1,197 @@
+//! `mtrace --pid PID` and `mtrace -- CMD`: attach (by pid, or by launching
+//! the command), run the session until the trace ends, hand the final
+//! profile to the sinks, detach.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Instant, SystemTime},
+};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    allocators,
+    cli::{
+        config::{Target, TraceConfig},
+        TraceArgs,
+    },
+    collect::live_tracker::{self, LiveTracker},
+    probes,
+    profile::{Meta, Probe},
+    session::{End, Session, Signals},
+    sinks::{Report, Sink, Snapshots},
+    target::{self, launch, AddressSpace},
+    user_error,
+};
+
+pub fn run(args: TraceArgs) -> Result<i32> {
+    let Some(config) = TraceConfig::from_args(&args) else {
+        return Err(user_error!(
+            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)"
+        ));
+    };
+    target::check_privileges()?;
+    // Signal handlers before anything else: a Ctrl-C from here on ends the
+    // trace with a report (once the probes are in), never kills mtrace.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let signals = {
+        let _in_runtime = rt.enter();
+        Signals::new()?
+    };
+    // Before attaching: the target runs on once probes are in.
+    let stats_fd = if config.bpf_stats {
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling BPF run-time stats")?,
+        )
+    } else {
+        None
+    };
+    let space = Arc::new(Mutex::new(AddressSpace::new()));
+    let attach_started = Instant::now();
+    let (mode, sizes) = (config.mode, config.sizes);
+
+    // The executable is read while the target surely lives: a launched
+    // command may be gone by the time tracing is under way.
+    let (pid, probes, alloc_path, executable, exit_rx) = match &config.target {
+        Target::Pid(pid) => {
+            let pid = *pid;
+            target::check_pid(pid)?;
+            let maps = target::read_maps(pid)
+                .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
+            let alloc = allocators::require_in_process(pid, &maps)?;
+            space.lock().unwrap().refresh(pid);
+            let executable = target::executable(pid);
+            let probes = probes::attach(pid, &alloc, &maps, mode, sizes)?;
+            (pid, probes, alloc.path, executable, None)
+        }
+        Target::Command(argv) => {
+            let launched = launch::launch(argv, space.clone(), move |pid, maps| {
+                let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+                    return Ok(None);
+                };
+                let probes = probes::attach(pid, &alloc, maps, mode, sizes)?;
+                Ok(Some((probes, alloc.path, target::executable(pid))))
+            })?;
+            let (probes, path, executable) = launched.attached;
+            (launched.pid, probes, path, executable, Some(launched.exit))
+        }
+    };
+    log::debug!(
+        "attached in {:.1} ms",
+        attach_started.elapsed().as_secs_f64() * 1e3
+    );
+    log_probes(&probes.attached);
+    let command = match &config.target {
+        Target::Pid(_) => target::cmdline(pid),
+        Target::Command(argv) => argv.join(" "),
+    };
+    eprintln!(
+        "mtrace: tracing pid {pid} ({}): {} probes in {}{}",
+        target::comm(pid),
+        probes.attached.len(),
+        alloc_path,
+        if config.schedule.duration.is_some() {
+            String::new()
+        } else {
+            ", Ctrl-C to stop".into()
+        }
+    );
+
+    let meta = Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid,
+        command,
+        executable,
+        start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        duration_secs: 0.0,
+        kernel_release: kernel_release(),
+        mode: if mode.live { "live" } else { "count" }.into(),
+        sampling: None,
+        allocator_object: alloc_path,
+        probes: probes.attached.clone(),
+    };
+    let mut session = Session {
+        pid,
+        tracker: mode
+            .live
+            .then(|| LiveTracker::new(config.temporary_ns, config.live_blocks)),
+        min_age_ns: config.min_age_ns,
+        started_ns: live_tracker::monotonic_ns(),
+        probes,
+        space,
+        meta,
+        per_thread: mode.per_thread,
+        started: Instant::now(),
+    };
+    let mut sinks: Vec<Box<dyn Sink>> = vec![
+        Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
+        Box::new(Report(config.outputs.clone())),
+    ];
+
+    let (end, exit_rx) =
+        rt.block_on(session.run(&config.schedule, &mut sinks, exit_rx, signals))?;
+
+    if stats_fd.is_some() {
+        log_program_times(&session.probes.ebpf);
+    }
+    drop(stats_fd);
+    if let Some(t) = &mut session.tracker {
+        t.finish();
+    }
+    let profile = session.profile()?;
+    // Report first: detaching takes the kernel about 0.1 s per probe (an
+    // RCU grace period each), and the counts are already read.
+    let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
+    // Dropping the programs closes their links: the kernel takes the
+    // breakpoints out of the target.
+    drop(session);
+    finished?;
+
+    Ok(match end {
+        End::TargetExited(code) => code.unwrap_or(0),
+        End::Duration => match exit_rx {
+            // Launch mode: the command runs on; pass its status through.
+            Some(rx) => rt.block_on(rx).unwrap_or(0),
+            None => 0,
+        },
+        // Ctrl-C is how a trace by pid normally ends.
+        End::Interrupted(_) if matches!(config.target, Target::Pid(_)) => 0,
+        End::Interrupted(sig) => 128 + sig,
+    })
+}
+
+fn log_probes(probes: &[Probe]) {
+    for p in probes {
+        log::debug!(
+            "probe: {}+{} ({}{})",
+            p.function,
+            p.offset,
+            p.instruction,
+            if p.emulated { "" } else { ", single-stepped" }
+        );
+    }
+}
+
+/// Time spent inside each BPF program (`--bpf-stats`).
+fn log_program_times(ebpf: &aya::Ebpf) {
+    for (name, prog) in ebpf.programs() {
+        if let Ok(info) = prog.info() {
+            let runs = info.run_count();
+            if runs > 0 {
+                log::debug!(
+                    "bpf program {name}: {runs} runs, {:.1} ns per run",
+                    info.run_time().as_nanos() as f64 / runs as f64
+                );
+            }
+        }
+    }
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,95 @@
+//! The target's address space as last seen: its file mappings and an open
+//! descriptor to every file it maps, kept while it lives so that stacks can
+//! be symbolized after it has exited, its binary was deleted, or from
+//! another mount namespace. Filled while tracing (attach, launch, the
+//! session's refresh), read by the symbolizer.
+
+use std::{collections::HashMap, fs::File};
+
+use crate::profile::Frame;
+
+use super::proc::{path_in_target, read_maps, Mapping};
+
+/// The target's mappings as last seen, and the files behind them.
+#[derive(Default)]
+pub struct AddressSpace {
+    /// Every file mapping ever seen, newest last.
+    mappings: Vec<Mapping>,
+    /// Open file per mapped path.
+    files: HashMap<String, File>,
+    /// GNU build id (hex) per mapped path, where the file has one.
+    build_ids: HashMap<String, String>,
+}
+
+impl AddressSpace {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Re-reads /proc/PID/maps and opens files not seen before. Returns
+    /// false when the process's maps could not be read (it has exited).
+    pub fn refresh(&mut self, pid: u32) -> bool {
+        let Ok(maps) = read_maps(pid) else {
+            return false;
+        };
+        if maps.is_empty() {
+            return false;
+        }
+        for m in maps.into_iter().filter(|m| m.is_file()) {
+            if !self.files.contains_key(&m.path) {
+                // map_files reaches the very file mapped (even deleted or in
+                // another mount namespace); the root path is the fallback.
+                let by_range = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+                let file =
+                    File::open(&by_range).or_else(|_| File::open(path_in_target(pid, &m.path)));
+                if let Ok(f) = file {
+                    if let Some(id) = build_id(&f) {
+                        self.build_ids.insert(m.path.clone(), id);
+                    }
+                    self.files.insert(m.path.clone(), f);
+                }
+            }
+            // The same file under a new name (` (deleted)` once removed)
+            // that could not be opened any more: keep the mapping known
+            // under the old name, whose file is open.
+            let same_file_known = !self.files.contains_key(&m.path)
+                && self.mappings.iter().any(|k| {
+                    k.start == m.start
+                        && k.end == m.end
+                        && k.offset == m.offset
+                        && k.inode == m.inode
+                        && self.files.contains_key(&k.path)
+                });
+            if !same_file_known && !self.mappings.contains(&m) {
+                self.mappings.push(m);
+            }
+        }
+        true
+    }
+
+    pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
+        self.mappings.iter().rev().find(|m| m.contains(addr))
+    }
+
+    /// The open file mapped under `path`.
+    pub fn file(&self, path: &str) -> Option<&File> {
+        self.files.get(path)
+    }
+
+    /// Fills in where a frame's address lies: object file offset and build id.
+    pub fn locate(&self, frame: &mut Frame) {
+        if let Some(m) = self.mapping(frame.addr) {
+            frame.file_offset = Some(m.file_offset(frame.addr));
+            frame.build_id = self.build_ids.get(&m.path).cloned();
+        }
+    }
+}
+
+/// The GNU build id of an ELF file, read lazily (only the note is read).
+fn build_id(file: &File) -> Option<String> {
+    use object::Object;
+    let cache = object::read::ReadCache::new(file);
+    let obj = object::File::parse(&cache).ok()?;
+    let id = obj.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
