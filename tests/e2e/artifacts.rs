@@ -17,12 +17,12 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    common::{
-        copy_executable, require_bpf, run_mtrace, Finished, Fixture, FixtureProc, Mtrace, Report,
-        EXIT_TIMEOUT, LINE_TIMEOUT,
-    },
     counts::{
         check_counts_report, COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS, RECURSE_DEPTH,
+    },
+    support::{
+        copy_executable, require_bpf, run_mtrace, Finished, Fixture, FixtureProc, Mtrace, Report,
+        EXIT_TIMEOUT, LINE_TIMEOUT,
     },
 };
 

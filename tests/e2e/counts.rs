@@ -3,7 +3,7 @@
 
 use std::fs;
 
-use crate::common::{require_bpf, Finished, Fixture, FixtureProc, Mtrace, Report, EXIT_TIMEOUT};
+use crate::support::{require_bpf, Finished, Fixture, FixtureProc, Mtrace, Report, EXIT_TIMEOUT};
 
 /// (allocator function, direct caller, calls, bytes) of tests/fixtures/counts.c.
 pub const COUNTS_SITES: &[(&str, &str, u64, u64)] = &[

@@ -7,7 +7,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use crate::common::{
+use crate::support::{
     copy_executable, dead_pid, mtrace_path, public_tempdir, require_bpf, run_mtrace, Fixture,
     Mtrace, Proc,
 };

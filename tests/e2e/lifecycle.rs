@@ -8,11 +8,11 @@ use std::{
 };
 
 use crate::{
-    common::{
+    counts::check_counts_report,
+    support::{
         copy_executable, read_mem, require_bpf, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT,
         LINE_TIMEOUT,
     },
-    counts::check_counts_report,
 };
 
 #[test]

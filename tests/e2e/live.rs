@@ -7,10 +7,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{
+use crate::counts::check_counts_report;
+use crate::support::{
     require_bpf, run_mtrace, Finished, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT,
 };
-use crate::counts::check_counts_report;
 
 fn load(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).expect("profile written");

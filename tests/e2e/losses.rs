@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::common::{public_tempdir, require_bpf, run_mtrace, Fixture};
+use crate::support::{public_tempdir, require_bpf, run_mtrace, Fixture};
 
 const CALLS: u64 = 40;
 

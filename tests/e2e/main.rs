@@ -5,11 +5,11 @@
 //!     cargo test --release -p tracer --test e2e
 
 mod artifacts;
-mod common;
 mod counts;
 mod errors;
 mod lifecycle;
 mod live;
 mod losses;
 mod sampling;
+mod support;
 mod threads;

@@ -49,7 +49,7 @@ use serde_json::Value;
 
 use crate::{
     artifacts::validate_profile,
-    common::{require_bpf, Fixture, Mtrace, Report},
+    support::{require_bpf, Fixture, Mtrace, Report},
 };
 
 /// (direct caller, calls, bytes per call) of tests/fixtures/sampled.c;

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::common::{require_bpf, Fixture, Mtrace};
+use crate::support::{require_bpf, Fixture, Mtrace};
 
 /// Thread name -> calls from thread_alloc; every call is malloc(32).
 const PER_THREAD: &[(&str, u64)] = &[

@@ -1,0 +1,227 @@
+//! A parser for the human table mtrace prints on stdout, for the tests of
+//! the table itself (tests/e2e/table.rs); every other test reads the JSON
+//! profile.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+/// One row of the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub func: String,
+    pub calls: u64,
+    pub bytes: u64,
+    /// (name, tid) with --per-thread.
+    pub thread: Option<(String, u32)>,
+    pub truncated: bool,
+    /// Function names, innermost (the allocator's direct caller) first.
+    pub frames: Vec<String>,
+}
+
+impl Row {
+    pub fn caller(&self) -> Option<&str> {
+        self.frames.first().map(String::as_str)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub header: String,
+    pub rows: Vec<Row>,
+    pub total_calls: u64,
+    pub total_bytes: u64,
+    pub frees: u64,
+    /// `(malloc 1005, calloc 250, ...)` of the totals line.
+    pub per_func: BTreeMap<String, u64>,
+    pub nested: u64,
+    /// `lost: ...` as (what, count).
+    pub lost: Vec<(String, u64)>,
+}
+
+fn num(s: &str, what: &str) -> Result<u64, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{what}: {s:?} is not a number"))
+}
+
+/// `function (file:line)`, `function [inlined]`, `lib+0x12 [lib]` or
+/// `function` -> `function`.
+fn frame_name(line: &str) -> String {
+    let mut s = line.trim();
+    if let Some(rest) = s.strip_suffix(" [inlined]") {
+        s = rest;
+    }
+    if s.ends_with(')') {
+        if let Some(i) = s.rfind(" (") {
+            s = &s[..i];
+        }
+    } else if s.ends_with(']') && !s.starts_with('[') {
+        if let Some(i) = s.rfind(" [") {
+            s = &s[..i];
+        }
+    }
+    s.to_string()
+}
+
+/// `#K  CALLS calls  PCT%  BYTES bytes  avg AVG  FUNC[  thread NAME (tid N)][  [stack truncated]]`
+fn parse_row_header(line: &str) -> Result<Row, String> {
+    let bad = || format!("bad row header {line:?}");
+    let parts: Vec<&str> = line.split("  ").collect();
+    if parts.len() < 6 || !parts[0].starts_with('#') {
+        return Err(bad());
+    }
+    let calls = num(parts[1].strip_suffix(" calls").ok_or_else(bad)?, line)?;
+    parts[2].strip_suffix('%').ok_or_else(bad)?;
+    let bytes = num(parts[3].strip_suffix(" bytes").ok_or_else(bad)?, line)?;
+    let avg = num(parts[4].strip_prefix("avg ").ok_or_else(bad)?, line)?;
+    if calls > 0 && avg != bytes / calls {
+        return Err(format!("wrong average in {line:?}"));
+    }
+    let mut row = Row {
+        func: parts[5].to_string(),
+        calls,
+        bytes,
+        thread: None,
+        truncated: false,
+        frames: Vec::new(),
+    };
+    for part in &parts[6..] {
+        if let Some(t) = part.strip_prefix("thread ") {
+            let (name, tid) = t.rsplit_once(" (tid ").ok_or_else(bad)?;
+            let tid = num(tid.strip_suffix(')').ok_or_else(bad)?, line)?;
+            row.thread = Some((name.to_string(), tid as u32));
+        } else if *part == "[stack truncated]" {
+            row.truncated = true;
+        } else {
+            return Err(bad());
+        }
+    }
+    Ok(row)
+}
+
+impl Report {
+    /// Parses mtrace's stdout. Lines before the `mtrace: pid` header (a
+    /// launched command's own output) are skipped.
+    pub fn parse(text: &str) -> Result<Report, String> {
+        let mut lines = text.lines().skip_while(|l| !l.starts_with("mtrace: pid "));
+        let mut r = Report {
+            header: lines.next().ok_or("no `mtrace: pid` header")?.to_string(),
+            ..Report::default()
+        };
+        let mut seen_total = false;
+        let mut seen_lost = false;
+        for line in lines {
+            if line.is_empty() {
+                continue;
+            }
+            // Live mode: the heap summary and the leak suspects follow the
+            // table (tests/e2e/live.rs reads them from the JSON profile).
+            if line.starts_with("live: ") {
+                break;
+            }
+            // Live mode: statistics under a row.
+            if line.starts_with("    live: ") || line.starts_with("    size ") {
+                continue;
+            }
+            if line.starts_with('#') {
+                r.rows.push(parse_row_header(line)?);
+            } else if let Some(frame) = line.strip_prefix("    ") {
+                let row = r.rows.last_mut().ok_or("a frame before any row")?;
+                if frame != "[no frames]" {
+                    row.frames.push(frame_name(frame));
+                }
+            } else if let Some(t) = line.strip_prefix("total: ") {
+                let bad = || format!("bad totals line {line:?}");
+                let (calls, rest) = t.split_once(" allocation calls, ").ok_or_else(bad)?;
+                let (bytes, rest) = rest.split_once(" bytes requested, ").ok_or_else(bad)?;
+                let (frees, rest) = rest.split_once(" frees").ok_or_else(bad)?;
+                r.total_calls = num(calls, line)?;
+                r.total_bytes = num(bytes, line)?;
+                r.frees = num(frees, line)?;
+                if let Some(list) = rest.trim().strip_prefix('(') {
+                    for item in list.strip_suffix(')').ok_or_else(bad)?.split(", ") {
+                        let (f, n) = item.rsplit_once(' ').ok_or_else(bad)?;
+                        r.per_func.insert(f.to_string(), num(n, line)?);
+                    }
+                }
+                seen_total = true;
+            } else if let Some(n) = line.strip_prefix("nested allocator calls not counted twice: ")
+            {
+                r.nested = num(n, line)?;
+            } else if let Some(l) = line.strip_prefix("lost: ") {
+                for item in l.split(", ") {
+                    let (what, n) = item
+                        .rsplit_once(' ')
+                        .ok_or_else(|| format!("bad lost line {line:?}"))?;
+                    r.lost.push((what.to_string(), num(n, line)?));
+                }
+                seen_lost = true;
+            } else if line.contains(" hidden by --")
+                || line == "no allocations traced"
+                || line.starts_with("note: ")
+                || line.starts_with("sampled: ")
+            {
+            } else {
+                return Err(format!("unexpected line {line:?}"));
+            }
+        }
+        if !seen_total || !seen_lost {
+            return Err("no totals or no lost line".into());
+        }
+        Ok(r)
+    }
+
+    /// Rows of `func` whose direct caller is `caller`.
+    pub fn rows_at(&self, func: &str, caller: &str) -> Vec<&Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.func == func && r.caller() == Some(caller))
+            .collect()
+    }
+
+    /// Summed (calls, bytes) of `func` called from `caller` (a compiler may
+    /// have made one source loop into several call sites).
+    pub fn site(&self, func: &str, caller: &str) -> (u64, u64) {
+        self.rows_at(func, caller)
+            .iter()
+            .fold((0, 0), |(c, b), r| (c + r.calls, b + r.bytes))
+    }
+
+    /// Every distinct (func, direct caller).
+    pub fn sites(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .rows
+            .iter()
+            .map(|r| (r.func.clone(), r.caller().unwrap_or("").to_string()))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    pub fn assert_no_losses(&self) {
+        assert!(!self.lost.is_empty());
+        assert!(
+            self.lost.iter().all(|(_, n)| *n == 0),
+            "losses: {:?}",
+            self.lost
+        );
+    }
+
+    /// For assertion messages.
+    pub fn dump(&self) -> String {
+        let mut s = String::new();
+        for r in &self.rows {
+            let _ = writeln!(
+                s,
+                "{} calls {} bytes {} {:?} {:?}{}",
+                r.calls,
+                r.bytes,
+                r.func,
+                r.thread,
+                r.frames,
+                if r.truncated { " [truncated]" } else { "" }
+            );
+        }
+        s
+    }
+}
