@@ -12,4 +12,5 @@ mod live;
 mod losses;
 mod sampling;
 mod support;
+mod table;
 mod threads;

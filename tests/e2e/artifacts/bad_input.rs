@@ -2,8 +2,8 @@
 
 use std::fs;
 
-use super::{report, s, trace_counts, validate_profile};
-use crate::support::{require_bpf, run_mtrace, Fixture};
+use super::{report, s, trace_counts};
+use crate::support::{require_bpf, run_mtrace, validate_profile, Fixture};
 
 #[test]
 fn bad_profiles_exit_2() {

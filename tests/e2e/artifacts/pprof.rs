@@ -7,10 +7,10 @@ use std::{
     process::{Command, Stdio},
 };
 
-use super::{expected_sites, gunzip, s, trace_counts, validate_profile};
+use super::{expected_sites, gunzip, s, trace_counts};
 use crate::{
     counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS, RECURSE_DEPTH},
-    support::{require_bpf, Fixture},
+    support::{require_bpf, validate_profile, Fixture},
 };
 
 const PROTO_DIR: &str = "/usr/share/gocode/src/github.com/google/pprof/proto";

@@ -7,9 +7,10 @@ use std::{
 
 use serde_json::Value;
 
-use super::{s, validate_profile};
+use super::s;
 use crate::support::{
-    require_bpf, Fixture, FixtureProc, Mtrace, Report, EXIT_TIMEOUT, LINE_TIMEOUT,
+    require_bpf, validate_profile, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
+    LINE_TIMEOUT,
 };
 
 /// `mtrace-PID-NNNN.json` -> NNNN.
@@ -93,8 +94,6 @@ fn snapshots_while_tracing_by_pid() {
     out.assert_exit(0);
     drop(fx.stdin.take());
     assert_eq!(fx.proc.wait_timeout(EXIT_TIMEOUT).code(), Some(0));
-    let r: Report = out.report();
-    r.assert_no_losses();
 
     // The files: mtrace-PID-0001.json, -0002.json, ... and nothing else.
     let mut indices: Vec<u32> = fs::read_dir(snap_dir.path())
@@ -154,7 +153,9 @@ fn snapshots_while_tracing_by_pid() {
     let (last, last_frees) = prev.unwrap();
     assert!(last.0 > 0, "the snapshots saw no allocation");
 
-    let fin = validate_profile(&final_json);
+    let fin_profile = Profile::load(&final_json);
+    fin_profile.assert_no_losses();
+    let fin = &fin_profile.doc;
     // The interval ticks at 0.5, 1.0, ... s after tracing started (a
     // little after meta's start) and wrote at most duration / 0.5
     // snapshots: one more is SIGUSR1's.
@@ -187,17 +188,18 @@ fn snapshots_while_tracing_by_pid() {
         2 * iterations,
         "frees over {iterations} iterations"
     );
-    assert_eq!(
-        (r.total_calls, r.frees),
-        (3 * iterations, 2 * iterations),
-        "the report"
-    );
     for f in ["malloc", "realloc", "calloc"] {
         assert_eq!(
-            r.per_func.get(f),
-            Some(&iterations),
+            fin_profile.calls_of(f),
+            Some(iterations),
             "{f}: {:?}",
-            r.per_func
+            fin_profile.totals.per_func
         );
     }
+    assert_eq!(
+        fin_profile.per_func_alloc_calls(),
+        3 * iterations,
+        "{:?}",
+        fin_profile.totals.per_func
+    );
 }

@@ -4,19 +4,23 @@
 //! - [`process`]: child processes that are killed when a test fails, line
 //!   readers with timeouts;
 //! - [`mtrace`]: running mtrace;
-//! - [`table`]: the parser of the human table.
+//! - [`profile`]: loading and querying the JSON profile (`-o`), which is
+//!   what the tests assert on;
+//! - [`table`]: the parser of the human table, for the tests of the table
+//!   (tests/e2e/table.rs).
 
 pub mod fixtures;
 pub mod mtrace;
 pub mod process;
+pub mod profile;
 pub mod table;
 
 use std::{fs, os::unix::fs::PermissionsExt};
 
 pub use fixtures::{copy_executable, Fixture};
-pub use mtrace::{mtrace_path, run_mtrace, Finished, Mtrace};
+pub use mtrace::{mtrace_path, run_mtrace, run_profiled, trace_fixture, Finished, Mtrace};
 pub use process::{dead_pid, read_mem, FixtureProc, Proc, EXIT_TIMEOUT, LINE_TIMEOUT};
-pub use table::Report;
+pub use profile::{validate_profile, Profile};
 
 /// The BPF tests need root. Returns false (after a note on stderr) when the
 /// test should be skipped; when the environment variable `CI` is set, not

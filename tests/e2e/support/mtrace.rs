@@ -1,13 +1,18 @@
-//! Running mtrace and what it leaves.
+//! Running mtrace and what it leaves; with [`run_profiled`] and
+//! [`Mtrace::start_profiled`], the JSON profile it wrote (`-o`).
 
 use std::{
     ffi::OsStr,
-    path::Path,
+    ops::{Deref, DerefMut},
+    path::{Path, PathBuf},
     process::{Command, ExitStatus, Stdio},
 };
 
 use super::{
+    fixtures::Fixture,
     process::{Lines, Proc, EXIT_TIMEOUT, LINE_TIMEOUT},
+    profile::Profile,
+    public_tempdir,
     table::Report,
 };
 
@@ -68,6 +73,24 @@ impl Mtrace {
             .unwrap_or_else(|_| panic!("bad pid in tracing line {line:?}"))
     }
 
+    /// Starts mtrace with `-o DIR/p.json` added to `args` (before `--`, if
+    /// any), in a fresh directory.
+    pub fn start_profiled(args: &[&str]) -> Profiled {
+        let dir = public_tempdir();
+        let path = dir.path().join("p.json");
+        let path_str = path.to_str().expect("temp path not UTF-8");
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let mut all = args[..at].to_vec();
+        all.extend(["-o", path_str]);
+        all.extend_from_slice(&args[at..]);
+        let mtrace = Mtrace::start(&all);
+        Profiled {
+            mtrace,
+            path,
+            _dir: dir,
+        }
+    }
+
     /// Waits for mtrace to exit by itself and collects its output.
     pub fn finish(mut self) -> Finished {
         let status = self.proc.wait_timeout(EXIT_TIMEOUT);
@@ -89,6 +112,64 @@ impl Mtrace {
 /// Runs mtrace to its end.
 pub fn run_mtrace<S: AsRef<OsStr>>(args: &[S]) -> Finished {
     Mtrace::start(args).finish()
+}
+
+/// Runs mtrace to its end with `-o` added (see [`Mtrace::start_profiled`]):
+/// what it printed, and the profile it wrote.
+pub fn run_profiled(args: &[&str]) -> (Finished, Profile) {
+    Mtrace::start_profiled(args).finish()
+}
+
+/// Traces `fixture` from launch with `args` before `--` and `-o` added;
+/// asserts that mtrace announces tracing, exits 0 and writes the pid it
+/// traced in the profile.
+pub fn trace_fixture(fixture: Fixture, args: &[&str]) -> (Finished, Profile) {
+    let mut all = args.to_vec();
+    all.extend(["--", fixture.path_str()]);
+    let mut m = Mtrace::start_profiled(&all);
+    let pid = m.wait_tracing();
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    assert_eq!(p.pid(), pid, "meta.pid\n{}", out.describe());
+    (out, p)
+}
+
+/// An mtrace writing its profile to a file of its own; derefs to the
+/// [`Mtrace`].
+pub struct Profiled {
+    pub mtrace: Mtrace,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Deref for Profiled {
+    type Target = Mtrace;
+    fn deref(&self) -> &Mtrace {
+        &self.mtrace
+    }
+}
+
+impl DerefMut for Profiled {
+    fn deref_mut(&mut self) -> &mut Mtrace {
+        &mut self.mtrace
+    }
+}
+
+impl Profiled {
+    /// Waits for mtrace to exit by itself; its output, and the profile
+    /// (validated against the schema). Panics, with everything mtrace
+    /// printed, when it wrote none.
+    pub fn finish(self) -> (Finished, Profile) {
+        let out = self.mtrace.finish();
+        assert!(
+            self.path.is_file(),
+            "mtrace wrote no profile to {}\n{}",
+            self.path.display(),
+            out.describe()
+        );
+        let profile = Profile::load(&self.path);
+        (out, profile)
+    }
 }
 
 impl Finished {

@@ -2,7 +2,9 @@
 //! the table itself (tests/e2e/table.rs); every other test reads the JSON
 //! profile.
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::collections::BTreeMap;
+
+use super::Finished;
 
 /// One row of the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,59 +171,26 @@ impl Report {
         }
         Ok(r)
     }
+}
 
-    /// Rows of `func` whose direct caller is `caller`.
-    pub fn rows_at(&self, func: &str, caller: &str) -> Vec<&Row> {
-        self.rows
-            .iter()
-            .filter(|r| r.func == func && r.caller() == Some(caller))
-            .collect()
+/// The table of a launch-mode run: stdout without the fixture's own
+/// `done` line, which comes before mtrace's header.
+pub fn live_table(out: &Finished) -> String {
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("mtrace: pid "))
+        .unwrap_or_else(|| panic!("no report header\n{}", out.describe()));
+    assert_eq!(
+        &lines[..header],
+        &["done"],
+        "expected only the fixture's `done` before the report\n{}",
+        out.describe()
+    );
+    let mut table = String::new();
+    for l in &lines[header..] {
+        table.push_str(l);
+        table.push('\n');
     }
-
-    /// Summed (calls, bytes) of `func` called from `caller` (a compiler may
-    /// have made one source loop into several call sites).
-    pub fn site(&self, func: &str, caller: &str) -> (u64, u64) {
-        self.rows_at(func, caller)
-            .iter()
-            .fold((0, 0), |(c, b), r| (c + r.calls, b + r.bytes))
-    }
-
-    /// Every distinct (func, direct caller).
-    pub fn sites(&self) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = self
-            .rows
-            .iter()
-            .map(|r| (r.func.clone(), r.caller().unwrap_or("").to_string()))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    }
-
-    pub fn assert_no_losses(&self) {
-        assert!(!self.lost.is_empty());
-        assert!(
-            self.lost.iter().all(|(_, n)| *n == 0),
-            "losses: {:?}",
-            self.lost
-        );
-    }
-
-    /// For assertion messages.
-    pub fn dump(&self) -> String {
-        let mut s = String::new();
-        for r in &self.rows {
-            let _ = writeln!(
-                s,
-                "{} calls {} bytes {} {:?} {:?}{}",
-                r.calls,
-                r.bytes,
-                r.func,
-                r.thread,
-                r.frames,
-                if r.truncated { " [truncated]" } else { "" }
-            );
-        }
-        s
-    }
+    table
 }
