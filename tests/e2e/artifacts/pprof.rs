@@ -27,123 +27,34 @@ enum TextField {
     Msg(TextMsg),
 }
 
-#[derive(Debug, PartialEq)]
-enum Tok {
-    Open,
-    Close,
-    Colon,
-    Word(String),
-    Str(String),
-}
-
-fn tokenize(text: &str) -> Vec<Tok> {
-    let b = text.as_bytes();
-    let mut toks = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            c if c.is_ascii_whitespace() => i += 1,
-            b'{' => {
-                toks.push(Tok::Open);
-                i += 1
-            }
-            b'}' => {
-                toks.push(Tok::Close);
-                i += 1
-            }
-            b':' => {
-                toks.push(Tok::Colon);
-                i += 1
-            }
-            q @ (b'"' | b'\'') => {
-                // C escapes, as protoc writes them (octal for other bytes).
-                let mut out = Vec::new();
-                i += 1;
-                while i < b.len() && b[i] != q {
-                    if b[i] == b'\\' {
-                        i += 1;
-                        match b[i] {
-                            b'n' => out.push(b'\n'),
-                            b'r' => out.push(b'\r'),
-                            b't' => out.push(b'\t'),
-                            b'0'..=b'7' => {
-                                let mut v = 0u32;
-                                let mut k = 0;
-                                while k < 3 && i < b.len() && (b'0'..=b'7').contains(&b[i]) {
-                                    v = v * 8 + (b[i] - b'0') as u32;
-                                    i += 1;
-                                    k += 1;
-                                }
-                                out.push(v as u8);
-                                continue;
-                            }
-                            b'x' => {
-                                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
-                                out.push(u8::from_str_radix(hex, 16).unwrap());
-                                i += 2;
-                            }
-                            other => out.push(other),
-                        }
-                        i += 1;
-                    } else {
-                        out.push(b[i]);
-                        i += 1;
-                    }
-                }
-                assert!(i < b.len(), "unterminated string in protoc output");
-                i += 1;
-                toks.push(Tok::Str(String::from_utf8_lossy(&out).into_owned()));
-            }
-            _ => {
-                let start = i;
-                while i < b.len() && !b[i].is_ascii_whitespace() && !b"{}:\"'".contains(&b[i]) {
-                    i += 1;
-                }
-                toks.push(Tok::Word(text[start..i].to_string()));
-            }
-        }
-    }
-    toks
-}
-
-fn parse_msg(toks: &[Tok], pos: &mut usize, top: bool) -> TextMsg {
-    let mut msg = TextMsg::default();
-    loop {
-        match toks.get(*pos) {
-            None if top => return msg,
-            None => panic!("protoc output ends inside a message"),
-            Some(Tok::Close) if !top => {
-                *pos += 1;
-                return msg;
-            }
-            Some(Tok::Word(name)) => {
-                *pos += 1;
-                if toks.get(*pos) == Some(&Tok::Colon) {
-                    *pos += 1;
-                }
-                let field = match toks.get(*pos) {
-                    Some(Tok::Open) => {
-                        *pos += 1;
-                        TextField::Msg(parse_msg(toks, pos, false))
-                    }
-                    Some(Tok::Word(v)) | Some(Tok::Str(v)) => {
-                        *pos += 1;
-                        TextField::Scalar(v.clone())
-                    }
-                    other => panic!("unexpected {other:?} after field {name} in protoc output"),
-                };
-                msg.fields.push((name.clone(), field));
-            }
-            other => panic!("unexpected {other:?} in protoc output"),
-        }
-    }
-}
-
 impl TextMsg {
+    /// Parses what `protoc --decode` prints: one field a line, `name:
+    /// value` or `name {` up to a line `}`. (Strings are quoted and escaped
+    /// on one line: a value never ends with ` {` nor is `}`.)
     fn parse(text: &str) -> TextMsg {
-        let toks = tokenize(text);
-        let mut pos = 0;
-        parse_msg(&toks, &mut pos, true)
+        // The messages being read, outermost first, with their names.
+        let mut open: Vec<(String, TextMsg)> = vec![(String::new(), TextMsg::default())];
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if line == "}" {
+                let (name, msg) = open.pop().expect("unbalanced `}` in protoc output");
+                let parent = &mut open.last_mut().expect("unbalanced `}`").1;
+                parent.fields.push((name, TextField::Msg(msg)));
+            } else if let Some(name) = line.strip_suffix(" {") {
+                open.push((name.to_string(), TextMsg::default()));
+            } else {
+                let (name, value) = line
+                    .split_once(": ")
+                    .unwrap_or_else(|| panic!("unexpected line {line:?} in protoc output"));
+                let value = TextField::Scalar(unquote(value));
+                open.last_mut()
+                    .unwrap()
+                    .1
+                    .fields
+                    .push((name.to_string(), value));
+            }
+        }
+        assert_eq!(open.len(), 1, "protoc output ends inside a message");
+        open.pop().unwrap().1
     }
 
     fn msgs(&self, name: &str) -> Vec<&TextMsg> {
@@ -186,6 +97,56 @@ impl TextMsg {
             _ => panic!("field {name} repeated"),
         }
     }
+}
+
+/// A string as protoc writes it (`"..."` with C escapes, octal for other
+/// bytes) unquoted; any other value as it is.
+fn unquote(value: &str) -> String {
+    let Some(inner) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else {
+        return value.to_string();
+    };
+    let mut out = Vec::new();
+    let mut bytes = inner.bytes().peekable();
+    while let Some(b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let e = bytes.next().expect("a `\\` at the end of a string");
+        out.push(match e {
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'0'..=b'7' => {
+                let mut v = u32::from(e - b'0');
+                for _ in 0..2 {
+                    match bytes.peek() {
+                        Some(d @ b'0'..=b'7') => {
+                            v = v * 8 + u32::from(d - b'0');
+                            bytes.next();
+                        }
+                        _ => break,
+                    }
+                }
+                v as u8
+            }
+            b'x' => panic!("protoc wrote a \\x escape in {value}"),
+            other => other,
+        });
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn protoc_text_format_is_read() {
+    // No BPF needed: the reader of protoc's output on its own.
+    assert_eq!(unquote(r#""a\"b\\c\303\251\n""#), "a\"b\\c\u{e9}\n");
+    assert_eq!(unquote("42"), "42");
+    let msg = TextMsg::parse("a: 1\nm {\n  s: \"x {\"\n  n {\n  }\n}\na: 2\n");
+    assert_eq!(msg.ints("a"), [1, 2]);
+    let m = &msg.msgs("m")[0];
+    assert_eq!(m.scalars("s"), ["x {"]);
+    assert_eq!(m.msgs("n").len(), 1);
 }
 
 /// A pprof profile as protoc decodes it.
