@@ -27,13 +27,24 @@ pub use profile::{validate_profile, Profile};
 /// being root fails the test instead.
 #[must_use]
 pub fn require_bpf() -> bool {
-    if unsafe { libc::geteuid() } == 0 {
+    require(
+        unsafe { libc::geteuid() } == 0,
+        "the e2e tests need root (BPF and uprobes)",
+    )
+}
+
+/// Whether what a test needs (`needed`) holds. When it does not: false,
+/// after a note on stderr, so that the test can be skipped; when the
+/// environment variable `CI` is set, a failure instead, naming `what`.
+#[must_use]
+pub fn require(needed: bool, what: &str) -> bool {
+    if needed {
         return true;
     }
     if std::env::var_os("CI").is_some() {
-        panic!("the e2e tests need root (BPF and uprobes), and CI is set: not skipping");
+        panic!("{what}, and CI is set: not skipping");
     }
-    eprintln!("skipped: the e2e tests need root for BPF (set CI to make this a failure)");
+    eprintln!("skipped: {what} (set CI to make this a failure)");
     false
 }
 
