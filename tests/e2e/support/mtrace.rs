@@ -13,7 +13,6 @@ use super::{
     process::{Lines, Proc, EXIT_TIMEOUT, LINE_TIMEOUT},
     profile::Profile,
     public_tempdir,
-    table::Report,
 };
 
 pub fn mtrace_path() -> &'static Path {
@@ -173,13 +172,6 @@ impl Profiled {
 }
 
 impl Finished {
-    /// The report on stdout; panics with everything mtrace printed when it
-    /// cannot be parsed.
-    pub fn report(&self) -> Report {
-        Report::parse(&self.stdout)
-            .unwrap_or_else(|e| panic!("cannot parse the report: {e}\n{}", self.describe()))
-    }
-
     /// For assertion messages.
     pub fn describe(&self) -> String {
         format!(

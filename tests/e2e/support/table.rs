@@ -173,6 +173,15 @@ impl Report {
     }
 }
 
+impl Finished {
+    /// The table on stdout; panics with everything mtrace printed when it
+    /// cannot be parsed.
+    pub fn report(&self) -> Report {
+        Report::parse(&self.stdout)
+            .unwrap_or_else(|e| panic!("cannot parse the report: {e}\n{}", self.describe()))
+    }
+}
+
 /// The table of a launch-mode run: stdout without the fixture's own
 /// `done` line, which comes before mtrace's header.
 pub fn live_table(out: &Finished) -> String {
