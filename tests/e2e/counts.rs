@@ -3,7 +3,9 @@
 
 use std::fs;
 
-use crate::common::{require_bpf, Finished, Fixture, FixtureProc, Mtrace, Report, EXIT_TIMEOUT};
+use crate::support::{
+    require_bpf, trace_fixture, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
+};
 
 /// (allocator function, direct caller, calls, bytes) of tests/fixtures/counts.c.
 pub const COUNTS_SITES: &[(&str, &str, u64, u64)] = &[
@@ -26,30 +28,26 @@ pub const COUNTS_FREES: u64 = 1269;
 pub const RECURSE_DEPTH: usize = 20;
 
 /// Everything the counts fixture must produce, whatever the mode.
-pub fn check_counts_report(r: &Report) {
-    let dump = r.dump();
+pub fn check_counts_profile(p: &Profile) {
+    let dump = p.dump();
     for &(func, caller, calls, bytes) in COUNTS_SITES {
         assert_eq!(
-            r.site(func, caller),
+            p.site(func, caller),
             (calls, bytes),
             "{func} from {caller}: (calls, bytes)\n{dump}"
         );
-        for row in r.rows_at(func, caller) {
-            assert!(!row.truncated, "truncated row\n{dump}");
+        for stack in p.stacks_at(func, caller) {
+            assert!(!stack.truncated, "truncated stack\n{dump}");
+            let f = stack.names();
             if caller == "leaf_alloc" {
-                let f = &row.frames;
                 assert!(f.len() > RECURSE_DEPTH + 1, "short stack {f:?}");
                 assert!(
-                    f[1..=RECURSE_DEPTH].iter().all(|n| n == "recurse"),
+                    f[1..=RECURSE_DEPTH].iter().all(|n| *n == "recurse"),
                     "expected {RECURSE_DEPTH} recurse frames under leaf_alloc: {f:?}"
                 );
                 assert_eq!(f[RECURSE_DEPTH + 1], "main", "{f:?}");
             } else {
-                assert_eq!(
-                    row.frames.get(1).map(String::as_str),
-                    Some("main"),
-                    "{row:?}"
-                );
+                assert_eq!(f.get(1).copied(), Some("main"), "{stack:?}");
             }
         }
     }
@@ -60,33 +58,36 @@ pub fn check_counts_report(r: &Report) {
         .collect();
     expected.sort();
     expected.dedup();
-    assert_eq!(r.sites(), expected, "unexpected allocation sites\n{dump}");
+    assert_eq!(p.sites(), expected, "unexpected allocation sites\n{dump}");
 
     assert_eq!(
-        (r.total_calls, r.total_bytes),
+        p.total(),
         (COUNTS_TOTAL_CALLS, COUNTS_TOTAL_BYTES),
         "totals\n{dump}"
     );
-    assert_eq!(r.frees, COUNTS_FREES, "frees");
-    let per_func_sum: u64 = r.per_func.values().sum();
-    assert_eq!(per_func_sum, COUNTS_TOTAL_CALLS, "{:?}", r.per_func);
-    assert_eq!(r.per_func.get("malloc"), Some(&1005));
-    r.assert_no_losses();
+    assert_eq!(p.totals.frees, COUNTS_FREES, "frees");
+    assert_eq!(
+        p.per_func_alloc_calls(),
+        COUNTS_TOTAL_CALLS,
+        "{:?}",
+        p.totals.per_func
+    );
+    assert_eq!(p.calls_of("malloc"), Some(1005));
+    p.assert_no_losses();
 }
 
-fn check_launch_run(out: &Finished) -> Report {
-    out.assert_exit(0);
+/// A launch-mode run of the counts fixture with `args` before `--`.
+fn check_launch_run(args: &[&str]) {
+    let (out, p) = trace_fixture(Fixture::Counts, args);
     // The fixture's own output comes first on the shared stdout.
     assert!(
         out.stdout.lines().any(|l| l == "done"),
         "the fixture did not finish\n{}",
         out.describe()
     );
-    let r = out.report();
-    assert!(r.header.starts_with("mtrace: pid "), "{}", r.header);
-    assert!(r.header.contains(Fixture::Counts.path_str()));
-    check_counts_report(&r);
-    r
+    let command = p.doc["meta"]["command"].as_str().expect("meta.command");
+    assert!(command.contains(Fixture::Counts.path_str()), "{command:?}");
+    check_counts_profile(&p);
 }
 
 #[test]
@@ -94,10 +95,7 @@ fn launch_mode_exact_counts() {
     if !require_bpf() {
         return;
     }
-    let counts = Fixture::Counts.path_str();
-    let mut m = Mtrace::start(&["--top", "0", "--", counts]);
-    m.wait_tracing();
-    check_launch_run(&m.finish());
+    check_launch_run(&["--top", "0"]);
 }
 
 #[test]
@@ -105,11 +103,10 @@ fn launch_mode_folded_and_flamegraph() {
     if !require_bpf() {
         return;
     }
-    let counts = Fixture::Counts.path_str();
     let dir = tempfile::tempdir().unwrap();
     let folded = dir.path().join("counts.folded");
     let svg = dir.path().join("counts.svg");
-    let mut m = Mtrace::start(&[
+    check_launch_run(&[
         "--top",
         "0",
         "--folded",
@@ -118,12 +115,7 @@ fn launch_mode_folded_and_flamegraph() {
         "bytes",
         "--flamegraph",
         svg.to_str().unwrap(),
-        "--",
-        counts,
     ]);
-    m.wait_tracing();
-    let out = m.finish();
-    check_launch_run(&out);
 
     let text = fs::read_to_string(&folded).expect("no folded file written");
     let mut total = 0;
@@ -180,7 +172,7 @@ fn pid_mode_exact_counts() {
     let mut fx = FixtureProc::start(Fixture::Counts.path(), &["--wait"]);
     fx.wait_ready();
     let pid = fx.pid().to_string();
-    let mut m = Mtrace::start(&["--top", "0", "--pid", &pid]);
+    let mut m = Mtrace::start_profiled(&["--top", "0", "--pid", &pid]);
     assert_eq!(m.wait_tracing(), fx.pid());
     fx.release();
     let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
@@ -188,13 +180,10 @@ fn pid_mode_exact_counts() {
     fx.stdout.wait_for(|l| l == "done", EXIT_TIMEOUT);
 
     // mtrace notices the exit by itself.
-    let out = m.finish();
+    let (out, p) = m.finish();
     out.assert_exit(0);
-    let r = out.report();
-    assert!(
-        r.header.starts_with(&format!("mtrace: pid {pid} (")),
-        "{}",
-        r.header
-    );
-    check_counts_report(&r);
+    assert_eq!(p.pid(), fx.pid(), "meta.pid");
+    let command = p.doc["meta"]["command"].as_str().expect("meta.command");
+    assert!(command.contains(Fixture::Counts.path_str()), "{command:?}");
+    check_counts_profile(&p);
 }

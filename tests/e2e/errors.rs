@@ -7,9 +7,9 @@ use std::{
     process::{Command, Stdio},
 };
 
-use crate::common::{
-    copy_executable, dead_pid, mtrace_path, public_tempdir, require_bpf, run_mtrace, Fixture,
-    Mtrace, Proc,
+use crate::support::{
+    copy_executable, dead_pid, mtrace_path, public_tempdir, require, require_bpf, run_mtrace,
+    Fixture, Mtrace, Proc,
 };
 
 #[test]
@@ -29,8 +29,10 @@ fn kernel_thread() {
         return;
     }
     let comm = fs::read_to_string("/proc/2/comm").unwrap_or_default();
-    if comm.trim() != "kthreadd" {
-        eprintln!("skipped: pid 2 is not kthreadd here (a pid namespace?)");
+    if !require(
+        comm.trim() == "kthreadd",
+        "this test needs pid 2 to be kthreadd (not so in a pid namespace)",
+    ) {
         return;
     }
     let out = run_mtrace(&["--pid", "2"]);

@@ -8,11 +8,11 @@ use std::{
 };
 
 use crate::{
-    common::{
-        copy_executable, read_mem, require_bpf, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT,
-        LINE_TIMEOUT,
+    counts::check_counts_profile,
+    support::{
+        copy_executable, profile::Frame, read_mem, require_bpf, Fixture, FixtureProc, Mtrace,
+        EXIT_TIMEOUT, LINE_TIMEOUT,
     },
-    counts::check_counts_report,
 };
 
 #[test]
@@ -20,14 +20,18 @@ fn launch_mode_passes_exit_status_through() {
     if !require_bpf() {
         return;
     }
-    let mut m = Mtrace::start(&["--top", "0", "--", Fixture::Exit7.path_str()]);
+    let mut m = Mtrace::start_profiled(&["--top", "0", "--", Fixture::Exit7.path_str()]);
     m.wait_tracing();
-    let out = m.finish();
+    let (out, p) = m.finish();
     out.assert_exit(7);
-    // The report is still printed.
-    let r = out.report();
-    assert_eq!(r.site("malloc", "main"), (1, 64), "\n{}", r.dump());
-    assert_eq!((r.total_calls, r.total_bytes), (1, 64));
+    // The report is still printed, and the profile written.
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with("mtrace: pid ")),
+        "no report\n{}",
+        out.describe()
+    );
+    assert_eq!(p.site("malloc", "main"), (1, 64), "\n{}", p.dump());
+    assert_eq!(p.total(), (1, 64));
 }
 
 #[test]
@@ -40,27 +44,35 @@ fn deleted_binary_of_exited_target_is_still_symbolized() {
     let mut fx = FixtureProc::start(&bin, &["--wait"]);
     fx.wait_ready();
     let pid = fx.pid().to_string();
-    let mut m = Mtrace::start(&["--top", "0", "--pid", &pid]);
+    let mut m = Mtrace::start_profiled(&["--top", "0", "--pid", &pid]);
     m.wait_tracing();
     fs::remove_file(&bin).unwrap();
     fx.release();
     assert_eq!(fx.proc.wait_timeout(EXIT_TIMEOUT).code(), Some(0));
-    let out = m.finish();
+    let (out, p) = m.finish();
     out.assert_exit(0);
-    let r = out.report();
     // Names, not addresses, and still the exact numbers.
     assert_eq!(
-        r.site("malloc", "alloc_small"),
+        p.site("malloc", "alloc_small"),
         (1000, 48000),
         "\n{}",
-        r.dump()
+        p.dump()
     );
-    check_counts_report(&r);
-    // An unresolved frame would be shown as `counts-copy (deleted)+0x...`.
-    let unresolved: Vec<&str> = out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("    ") && l.contains("counts-copy"))
+    check_counts_profile(&p);
+    // An unresolved frame would be named `counts-copy (deleted)+0x...` or
+    // `[unknown 0x...]` in module `.../counts-copy (deleted)`.
+    let unresolved: Vec<&Frame> = p
+        .stacks
+        .iter()
+        .flat_map(|s| &s.frames)
+        .filter(|f| {
+            let in_copy = f
+                .module
+                .as_deref()
+                .is_some_and(|m| m.contains("counts-copy"));
+            let unnamed = f.function.starts_with('[') || f.function.contains("+0x");
+            f.function.contains("counts-copy") || (in_copy && unnamed)
+        })
         .collect();
     assert!(unresolved.is_empty(), "unresolved frames {unresolved:?}");
 }
@@ -233,7 +245,7 @@ fn ends_cleanly(end: &str) {
     if end == "duration" {
         args.extend(["--duration", "0.7"]);
     }
-    let mut m = Mtrace::start(&args);
+    let mut m = Mtrace::start_profiled(&args);
     m.wait_tracing();
     assert!(target.probed(), "no probe in place while tracing");
     let mut target = target;
@@ -244,10 +256,9 @@ fn ends_cleanly(end: &str) {
         "SIGINT" => m.proc.signal(libc::SIGINT),
         _ => {}
     }
-    let out = m.finish();
+    let (out, p) = m.finish();
     out.assert_exit(0);
-    let r = out.report();
-    let (calls, _) = r.site("malloc", "main");
+    let (calls, _) = p.site("malloc", "main");
     assert!(
         calls > 0,
         "no malloc seen before the {end}\n{}",

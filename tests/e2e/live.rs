@@ -3,23 +3,16 @@
 //! and frees of blocks allocated before attach. Numbers come from the JSON
 //! profile (-o), which carries the same data as the table.
 
-use std::path::Path;
-
 use serde_json::Value;
 
-use crate::common::{
-    require_bpf, run_mtrace, Finished, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT,
+use crate::counts::check_counts_profile;
+use crate::support::{
+    require_bpf, run_profiled, Finished, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
 };
-use crate::counts::check_counts_report;
-
-fn load(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).expect("profile written");
-    serde_json::from_str(&text).expect("profile is JSON")
-}
 
 /// Live statistics summed over the stacks of `func` whose direct caller is
 /// `caller` (a compiler may split one site into several call instructions).
-fn site(p: &Value, func: &str, caller: &str) -> Value {
+pub fn site(p: &Profile, func: &str, caller: &str) -> Value {
     let keys = [
         "allocations",
         "allocated_bytes",
@@ -32,33 +25,37 @@ fn site(p: &Value, func: &str, caller: &str) -> Value {
         "temporaries",
     ];
     let mut sum = serde_json::Map::new();
-    let mut calls = 0;
-    let mut found = false;
-    for s in p["stacks"].as_array().unwrap() {
-        if s["function"] != func || s["frames"][0]["function"] != caller {
-            continue;
-        }
-        found = true;
-        calls += s["calls"].as_u64().unwrap();
-        let live = &s["live"];
-        assert!(live.is_object(), "no live data at {func} <- {caller}: {s}");
+    let stacks = p.stacks_at(func, caller);
+    assert!(!stacks.is_empty(), "no stack {func} <- {caller}");
+    for s in &stacks {
+        let live = s
+            .live
+            .as_ref()
+            .unwrap_or_else(|| panic!("no live data at {func} <- {caller}: {s:?}"));
         for k in keys {
             let v = sum.get(k).and_then(Value::as_u64).unwrap_or(0) + live[k].as_u64().unwrap();
             sum.insert(k.into(), v.into());
         }
     }
-    assert!(found, "no stack {func} <- {caller}");
-    sum.insert("calls".into(), calls.into());
+    sum.insert("calls".into(), p.site(func, caller).0.into());
     Value::Object(sum)
 }
 
-fn u(v: &Value, k: &str) -> u64 {
+/// A live statistic summed over every stack.
+fn sum_live(p: &Profile, key: &str) -> u64 {
+    p.stacks
+        .iter()
+        .filter_map(|s| s.live.as_ref()?[key].as_u64())
+        .sum()
+}
+
+pub fn u(v: &Value, k: &str) -> u64 {
     v[k].as_u64()
         .unwrap_or_else(|| panic!("{k} missing in {v}"))
 }
 
 /// Everything the live fixture must show, however it was traced.
-fn check_live_fixture(p: &Value, out: &Finished) {
+fn check_live_fixture(p: &Profile, out: &Finished) {
     let d = out.describe();
     // 100 x malloc(64), never freed.
     let leak = site(p, "malloc", "leak_site");
@@ -91,7 +88,7 @@ fn check_live_fixture(p: &Value, out: &Finished) {
         assert_eq!(u(&failed, "allocations"), 0, "{func}: {d}");
         assert_eq!(u(&failed, "outstanding"), 0, "{func}: {d}");
     }
-    let live = &p["live"];
+    let live = &p.doc["live"];
     assert_eq!(u(live, "failed"), 2, "{d}");
     assert_eq!(u(live, "untracked"), 0, "{d}");
     assert_eq!(u(live, "events_lost"), 0, "{d}");
@@ -101,43 +98,23 @@ fn check_live_fixture(p: &Value, out: &Finished) {
     assert_eq!(u(&handoff, "live_bytes_at_peak"), 64000, "{d}");
     assert_eq!(u(&leak, "live_bytes_at_peak"), 6400, "{d}");
     assert_eq!(u(&grow, "live_bytes_at_peak"), 16000, "{d}");
-    let shares: u64 = p["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["live"]["live_bytes_at_peak"].as_u64())
-        .sum();
+    let shares = sum_live(p, "live_bytes_at_peak");
     assert_eq!(u(live, "peak_bytes"), shares, "{d}");
     assert!(u(live, "peak_bytes") >= 86400, "{d}");
     // Totals match the stacks.
-    let outstanding: u64 = p["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["live"]["outstanding_bytes"].as_u64())
-        .sum();
+    let outstanding = sum_live(p, "outstanding_bytes");
     assert_eq!(u(live, "outstanding_bytes"), outstanding, "{d}");
 }
 
-fn run_live(extra: &[&str]) -> (Value, Finished, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("live.json");
-    let json_s = json.to_str().unwrap();
-    let mut args = vec![
-        "--live",
-        "--top",
-        "0",
-        "--temporary-under",
-        "100ms",
-        "-o",
-        json_s,
-    ];
+/// A live-mode run of the live fixture, with `extra` options.
+pub fn run_live(extra: &[&str]) -> (Profile, Finished) {
+    let mut args = vec!["--live", "--top", "0", "--temporary-under", "100ms"];
     args.extend_from_slice(extra);
     args.push("--");
     args.push(Fixture::Live.path_str());
-    let out = run_mtrace(&args);
+    let (out, p) = run_profiled(&args);
     out.assert_exit(0);
-    (load(&json), out, dir)
+    (p, out)
 }
 
 #[test]
@@ -145,21 +122,10 @@ fn leaks_churn_realloc_threads_and_failures() {
     if !require_bpf() {
         return;
     }
-    let (p, out, _dir) = run_live(&[]);
-    assert_eq!(p["meta"]["mode"], "live");
+    let (p, out) = run_live(&[]);
+    assert_eq!(p.mode(), "live");
     check_live_fixture(&p, &out);
-    // The leak summary names the leak site with its exact numbers.
-    let suspects = out
-        .stdout
-        .split("leak suspects")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no leak summary\n{}", out.describe()));
-    let leak_line = suspects
-        .lines()
-        .position(|l| l.contains("100 blocks  6400 bytes"))
-        .unwrap_or_else(|| panic!("leak site missing\n{}", out.describe()));
-    let next = suspects.lines().nth(leak_line + 1).unwrap_or("");
-    assert!(next.contains("leak_site"), "{}", out.describe());
+    // The leak suspects in the table: tests/e2e/table.rs.
 }
 
 #[test]
@@ -170,9 +136,10 @@ fn counts_stay_exact_with_return_probes() {
     // Nested calls (realloc -> malloc, reallocarray -> realloc, ...) are
     // recognised without the entry marks in live mode: the same exact
     // counts as count mode.
-    let out = run_mtrace(&["--live", "--top", "0", "--", Fixture::Counts.path_str()]);
+    let (out, p) = run_profiled(&["--live", "--top", "0", "--", Fixture::Counts.path_str()]);
     out.assert_exit(0);
-    check_counts_report(&out.report());
+    assert_eq!(p.mode(), "live");
+    check_counts_profile(&p);
 }
 
 #[test]
@@ -180,16 +147,17 @@ fn min_age_filters_leak_suspects() {
     if !require_bpf() {
         return;
     }
-    let (p, out, _dir) = run_live(&["--min-age", "3600"]);
+    let (p, out) = run_live(&["--min-age", "3600"]);
     let leak = site(&p, "malloc", "leak_site");
     assert_eq!(u(&leak, "outstanding"), 100);
     assert_eq!(u(&leak, "old_outstanding"), 0, "{}", out.describe());
-    assert!(
-        out.stdout
-            .contains("leak suspects (outstanding at the end, at least 3600 s old): none"),
+    assert_eq!(
+        u(&p.doc["live"], "old_outstanding"),
+        0,
         "{}",
         out.describe()
     );
+    // `leak suspects (...): none` in the table: tests/e2e/table.rs.
 }
 
 #[test]
@@ -197,31 +165,20 @@ fn a_full_live_map_counts_untracked_allocations() {
     if !require_bpf() {
         return;
     }
-    let (p, out, _dir) = run_live(&["--live-map-size", "16"]);
-    let untracked = u(&p["live"], "untracked");
+    let (p, out) = run_live(&["--live-map-size", "16"]);
+    let untracked = u(&p.doc["live"], "untracked");
     assert!(untracked > 0, "{}", out.describe());
-    assert!(
-        out.stdout
-            .contains(&format!("untracked (live map of 16 full) {untracked}")),
-        "{}",
-        out.describe()
-    );
-    assert!(
-        out.stdout.contains("raise --live-map-size"),
-        "{}",
-        out.describe()
-    );
+    assert_eq!(u(&p.doc["live"], "live_map_size"), 16, "{}", out.describe());
     // Calls are still counted exactly.
-    let leak: u64 = p["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["frames"][0]["function"] == "leak_site")
-        .map(|s| s["calls"].as_u64().unwrap())
+    let leak: u64 = p
+        .allocs()
+        .filter(|s| s.caller() == Some("leak_site"))
+        .map(|s| s.calls)
         .sum();
     assert_eq!(leak, 100, "{}", out.describe());
-    let tracked = u(&p["live"], "outstanding");
+    let tracked = u(&p.doc["live"], "outstanding");
     assert!(tracked <= 16, "{}", out.describe());
+    // The untracked line and its hint in the table: tests/e2e/table.rs.
 }
 
 #[test]
@@ -231,34 +188,29 @@ fn frees_of_blocks_allocated_before_attach_are_counted_apart() {
     }
     // Launch mode first, for what the program frees that it did not
     // allocate through the probed functions (the dynamic linker's blocks).
-    let (launched, _, _dir1) = run_live(&[]);
-    let baseline = u(&launched["live"], "frees_unknown");
+    let (launched, _) = run_live(&[]);
+    let baseline = u(&launched.doc["live"], "frees_unknown");
 
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("pid.json");
     let mut fx = FixtureProc::start(Fixture::Live.path(), &["--wait"]);
     fx.wait_ready();
     let pid = fx.pid().to_string();
-    let mut m = Mtrace::start(&[
+    let mut m = Mtrace::start_profiled(&[
         "--live",
         "--top",
         "0",
         "--temporary-under",
         "100ms",
-        "-o",
-        json.to_str().unwrap(),
         "--pid",
         &pid,
     ]);
     m.wait_tracing();
     fx.release();
     assert_eq!(fx.proc.wait_timeout(EXIT_TIMEOUT).code(), Some(0));
-    let out = m.finish();
+    let (out, p) = m.finish();
     out.assert_exit(0);
-    let p = load(&json);
     // The 50 blocks allocated before attach and freed after it.
     assert_eq!(
-        u(&p["live"], "frees_unknown"),
+        u(&p.doc["live"], "frees_unknown"),
         baseline + 50,
         "{}",
         out.describe()

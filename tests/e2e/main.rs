@@ -3,13 +3,19 @@
 //! without it they are skipped, unless the environment variable CI is set.
 //!
 //!     cargo test --release -p tracer --test e2e
+//!
+//! The tests assert on the JSON profile mtrace writes with `-o`
+//! (support/profile.rs); table.rs alone checks the human table and the
+//! other text of the report. support/ holds the helpers: the fixtures,
+//! child processes, running mtrace, the profile, the table's parser.
 
 mod artifacts;
-mod common;
 mod counts;
 mod errors;
 mod lifecycle;
 mod live;
 mod losses;
 mod sampling;
+mod support;
+mod table;
 mod threads;

@@ -43,14 +43,7 @@
 //! allocation on each CPU is sampled for sure (and over-weighted); the
 //! upper bounds of `--sample-bytes` allow one more sample per CPU for that.
 
-use std::path::Path;
-
-use serde_json::Value;
-
-use crate::{
-    artifacts::validate_profile,
-    common::{require_bpf, Fixture, Mtrace, Report},
-};
+use crate::support::{require_bpf, trace_fixture, Fixture, Profile};
 
 /// (direct caller, calls, bytes per call) of tests/fixtures/sampled.c;
 /// every call is malloc.
@@ -84,85 +77,45 @@ impl Kind {
     }
 }
 
-/// What a sampled run printed and wrote.
+/// What a sampled run wrote.
 struct Sampled {
-    report: Report,
-    /// The `sampled: ...` line under the header.
-    sampled_line: String,
-    doc: Value,
+    profile: Profile,
+    /// `meta.sampling.samples`.
     samples: u64,
 }
 
-/// Runs `mtrace ARGS --top 0 -o DIR/s.json -- sampled` once.
-fn run(args: &[&str], dir: &Path) -> Sampled {
-    let json = dir.join("s.json");
+/// Runs `mtrace ARGS --top 0 -o FILE -- sampled` once.
+fn run(args: &[&str]) -> Sampled {
     let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--top", "0", "-o", json.to_str().unwrap(), "--"]);
-    all.push(Fixture::Sampled.path_str());
-    let mut m = Mtrace::start(&all);
-    m.wait_tracing();
-    let out = m.finish();
-    out.assert_exit(0);
+    all.extend(["--top", "0"]);
+    let (out, profile) = trace_fixture(Fixture::Sampled, &all);
     assert!(
         out.stdout.lines().any(|l| l == "done"),
         "the fixture did not finish\n{}",
         out.describe()
     );
-    // The header's second line; the report parser does not know it.
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    let header = lines
-        .iter()
-        .position(|l| l.starts_with("mtrace: pid "))
-        .unwrap_or_else(|| panic!("no header\n{}", out.describe()));
-    let sampled_line = lines
-        .get(header + 1)
-        .filter(|l| l.starts_with("sampled: "))
-        .unwrap_or_else(|| panic!("no `sampled:` line under the header\n{}", out.describe()))
-        .to_string();
-    let rest: String = lines
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != header + 1)
-        .map(|(_, l)| format!("{l}\n"))
-        .collect();
-    let report = Report::parse(&rest)
-        .unwrap_or_else(|e| panic!("cannot parse the report: {e}\n{}", out.describe()));
-
-    let doc = validate_profile(&json);
-    assert_eq!(doc["meta"]["mode"], "count");
-    let sampling = &doc["meta"]["sampling"];
+    assert_eq!(profile.mode(), "count");
+    let sampling = &profile.doc["meta"]["sampling"];
     assert!(sampling.is_object(), "no meta.sampling in the profile");
     let samples = sampling["samples"].as_u64().expect("meta.sampling.samples");
-    Sampled {
-        report,
-        sampled_line,
-        doc,
-        samples,
-    }
+    Sampled { profile, samples }
 }
 
 /// Checks the sampling metadata, then every site's estimate against its
 /// exact numbers.
 fn check(run: &Sampled, kind: Kind) {
-    let r = &run.report;
+    let r = &run.profile;
     let dump = r.dump();
-    let (kind_name, rate, how) = match kind {
-        Kind::Bytes(n) => ("bytes", n, format!("one sample per {n} bytes on average")),
-        Kind::Every(n) => ("every", n, format!("one call in {n}")),
+    let (kind_name, rate) = match kind {
+        Kind::Bytes(n) => ("bytes", n),
+        Kind::Every(n) => ("every", n),
     };
-    let sampling = &run.doc["meta"]["sampling"];
+    let sampling = &r.doc["meta"]["sampling"];
     assert_eq!(sampling["kind"], kind_name, "meta.sampling.kind");
     assert_eq!(sampling["rate"].as_u64(), Some(rate), "meta.sampling.rate");
-    assert!(
-        run.sampled_line.starts_with(&format!(
-            "sampled: {how}, {} samples; calls and bytes are unbiased estimates",
-            run.samples
-        )),
-        "{:?}",
-        run.sampled_line
-    );
+    // The `sampled:` line of the table: tests/e2e/table.rs.
 
-    // Nothing but the three sites; the profile says what the table says.
+    // Nothing but the three sites.
     let mut expected_sites: Vec<(String, String)> = SITES
         .iter()
         .map(|&(c, ..)| ("malloc".to_string(), c.to_string()))
@@ -170,21 +123,10 @@ fn check(run: &Sampled, kind: Kind) {
     expected_sites.sort();
     assert_eq!(r.sites(), expected_sites, "\n{dump}");
     r.assert_no_losses();
-    let totals = &run.doc["totals"]["allocs"];
-    assert_eq!(
-        (totals["calls"].as_u64(), totals["bytes"].as_u64()),
-        (Some(r.total_calls), Some(r.total_bytes)),
-        "profile totals vs report"
-    );
     let (sum_calls, sum_bytes) = r
-        .rows
-        .iter()
-        .fold((0, 0), |(c, b), row| (c + row.calls, b + row.bytes));
-    assert_eq!(
-        (sum_calls, sum_bytes),
-        (r.total_calls, r.total_bytes),
-        "\n{dump}"
-    );
+        .allocs()
+        .fold((0, 0), |(c, b), s| (c + s.calls, b + s.bytes));
+    assert_eq!((sum_calls, sum_bytes), r.total(), "\n{dump}");
 
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as f64;
     let mut expected_samples = 0.0;
@@ -233,9 +175,9 @@ fn check(run: &Sampled, kind: Kind) {
     match kind {
         Kind::Every(n) => {
             // Every sample weighs exactly N.
-            assert_eq!(r.total_calls, run.samples * n, "\n{dump}");
-            for row in &r.rows {
-                assert_eq!(row.calls % n, 0, "{row:?}");
+            assert_eq!(r.total().0, run.samples * n, "\n{dump}");
+            for stack in r.allocs() {
+                assert_eq!(stack.calls % n, 0, "{stack:?}");
             }
             for &(caller, _, size) in SITES {
                 let (calls, bytes) = r.site("malloc", caller);
@@ -254,7 +196,7 @@ fn check(run: &Sampled, kind: Kind) {
         }
     }
     // Frees are not counted when sampling.
-    assert_eq!(r.frees, 0, "\n{dump}");
+    assert_eq!(r.totals.frees, 0, "\n{dump}");
 }
 
 #[test]
@@ -262,8 +204,7 @@ fn sample_bytes_estimates_are_unbiased() {
     if !require_bpf() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let run = run(&["--sample-bytes", "65536"], dir.path());
+    let run = run(&["--sample-bytes", "65536"]);
     check(&run, Kind::Bytes(65536));
 }
 
@@ -272,7 +213,6 @@ fn sample_every_estimates_are_unbiased() {
     if !require_bpf() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let run = run(&["--sample-every", "100"], dir.path());
+    let run = run(&["--sample-every", "100"]);
     check(&run, Kind::Every(100));
 }

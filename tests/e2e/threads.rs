@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::common::{require_bpf, Fixture, Mtrace};
+use crate::support::{require_bpf, trace_fixture, Fixture};
 
 /// Thread name -> calls from thread_alloc; every call is malloc(32).
 const PER_THREAD: &[(&str, u64)] = &[
@@ -17,36 +17,23 @@ fn per_thread_split_by_name_and_tid() {
     if !require_bpf() {
         return;
     }
-    let mut m = Mtrace::start(&[
-        "--per-thread",
-        "--top",
-        "0",
-        "--",
-        Fixture::Threads.path_str(),
-    ]);
-    let pid = m.wait_tracing();
-    let out = m.finish();
-    out.assert_exit(0);
-    let r = out.report();
-    let dump = r.dump();
+    let (_, p) = trace_fixture(Fixture::Threads, &["--per-thread", "--top", "0"]);
+    let pid = p.pid();
+    let dump = p.dump();
 
-    let rows = r.rows_at("malloc", "thread_alloc");
-    assert_eq!(r.site("malloc", "thread_alloc"), (1000, 32000), "\n{dump}");
-    // Sum by thread; rows of one thread may come from two call sites.
+    let stacks = p.stacks_at("malloc", "thread_alloc");
+    assert_eq!(p.site("malloc", "thread_alloc"), (1000, 32000), "\n{dump}");
+    // Sum by thread; stacks of one thread may come from two call sites.
     let mut by_thread: BTreeMap<(String, u32), (u64, u64)> = BTreeMap::new();
-    for row in &rows {
-        assert_eq!(
-            row.frames.get(1).map(String::as_str),
-            Some("worker"),
-            "{row:?}"
-        );
-        let thread = row
+    for stack in &stacks {
+        assert_eq!(stack.names().get(1).copied(), Some("worker"), "{stack:?}");
+        let thread = stack
             .thread
             .clone()
-            .unwrap_or_else(|| panic!("a row without thread with --per-thread\n{dump}"));
-        let e = by_thread.entry(thread).or_default();
-        e.0 += row.calls;
-        e.1 += row.bytes;
+            .unwrap_or_else(|| panic!("a stack without thread with --per-thread\n{dump}"));
+        let e = by_thread.entry((thread.name, thread.tid)).or_default();
+        e.0 += stack.calls;
+        e.1 += stack.bytes;
     }
     let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     let mut tids = BTreeSet::new();
@@ -56,16 +43,16 @@ fn per_thread_split_by_name_and_tid() {
             "thread name {name} with two tids\n{dump}"
         );
         assert!(tids.insert(*tid), "tid {tid} with two names\n{dump}");
-        assert_ne!(*tid, pid, "a worker row on the main thread\n{dump}");
+        assert_ne!(*tid, pid, "a worker stack on the main thread\n{dump}");
     }
     let expected: BTreeMap<&str, (u64, u64)> = PER_THREAD
         .iter()
         .map(|&(name, calls)| (name, (calls, calls * 32)))
         .collect();
     assert_eq!(by_name, expected, "\n{dump}");
-    // Every row carries its thread.
-    assert!(r.rows.iter().all(|row| row.thread.is_some()), "\n{dump}");
-    r.assert_no_losses();
+    // Every stack carries its thread.
+    assert!(p.allocs().all(|s| s.thread.is_some()), "\n{dump}");
+    p.assert_no_losses();
 }
 
 #[test]
@@ -73,13 +60,9 @@ fn threads_summed_without_per_thread() {
     if !require_bpf() {
         return;
     }
-    let mut m = Mtrace::start(&["--top", "0", "--", Fixture::Threads.path_str()]);
-    m.wait_tracing();
-    let out = m.finish();
-    out.assert_exit(0);
-    let r = out.report();
-    let dump = r.dump();
-    assert_eq!(r.site("malloc", "thread_alloc"), (1000, 32000), "\n{dump}");
-    assert!(r.rows.iter().all(|row| row.thread.is_none()), "\n{dump}");
-    r.assert_no_losses();
+    let (_, p) = trace_fixture(Fixture::Threads, &["--top", "0"]);
+    let dump = p.dump();
+    assert_eq!(p.site("malloc", "thread_alloc"), (1000, 32000), "\n{dump}");
+    assert!(p.allocs().all(|s| s.thread.is_none()), "\n{dump}");
+    p.assert_no_losses();
 }

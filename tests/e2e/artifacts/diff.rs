@@ -1,0 +1,340 @@
+//! `mtrace diff` as a CI gate.
+
+use std::{fs, path::Path};
+
+use super::{expected_sites, s, trace_counts};
+use crate::{
+    counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::{
+        copy_executable, require_bpf, run_mtrace, validate_profile, Finished, Fixture, Mtrace,
+        Profile,
+    },
+};
+
+/// One changed stack of `mtrace diff`'s table.
+#[derive(Debug)]
+struct DiffRow {
+    func: String,
+    /// (base, new).
+    calls: (u64, u64),
+    bytes: (u64, u64),
+    /// Function names, innermost first.
+    frames: Vec<String>,
+    /// The frame lines as printed (`function [module]`).
+    frame_lines: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct DiffOut {
+    /// `total: calls B -> N (...), bytes B -> N (...)`.
+    total_calls: (u64, u64),
+    total_bytes: (u64, u64),
+    rows: Vec<DiffRow>,
+    unchanged: u64,
+    regressions: Vec<String>,
+    ok: bool,
+}
+
+/// `calls 1000 -> 1200 (+200, +20.00%)` or `calls +200 (+20.00%, 1000 -> 1200)` -> (1000, 1200).
+fn base_new(part: &str) -> (u64, u64) {
+    let arrow = part
+        .find(" -> ")
+        .unwrap_or_else(|| panic!("no `->` in {part:?}"));
+    let base = part[..arrow]
+        .rsplit([' ', '('])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("bad base in {part:?}"));
+    let new = part[arrow + 4..]
+        .split([' ', ')', ','])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("bad new value in {part:?}"));
+    (base, new)
+}
+
+impl DiffOut {
+    fn parse(text: &str) -> DiffOut {
+        let mut d = DiffOut::default();
+        let mut seen_total = false;
+        for line in text.lines() {
+            if line.is_empty() || line.starts_with("mtrace diff: ") {
+            } else if let Some(t) = line.strip_prefix("total: ") {
+                let (calls, bytes) = t
+                    .split_once(", bytes ")
+                    .unwrap_or_else(|| panic!("bad total line {line:?}"));
+                d.total_calls = base_new(calls);
+                d.total_bytes = base_new(bytes);
+                seen_total = true;
+            } else if line.starts_with('#') {
+                let parts: Vec<&str> = line.split("  ").collect();
+                assert!(parts.len() >= 4, "bad diff row {line:?}");
+                d.rows.push(DiffRow {
+                    func: parts[3].to_string(),
+                    calls: base_new(parts[1]),
+                    bytes: base_new(parts[2]),
+                    frames: Vec::new(),
+                    frame_lines: Vec::new(),
+                });
+            } else if let Some(frame) = line.strip_prefix("    ") {
+                let name = match frame.rsplit_once(" [") {
+                    Some((n, _)) if frame.ends_with(']') => n,
+                    _ => frame,
+                };
+                let row = d
+                    .rows
+                    .last_mut()
+                    .unwrap_or_else(|| panic!("a frame before any row: {line:?}"));
+                row.frames.push(name.to_string());
+                row.frame_lines.push(frame.to_string());
+            } else if let Some(n) = line
+                .strip_suffix(" stacks unchanged")
+                .or_else(|| line.strip_suffix(" stack unchanged"))
+            {
+                d.unchanged = n.parse().unwrap();
+            } else if line.starts_with("regression: ") {
+                d.regressions.push(line.to_string());
+            } else if line.starts_with("ok: no regression") {
+                d.ok = true;
+            } else if line == "no stack changed" {
+            } else {
+                panic!("unexpected line {line:?} in\n{text}");
+            }
+        }
+        assert!(seen_total, "no total line in\n{text}");
+        d
+    }
+}
+
+fn run_diff(args: &[&str]) -> (Finished, DiffOut) {
+    let mut all = vec!["diff"];
+    all.extend_from_slice(args);
+    let out = run_mtrace(&all);
+    let d = DiffOut::parse(&out.stdout);
+    (out, d)
+}
+
+/// Distinct (allocator, caller) sites of counts.c; `mtrace diff` sums the
+/// two valloc stacks (same functions) into one.
+fn n_sites() -> u64 {
+    expected_sites().len() as u64
+}
+
+#[test]
+fn diff_of_two_runs_is_empty() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.json");
+    let b = dir.path().join("b.json");
+    trace_counts(Fixture::Counts, &["-o", s(&a)]);
+    trace_counts(Fixture::Counts, &["-o", s(&b)]);
+    validate_profile(&a);
+    validate_profile(&b);
+    let (out, d) = run_diff(&[
+        s(&a),
+        s(&b),
+        "--fail-if",
+        "calls>+5%",
+        "--fail-if",
+        "bytes>+1MiB",
+    ]);
+    out.assert_exit(0);
+    let total = (COUNTS_TOTAL_CALLS, COUNTS_TOTAL_CALLS);
+    assert_eq!(d.total_calls, total, "{}", out.describe());
+    assert_eq!(
+        d.total_bytes,
+        (COUNTS_TOTAL_BYTES, COUNTS_TOTAL_BYTES),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        out.stdout.contains("(+0, +0.00%)"),
+        "no zero change shown\n{}",
+        out.describe()
+    );
+    assert!(d.rows.is_empty(), "changed stacks\n{}", out.describe());
+    assert!(
+        out.stdout.contains("\nno stack changed\n"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(d.unchanged, n_sites(), "{}", out.describe());
+    assert!(d.ok && d.regressions.is_empty(), "{}", out.describe());
+}
+
+/// `base` is counts.c, `new` the same program with 200 more calls at
+/// alloc_small (1000 -> 1200): +15.6% calls in total.
+fn check_growth_diff(base: &Path, new: &Path, dir: &Path) {
+    let expect_only_alloc_small = |out: &Finished, d: &DiffOut| {
+        assert_eq!(
+            d.total_calls,
+            (COUNTS_TOTAL_CALLS, COUNTS_TOTAL_CALLS + 200),
+            "{}",
+            out.describe()
+        );
+        assert_eq!(
+            d.total_bytes,
+            (COUNTS_TOTAL_BYTES, COUNTS_TOTAL_BYTES + 200 * 48),
+            "{}",
+            out.describe()
+        );
+        // The sites that did not change must line up across the two
+        // binaries: only alloc_small is a changed stack.
+        let changed: Vec<String> = d
+            .rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "calls {} -> {}: {} <- {}",
+                    r.calls.0,
+                    r.calls.1,
+                    r.func,
+                    r.frame_lines[..r.frame_lines.len().min(2)].join(" <- ")
+                )
+            })
+            .collect();
+        assert_eq!(
+            d.rows.len(),
+            1,
+            "expected one changed stack (alloc_small: calls 1000 -> 1200), the others \
+             lining up as unchanged; got {} changed stacks:\n{}\n{}",
+            d.rows.len(),
+            changed.join("\n"),
+            out.describe()
+        );
+        let row = &d.rows[0];
+        assert_eq!(row.func, "malloc");
+        assert_eq!(row.frames.first().map(String::as_str), Some("alloc_small"));
+        assert_eq!(row.frames.get(1).map(String::as_str), Some("main"));
+        assert_eq!(row.calls, (1000, 1200), "{}", out.describe());
+        assert_eq!(row.bytes, (48000, 57600), "{}", out.describe());
+        assert_eq!(d.unchanged, n_sites() - 1, "{}", out.describe());
+    };
+
+    // Totals: +15.6% > 5%.
+    let (out, d) = run_diff(&[s(base), s(new), "--top", "0", "--fail-if", "calls>+5%"]);
+    out.assert_exit(1);
+    expect_only_alloc_small(&out, &d);
+    assert_eq!(
+        d.regressions,
+        ["regression: calls>+5%: total calls 1281 -> 1481 (+15.61%)"],
+        "{}",
+        out.describe()
+    );
+    assert!(!d.ok);
+    assert!(
+        out.stderr.iter().any(|l| l == "mtrace: 1 regression found"),
+        "{}",
+        out.describe()
+    );
+
+    // Totals: +15.6% <= 20%.
+    let (out, d) = run_diff(&[s(base), s(new), "--top", "0", "--fail-if", "calls>+20%"]);
+    out.assert_exit(0);
+    expect_only_alloc_small(&out, &d);
+    assert!(d.ok && d.regressions.is_empty(), "{}", out.describe());
+
+    // Per stack: alloc_small +20% > 10%, and no other stack.
+    let (out, d) = run_diff(&[
+        s(base),
+        s(new),
+        "--top",
+        "0",
+        "--per-stack",
+        "--fail-if",
+        "calls>+10%",
+    ]);
+    out.assert_exit(1);
+    expect_only_alloc_small(&out, &d);
+    assert_eq!(d.regressions.len(), 1, "{}", out.describe());
+    let line = &d.regressions[0];
+    assert!(
+        line.starts_with("regression: calls>+10%: malloc <- alloc_small <- main")
+            && line.ends_with(": 1000 -> 1200 (+20.00%)"),
+        "{line:?}\n{}",
+        out.describe()
+    );
+    for &(_, caller, _, _) in COUNTS_SITES {
+        assert!(
+            caller == "alloc_small" || !line.contains(caller),
+            "{line:?} names {caller}"
+        );
+    }
+
+    // Differential folded stacks and flame graph.
+    let folded = dir.join("d.folded");
+    let svg = dir.join("d.svg");
+    let (out, _) = run_diff(&[
+        s(base),
+        s(new),
+        "--folded",
+        s(&folded),
+        "--flamegraph",
+        s(&svg),
+    ]);
+    out.assert_exit(0);
+    let text = fs::read_to_string(&folded).expect("no differential folded file");
+    let mut lines = 0;
+    for line in text.lines() {
+        let mut it = line.rsplitn(3, ' ');
+        let n: u64 = it.next().unwrap().parse().unwrap();
+        let b: u64 = it.next().unwrap().parse().unwrap();
+        let stack = it.next().unwrap();
+        if stack.ends_with(";alloc_small;malloc") {
+            assert_eq!((b, n), (1000, 1200), "{line:?}");
+        } else {
+            assert_eq!(b, n, "an unchanged stack changed: {line:?}\n{text}");
+        }
+        lines += 1;
+    }
+    assert_eq!(lines, n_sites(), "{text}");
+    let svg_text = fs::read_to_string(&svg).expect("no differential flamegraph");
+    assert!(svg_text.contains("<svg"), "not an SVG");
+    assert!(
+        svg_text.contains("alloc_small"),
+        "alloc_small not in the SVG"
+    );
+}
+
+/// Two builds of one program at different paths (tests/fixtures/counts.c
+/// built as `counts` and as `counts-plus20`): stacks must line up.
+#[test]
+fn diff_gate_catches_growth_across_builds() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.json");
+    let c = dir.path().join("c.json");
+    trace_counts(Fixture::Counts, &["-o", s(&a)]);
+    trace_counts(Fixture::CountsPlus20, &["--top", "0", "-o", s(&c)]);
+    validate_profile(&a);
+    let plus20 = Profile::load(&c);
+    assert_eq!(plus20.site("malloc", "alloc_small"), (1200, 57600));
+    check_growth_diff(&a, &c, dir.path());
+}
+
+/// The same gate where the new build has the old one's file name in
+/// another directory.
+#[test]
+fn diff_gate_catches_growth_same_name_other_directory() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin_dir = tempfile::tempdir().unwrap();
+    let plus20 = copy_executable(Fixture::CountsPlus20.path(), bin_dir.path(), "counts");
+    let a = dir.path().join("a.json");
+    let c = dir.path().join("c.json");
+    trace_counts(Fixture::Counts, &["-o", s(&a)]);
+    let mut m = Mtrace::start(&["-o", s(&c), "--", s(&plus20)]);
+    m.wait_tracing();
+    m.finish().assert_exit(0);
+    validate_profile(&a);
+    validate_profile(&c);
+    check_growth_diff(&a, &c, dir.path());
+}

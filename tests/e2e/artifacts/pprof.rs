@@ -1,0 +1,404 @@
+//! pprof, decoded by protoc with the official profile.proto.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use super::{expected_sites, gunzip, s, trace_counts};
+use crate::{
+    counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS, RECURSE_DEPTH},
+    support::{require_bpf, validate_profile, Fixture},
+};
+
+const PROTO_DIR: &str = "/usr/share/gocode/src/github.com/google/pprof/proto";
+
+/// A message of protoc's text format: fields in order.
+#[derive(Debug, Default)]
+struct TextMsg {
+    fields: Vec<(String, TextField)>,
+}
+
+#[derive(Debug)]
+enum TextField {
+    Scalar(String),
+    Msg(TextMsg),
+}
+
+impl TextMsg {
+    /// Parses what `protoc --decode` prints: one field a line, `name:
+    /// value` or `name {` up to a line `}`. (Strings are quoted and escaped
+    /// on one line: a value never ends with ` {` nor is `}`.)
+    fn parse(text: &str) -> TextMsg {
+        // The messages being read, outermost first, with their names.
+        let mut open: Vec<(String, TextMsg)> = vec![(String::new(), TextMsg::default())];
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if line == "}" {
+                let (name, msg) = open.pop().expect("unbalanced `}` in protoc output");
+                let parent = &mut open.last_mut().expect("unbalanced `}`").1;
+                parent.fields.push((name, TextField::Msg(msg)));
+            } else if let Some(name) = line.strip_suffix(" {") {
+                open.push((name.to_string(), TextMsg::default()));
+            } else {
+                let (name, value) = line
+                    .split_once(": ")
+                    .unwrap_or_else(|| panic!("unexpected line {line:?} in protoc output"));
+                let value = TextField::Scalar(unquote(value));
+                open.last_mut()
+                    .unwrap()
+                    .1
+                    .fields
+                    .push((name.to_string(), value));
+            }
+        }
+        assert_eq!(open.len(), 1, "protoc output ends inside a message");
+        open.pop().unwrap().1
+    }
+
+    fn msgs(&self, name: &str) -> Vec<&TextMsg> {
+        self.fields
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, f)| match f {
+                TextField::Msg(m) => m,
+                TextField::Scalar(v) => panic!("field {name} is a scalar ({v}), not a message"),
+            })
+            .collect()
+    }
+
+    fn scalars(&self, name: &str) -> Vec<&str> {
+        self.fields
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, f)| match f {
+                TextField::Scalar(v) => v.as_str(),
+                TextField::Msg(_) => panic!("field {name} is a message, not a scalar"),
+            })
+            .collect()
+    }
+
+    fn ints(&self, name: &str) -> Vec<i64> {
+        self.scalars(name)
+            .iter()
+            .map(|v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name}: {v:?} is not an integer"))
+            })
+            .collect()
+    }
+
+    /// A singular integer field; proto3 leaves out zeros.
+    fn int(&self, name: &str) -> i64 {
+        match self.ints(name)[..] {
+            [] => 0,
+            [v] => v,
+            _ => panic!("field {name} repeated"),
+        }
+    }
+}
+
+/// A string as protoc writes it (`"..."` with C escapes, octal for other
+/// bytes) unquoted; any other value as it is.
+fn unquote(value: &str) -> String {
+    let Some(inner) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else {
+        return value.to_string();
+    };
+    let mut out = Vec::new();
+    let mut bytes = inner.bytes().peekable();
+    while let Some(b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let e = bytes.next().expect("a `\\` at the end of a string");
+        out.push(match e {
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'0'..=b'7' => {
+                let mut v = u32::from(e - b'0');
+                for _ in 0..2 {
+                    match bytes.peek() {
+                        Some(d @ b'0'..=b'7') => {
+                            v = v * 8 + u32::from(d - b'0');
+                            bytes.next();
+                        }
+                        _ => break,
+                    }
+                }
+                v as u8
+            }
+            b'x' => panic!("protoc wrote a \\x escape in {value}"),
+            other => other,
+        });
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn protoc_text_format_is_read() {
+    // No BPF needed: the reader of protoc's output on its own.
+    assert_eq!(unquote(r#""a\"b\\c\303\251\n""#), "a\"b\\c\u{e9}\n");
+    assert_eq!(unquote("42"), "42");
+    let msg = TextMsg::parse("a: 1\nm {\n  s: \"x {\"\n  n {\n  }\n}\na: 2\n");
+    assert_eq!(msg.ints("a"), [1, 2]);
+    let m = &msg.msgs("m")[0];
+    assert_eq!(m.scalars("s"), ["x {"]);
+    assert_eq!(m.msgs("n").len(), 1);
+}
+
+/// A pprof profile as protoc decodes it.
+struct Pprof {
+    strings: Vec<String>,
+    /// (type, unit) names.
+    sample_types: Vec<(String, String)>,
+    /// Function names by function id.
+    functions: BTreeMap<i64, String>,
+    /// Function ids of each location's lines (innermost first) by id.
+    locations: BTreeMap<i64, Vec<i64>>,
+    /// (location ids, leaf first; values).
+    samples: Vec<(Vec<i64>, Vec<i64>)>,
+}
+
+impl Pprof {
+    /// Gunzips `path` and decodes it with `protoc --decode`. Panics (never
+    /// skips) when protoc or profile.proto is missing.
+    fn decode(path: &Path) -> Pprof {
+        let raw = gunzip(path);
+        assert!(
+            Path::new(PROTO_DIR).join("profile.proto").is_file(),
+            "{PROTO_DIR}/profile.proto not found: install the Debian package \
+             golang-github-google-pprof-dev (apt-get install golang-github-google-pprof-dev)"
+        );
+        let mut child = match Command::new("protoc")
+            .args([
+                "--decode",
+                "perftools.profiles.Profile",
+                &format!("--proto_path={PROTO_DIR}"),
+                "profile.proto",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "protoc not found: install the Debian package protobuf-compiler \
+                 (apt-get install protobuf-compiler)"
+            ),
+            Err(e) => panic!("cannot run protoc: {e}"),
+        };
+        let mut stdin = child.stdin.take().unwrap();
+        let writer = std::thread::spawn(move || stdin.write_all(&raw));
+        let out = child.wait_with_output().expect("waiting for protoc");
+        writer.join().unwrap().expect("writing to protoc");
+        assert!(
+            out.status.success(),
+            "protoc could not decode {} ({}):\n{}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let msg = TextMsg::parse(&String::from_utf8_lossy(&out.stdout));
+
+        let strings: Vec<String> = msg
+            .scalars("string_table")
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            strings.first().map(String::as_str),
+            Some(""),
+            "string_table[0]"
+        );
+        let string = |i: i64| -> String {
+            strings
+                .get(i as usize)
+                .unwrap_or_else(|| panic!("string index {i} out of range"))
+                .clone()
+        };
+        let sample_types = msg
+            .msgs("sample_type")
+            .iter()
+            .map(|t| (string(t.int("type")), string(t.int("unit"))))
+            .collect();
+        let functions = msg
+            .msgs("function")
+            .iter()
+            .map(|f| (f.int("id"), string(f.int("name"))))
+            .collect();
+        let locations = msg
+            .msgs("location")
+            .iter()
+            .map(|l| {
+                let funcs = l
+                    .msgs("line")
+                    .iter()
+                    .map(|line| line.int("function_id"))
+                    .collect();
+                (l.int("id"), funcs)
+            })
+            .collect();
+        let samples = msg
+            .msgs("sample")
+            .iter()
+            .map(|s| (s.ints("location_id"), s.ints("value")))
+            .collect();
+        Pprof {
+            strings,
+            sample_types,
+            functions,
+            locations,
+            samples,
+        }
+    }
+
+    /// Function names of a location, innermost first.
+    fn location_names(&self, id: i64) -> Vec<&str> {
+        self.locations
+            .get(&id)
+            .unwrap_or_else(|| panic!("no location {id}"))
+            .iter()
+            .map(|f| {
+                self.functions
+                    .get(f)
+                    .unwrap_or_else(|| panic!("no function {f}"))
+                    .as_str()
+            })
+            .collect()
+    }
+
+    /// The function name of each location of a sample (for a location of
+    /// several lines, the innermost), leaf first.
+    fn stack_names(&self, locations: &[i64]) -> Vec<&str> {
+        locations
+            .iter()
+            .map(|&id| self.location_names(id)[0])
+            .collect()
+    }
+
+    /// Summed values by (allocator = function of the first location,
+    /// direct caller = function of the second).
+    fn by_site(&self) -> BTreeMap<(String, String), Vec<i64>> {
+        let mut out: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
+        for (locs, values) in &self.samples {
+            assert!(locs.len() >= 2, "a sample without a caller: {locs:?}");
+            let names = self.stack_names(&locs[..2]);
+            let sums = out
+                .entry((names[0].to_string(), names[1].to_string()))
+                .or_insert_with(|| vec![0; values.len()]);
+            for (s, v) in sums.iter_mut().zip(values) {
+                *s += v;
+            }
+        }
+        out
+    }
+
+    fn sample_type_names(&self) -> Vec<String> {
+        self.sample_types
+            .iter()
+            .map(|(t, u)| format!("{t}/{u}"))
+            .collect()
+    }
+}
+
+#[test]
+fn pprof_has_the_exact_counts() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pb = dir.path().join("counts.pb.gz");
+    trace_counts(Fixture::Counts, &["--top", "0", "--pprof", s(&pb)]);
+    let p = Pprof::decode(&pb);
+    assert_eq!(
+        p.sample_type_names(),
+        ["alloc_objects/count", "alloc_space/bytes"]
+    );
+    for (locs, values) in &p.samples {
+        assert_eq!(values.len(), 2, "sample {locs:?} has values {values:?}");
+    }
+    let by_site = p.by_site();
+    let got: BTreeMap<(String, String), [i64; 2]> = by_site
+        .iter()
+        .map(|(k, v)| (k.clone(), [v[0], v[1]]))
+        .collect();
+    assert_eq!(
+        got,
+        expected_sites(),
+        "pprof (allocator, caller) -> [alloc_objects, alloc_space]"
+    );
+
+    // By direct caller alone (aligned_allocs has two allocators).
+    let mut by_caller: BTreeMap<&str, [i64; 2]> = BTreeMap::new();
+    for ((_, caller), v) in &got {
+        let e = by_caller.entry(caller.as_str()).or_default();
+        e[0] += v[0];
+        e[1] += v[1];
+    }
+    assert_eq!(by_caller["alloc_small"], [1000, 48000]);
+    assert_eq!(by_caller["alloc_zeroed"], [250, 62500]);
+    assert_eq!(by_caller["grow_buffer"], [10, 5500]);
+    assert_eq!(by_caller["leaf_alloc"], [5, 20480]);
+    assert_eq!(by_caller["aligned_allocs"], [10, 1084]);
+    assert_eq!(by_caller["array_allocs"], [4, 1280]);
+    assert_eq!(by_caller["page_allocs"], [2, 2000]);
+    let total: [i64; 2] = got.values().fold([0, 0], |a, v| [a[0] + v[0], a[1] + v[1]]);
+    assert_eq!(
+        total,
+        [COUNTS_TOTAL_CALLS as i64, COUNTS_TOTAL_BYTES as i64]
+    );
+
+    // The deep stack: malloc, leaf_alloc, recurse x 20, main.
+    for (locs, _) in &p.samples {
+        let names = p.stack_names(locs);
+        if names[1] == "leaf_alloc" {
+            assert!(names.len() > RECURSE_DEPTH + 2, "{names:?}");
+            assert!(
+                names[2..2 + RECURSE_DEPTH].iter().all(|n| *n == "recurse"),
+                "{names:?}"
+            );
+            assert_eq!(names[2 + RECURSE_DEPTH], "main", "{names:?}");
+        }
+    }
+    assert!(
+        p.strings.iter().any(|s| s.starts_with("mtrace ")),
+        "no comment"
+    );
+}
+
+#[test]
+fn pprof_of_live_mode_has_inuse_values() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pb = dir.path().join("live.pb.gz");
+    let json = dir.path().join("live.json");
+    trace_counts(
+        Fixture::Counts,
+        &["--live", "--pprof", s(&pb), "-o", s(&json)],
+    );
+    let doc = validate_profile(&json);
+    assert_eq!(doc["meta"]["mode"], "live");
+    let p = Pprof::decode(&pb);
+    assert_eq!(
+        p.sample_type_names(),
+        [
+            "alloc_objects/count",
+            "alloc_space/bytes",
+            "inuse_objects/count",
+            "inuse_space/bytes"
+        ]
+    );
+    // counts.c frees every block: nothing in use at the end.
+    let got: BTreeMap<(String, String), Vec<i64>> = p.by_site();
+    let expected: BTreeMap<(String, String), Vec<i64>> = expected_sites()
+        .into_iter()
+        .map(|(k, [c, b])| (k, vec![c, b, 0, 0]))
+        .collect();
+    assert_eq!(got, expected);
+}

@@ -1,0 +1,123 @@
+//! Round trip: live run -> profile -> `mtrace report`.
+
+use std::fs;
+
+use serde_json::Value;
+
+use super::{gunzip, report, s, trace_counts};
+use crate::{
+    counts::{check_counts_profile, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::{require_bpf, table::live_table, validate_profile, Fixture, Profile},
+};
+
+#[test]
+fn report_reproduces_the_live_run() {
+    if !require_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let live = trace_counts(
+        Fixture::Counts,
+        &[
+            "--top",
+            "0",
+            "--output",
+            s(&p("f.json")),
+            "--folded",
+            s(&p("live.folded")),
+            "--pprof",
+            s(&p("live.pb.gz")),
+            "--speedscope",
+            s(&p("live.speedscope.json")),
+        ],
+    );
+    let f = Profile::load(&p("f.json"));
+    check_counts_profile(&f);
+    let f = f.doc;
+    assert_eq!(f["meta"]["mode"], "count");
+    assert_eq!(f["totals"]["allocs"]["calls"], COUNTS_TOTAL_CALLS);
+    assert_eq!(f["totals"]["allocs"]["bytes"], COUNTS_TOTAL_BYTES);
+
+    let rep = report(&[
+        s(&p("f.json")),
+        "--top",
+        "0",
+        "-o",
+        s(&p("g.json")),
+        "--folded",
+        s(&p("rep.folded")),
+        "--flamegraph",
+        s(&p("rep.svg")),
+        "--pprof",
+        s(&p("rep.pb.gz")),
+        "--speedscope",
+        s(&p("rep.speedscope.json")),
+    ]);
+    assert_eq!(
+        rep.stdout,
+        live_table(&live),
+        "`mtrace report` prints another table than the live run\n--- live ---\n{}",
+        live.describe()
+    );
+    for what in [
+        "profile",
+        "folded stacks",
+        "flamegraph",
+        "pprof profile",
+        "speedscope profile",
+    ] {
+        assert!(
+            rep.stderr
+                .iter()
+                .any(|l| l.starts_with(&format!("mtrace: wrote {what} to "))),
+            "report did not say it wrote the {what}\n{}",
+            rep.describe()
+        );
+    }
+
+    // Re-written, the profile is the same document.
+    let g = validate_profile(&p("g.json"));
+    assert_eq!(g, f, "report -o does not write back the profile it read");
+
+    // Every file made from the saved profile equals the live run's.
+    let folded = fs::read_to_string(p("rep.folded")).expect("no folded file from report");
+    assert_eq!(
+        folded,
+        fs::read_to_string(p("live.folded")).unwrap(),
+        "folded stacks differ between live run and report"
+    );
+    let folded_calls: u64 = folded
+        .lines()
+        .map(|l| {
+            l.rsplit_once(' ')
+                .and_then(|(_, n)| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("bad folded line {l:?}"))
+        })
+        .sum();
+    assert_eq!(folded_calls, COUNTS_TOTAL_CALLS, "{folded}");
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.ends_with(";alloc_small;malloc 1000")),
+        "{folded}"
+    );
+    assert_eq!(
+        gunzip(&p("rep.pb.gz")),
+        gunzip(&p("live.pb.gz")),
+        "pprof profiles differ between live run and report"
+    );
+    let ss = |name: &str| -> Value {
+        serde_json::from_str(&fs::read_to_string(p(name)).unwrap())
+            .unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
+    };
+    assert_eq!(
+        ss("rep.speedscope.json"),
+        ss("live.speedscope.json"),
+        "speedscope profiles differ between live run and report"
+    );
+    let svg = fs::read_to_string(p("rep.svg")).expect("no flamegraph from report");
+    assert!(svg.contains("<svg"), "not an SVG");
+    assert!(svg.contains("alloc_small"), "alloc_small not in the SVG");
+    // Another order and cut of the table: tests/e2e/table.rs.
+}

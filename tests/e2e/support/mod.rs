@@ -1,0 +1,60 @@
+//! Helpers shared by the end-to-end tests:
+//!
+//! - [`fixtures`]: the fixture programs, compiled once per test run;
+//! - [`process`]: child processes that are killed when a test fails, line
+//!   readers with timeouts;
+//! - [`mtrace`]: running mtrace;
+//! - [`profile`]: loading and querying the JSON profile (`-o`), which is
+//!   what the tests assert on;
+//! - [`table`]: the parser of the human table, for the tests of the table
+//!   (tests/e2e/table.rs).
+
+pub mod fixtures;
+pub mod mtrace;
+pub mod process;
+pub mod profile;
+pub mod table;
+
+use std::{fs, os::unix::fs::PermissionsExt};
+
+pub use fixtures::{copy_executable, Fixture};
+pub use mtrace::{mtrace_path, run_mtrace, run_profiled, trace_fixture, Finished, Mtrace};
+pub use process::{dead_pid, read_mem, FixtureProc, Proc, EXIT_TIMEOUT, LINE_TIMEOUT};
+pub use profile::{validate_profile, Profile};
+
+/// The BPF tests need root. Returns false (after a note on stderr) when the
+/// test should be skipped; when the environment variable `CI` is set, not
+/// being root fails the test instead.
+#[must_use]
+pub fn require_bpf() -> bool {
+    require(
+        unsafe { libc::geteuid() } == 0,
+        "the e2e tests need root (BPF and uprobes)",
+    )
+}
+
+/// Whether what a test needs (`needed`) holds. When it does not: false,
+/// after a note on stderr, so that the test can be skipped; when the
+/// environment variable `CI` is set, a failure instead, naming `what`.
+#[must_use]
+pub fn require(needed: bool, what: &str) -> bool {
+    if needed {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{what}, and CI is set: not skipping");
+    }
+    eprintln!("skipped: {what} (set CI to make this a failure)");
+    false
+}
+
+/// A fresh directory under /tmp that every user can enter (tempfile makes
+/// them 0700).
+pub fn public_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("mtrace-e2e-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
