@@ -23,9 +23,17 @@ fn a_full_aggregation_map_is_counted_and_the_totals_stay_exact() {
     let d = p.dump();
     assert_eq!(p.total(), (CALLS, CALLS * 10), "{d}");
     let in_stacks: u64 = p.stacks.iter().map(|s| s.calls).sum();
-    assert_eq!(p.stacks.len(), 16, "{d}");
+    // The kernel's map holds 16 stacks; walks the tracer finished (the
+    // first through code without unwind rules yet) are counted by the
+    // tracer, outside the map.
+    let by_tracer = p.doc["stack_quality"]["finished_by_tracer"]
+        .as_u64()
+        .unwrap();
+    assert!(p.stacks.len() >= 16, "{d}");
+    assert!(p.stacks.len() as u64 <= 16 + by_tracer, "{d}");
     // Every call not in a stack is a loss, and only those.
     assert_eq!(p.losses["map_full"], CALLS - in_stacks, "{d}");
+    assert!(p.losses["map_full"] >= CALLS - 16 - by_tracer, "{d}");
 }
 
 #[test]
@@ -38,8 +46,14 @@ fn a_full_stack_map_keeps_the_direct_caller_and_is_counted() {
     assert_eq!(p.total().0, CALLS, "{d}");
     assert_eq!(p.stacks.len() as u64, CALLS, "one stack per depth: {d}");
     let (truncated, whole): (Vec<_>, Vec<_>) = p.stacks.iter().partition(|s| s.truncated);
-    assert_eq!(truncated.len(), 24, "{d}");
-    assert_eq!(p.losses["stack_map_full"], 24, "{d}");
+    // 16 stacks fit the kernel's map; walks the tracer finished keep their
+    // stacks outside it.
+    let by_tracer = p.doc["stack_quality"]["finished_by_tracer"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(truncated.len() as u64, p.losses["stack_map_full"], "{d}");
+    assert!(p.losses["stack_map_full"] >= CALLS - 16 - by_tracer, "{d}");
+    assert!(p.losses["stack_map_full"] > 0, "{d}");
     for s in truncated {
         // The direct caller, from [rsp], is never lost.
         assert_eq!(s.caller(), Some("rec"), "{s:?}");

@@ -89,6 +89,19 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
     .map(|&(label, key)| (label.to_string(), p.losses[key]))
     .collect();
     assert_eq!(r.lost, lost, "{d}");
+    // The stack-quality line: the share of whole stacks and every cause.
+    let q = &p.doc["stack_quality"];
+    let (calls, whole) = (q["calls"].as_u64().unwrap(), q["whole"].as_u64().unwrap());
+    let pct = format!("{:.2}", whole as f64 * 100.0 / calls as f64);
+    assert_eq!(r.stacks_whole_pct.as_deref(), Some(pct.as_str()), "{d}");
+    let cut: Vec<(String, u64)> = q["truncated"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(r.cut_short, cut, "{d}");
 }
 
 /// Launch mode, counts fixture: the table shows what the profile holds,

@@ -35,5 +35,11 @@ pub mod counter {
     pub const PENDING_FULL: u32 = MAP_FULL + 9;
     /// Sampled mode: calls recorded.
     pub const SAMPLES: u32 = MAP_FULL + 10;
-    pub const N: u32 = MAP_FULL + 11;
+    /// Walks handed to the tracer for want of a rule (the tracer finishes
+    /// them: not a loss).
+    pub const UNWIND_MISSES: u32 = MAP_FULL + 11;
+    /// Of those, walks whose stack copy found the ring full (the call is
+    /// counted under the frames walked so far).
+    pub const UNWIND_MISSES_LOST: u32 = MAP_FULL + 12;
+    pub const N: u32 = MAP_FULL + 13;
 }

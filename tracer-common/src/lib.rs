@@ -13,6 +13,7 @@ pub mod maps;
 mod roles;
 mod sampling;
 mod stack;
+mod unwind;
 
 pub use config::*;
 pub use counters::*;
@@ -20,6 +21,7 @@ pub use events::*;
 pub use roles::*;
 pub use sampling::*;
 pub use stack::*;
+pub use unwind::*;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -31,4 +33,6 @@ mod pod {
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for Pending {}
     unsafe impl aya::Pod for StackFrames {}
+    unsafe impl aya::Pod for UnwindRule {}
+    unsafe impl aya::Pod for MissEvent {}
 }

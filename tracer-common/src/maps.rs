@@ -18,11 +18,28 @@ pub const COUNTDOWN: &str = "COUNTDOWN";
 pub const EVENTS: [&str; crate::EVENT_RINGS as usize] = [
     "EVENTS0", "EVENTS1", "EVENTS2", "EVENTS3", "EVENTS4", "EVENTS5", "EVENTS6", "EVENTS7",
 ];
+/// Unwind rules by return address ([`crate::UnwindRule`]), filled by the
+/// tracer.
+pub const UNWIND_RULES: &str = "UNWIND_RULES";
+/// Walks the tracer finishes ([`crate::MissEvent`]).
+pub const UNWIND_MISSES: &str = "UNWIND_MISSES";
+/// One flag, set by the tracer: the map of rules is full.
+pub const UNWIND_FULL: &str = "UNWIND_FULL";
 /// The global the tracer writes before load ([`crate::Config`]).
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 6] = [COUNTS, STACKS, COUNTERS, THREAD_NAMES, COUNTDOWN, "PENDING"];
+pub const ALL_MAPS: [&str; 9] = [
+    COUNTS,
+    STACKS,
+    COUNTERS,
+    THREAD_NAMES,
+    COUNTDOWN,
+    "PENDING",
+    UNWIND_RULES,
+    UNWIND_MISSES,
+    UNWIND_FULL,
+];
 
 /// The benchmark's floor: a program that does nothing, attached where the
 /// real entry probes go, and its return-probe twin.

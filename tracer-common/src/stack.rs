@@ -1,18 +1,14 @@
 //! Stacks: the aggregation key and value, the walked frames and the
 //! walk's scratch space.
 
-/// `CountKey::stack` when the stack walk failed; the allocation is still
-/// counted, under its direct caller only.
+/// `CountKey::stack` when the stack walk could not run (no scratch space);
+/// the allocation is still counted, under its direct caller only.
 pub const STACK_NONE: u64 = 0;
-
-/// `CountKey::stack` when there was no frame pointer to follow: the stack
-/// is the direct caller alone (not a loss).
-pub const STACK_EMPTY: u64 = 1;
 
 /// Most frames a stack keeps (as the kernel's perf_event_max_stack).
 pub const MAX_FRAMES: usize = 127;
 
-/// Bytes of the target's stack read at once by the frame-pointer walk.
+/// Bytes of the target's stack read at once by the walk.
 pub const STACK_CHUNK: usize = 1024;
 
 /// A walked user stack: return addresses above the direct caller, stored
@@ -21,21 +17,27 @@ pub const STACK_CHUNK: usize = 1024;
 #[derive(Clone, Copy, Debug)]
 pub struct StackFrames {
     pub len: u32,
-    pub _pad: u32,
+    /// Why the walk ended ([`crate::stop`]).
+    pub stop: u32,
     pub frames: [u64; MAX_FRAMES],
 }
 
-/// Scratch space of the stack walk, per thread slot.
+/// Scratch space of the stack walk, per thread slot. The walk's state is
+/// kept here rather than on the program's stack, where the verifier would
+/// follow every exact frame count as a state of its own.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct WalkScratch {
     pub chunk: [u64; STACK_CHUNK / 8],
     pub stack: StackFrames,
-    /// The walk's state between chunks: the next frame pointer and the
-    /// hash so far (`stack.len` counts the frames). Kept in the map rather
-    /// than on the program's stack, where the verifier would follow every
-    /// exact frame count as a state of its own.
-    pub fp: u64,
+    /// The next return address to find a rule for, the CFA of the frame
+    /// below it (its frame's stack pointer), rbp there, and whether rbp is
+    /// known.
+    pub ra: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub bp_ok: u64,
+    /// The hash of the frames so far (`stack.len` counts them).
     pub hash: u64,
     /// Where in the target's stack `chunk` was read from, and how many of
     /// its bytes are valid (0: none).
@@ -56,8 +58,7 @@ pub struct CountKey {
     pub func: u32,
     /// Thread id when per-thread splitting is on, else 0.
     pub tid: u32,
-    /// The return address at `[rsp]` on entry: the direct caller, which a
-    /// frame-pointer walk started inside the allocator's prologue misses.
+    /// The return address at `[rsp]` on entry: the direct caller.
     pub caller: u64,
 }
 

@@ -29,10 +29,12 @@ use aya_ebpf::{
     EbpfContext,
 };
 use tracer_common::{
-    counter, AllocEvent, Comm, Role, MAX_FUNCS, Config, CountKey, CountValue, EntryMark, FreeEvent,
-    Pending, StackFrames, WalkScratch, EVENT_ALLOC, EVENT_FREE, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FRAMES,
-    SAMPLE_BYTES, SAMPLE_EVERY, EVENT_RINGS, SAMPLE_NONE, STACK_CHUNK, STACK_EMPTY, STACK_NONE, TAIL_SLOTS,
-    WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    counter, miss_stack_id, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
+    CountKey, CountValue, EntryMark, FreeEvent, MissEvent, Pending, Role, StackFrames,
+    UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
+    MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
+    STACK_COPY, STACK_HASH_SEED, STACK_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN,
+    WEIGHT_TABLE_START,
 };
 
 const EEXIST: i32 = 17;
@@ -70,6 +72,20 @@ static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_
 static WALK: Array<WalkScratch> = Array::with_max_entries(WALK_SLOTS, 0);
 
 const WALK_SLOTS: u32 = 4096;
+
+/// Unwind rules by return address, filled by the tracer (size set by the
+/// tracer).
+#[map]
+static UNWIND_RULES: HashMap<u64, UnwindRule> = HashMap::with_max_entries(65536, 0);
+
+/// Walks the tracer finishes (size set by the tracer).
+#[map]
+static UNWIND_MISSES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// Set by the tracer when `UNWIND_RULES` is full: walks that miss a rule
+/// then end there instead of being handed over, again and again.
+#[map]
+static UNWIND_FULL: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::N, 0);
@@ -378,25 +394,40 @@ fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
     bump(counter::CALLS + func, calls_inc);
     bump(counter::BYTES + func, bytes_inc);
 
-    let (stack, walk) = walk_stack(ctx, scratch);
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
+    let key_tid = if per_thread { tid } else { 0 };
+    let (stack, walk) = walk_stack(ctx, scratch, caller);
+    // A walk that met a return address without a rule goes to the tracer
+    // with a copy of the stack; the tracer counts the call (under the same
+    // key the walk would have made) and adds the missing rules.
+    let stack = match walk {
+        Some(w) if unsafe { (*w).stack.stop } == stop::MISS => {
+            match send_miss(unsafe { &mut *w }, func, key_tid, caller, calls_inc, bytes_inc) {
+                Some(id) => {
+                    if let Some(p) = pending {
+                        set_pending(p, caller, id, func, key_tid, size, extra, sp);
+                    }
+                    return 0;
+                }
+                None => {
+                    let why = match unsafe { (*w).stack.stop } {
+                        stop::RULES_FULL => stop::RULES_FULL,
+                        _ => stop::COPY_LOST,
+                    };
+                    finish_hash(unsafe { &mut *w }, why)
+                }
+            }
+        }
+        _ => stack,
+    };
     let key = CountKey {
         stack,
         func,
-        tid: if per_thread { tid } else { 0 },
+        tid: key_tid,
         caller,
     };
     if let Some(p) = pending {
-        *p = Pending {
-            key,
-            size,
-            old_ptr: extra.old_ptr,
-            memptr: extra.memptr,
-            // Only a resize needs to know when it began.
-            entry_ts: if extra.old_ptr != 0 { now_ns() } else { 0 },
-            sp,
-            active: 1,
-        };
+        set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
     if !add_to(&key, calls_inc, bytes_inc)
         && insert_count(&key, calls_inc, bytes_inc, tid, per_thread)
@@ -413,71 +444,122 @@ fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
     0
 }
 
-/// One chunk of the walk: reads the target's stack at the frame pointer
-/// (`STACK_CHUNK` bytes, or one frame near the top of the stack) and
-/// follows every frame that lies in what was read, without leaving the
-/// callback (a callback call per frame cost more than the frame). `ctx`
-/// points to the scratch pointer; returns 1 when the walk is over, 0 to
-/// read the next chunk.
+/// Live mode: the call is in flight until its return probe.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn set_pending(
+    p: &mut Pending,
+    caller: u64,
+    stack: u64,
+    func: u32,
+    tid: u32,
+    size: u64,
+    extra: Extra,
+    sp: u64,
+) {
+    *p = Pending {
+        key: CountKey {
+            stack,
+            func,
+            tid,
+            caller,
+        },
+        size,
+        old_ptr: extra.old_ptr,
+        memptr: extra.memptr,
+        // Only a resize needs to know when it began.
+        entry_ts: if extra.old_ptr != 0 { now_ns() } else { 0 },
+        sp,
+        active: 1,
+    };
+}
+
+/// One frame of the walk: finds the rule of the current return address,
+/// computes the caller's frame from it, and reads the next return address
+/// (and a saved rbp) from the chunk of stack in the scratch, reading a new
+/// chunk when the frame lies outside it. `ctx` points to the scratch
+/// pointer; returns 1 when the walk is over (`stack.stop` says why), 0 to
+/// go on.
 #[inline(never)]
-extern "C" fn walk_chunk(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+extern "C" fn unwind_frame(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
-    let fp = w.fp;
-    if fp == 0 || fp & 7 != 0 {
+    let ra = w.ra;
+    let Some(rule) = (unsafe { UNWIND_RULES.get(&ra) }) else {
+        w.stack.stop = stop::MISS;
         return 1;
+    };
+    let base = match rule.kind {
+        UnwindRule::CFA_RSP => w.sp,
+        UnwindRule::CFA_RBP if w.bp_ok != 0 => w.bp,
+        UnwindRule::END => return end(w, stop::END),
+        UnwindRule::NOT_CODE => return end(w, stop::BAD_FRAME),
+        _ => return end(w, stop::NO_CFI),
+    };
+    let cfa = base.wrapping_add(rule.cfa_off as i64 as u64);
+    // Each caller's frame lies above its callee's: what makes the walk end
+    // on garbage.
+    if cfa <= w.sp || cfa & 7 != 0 {
+        return end(w, stop::BAD_FRAME);
     }
-    // The frame may lie in the chunk already read.
-    if !(fp >= w.base && w.valid >= 16 && fp - w.base <= w.valid - 16) && !load_chunk(w, fp) {
-        return 1;
+    // The slots to read: the return address at CFA - 8 and, below it, a
+    // saved rbp.
+    let saves_bp = rule.rbp == UnwindRule::RBP_AT;
+    let rbp_off = rule.rbp_off as i64;
+    let low_off: i64 = if saves_bp && rbp_off < -8 { rbp_off } else { -8 };
+    let low = cfa.wrapping_add(low_off as u64);
+    let covered = low >= w.base && w.valid >= 8 && cfa - w.base <= w.valid;
+    if !covered && !load_chunk(w, low) {
+        return end(w, stop::READ_FAILED);
     }
     let base = w.base;
     let valid = w.valid;
-    if valid < 16 || fp < base {
-        return 1;
+    if cfa < base + 8 || cfa - base > valid {
+        return end(w, stop::READ_FAILED);
     }
-    let mut fp = fp;
-    let mut hash = w.hash;
-    let mut done = 0;
-    // At most STACK_CHUNK / 16 frames fit in a chunk.
-    let mut k = 0;
-    while k < STACK_CHUNK / 16 {
-        let off = fp - base;
-        if off > valid - 16 {
-            break;
+    let next = w.chunk[(((cfa - 8 - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
+    if saves_bp {
+        let at = cfa.wrapping_add(rbp_off as u64);
+        if at < base || at & 7 != 0 || at + 8 > base + valid {
+            return end(w, stop::READ_FAILED);
         }
-        let i = ((off / 8) as usize) & (STACK_CHUNK / 8 - 1);
-        if i + 1 >= STACK_CHUNK / 8 {
-            break;
-        }
-        let next = w.chunk[i];
-        let ret = w.chunk[i + 1];
-        // The count is read afresh and masked on every frame, so that the
-        // compiler cannot fold the slot's address into a running pointer
-        // whose bounds the verifier cannot see.
-        let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
-        if ret == 0 || n >= MAX_FRAMES {
-            done = 1;
-            break;
-        }
-        w.stack.frames[n] = ret;
-        unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 1) };
-        hash = (hash ^ ret).wrapping_mul(0x0000_0100_0000_01b3);
-        // Frames lie at higher addresses as the walk goes up.
-        if next <= fp || next & 7 != 0 {
-            done = 1;
-            break;
-        }
-        fp = next;
-        k += 1;
+        w.bp = w.chunk[(((at - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
+        w.bp_ok = 1;
+    } else if rule.rbp != UnwindRule::RBP_SAME {
+        w.bp_ok = 0;
     }
-    w.fp = fp;
-    w.hash = hash;
-    done
+    if next == 0 {
+        return end(w, stop::END);
+    }
+    // The count is read afresh and masked, so that the verifier sees the
+    // slot's bounds.
+    let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
+    if n >= MAX_FRAMES {
+        return end(w, stop::MAX_FRAMES);
+    }
+    w.stack.frames[n] = next;
+    unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 1) };
+    w.hash = stack_hash_step(w.hash, next);
+    w.ra = next;
+    w.sp = cfa;
+    0
+}
+
+#[inline(always)]
+fn end(w: &mut WalkScratch, why: u32) -> i64 {
+    w.stack.stop = why;
+    1
+}
+
+/// The walk's key: its frames and why it ended.
+#[inline(always)]
+fn finish_hash(w: &mut WalkScratch, why: u32) -> u64 {
+    w.stack.stop = why;
+    stack_hash_finish(w.hash, why)
 }
 
 /// Reads the target's stack at `addr` into the scratch: `STACK_CHUNK`
-/// bytes, or near the top of the stack (where that read fails) one frame's
-/// 16. False when nothing could be read.
+/// bytes, or near the top of the stack (where that read fails) 16. False
+/// when nothing could be read.
 #[inline(always)]
 fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
     let bytes =
@@ -485,57 +567,146 @@ fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
     if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, bytes) }.is_ok() {
         w.valid = STACK_CHUNK as u64;
     } else {
+        // Near the top of the stack: one frame's 16 bytes, or the last 8.
         let frame = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
-        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, frame) }.is_err() {
-            w.valid = 0;
-            return false;
+        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, frame) }.is_ok() {
+            w.valid = 16;
+        } else {
+            let word = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 8) };
+            if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, word) }.is_err() {
+                w.valid = 0;
+                return false;
+            }
+            w.valid = 8;
         }
-        w.valid = 16;
     }
     w.base = addr;
     true
 }
 
-/// Walks the target's frame pointers from `rbp`, reading its stack
-/// `STACK_CHUNK` bytes at a time into per-thread scratch (one helper call for
-/// many frames, where the kernel's walk copies frame by frame). Returns the
-/// stack's hash (FNV-1a over the return addresses) and the scratch holding
-/// the frames; `STACK_EMPTY` when there is no frame pointer chain to follow.
+/// Walks the target's stack from the probe (where `[rsp]` is the direct
+/// caller and rbp the caller's) by the unwind rule of each return address,
+/// one `bpf_loop` step per frame. Returns the stack's key and the scratch
+/// holding the frames; with `stack.stop == MISS` the walk stopped at an
+/// address without a rule and the key is not final.
 #[inline(always)]
 fn walk_stack(
     ctx: &ProbeContext,
     scratch: Option<*mut WalkScratch>,
+    caller: u64,
 ) -> (u64, Option<*mut WalkScratch>) {
     let Some(mut w) = scratch else {
         bump(counter::STACK_WALK_FAILED, 1);
         return (STACK_NONE, None);
     };
-    let fp = unsafe { (*ctx.regs).rbp };
-    // No frame pointer to follow (rbp zero, or not a frame address, as in
-    // code built without frame pointers) is not a failure: the stack is
-    // the direct caller alone, as the kernel's walk has it.
-    if fp == 0 || fp & 7 != 0 {
-        return (STACK_EMPTY, None);
-    }
     unsafe {
-        (*w).fp = fp;
-        (*w).hash = 0xcbf2_9ce4_8422_2325;
+        (*w).ra = caller;
+        (*w).sp = (*ctx.regs).rsp + 8;
+        (*w).bp = (*ctx.regs).rbp;
+        (*w).bp_ok = 1;
+        (*w).hash = STACK_HASH_SEED;
         (*w).stack.len = 0;
-        aya_ebpf::helpers::generated::bpf_loop(
-            MAX_FRAMES as u32,
-            walk_chunk as *mut core::ffi::c_void,
-            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
-            0,
+        (*w).stack.stop = stop::MAX_FRAMES;
+        if caller == 0 {
+            (*w).stack.stop = stop::READ_FAILED;
+        } else {
+            aya_ebpf::helpers::generated::bpf_loop(
+                MAX_FRAMES as u32 + 1,
+                unwind_frame as *mut core::ffi::c_void,
+                &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
+                0,
+            );
+        }
+        let why = (*w).stack.stop;
+        if why == stop::MISS {
+            return (0, Some(w));
+        }
+        (finish_hash(&mut *w, why), Some(w))
+    }
+}
+
+/// Hands a walk that met an address without a rule to the tracer: where it
+/// stopped and a copy of the stack from there. Returns the call's stack id
+/// (live mode's events carry it), `None` when the ring had no room.
+#[inline(always)]
+fn send_miss(
+    w: &mut WalkScratch,
+    func: u32,
+    tid: u32,
+    caller: u64,
+    calls: u64,
+    bytes: u64,
+) -> Option<u64> {
+    if UNWIND_FULL.get(0).is_some_and(|f| *f != 0) {
+        finish_hash(w, stop::RULES_FULL);
+        return None;
+    }
+    bump(counter::UNWIND_MISSES, 1);
+    if tid != 0 {
+        // Per thread: the kernel may never count this thread's calls
+        // itself (where its name is recorded otherwise).
+        if let Ok(comm) = bpf_get_current_comm() {
+            let _ = THREAD_NAMES.insert(&tid, &comm, BPF_NOEXIST as u64);
+        }
+    }
+    let Some(mut entry) = UNWIND_MISSES.reserve::<MissEvent>(0) else {
+        bump(counter::UNWIND_MISSES_LOST, 1);
+        return None;
+    };
+    // Unique: a CPU copies one stack at a time, each taking microseconds.
+    // (The BPF target here has no fetch-and-add for a counter.)
+    let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } as u64;
+    let id = miss_stack_id(((now_ns() & ((1 << 52) - 1)) << 8) | (cpu & 0xff));
+    let ev = entry.as_mut_ptr();
+    unsafe {
+        (*ev).stack_id = id;
+        (*ev).func = func;
+        (*ev).tid = tid;
+        (*ev).caller = caller;
+        (*ev).calls = calls;
+        (*ev).bytes = bytes;
+        (*ev).n = w.stack.len;
+        (*ev).ra = w.ra;
+        (*ev).sp = w.sp;
+        (*ev).bp = w.bp;
+        (*ev).bp_ok = w.bp_ok;
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            (*ev).frames.as_mut_ptr() as *mut core::ffi::c_void,
+            (MAX_FRAMES * 8) as u32,
+            w.stack.frames.as_ptr() as *const core::ffi::c_void,
         );
+        (*ev).copied = copy_stack(&mut (*ev).copy, w.sp - 8);
     }
-    if unsafe { (*w).stack.len } == 0 {
-        // A frame pointer that points nowhere readable: code without frame
-        // pointers keeps other data in rbp. As with the kernel's walk, the
-        // stack is then the direct caller alone (not a loss).
-        return (STACK_EMPTY, None);
+    // Wake the tracer: the sooner it adds the rules, the fewer copies.
+    entry.submit(0);
+    Some(id)
+}
+
+/// Copies the target's stack from `from` into `dst`: all of it when it
+/// can, else the longest prefix that can be read (near the top of the
+/// stack), built from pieces of decreasing size. Returns the bytes copied.
+#[inline(always)]
+fn copy_stack(dst: &mut [u8; STACK_COPY], from: u64) -> u32 {
+    let mut off: usize = 0;
+    macro_rules! piece {
+        ($($len:expr),*) => {
+            $(
+                if off <= STACK_COPY - $len
+                    && unsafe {
+                        aya_ebpf::helpers::generated::bpf_probe_read_user(
+                            dst.as_mut_ptr().add(off) as *mut core::ffi::c_void,
+                            $len,
+                            (from + off as u64) as *const core::ffi::c_void,
+                        )
+                    } == 0
+                {
+                    off += $len;
+                }
+            )*
+        };
     }
-    // Never one of the reserved values.
-    (unsafe { (*w).hash } | 2, Some(w))
+    piece!(32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8);
+    off as u32
 }
 
 /// Inserts a new aggregation key; true when this call created it.

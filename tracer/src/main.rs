@@ -11,7 +11,8 @@ mod probes; // load and attach the BPF programs
 mod session;
 mod sinks; // where profiles go: the report and its files, snapshots
 mod symbolize; // raw profile -> profile (functions, files, lines)
-mod target; // the traced process: /proc, launch, its address space // the tick loop of a trace under way
+mod target;
+mod unwind; // unwind rules from the target's call-frame information // the traced process: /proc, launch, its address space // the tick loop of a trace under way
 
 mod cli; // arguments (clap) and what they mean (config)
 mod commands; // trace, report, diff

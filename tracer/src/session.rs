@@ -1,7 +1,9 @@
-//! A trace under way: the tick loop that drains live mode's event rings,
-//! refreshes the target's mappings, hands snapshots to the sinks, and ends
-//! on the target's exit, `--duration`, SIGINT or SIGTERM. Also where the
-//! kernel maps, the live tracker and the address space become a profile.
+//! A trace under way: the tick loop that finishes the stack walks the BPF
+//! side hands over (adding the unwind rules they need), drains live mode's
+//! event rings, refreshes the target's mappings, hands snapshots to the
+//! sinks, and ends on the target's exit, `--duration`, SIGINT or SIGTERM.
+//! Also where the kernel maps, the tracer's walks, the live tracker and the
+//! address space become a profile.
 
 use std::{
     collections::BTreeMap,
@@ -26,6 +28,7 @@ use crate::{
     sinks::Sink,
     symbolize,
     target::{self, AddressSpace},
+    unwind::service::UnwindService,
     user_error,
 };
 
@@ -64,6 +67,8 @@ pub struct Session {
     pub meta: Meta,
     pub per_thread: bool,
     pub started: Instant,
+    /// Finishes the walks the BPF side hands over.
+    pub unwind: UnwindService,
 }
 
 impl Session {
@@ -72,7 +77,8 @@ impl Session {
         if self.per_thread {
             thread_names.extend(target::thread_names(self.pid));
         }
-        let mut raw = collect::collect(&self.probes).context("reading the kernel maps")?;
+        let mut raw = collect::collect(&self.probes, &self.unwind.walks().counted)
+            .context("reading the kernel maps")?;
         if let Some(tracker) = &self.tracker {
             self.add_live(&mut raw, tracker);
         }
@@ -227,31 +233,42 @@ impl Session {
                 _ = &mut sleep => break (End::Duration, exit_rx),
                 _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
                 _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
-                _ = drain_due(&events, &mut drain_tick) => drain(&mut events, &mut self.tracker),
+                _ = drain_due(&events, &mut drain_tick) => {
+                    drain(&mut events, &mut self.tracker, &self.unwind);
+                }
                 _ = sigusr1.recv() => {
-                    drain(&mut events, &mut self.tracker);
+                    drain(&mut events, &mut self.tracker, &self.unwind);
                     self.snapshot(sinks)?;
                 }
                 _ = snapshot_due(&mut interval) => {
-                    drain(&mut events, &mut self.tracker);
+                    drain(&mut events, &mut self.tracker, &self.unwind);
                     self.snapshot(sinks)?;
                 }
                 _ = refresh.tick() => { self.space.lock().unwrap().refresh(pid); }
             }
         };
-        drain(&mut events, &mut self.tracker);
+        drain(&mut events, &mut self.tracker, &self.unwind);
         Ok(end)
     }
 }
 
 /// Feeds every event waiting in the rings to the tracker, which applies
 /// those stamped before the drain began. The rest wait for the next drain;
-/// after the last one, they are events of after the trace's end.
-fn drain(events: &mut [RingBuf<MapData>], tracker: &mut Option<LiveTracker>) {
+/// after the last one, they are events of after the trace's end. The walks
+/// the tracer finished come first: an allocation event whose stack the
+/// tracer unwound names it by an id that only they resolve.
+fn drain(
+    events: &mut [RingBuf<MapData>],
+    tracker: &mut Option<LiveTracker>,
+    unwind: &UnwindService,
+) {
     let Some(tracker) = tracker.as_mut() else {
         return;
     };
     let started = live_tracker::monotonic_ns();
+    for (id, key) in unwind.walks().take_remaps() {
+        tracker.remap_stack(id, key);
+    }
     for ring in events.iter_mut() {
         while let Some(item) = ring.next() {
             tracker.on_bytes(&item);

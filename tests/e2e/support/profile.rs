@@ -215,6 +215,7 @@ impl Profile {
                 if st.truncated { " [truncated]" } else { "" }
             );
         }
+        let _ = writeln!(s, "stack quality: {}", self.doc["stack_quality"]);
         s
     }
 }

@@ -37,6 +37,10 @@ pub struct Report {
     pub nested: u64,
     /// `lost: ...` as (what, count).
     pub lost: Vec<(String, u64)>,
+    /// `stacks: 99.95% whole (...); cut short: no_cfi 1`: the percentage
+    /// and the causes as (what, count).
+    pub stacks_whole_pct: Option<String>,
+    pub cut_short: Vec<(String, u64)>,
 }
 
 fn num(s: &str, what: &str) -> Result<u64, String> {
@@ -149,6 +153,16 @@ impl Report {
             } else if let Some(n) = line.strip_prefix("nested allocator calls not counted twice: ")
             {
                 r.nested = num(n, line)?;
+            } else if let Some(l) = line.strip_prefix("stacks: ") {
+                let bad = || format!("bad stacks line {line:?}");
+                let (pct, rest) = l.split_once("% whole").ok_or_else(bad)?;
+                r.stacks_whole_pct = Some(pct.to_string());
+                if let Some((_, causes)) = rest.split_once("; cut short: ") {
+                    for item in causes.split(", ") {
+                        let (what, n) = item.rsplit_once(' ').ok_or_else(bad)?;
+                        r.cut_short.push((what.to_string(), num(n, line)?));
+                    }
+                }
             } else if let Some(l) = line.strip_prefix("lost: ") {
                 for item in l.split(", ") {
                     let (what, n) = item

@@ -13,6 +13,10 @@ use crate::{
     sinks::Outputs,
 };
 
+/// The ring of walks the tracer finishes: about 1,000 stack copies in
+/// flight while the unwind rules fill in.
+const UNWIND_RING_BYTES: u32 = 16 << 20;
+
 /// What to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -62,6 +66,8 @@ impl TraceConfig {
                 counts: args.count_map_size,
                 stacks: args.stack_map_size,
                 events: args.event_buffer_size,
+                unwind_rules: args.unwind_rules_size,
+                unwind_ring: UNWIND_RING_BYTES,
             },
             schedule: Schedule {
                 duration: args.duration.map(Duration::from_secs_f64),

@@ -155,6 +155,11 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", default_value_t = 32768, value_parser = clap::value_parser!(u32).range(16..))]
     pub stack_map_size: u32,
 
+    /// Capacity of the in-kernel map of unwind rules (one per distinct
+    /// return address on the allocation paths).
+    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..))]
+    pub unwind_rules_size: u32,
+
     /// Print what mtrace does (probe placement, timings) to standard error.
     #[arg(short, long)]
     pub verbose: bool,

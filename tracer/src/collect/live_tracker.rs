@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 use hdrhistogram::Histogram;
-use tracer_common::{AllocEvent, CountKey, FreeEvent, EVENT_ALLOC, EVENT_FREE};
+use tracer_common::{is_miss_stack_id, AllocEvent, CountKey, FreeEvent, EVENT_ALLOC, EVENT_FREE};
 
 use crate::profile::{LiveStats, Percentiles};
 
@@ -106,6 +106,8 @@ pub struct LiveTracker {
     pub bad_events: u64,
     /// Events drained but not yet applied (see [`Self::flush`]).
     waiting: Vec<Event>,
+    /// Stack ids of calls whose walk the tracer finished -> their stack key.
+    remap: HashMap<u64, u64, RandomState>,
 }
 
 impl LiveTracker {
@@ -125,7 +127,14 @@ impl LiveTracker {
             stale: 0,
             bad_events: 0,
             waiting: Vec::new(),
+            remap: HashMap::default(),
         }
+    }
+
+    /// The call with stack id `id` (a walk the tracer finished) has its
+    /// stack under `key`; its allocation event, still to come, says `id`.
+    pub fn remap_stack(&mut self, id: u64, key: u64) {
+        self.remap.insert(id, key);
     }
 
     /// Takes one raw ring-buffer record; it is applied by [`Self::flush`].
@@ -178,6 +187,13 @@ impl LiveTracker {
     }
 
     pub fn on_alloc(&mut self, ev: &AllocEvent) {
+        let mut key = ev.key;
+        if is_miss_stack_id(key.stack) {
+            if let Some(k) = self.remap.remove(&key.stack) {
+                key.stack = k;
+            }
+        }
+        let ev = &AllocEvent { key, ..*ev };
         if ev.old_ptr != 0 {
             // A resize released its old block: only if that block is still
             // the one that existed when the call began. Not finding it is

@@ -9,16 +9,50 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use tracer_common::{
-    counter, maps, Comm, CountKey, CountValue, StackFrames, STACK_EMPTY, STACK_NONE, WEIGHT_ONE,
+    counter, maps, stop, Comm, CountKey, CountValue, StackFrames, STACK_NONE, WEIGHT_ONE,
 };
 
 use self::raw::{RawProfile, RawStack};
 use crate::{
     probes::Probes,
-    profile::{Counts, LiveTotals, Losses},
+    profile::{Counts, LiveTotals, Losses, StackQuality},
 };
 
-pub fn collect(probes: &Probes) -> Result<RawProfile> {
+/// Calls whose walk the tracer finished (the BPF walk met a return address
+/// without an unwind rule), counted here, by the key the kernel would have
+/// used, until the kernel maps are read.
+#[derive(Default)]
+pub struct UserWalks {
+    pub counts: HashMap<CountKey, CountValue>,
+    /// Frames above the direct caller and the stop code, by stack key.
+    pub stacks: HashMap<u64, (Vec<u64>, u32)>,
+}
+
+impl UserWalks {
+    /// Counts one call under `key`, whose stack is `frames`.
+    pub fn add(&mut self, key: CountKey, frames: Vec<u64>, stop: u32, calls: u64, bytes: u64) {
+        let v = self.counts.entry(key).or_default();
+        v.calls += calls;
+        v.bytes += bytes;
+        v.samples += 1;
+        self.stacks.entry(key.stack).or_insert((frames, stop));
+    }
+}
+
+/// The name of a stop code in the report.
+fn stop_name(code: u32) -> &'static str {
+    match code {
+        stop::NO_CFI => "no_cfi",
+        stop::MAX_FRAMES => "max_frames",
+        stop::BAD_FRAME => "bad_frame",
+        stop::READ_FAILED => "read_failed",
+        stop::COPY_LOST => "copy_lost",
+        stop::RULES_FULL => "rules_full",
+        _ => "unknown",
+    }
+}
+
+pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
     let ebpf = &probes.ebpf;
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
@@ -56,47 +90,66 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         BpfHashMap::try_from(ebpf.map(maps::STACKS).context("STACKS map")?)?;
     let counts: PerCpuHashMap<&MapData, CountKey, CountValue> =
         PerCpuHashMap::try_from(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
-    let mut frames_by_hash: HashMap<u64, Option<Vec<u64>>> = HashMap::new();
+    let mut frames_by_hash: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
+    // The kernel's keys, then the ones only the tracer's walks have.
+    let mut merged: HashMap<CountKey, CountValue> = HashMap::new();
     for item in counts.iter() {
         let (key, per_cpu) = item?;
-        let value = per_cpu
-            .iter()
-            .fold(CountValue::default(), |sum, v| CountValue {
-                calls: sum.calls + v.calls,
-                bytes: sum.bytes + v.bytes,
-                samples: sum.samples + v.samples,
-            });
+        let sum = merged.entry(key).or_default();
+        for v in per_cpu.iter() {
+            sum.calls += v.calls;
+            sum.bytes += v.bytes;
+            sum.samples += v.samples;
+        }
+    }
+    for (key, v) in &walks.counts {
+        let sum = merged.entry(*key).or_default();
+        sum.calls += v.calls;
+        sum.bytes += v.bytes;
+        sum.samples += v.samples;
+    }
+    let mut quality = StackQuality::default();
+    for (key, value) in merged {
         raw_stack_calls.push(value.calls);
         let walked = if key.stack == STACK_NONE {
             None
-        } else if key.stack == STACK_EMPTY {
-            Some(Vec::new())
         } else {
             frames_by_hash
                 .entry(key.stack)
-                .or_insert_with(|| {
-                    stack_map.get(&key.stack, 0).ok().map(|st| {
+                .or_insert_with(|| match walks.stacks.get(&key.stack) {
+                    Some(w) => Some(w.clone()),
+                    None => stack_map.get(&key.stack, 0).ok().map(|st| {
                         let n = (st.len as usize).min(st.frames.len());
-                        st.frames[..n].to_vec()
-                    })
+                        (st.frames[..n].to_vec(), st.stop)
+                    }),
                 })
                 .clone()
         };
+        let stop = walked.as_ref().map_or(0, |w| w.1);
+        let calls = calls(value.calls);
+        quality.calls += calls;
+        if stop == stop::END {
+            quality.whole += calls;
+        } else {
+            *quality.truncated.entry(stop_name(stop).into()).or_default() += calls;
+        }
         stacks.push(RawStack {
             func: key.func,
-            addrs: assemble_stack(key.caller, walked.as_deref()),
-            truncated: walked.is_none(),
+            addrs: assemble_stack(key.caller, walked.as_ref().map(|w| w.0.as_slice())),
+            truncated: stop != stop::END,
             tid: (key.tid != 0).then_some(key.tid),
             counts: Counts {
-                calls: calls(value.calls),
+                calls,
                 bytes: value.bytes,
             },
             key,
             live: None,
         });
     }
+    quality.finished_by_tracer =
+        sums[counter::UNWIND_MISSES as usize] - sums[counter::UNWIND_MISSES_LOST as usize];
 
     let mut thread_names = BTreeMap::new();
     if let Some(map) = ebpf.map(maps::THREAD_NAMES) {
@@ -141,6 +194,7 @@ pub fn collect(probes: &Probes) -> Result<RawProfile> {
         thread_names,
         live,
         samples: sums[counter::SAMPLES as usize],
+        stack_quality: quality,
     })
 }
 

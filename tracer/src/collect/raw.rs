@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use tracer_common::CountKey;
 
-use crate::profile::{Counts, LiveStats, LiveTotals, Losses};
+use crate::profile::{Counts, LiveStats, LiveTotals, Losses, StackQuality};
 
 /// One aggregated row: an allocator function reached through one stack.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,7 +15,7 @@ pub struct RawStack {
     pub func: u32,
     /// Return addresses, innermost first: `addrs[0]` is the direct caller.
     pub addrs: Vec<u64>,
-    /// The stack walk failed: only the direct caller is known.
+    /// The walk stopped short of the thread's outermost frame.
     pub truncated: bool,
     /// Thread id when split per thread.
     pub tid: Option<u32>,
@@ -39,4 +39,6 @@ pub struct RawProfile {
     pub live: Option<LiveTotals>,
     /// Sampled mode: calls recorded.
     pub samples: u64,
+    /// How whole the stacks are.
+    pub stack_quality: StackQuality,
 }

@@ -21,6 +21,7 @@ use crate::{
     session::{End, Session, Signals},
     sinks::{Report, Sink, Snapshots},
     target::{self, launch, AddressSpace},
+    unwind::service::UnwindService,
     user_error,
 };
 
@@ -55,7 +56,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 
     // The executable is read while the target surely lives: a launched
     // command may be gone by the time tracing is under way.
-    let (pid, probes, alloc_path, executable, exit_rx) = match &config.target {
+    let (pid, probes, unwind, alloc_path, executable, exit_rx) = match &config.target {
         Target::Pid(pid) => {
             let pid = *pid;
             target::check_pid(pid)?;
@@ -64,19 +65,31 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             let alloc = allocators::require_in_process(pid, &maps)?;
             space.lock().unwrap().refresh(pid);
             let executable = target::executable(pid);
-            let probes = probes::attach(pid, &alloc, &maps, mode, sizes)?;
-            (pid, probes, alloc.path, executable, None)
+            let (probes, unwind) = probes::attach(pid, &alloc, &maps, mode, sizes, |ebpf| {
+                UnwindService::start(ebpf, pid, space.clone(), mode.live)
+            })?;
+            (pid, probes, unwind, alloc.path, executable, None)
         }
         Target::Command(argv) => {
+            let shared = space.clone();
             let launched = launch::launch(argv, space.clone(), move |pid, maps| {
                 let Some(alloc) = allocators::find_in_process(pid, maps)? else {
                     return Ok(None);
                 };
-                let probes = probes::attach(pid, &alloc, maps, mode, sizes)?;
-                Ok(Some((probes, alloc.path, target::executable(pid))))
+                let (probes, unwind) = probes::attach(pid, &alloc, maps, mode, sizes, |ebpf| {
+                    UnwindService::start(ebpf, pid, shared.clone(), mode.live)
+                })?;
+                Ok(Some((probes, unwind, alloc.path, target::executable(pid))))
             })?;
-            let (probes, path, executable) = launched.attached;
-            (launched.pid, probes, path, executable, Some(launched.exit))
+            let (probes, unwind, path, executable) = launched.attached;
+            (
+                launched.pid,
+                probes,
+                unwind,
+                path,
+                executable,
+                Some(launched.exit),
+            )
         }
     };
     log::debug!(
@@ -125,6 +138,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         meta,
         per_thread: mode.per_thread,
         started: Instant::now(),
+        unwind,
     };
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
@@ -137,6 +151,18 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     if stats_fd.is_some() {
         log_program_times(&session.probes.ebpf);
     }
+    let walks = session.unwind.walks();
+    let u = &walks.unwinder.stats;
+    log::debug!(
+        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms); {} rules found the kernel map full",
+        u.walks_finished,
+        u.rules,
+        u.objects,
+        u.load_time.as_secs_f64() * 1e3,
+        u.lookup_time.as_secs_f64() * 1e3,
+        walks.rules_full
+    );
+    drop(walks);
     drop(stats_fd);
     if let Some(t) = &mut session.tracker {
         t.finish();

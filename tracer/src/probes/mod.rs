@@ -91,6 +91,10 @@ pub struct MapSizes {
     pub stacks: u32,
     /// Live mode: event ring buffer, bytes (a power of two).
     pub events: u32,
+    /// Unwind rules the kernel holds (distinct return addresses).
+    pub unwind_rules: u32,
+    /// The ring of walks the tracer finishes, bytes (a power of two).
+    pub unwind_ring: u32,
 }
 
 /// What to attach.
@@ -173,13 +177,16 @@ pub struct Probes {
     pub sampling: Option<Sampling>,
 }
 
-pub fn attach(
+/// Loads the BPF object, calls `before` with it (for what must run before
+/// the first probe fires), then attaches every probe.
+pub fn attach<T>(
     pid: u32,
     alloc: &AllocatorObject,
     maps: &[Mapping],
     mode: Mode,
     sizes: MapSizes,
-) -> Result<Probes> {
+    before: impl FnOnce(&mut Ebpf) -> Result<T>,
+) -> Result<(Probes, T)> {
     let bodies = alloc.body_ranges(maps);
     let (sample_mode, sample_param) = match mode.sampling {
         None => (SAMPLE_NONE, 0),
@@ -212,12 +219,15 @@ pub fn attach(
         .override_global(maps::CONFIG, &*config, true)
         .map_max_entries(maps::COUNTS, sizes.counts)
         .map_max_entries(maps::STACKS, sizes.stacks)
+        .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
+        .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
 
     if let Some(Sampling::Bytes(rate)) = mode.sampling {
         seed_countdowns(&mut ebpf, rate)?;
     }
+    let before = before(&mut ebpf)?;
     let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
     if alloc.sites.len() > MAX_FUNCS as usize {
         return Err(user_error!(
@@ -250,13 +260,14 @@ pub fn attach(
         });
         funcs.push(FuncInfo { name, role });
     }
-    Ok(Probes {
+    let probes = Probes {
         ebpf,
         attached,
         funcs,
         live: mode.live,
         sampling: mode.sampling,
-    })
+    };
+    Ok((probes, before))
 }
 
 #[cfg(test)]

@@ -118,6 +118,7 @@ pub fn symbolize(
         stacks,
         totals,
         losses: raw.losses,
+        stack_quality: Some(raw.stack_quality.clone()),
         live: raw.live.clone(),
         snapshot: None,
     }

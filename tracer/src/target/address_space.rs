@@ -71,6 +71,16 @@ impl AddressSpace {
         self.mappings.iter().rev().find(|m| m.contains(addr))
     }
 
+    /// Paths of the files mapped executable (each once).
+    pub fn executable_paths(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::HashSet::new();
+        self.mappings
+            .iter()
+            .filter(|m| m.perms.contains('x'))
+            .map(|m| m.path.as_str())
+            .filter(move |p| seen.insert(*p))
+    }
+
     /// The open file mapped under `path`.
     pub fn file(&self, path: &str) -> Option<&File> {
         self.files.get(path)

@@ -57,6 +57,39 @@ pub fn short_path(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
 
+/// How whole the stacks are: of the calls counted under a stack, how many
+/// reached the thread's outermost frame (`_start`, or the thread's start
+/// routine), and why the others stopped short.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackQuality {
+    /// Calls counted under a stack.
+    pub calls: u64,
+    /// Of those, calls whose stack is whole.
+    pub whole: u64,
+    /// Calls whose stack stopped short, by cause: `no_cfi` (code without
+    /// call-frame information), `max_frames`, `bad_frame` (a corrupt stack
+    /// or a wrong rule), `read_failed` (the stack could not be read),
+    /// `copy_lost` (a walk for the tracer to finish found its ring full),
+    /// `rules_full` (the kernel's map of unwind rules was full), `unknown`
+    /// (the stack map was full: see `losses`).
+    pub truncated: BTreeMap<String, u64>,
+    /// Walks the BPF side handed to the tracer for want of an unwind rule
+    /// (finished there, not a loss).
+    #[serde(default)]
+    pub finished_by_tracer: u64,
+}
+
+impl StackQuality {
+    /// The share of calls with a whole stack, in percent (100 without calls).
+    pub fn whole_pct(&self) -> f64 {
+        if self.calls == 0 {
+            100.0
+        } else {
+            self.whole as f64 * 100.0 / self.calls as f64
+        }
+    }
+}
+
 /// Calls and requested bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
@@ -305,6 +338,10 @@ pub struct Profile {
     pub stacks: Vec<StackEntry>,
     pub totals: Totals,
     pub losses: Losses,
+    /// How whole the stacks are (profiles of mtrace 0.1 before unwinding
+    /// without frame pointers have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_quality: Option<StackQuality>,
     /// Live mode: the whole heap as traced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveTotals>,

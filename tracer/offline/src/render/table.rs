@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 
-use crate::profile::{Losses, Profile};
+use crate::profile::{Losses, Profile, StackQuality};
 
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
 
@@ -46,6 +46,10 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
             "nested allocator calls not counted twice: {}",
             profile.totals.nested
         );
+    }
+    if let Some(q) = &profile.stack_quality {
+        out.push_str(&quality_line(q));
+        out.push('\n');
     }
     out.push_str(&losses_line(&profile.losses));
     out.push('\n');
@@ -154,6 +158,28 @@ fn totals_line(profile: &Profile) -> String {
             .map(|(name, calls)| format!("{name} {calls}"))
             .collect();
         let _ = write!(line, " ({})", list.join(", "));
+    }
+    line
+}
+
+/// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
+fn quality_line(q: &StackQuality) -> String {
+    // Never "100.00%" unless every stack is whole.
+    let pct = q.whole_pct();
+    let shown = if q.whole < q.calls {
+        (pct * 100.0).floor() / 100.0
+    } else {
+        pct
+    };
+    let mut line = format!("stacks: {shown:.2}% whole (to the thread's first frame)");
+    let cut: Vec<String> = q
+        .truncated
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(why, n)| format!("{why} {n}"))
+        .collect();
+    if !cut.is_empty() {
+        let _ = write!(line, "; cut short: {}", cut.join(", "));
     }
     line
 }

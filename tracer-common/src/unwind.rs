@@ -1,0 +1,186 @@
+//! Unwinding without frame pointers: the rules the BPF walk follows, why a
+//! walk stops, the stack hash both sides compute, and the event that hands
+//! a walk to the tracer when a rule is missing.
+//!
+//! The tracer compiles the call-frame information (`.eh_frame`,
+//! `.debug_frame`) of every return address the probes meet into an
+//! [`UnwindRule`] in the `UNWIND_RULES` map, keyed by the return address. A
+//! walk that meets an address with no rule yet copies the stack from there
+//! into a [`MissEvent`]; the tracer finishes that walk in user space, adds
+//! the rules it used, and counts the call itself, so no call loses its
+//! stack while the rules fill in.
+
+use crate::MAX_FRAMES;
+
+/// How to get from a frame to its caller, for the caller's code at one
+/// return address (its CFI row at `ra - 1`). 8 bytes, no padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct UnwindRule {
+    /// [`UnwindRule::CFA_RSP`], [`UnwindRule::CFA_RBP`], ...
+    pub kind: u8,
+    /// [`UnwindRule::RBP_SAME`], [`UnwindRule::RBP_AT`] or
+    /// [`UnwindRule::RBP_UNDEF`].
+    pub rbp: u8,
+    /// With `RBP_AT`: the caller's rbp is saved at `CFA + rbp_off`.
+    pub rbp_off: i16,
+    /// `CFA = base + cfa_off`, base being rsp or rbp according to `kind`.
+    pub cfa_off: i32,
+}
+
+impl UnwindRule {
+    /// No usable CFI: none covers the address, or its CFA is a DWARF
+    /// expression or based on another register. 0, so that a zeroed value
+    /// means "stop".
+    pub const UNSUPPORTED: u8 = 0;
+    /// `CFA = rsp + cfa_off`, rsp being the CFA of the frame below.
+    pub const CFA_RSP: u8 = 1;
+    /// `CFA = rbp + cfa_off`.
+    pub const CFA_RBP: u8 = 2;
+    /// The return-address column is undefined: the thread's outermost frame
+    /// (`_start`, the thread entry of `clone3`).
+    pub const END: u8 = 3;
+    /// A signal trampoline (`__restore_rt`): the frame is the kernel's
+    /// `rt_sigframe` (see [`UnwindRule::SIGFRAME_RSP`]).
+    pub const SIGNAL: u8 = 4;
+    /// The address lies in no executable mapping of the target: not a
+    /// return address, the stack is corrupt or the walk went wrong.
+    pub const NOT_CODE: u8 = 5;
+
+    /// Offsets in `struct ucontext` (x86-64): `uc_mcontext` at 40, then
+    /// `gregs[REG_RBP = 10]`, `gregs[REG_RSP = 15]`, `gregs[REG_RIP = 16]`.
+    pub const SIGFRAME_RBP: u64 = 40 + 10 * 8;
+    pub const SIGFRAME_RSP: u64 = 40 + 15 * 8;
+    pub const SIGFRAME_RIP: u64 = 40 + 16 * 8;
+
+    /// rbp is unchanged in the caller (also for registers the CFI does not
+    /// mention).
+    pub const RBP_SAME: u8 = 0;
+    /// The caller's rbp is saved at `CFA + rbp_off`.
+    pub const RBP_AT: u8 = 1;
+    /// The caller's rbp cannot be recovered; fatal only if a later rule is
+    /// `CFA_RBP`.
+    pub const RBP_UNDEF: u8 = 2;
+
+    pub const fn of_kind(kind: u8) -> UnwindRule {
+        UnwindRule {
+            kind,
+            rbp: UnwindRule::RBP_UNDEF,
+            rbp_off: 0,
+            cfa_off: 0,
+        }
+    }
+
+    pub const fn unsupported() -> UnwindRule {
+        UnwindRule::of_kind(UnwindRule::UNSUPPORTED)
+    }
+
+    pub const fn signal() -> UnwindRule {
+        UnwindRule::of_kind(UnwindRule::SIGNAL)
+    }
+
+    pub const fn end() -> UnwindRule {
+        UnwindRule::of_kind(UnwindRule::END)
+    }
+
+    pub const fn not_code() -> UnwindRule {
+        UnwindRule::of_kind(UnwindRule::NOT_CODE)
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<UnwindRule>() == 8);
+
+/// Why a walk ended: [`StackFrames::stop`](crate::StackFrames::stop).
+pub mod stop {
+    /// The thread's outermost frame was reached: the stack is whole.
+    pub const END: u32 = 1;
+    /// A frame's code has no usable call-frame information (JIT code,
+    /// assembly without CFI, a DWARF-expression rule).
+    pub const NO_CFI: u32 = 2;
+    /// [`MAX_FRAMES`](crate::MAX_FRAMES) frames were kept.
+    pub const MAX_FRAMES: u32 = 3;
+    /// A caller's frame did not lie above its callee's, or a return address
+    /// lay in no executable mapping: a corrupt stack or a wrong rule.
+    pub const BAD_FRAME: u32 = 4;
+    /// The target's stack could not be read (or the copy sent to the
+    /// tracer ended before the stack did).
+    pub const READ_FAILED: u32 = 5;
+    /// A rule was missing and the stack copy could not be sent to the
+    /// tracer (its ring was full).
+    pub const COPY_LOST: u32 = 6;
+    /// Internal to the BPF walk: a rule is missing (never stored).
+    pub const MISS: u32 = 7;
+    /// A rule was missing and the kernel's map of rules is full
+    /// (`--unwind-rules-size`): no more walks are handed to the tracer.
+    pub const RULES_FULL: u32 = 8;
+    pub const N: usize = 9;
+}
+
+/// Start of the stack hash.
+pub const STACK_HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+const STACK_HASH_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// One return address into the stack hash (FNV-1a over words).
+#[inline(always)]
+pub const fn stack_hash_step(hash: u64, ra: u64) -> u64 {
+    (hash ^ ra).wrapping_mul(STACK_HASH_PRIME)
+}
+
+/// The stack's key in `STACKS` and `CountKey::stack`: the frames' hash and
+/// why the walk stopped. Its low two bits are `10`, never a reserved value.
+#[inline(always)]
+pub const fn stack_hash_finish(hash: u64, stop: u32) -> u64 {
+    (stack_hash_step(hash, stop as u64) & !3) | 2
+}
+
+/// Live mode: `CountKey::stack` of a call whose walk the tracer finishes
+/// (low bits `11`, the rest a sequence number matched with its
+/// [`MissEvent`]).
+pub const fn miss_stack_id(seq: u64) -> u64 {
+    (seq << 2) | 3
+}
+
+pub const fn is_miss_stack_id(stack: u64) -> bool {
+    stack & 3 == 3
+}
+
+/// Bytes of the target's stack a [`MissEvent`] carries (from the frame
+/// where the rule was missing): a whole CPython stack at a malloc is 5 KiB
+/// typically, 12.5 KiB at the 99th percentile, and one of its frames alone
+/// holds a 16 KiB buffer. A deeper walk that runs out of copy is cut short
+/// once (`read_failed`); the rules it added let the next one go on in the
+/// kernel.
+pub const STACK_COPY: usize = 32768;
+
+/// A walk the BPF side could not finish for want of a rule, with a copy of
+/// the stack from there up. The tracer finishes the walk, adds the rules,
+/// and counts the call under its whole stack.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MissEvent {
+    /// [`miss_stack_id`]: what live mode's events carry as the stack.
+    pub stack_id: u64,
+    pub func: u32,
+    /// Thread id when split per thread, else 0.
+    pub tid: u32,
+    /// The direct caller (`CountKey::caller`).
+    pub caller: u64,
+    /// What the call adds to its stack's counts (16.16 when sampled).
+    pub calls: u64,
+    pub bytes: u64,
+    /// Frames walked so far (above the caller), the last being `ra`, or
+    /// none when `ra` is the caller.
+    pub n: u32,
+    /// Bytes of `copy` that were read.
+    pub copied: u32,
+    /// The return address without a rule, the CFA of the frame below it
+    /// (the stack pointer of `ra`'s frame) and rbp there.
+    pub ra: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Non-zero when `bp` is known.
+    pub bp_ok: u64,
+    pub frames: [u64; MAX_FRAMES],
+    /// The target's stack from `sp - 8` (where `ra` itself is) up.
+    pub copy: [u8; STACK_COPY],
+}

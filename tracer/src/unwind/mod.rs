@@ -1,0 +1,232 @@
+//! Unwinding without frame pointers, from the target's own call-frame
+//! information.
+//!
+//! The BPF probe walks the stack frame by frame by looking up each return
+//! address in the `UNWIND_RULES` map ([`Rule`], compiled here from
+//! `.eh_frame` / `.debug_frame` of the object that maps the address):
+//!
+//! ```text
+//! CFA0 = rsp + 8, ra1 = [rsp], rbp = rbp             (probe at function entry)
+//! for each ra: rule = map[ra]
+//!     CFA  = (rule.kind == CFA_RSP ? previous CFA : rbp) + rule.cfa_off
+//!     ra'  = [CFA - 8]
+//!     rbp' = rule.rbp == RBP_AT ? [CFA + rule.rbp_off] : rbp
+//! ```
+//!
+//! A walk that meets an address with no rule yet hands the tracer a copy of
+//! the stack from there ([`tracer_common::MissEvent`]); the [`Unwinder`]
+//! finishes it with [`unwind()`], the same walk in user space, and returns
+//! the rules it used so the session can add them to the map. After a short
+//! warm-up every walk runs in the kernel.
+//!
+//! * [`ObjectCfi`] loads one ELF object lazily (headers only; one FDE is
+//!   parsed per lookup, through `.eh_frame_hdr`'s binary-search table).
+//! * Return addresses are keyed absolute: one target process per run.
+//!
+//! x86-64 only. Parsing is gimli's; the ELF is read with object.
+
+mod object_cfi;
+pub mod service;
+mod walk;
+
+use std::{
+    collections::HashMap,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use tracer_common::{stack_hash_finish, stack_hash_step, stop, MissEvent, STACK_HASH_SEED};
+
+pub use object_cfi::ObjectCfi;
+pub use tracer_common::UnwindRule as Rule;
+pub use walk::{unwind, Stop};
+
+use crate::target::AddressSpace;
+
+/// The stop code of a user-space walk (as the BPF walk records it).
+pub fn stop_code(stop: Stop) -> u32 {
+    match stop {
+        Stop::End => stop::END,
+        Stop::Unsupported => stop::NO_CFI,
+        Stop::OutOfCopy => stop::READ_FAILED,
+        Stop::BadRead => stop::BAD_FRAME,
+        Stop::MaxFrames => stop::MAX_FRAMES,
+    }
+}
+
+/// The key of a stack, exactly as the BPF walk computes it: the frames
+/// above the direct caller and why the walk stopped.
+pub fn stack_key(frames: &[u64], stop: u32) -> u64 {
+    let hash = frames
+        .iter()
+        .fold(STACK_HASH_SEED, |h, &ra| stack_hash_step(h, ra));
+    stack_hash_finish(hash, stop)
+}
+
+/// A walk the tracer finished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// Return addresses above the direct caller (as in `StackFrames`).
+    pub frames: Vec<u64>,
+    /// Why the walk stopped ([`tracer_common::stop`]).
+    pub stop: u32,
+    /// [`stack_key`] of the two.
+    pub key: u64,
+}
+
+/// What the unwinder did, for `-v`.
+#[derive(Clone, Debug, Default)]
+pub struct UnwindStats {
+    pub objects: usize,
+    pub rules: usize,
+    pub walks_finished: u64,
+    pub load_time: Duration,
+    pub lookup_time: Duration,
+}
+
+/// Rules for the return addresses of one target, from the CFI of the
+/// objects it maps (each loaded once, on first need).
+pub struct Unwinder {
+    pid: u32,
+    /// Per mapped path; `None` when the object could not be loaded.
+    objects: HashMap<String, Option<ObjectCfi>>,
+    /// Every rule computed so far, by return address.
+    rules: HashMap<u64, Rule>,
+    pub stats: UnwindStats,
+}
+
+impl Unwinder {
+    pub fn new(pid: u32) -> Self {
+        Unwinder {
+            pid,
+            objects: HashMap::new(),
+            rules: HashMap::new(),
+            stats: UnwindStats::default(),
+        }
+    }
+
+    /// Loads the call-frame information of every object the target maps
+    /// executable, so that the first walks to finish do not wait for it.
+    pub fn preload(&mut self, space: &AddressSpace) {
+        let paths: Vec<(String, bool)> = space
+            .executable_paths()
+            .map(|p| (p.to_string(), self.objects.contains_key(p)))
+            .collect();
+        for (path, loaded) in paths {
+            if !loaded {
+                self.load(&path, space);
+            }
+        }
+    }
+
+    fn load(&mut self, path: &str, space: &AddressSpace) {
+        let started = Instant::now();
+        let loaded = space.file(path).and_then(|f| {
+            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+            let debug = Path::new("/proc")
+                .join(self.pid.to_string())
+                .join("root/usr/lib/debug");
+            let debug = if debug.is_dir() {
+                debug
+            } else {
+                PathBuf::from("/usr/lib/debug")
+            };
+            match ObjectCfi::load_with_debug_dir(&fd_path, &debug) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    log::debug!("unwind: no call-frame information for {path}: {e:#}");
+                    None
+                }
+            }
+        });
+        self.stats.load_time += started.elapsed();
+        self.stats.objects += loaded.is_some() as usize;
+        self.objects.insert(path.to_string(), loaded);
+    }
+
+    /// The rule for return address `ra` in the target, and whether it is
+    /// new (not handed out before).
+    pub fn rule_for(&mut self, ra: u64, space: &mut AddressSpace) -> (Rule, bool) {
+        if let Some(r) = self.rules.get(&ra) {
+            return (*r, false);
+        }
+        let started = Instant::now();
+        let rule = self.compute(ra, space);
+        self.stats.lookup_time += started.elapsed();
+        self.rules.insert(ra, rule);
+        self.stats.rules = self.rules.len();
+        (rule, true)
+    }
+
+    fn compute(&mut self, ra: u64, space: &mut AddressSpace) -> Rule {
+        // A library loaded since the last look at the mappings: look again.
+        if space.mapping(ra).is_none() {
+            space.refresh(self.pid);
+        }
+        let Some(m) = space.mapping(ra).cloned() else {
+            // No file mapping: anonymous code (a JIT) or not code at all.
+            return Rule::unsupported();
+        };
+        if !m.perms.contains('x') {
+            return Rule::not_code();
+        }
+        if !self.objects.contains_key(&m.path) {
+            self.load(&m.path, space);
+        }
+        let Some(Some(obj)) = self.objects.get(&m.path) else {
+            return Rule::unsupported();
+        };
+        match obj.svma_for(m.start, m.offset, ra) {
+            Some(svma) => obj.rule_for_ra(svma),
+            None => Rule::not_code(),
+        }
+    }
+
+    /// Finishes a walk the BPF side handed over. `new_rules` receives every
+    /// rule computed for the first time, to be added to the kernel's map.
+    pub fn finish(
+        &mut self,
+        ev: &MissEvent,
+        space: &mut AddressSpace,
+        new_rules: &mut Vec<(u64, Rule)>,
+    ) -> Finished {
+        self.stats.walks_finished += 1;
+        let n = (ev.n as usize).min(ev.frames.len());
+        let mut frames: Vec<u64> = ev.frames[..n].to_vec();
+        let copied = (ev.copied as usize).min(ev.copy.len());
+        let bp = (ev.bp_ok != 0).then_some(ev.bp);
+        let (walked, why) = unwind(ev.ra, ev.sp.wrapping_sub(8), bp, &ev.copy[..copied], |ra| {
+            let (rule, new) = self.rule_for(ra, space);
+            if new {
+                new_rules.push((ra, rule));
+            }
+            rule
+        });
+        // `walked[0]` is `ev.ra`: the last frame already walked, or the
+        // caller itself.
+        frames.extend(walked.iter().skip(1));
+        let mut stop = stop_code(why);
+        if frames.len() > tracer_common::MAX_FRAMES {
+            frames.truncate(tracer_common::MAX_FRAMES);
+            stop = stop::MAX_FRAMES;
+        }
+        let key = stack_key(&frames, stop);
+        Finished { frames, stop, key }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_keys_are_never_reserved_values() {
+        for stop in 1..8 {
+            let k = stack_key(&[0x1000, 0x2000], stop);
+            assert_eq!(k & 3, 2);
+            assert!(!tracer_common::is_miss_stack_id(k));
+        }
+        assert_ne!(stack_key(&[1], stop::END), stack_key(&[1], stop::NO_CFI));
+    }
+}

@@ -1,0 +1,210 @@
+//! The tracer's half of every walk the BPF side could not finish: a thread
+//! that wakes for each [`MissEvent`], finishes the walk with the
+//! [`Unwinder`], counts the call under its whole stack and adds the rules
+//! the walk needed to the kernel's map at once, so that the next walk
+//! through the same code stays in the kernel.
+//!
+//! It is started after the BPF object is loaded and before any probe is
+//! attached, with every object's call-frame information already loaded:
+//! the first walks are finished within microseconds, before the ring of
+//! stack copies can fill.
+
+use std::{
+    os::fd::AsRawFd,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    thread::JoinHandle,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
+    Ebpf,
+};
+use tracer_common::{maps, CountKey, MissEvent};
+
+use super::{Rule, Unwinder};
+use crate::{collect::UserWalks, target::AddressSpace};
+
+/// What the service has done, shared with the session.
+pub struct Walks {
+    ring: RingBuf<MapData>,
+    rules: BpfHashMap<MapData, u64, Rule>,
+    full: aya::maps::Array<MapData, u64>,
+    pub unwinder: Unwinder,
+    space: Arc<Mutex<AddressSpace>>,
+    /// The calls counted under finished walks.
+    pub counted: UserWalks,
+    /// Live mode: (stack id, stack key) of finished walks, for the tracker.
+    remaps: Vec<(u64, u64)>,
+    live: bool,
+    /// Rules the kernel map had no room for.
+    pub rules_full: u64,
+}
+
+impl Walks {
+    /// Finishes every walk waiting in the ring.
+    pub fn finish_all(&mut self) {
+        let mut new_rules: Vec<(u64, Rule)> = Vec::new();
+        let space = self.space.clone();
+        let mut space = space.lock().unwrap();
+        while let Some(item) = self.ring.next() {
+            let Some(ev) = read_miss(&item) else {
+                continue;
+            };
+            drop(item);
+            let done = self.unwinder.finish(&ev, &mut space, &mut new_rules);
+            let key = CountKey {
+                stack: done.key,
+                func: ev.func,
+                tid: ev.tid,
+                caller: ev.caller,
+            };
+            if self.live {
+                self.remaps.push((ev.stack_id, done.key));
+            }
+            self.counted
+                .add(key, done.frames, done.stop, ev.calls, ev.bytes);
+            for (ra, rule) in new_rules.drain(..) {
+                if self.rules.insert(ra, rule, 0).is_err() {
+                    if self.rules_full == 0 {
+                        log::warn!("the kernel's map of unwind rules is full: stacks through new code end there from now on (raise --unwind-rules-size)");
+                        let _ = self.full.set(0, 1, 0);
+                    }
+                    self.rules_full += 1;
+                }
+            }
+        }
+    }
+
+    /// Live mode: the walks finished since the last call, as (stack id,
+    /// stack key).
+    pub fn take_remaps(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.remaps)
+    }
+}
+
+/// A [`MissEvent`] out of its ring record (read unaligned), `None` for a
+/// record of another size.
+fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
+    if bytes.len() < std::mem::size_of::<MissEvent>() {
+        return None;
+    }
+    let mut ev = Box::<MissEvent>::new_uninit();
+    // SAFETY: MissEvent is plain data (integers and arrays of them): every
+    // bit pattern is valid, and `bytes` holds at least one.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            ev.as_mut_ptr() as *mut u8,
+            std::mem::size_of::<MissEvent>(),
+        );
+        Some(ev.assume_init())
+    }
+}
+
+/// Runs the calling thread at the lowest real-time priority: a walk waiting
+/// in the ring holds a stack copy the ring needs back, and the target runs
+/// on meanwhile, so the thread must not wait behind the target (or behind
+/// anything else on a busy machine) to be scheduled. It sleeps in `poll`
+/// whenever no walk waits, and walks stop coming once the rules are in.
+fn realtime_priority() {
+    let param = libc::sched_param { sched_priority: 1 };
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        log::debug!(
+            "unwind: no real-time priority for the unwind thread: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// The thread and what it shares with the session. Dropping it stops the
+/// thread.
+pub struct UnwindService {
+    walks: Arc<Mutex<Walks>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UnwindService {
+    /// Takes the rule map and the ring of walks out of `ebpf` (loaded, not
+    /// yet attached), loads the call-frame information of every object the
+    /// target maps, and starts the thread.
+    pub fn start(
+        ebpf: &mut Ebpf,
+        pid: u32,
+        space: Arc<Mutex<AddressSpace>>,
+        live: bool,
+    ) -> Result<UnwindService> {
+        let ring = RingBuf::try_from(
+            ebpf.take_map(maps::UNWIND_MISSES)
+                .context("UNWIND_MISSES map")?,
+        )?;
+        let rules = BpfHashMap::try_from(
+            ebpf.take_map(maps::UNWIND_RULES)
+                .context("UNWIND_RULES map")?,
+        )?;
+        let full = aya::maps::Array::try_from(
+            ebpf.take_map(maps::UNWIND_FULL)
+                .context("UNWIND_FULL map")?,
+        )?;
+        let mut unwinder = Unwinder::new(pid);
+        unwinder.preload(&space.lock().unwrap());
+        let fd = ring.as_raw_fd();
+        let walks = Arc::new(Mutex::new(Walks {
+            ring,
+            rules,
+            full,
+            unwinder,
+            space,
+            counted: UserWalks::default(),
+            remaps: Vec::new(),
+            live,
+            rules_full: 0,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (walks, stop) = (walks.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("mtrace-unwind".into())
+                .spawn(move || {
+                    realtime_priority();
+                    // `fd` stays open: `walks` owns the ring.
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut pfd = libc::pollfd {
+                            fd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        };
+                        let ready = unsafe { libc::poll(&mut pfd, 1, 50) };
+                        if ready > 0 {
+                            walks.lock().unwrap().finish_all();
+                        }
+                    }
+                })?
+        };
+        Ok(UnwindService {
+            walks,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The walks finished so far, after finishing those still waiting.
+    pub fn walks(&self) -> MutexGuard<'_, Walks> {
+        let mut w = self.walks.lock().unwrap();
+        w.finish_all();
+        w
+    }
+}
+
+impl Drop for UnwindService {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The frame walk over a copied stack: the user-space twin of the BPF walk
+//! (`unwind_frame` in `tracer-ebpf`), rule for rule, so that a walk the
+//! tracer finishes gives the same frames and the same stop as the kernel's
+//! once the rules are in. Signal frames stop both (the BPF walk does not
+//! follow them yet).
+
+use super::Rule;
+
+/// Upper bound on the number of return addresses [`unwind`] produces: the
+/// direct caller and [`tracer_common::MAX_FRAMES`] above it, as the BPF
+/// walk keeps.
+pub const MAX_FRAMES: usize = tracer_common::MAX_FRAMES + 1;
+
+/// Why [`unwind`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stop {
+    /// Reached a frame whose return address is undefined (`_start`, thread
+    /// entry) or a null return address: the stack is complete.
+    End,
+    /// The rule of the last return address is [`Rule::UNSUPPORTED`], or it
+    /// needs an rbp that an earlier frame could not recover.
+    Unsupported,
+    /// A slot to read lies above the end of the copied bytes: the copy was
+    /// too short (the stack itself may well continue).
+    OutOfCopy,
+    /// A slot to read lies below the copy start, is misaligned, the CFA
+    /// did not move up the stack, or a return address lies in no code:
+    /// corrupt stack or wrong rule.
+    BadRead,
+    /// [`MAX_FRAMES`] return addresses were produced.
+    MaxFrames,
+}
+
+/// Read the 8-byte word at `addr` from `stack`, which holds the bytes copied
+/// from address `base`.
+fn read(stack: &[u8], base: u64, addr: u64) -> Result<u64, Stop> {
+    if addr < base || !addr.is_multiple_of(8) {
+        return Err(Stop::BadRead);
+    }
+    let off = usize::try_from(addr - base).map_err(|_| Stop::OutOfCopy)?;
+    match stack.get(off..off.saturating_add(8)) {
+        Some(b) => Ok(u64::from_le_bytes(b.try_into().expect("8 bytes"))),
+        None => Err(Stop::OutOfCopy),
+    }
+}
+
+/// Walk a stack captured at function entry (e.g. a uprobe on `malloc`).
+///
+/// `rsp` and `rbp` are the register values at the probe, where rsp points at
+/// the return address `start_ra` (so the caller's rsp, the first CFA, is
+/// `rsp + 8`, and rbp still is the caller's). `stack` holds the bytes copied
+/// from address `rsp` upwards. `rule_for` gives the rule for a runtime return
+/// address (typically a cache in front of [`super::ObjectCfi::rule_for_ra`]).
+///
+/// Returns the return addresses, innermost first (`start_ra` first; the
+/// address of the probed function itself is not included), and why the walk
+/// stopped. The last address is included even when its rule stops the walk,
+/// because it is a genuine frame (the caller cannot be found, not the frame).
+pub fn unwind(
+    start_ra: u64,
+    rsp: u64,
+    rbp: Option<u64>,
+    stack: &[u8],
+    mut rule_for: impl FnMut(u64) -> Rule,
+) -> (Vec<u64>, Stop) {
+    let mut frames = Vec::new();
+    let mut ra = start_ra;
+    // CFA of the frame below = rsp of the frame owning `ra`, at `ra`.
+    let Some(mut cfa) = rsp.checked_add(8) else {
+        return (frames, Stop::BadRead);
+    };
+    let mut rbp = rbp;
+    loop {
+        if ra == 0 {
+            return (frames, Stop::End);
+        }
+        if frames.len() == MAX_FRAMES {
+            return (frames, Stop::MaxFrames);
+        }
+        frames.push(ra);
+        let rule = rule_for(ra);
+        let base = match rule.kind {
+            Rule::CFA_RSP => cfa,
+            Rule::CFA_RBP => match rbp {
+                Some(rbp) => rbp,
+                None => return (frames, Stop::Unsupported),
+            },
+            Rule::END => return (frames, Stop::End),
+            Rule::NOT_CODE => return (frames, Stop::BadRead),
+            // Signal frames too: the BPF walk does not follow them.
+            _ => return (frames, Stop::Unsupported),
+        };
+        let new_cfa = base.wrapping_add_signed(i64::from(rule.cfa_off));
+        // Each caller's frame lies strictly above its callee's: this is what
+        // guarantees termination on garbage.
+        if new_cfa <= cfa || !new_cfa.is_multiple_of(8) {
+            return (frames, Stop::BadRead);
+        }
+        let next_ra = match read(stack, rsp, new_cfa.wrapping_sub(8)) {
+            Ok(v) => v,
+            Err(stop) => return (frames, stop),
+        };
+        rbp = match rule.rbp {
+            Rule::RBP_SAME => rbp,
+            Rule::RBP_AT => {
+                match read(
+                    stack,
+                    rsp,
+                    new_cfa.wrapping_add_signed(i64::from(rule.rbp_off)),
+                ) {
+                    Ok(v) => Some(v),
+                    Err(stop) => return (frames, stop),
+                }
+            }
+            _ => None,
+        };
+        cfa = new_cfa;
+        ra = next_ra;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rsp_rule(cfa_off: i32) -> Rule {
+        Rule {
+            kind: Rule::CFA_RSP,
+            rbp: Rule::RBP_SAME,
+            rbp_off: 0,
+            cfa_off,
+        }
+    }
+
+    /// Synthetic stack: f1 (frame of 32 bytes incl. ra) saved rbp, f2 uses rbp.
+    #[test]
+    fn synthetic_walk() {
+        let rsp = 0x7000_0000u64;
+        let mut words = [0u64; 16];
+        words[0] = 0x1000; // ra into f1 at [rsp]
+                           // f1: CFA1 = CFA0 + 32 = rsp + 40 ; ra2 at CFA1 - 8 = rsp + 32 (word 4)
+                           // f1 saved rbp at CFA1 - 16 (word 3)
+        words[3] = rsp + 64; // caller's rbp (f2 uses it)
+        words[4] = 0x2000;
+        // f2: CFA = rbp + 16 = rsp + 80; ra3 at rsp + 72 (word 9)
+        words[9] = 0x3000;
+        let stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let (frames, stop) = unwind(0x1000, rsp, Some(0xdead), &stack, |ra| match ra {
+            0x1000 => Rule {
+                kind: Rule::CFA_RSP,
+                rbp: Rule::RBP_AT,
+                rbp_off: -16,
+                cfa_off: 32,
+            },
+            0x2000 => Rule {
+                kind: Rule::CFA_RBP,
+                rbp: Rule::RBP_AT,
+                rbp_off: -16,
+                cfa_off: 16,
+            },
+            0x3000 => Rule::end(),
+            _ => Rule::unsupported(),
+        });
+        assert_eq!(frames, vec![0x1000, 0x2000, 0x3000]);
+        assert_eq!(stop, Stop::End);
+    }
+
+    #[test]
+    fn stops() {
+        let rsp = 0x1000u64;
+        let stack = [0u8; 16];
+        assert_eq!(
+            unwind(5, rsp, Some(0), &stack, |_| Rule::unsupported()),
+            (vec![5], Stop::Unsupported)
+        );
+        assert_eq!(
+            unwind(5, rsp, Some(0), &stack, |_| rsp_rule(64)),
+            (vec![5], Stop::OutOfCopy)
+        );
+        assert_eq!(
+            unwind(5, rsp, Some(0), &stack, |_| rsp_rule(-8)),
+            (vec![5], Stop::BadRead)
+        );
+        assert_eq!(
+            unwind(5, rsp, Some(0), &stack, |_| rsp_rule(4)),
+            (vec![5], Stop::BadRead)
+        );
+        // ra 0 read from the stack ends the walk.
+        assert_eq!(
+            unwind(5, rsp, Some(0), &stack, |_| rsp_rule(8)),
+            (vec![5], Stop::End)
+        );
+        let rbp_undef = Rule {
+            kind: Rule::CFA_RSP,
+            rbp: Rule::RBP_UNDEF,
+            rbp_off: 0,
+            cfa_off: 8,
+        };
+        let mut n = 0;
+        let stack = [7u8; 64];
+        let r = unwind(5, rsp, Some(0), &stack, |_| {
+            n += 1;
+            if n == 1 {
+                rbp_undef
+            } else {
+                Rule {
+                    kind: Rule::CFA_RBP,
+                    ..rbp_undef
+                }
+            }
+        });
+        assert_eq!(r.1, Stop::Unsupported);
+        assert_eq!(r.0.len(), 2);
+    }
+}
