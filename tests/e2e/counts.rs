@@ -65,7 +65,18 @@ pub fn check_counts_profile(p: &Profile) {
         (COUNTS_TOTAL_CALLS, COUNTS_TOTAL_BYTES),
         "totals\n{dump}"
     );
-    assert_eq!(p.totals.frees, COUNTS_FREES, "frees");
+    // Count mode probes `free` only with --count-frees (live mode always).
+    let free_probed = p.doc["meta"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|pr| pr["function"] == "free");
+    assert_eq!(p.totals.frees_counted, free_probed, "{dump}");
+    if p.totals.frees_counted {
+        assert_eq!(p.totals.frees, COUNTS_FREES, "frees");
+    } else {
+        assert_eq!(p.totals.frees, 0, "frees");
+    }
     assert_eq!(
         p.per_func_alloc_calls(),
         COUNTS_TOTAL_CALLS,
@@ -95,7 +106,33 @@ fn launch_mode_exact_counts() {
     if !require_bpf() {
         return;
     }
-    check_launch_run(&["--top", "0"]);
+    check_launch_run(&["--top", "0", "--count-frees"]);
+}
+
+/// Count mode needs one probe per allocating call: `free` is not probed
+/// (and the report says frees were not counted) unless asked for.
+#[test]
+fn count_mode_probes_no_free_by_default() {
+    if !require_bpf() {
+        return;
+    }
+    let (out, p) = trace_fixture(Fixture::Counts, &["--top", "0"]);
+    out.assert_exit(0);
+    check_counts_profile(&p);
+    assert!(!p.totals.frees_counted);
+    let probed: Vec<&str> = p.doc["meta"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pr| pr["function"].as_str().unwrap())
+        .collect();
+    assert!(!probed.contains(&"free"), "{probed:?}");
+    assert!(probed.contains(&"malloc"), "{probed:?}");
+    assert!(
+        out.stdout.contains("frees not counted"),
+        "{}",
+        out.describe()
+    );
 }
 
 #[test]

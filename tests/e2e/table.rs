@@ -63,7 +63,11 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
     assert_eq!(rows, stacks, "table rows vs profile stacks\n{d}");
 
     assert_eq!((r.total_calls, r.total_bytes), p.total(), "{d}");
-    assert_eq!(r.frees, p.totals.frees, "{d}");
+    assert_eq!(
+        r.frees,
+        p.totals.frees_counted.then_some(p.totals.frees),
+        "{d}"
+    );
     let per_func: Vec<(String, u64)> = p
         .totals
         .per_func

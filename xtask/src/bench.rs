@@ -2,7 +2,9 @@
 //! the floor of what any uprobe tracer pays.
 //!
 //! The benchmark (`xtask/bench/bench.c`) does malloc+free from three call
-//! sites at stack depths of about 3, 8 and 20, in 1 and in 2 threads. Every
+//! sites at stack depths of about 3, 8 and 20, in 1 and in 2 threads, built
+//! twice: with frame pointers (`fp`) and without (`no-fp`, as `-O2` builds
+//! and Debian's libc are), where whole stacks need the unwind rules. Every
 //! mode runs `runs` times, the modes alternating so that drift of the
 //! machine hits all alike:
 //! - untraced;
@@ -82,12 +84,15 @@ const MODES: &[Mode] = &[
 #[derive(Default, Clone)]
 struct Sample {
     ns_per_iter: f64,
+    /// The share of calls with a whole stack, from the report.
+    whole_pct: Option<f64>,
     attach_ms: Option<f64>,
     cpu_ms: Option<f64>,
     rss_kib: Option<f64>,
 }
 
 struct Result1 {
+    build: &'static str,
     threads: u32,
     mode: &'static str,
     floor: Option<&'static str>,
@@ -181,6 +186,10 @@ fn run_once(
     let sample = Sample {
         ns_per_iter: parse_after(&stdout, "ns_per_iter ")
             .with_context(|| format!("no ns_per_iter from {}", mode.name))?,
+        whole_pct: stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("stacks: "))
+            .and_then(|l| l.split('%').next()?.parse().ok()),
         attach_ms: parse_after(&stderr, "attached in "),
         cpu_ms: parse_after(&stderr, "resources: cpu "),
         rss_kib: parse_after(&stderr, "peak rss "),
@@ -222,44 +231,26 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
     require_root("the benchmark (it loads BPF programs)")?;
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
-    let bench = out_dir.join("bench");
-    compile_c(&root.join("xtask/bench/bench.c"), &bench, &["-pthread"])?;
-
     let progress = std::io::stderr().is_terminal();
     let mut results: Vec<Result1> = Vec::new();
-    for threads in [1u32, 2] {
-        let mut per_mode: Vec<Result1> = MODES
-            .iter()
-            .map(|m| Result1 {
-                threads,
-                mode: m.name,
-                floor: m.floor,
-                samples: Vec::new(),
-            })
-            .collect();
-        for run in 0..runs {
-            // Every other round in reverse order: a drift of the machine's
-            // speed then favours neither a mode nor its floor.
-            let mut order: Vec<usize> = (0..MODES.len()).collect();
-            if run % 2 == 1 {
-                order.reverse();
-            }
-            for i in order {
-                let mode = &MODES[i];
-                eprint!(
-                    "\rxtask: bench {threads} thread(s), run {}/{runs}, {:<16}",
-                    run + 1,
-                    mode.name
-                );
-                let (sample, _) = run_once(root, &bench, mode, iterations, threads, false)?;
-                per_mode[i].samples.push(sample);
-            }
-        }
-        if progress {
-            eprintln!();
-        }
-        results.extend(per_mode);
+    let mut fp_bench = None;
+    for (build, flags) in BUILDS {
+        let bench = out_dir.join(format!("bench-{build}"));
+        let mut args = vec!["-pthread"];
+        args.extend(flags.iter());
+        compile_c(&root.join("xtask/bench/bench.c"), &bench, &args)?;
+        fp_bench.get_or_insert(bench.clone());
+        run_build(
+            root,
+            &bench,
+            build,
+            iterations,
+            runs,
+            progress,
+            &mut results,
+        )?;
     }
+    let bench = fp_bench.expect("a build");
 
     let mut programs = Vec::new();
     for mode in MODES.iter().filter(|m| m.name != "untraced") {
@@ -285,10 +276,60 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
     Ok(())
 }
 
-fn find<'a>(results: &'a [Result1], threads: u32, mode: &str) -> Option<&'a Result1> {
+/// The benchmark with frame pointers, and without (what `-O2` gives).
+const BUILDS: [(&str, &[&str]); 2] = [("fp", &[]), ("no-fp", &["-fomit-frame-pointer"])];
+
+/// Every mode of one build, in 1 and 2 threads.
+fn run_build(
+    root: &Path,
+    bench: &Path,
+    build: &'static str,
+    iterations: u64,
+    runs: usize,
+    progress: bool,
+    results: &mut Vec<Result1>,
+) -> Result<()> {
+    for threads in [1u32, 2] {
+        let mut per_mode: Vec<Result1> = MODES
+            .iter()
+            .map(|m| Result1 {
+                build,
+                threads,
+                mode: m.name,
+                floor: m.floor,
+                samples: Vec::new(),
+            })
+            .collect();
+        for run in 0..runs {
+            // Every other round in reverse order: a drift of the machine's
+            // speed then favours neither a mode nor its floor.
+            let mut order: Vec<usize> = (0..MODES.len()).collect();
+            if run % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let mode = &MODES[i];
+                eprint!(
+                    "\rxtask: bench {build}, {threads} thread(s), run {}/{runs}, {:<16}",
+                    run + 1,
+                    mode.name
+                );
+                let (sample, _) = run_once(root, bench, mode, iterations, threads, false)?;
+                per_mode[i].samples.push(sample);
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        results.extend(per_mode);
+    }
+    Ok(())
+}
+
+fn find<'a>(results: &'a [Result1], of: &Result1, mode: &str) -> Option<&'a Result1> {
     results
         .iter()
-        .find(|r| r.threads == threads && r.mode == mode)
+        .find(|r| r.build == of.build && r.threads == of.threads && r.mode == mode)
 }
 
 /// Each iteration makes two allocator calls (malloc and free).
@@ -318,10 +359,10 @@ fn render_table(
     );
     let _ = writeln!(
         out,
-        "\n| threads | mode | ns/iter | min..max | +ns per call | vs floor | tracer CPU ms | tracer RSS MiB | attach ms |\n|---|---|---|---|---|---|---|---|---|"
+        "\n| build | threads | mode | ns/iter | min..max | +ns per call | vs floor | whole stacks | tracer CPU ms | tracer RSS MiB | attach ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in results {
-        let base = find(results, r.threads, "untraced").map(|u| u.median_ns());
+        let base = find(results, r, "untraced").map(|u| u.median_ns());
         let ns = r.median_ns();
         let (lo, hi) = r.spread();
         let added = base
@@ -330,8 +371,13 @@ fn render_table(
             .unwrap_or_else(|| "-".into());
         let vs_floor = r
             .floor
-            .and_then(|f| find(results, r.threads, f))
+            .and_then(|f| find(results, r, f))
             .map(|f| format!("{:.2}x", r.ratio_to(f)))
+            .unwrap_or_else(|| "-".into());
+        let whole = r
+            .floor
+            .and(r.median_of(|s| s.whole_pct))
+            .map(|p| format!("{p:.2}%"))
             .unwrap_or_else(|| "-".into());
         let opt = |v: Option<f64>, scale: f64| {
             v.map(|x| format!("{:.1}", x / scale))
@@ -339,7 +385,8 @@ fn render_table(
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {} | {} | {} | {} |",
+            r.build,
             r.threads,
             r.mode,
             ns,
@@ -347,6 +394,7 @@ fn render_table(
             hi,
             added,
             vs_floor,
+            whole,
             opt(r.median_of(|s| s.cpu_ms), 1.0),
             opt(r.median_of(|s| s.rss_kib), 1024.0),
             opt(r.median_of(|s| s.attach_ms), 1.0),
@@ -379,11 +427,12 @@ fn render_json(
         let (lo, hi) = r.spread();
         let floor = r
             .floor
-            .and_then(|f| find(results, r.threads, f))
+            .and_then(|f| find(results, r, f))
             .map(|f| r.ratio_to(f));
         let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.3}"));
         rows.push(format!(
-            "    {{\"threads\": {}, \"mode\": \"{}\", \"ns_per_iter_median\": {:.3}, \"ns_per_iter_min\": {:.3}, \"ns_per_iter_max\": {:.3}, \"ns_per_iter_runs\": [{}], \"vs_floor\": {}, \"tracer_cpu_ms\": {}, \"tracer_peak_rss_kib\": {}, \"attach_ms\": {}}}",
+            "    {{\"build\": \"{}\", \"threads\": {}, \"mode\": \"{}\", \"ns_per_iter_median\": {:.3}, \"ns_per_iter_min\": {:.3}, \"ns_per_iter_max\": {:.3}, \"ns_per_iter_runs\": [{}], \"vs_floor\": {}, \"whole_stacks_pct\": {}, \"tracer_cpu_ms\": {}, \"tracer_peak_rss_kib\": {}, \"attach_ms\": {}}}",
+            r.build,
             r.threads,
             r.mode,
             r.median_ns(),
@@ -395,6 +444,7 @@ fn render_json(
                 .collect::<Vec<_>>()
                 .join(", "),
             num(floor),
+            num(r.median_of(|s| s.whole_pct)),
             num(r.median_of(|s| s.cpu_ms)),
             num(r.median_of(|s| s.rss_kib)),
             num(r.median_of(|s| s.attach_ms)),

@@ -43,6 +43,7 @@ fn snapshots_while_tracing_by_pid() {
     let mut m = Mtrace::start(&[
         "--pid",
         &pid.to_string(),
+        "--count-frees",
         "--interval",
         "0.5",
         "--snapshot-dir",

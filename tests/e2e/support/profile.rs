@@ -97,7 +97,13 @@ pub struct Totals {
     pub per_func: BTreeMap<String, Counts>,
     pub allocs: Counts,
     pub frees: u64,
+    #[serde(default = "yes")]
+    pub frees_counted: bool,
     pub nested: u64,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `doc[name]` as a `T`.

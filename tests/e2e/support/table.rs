@@ -31,7 +31,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub total_calls: u64,
     pub total_bytes: u64,
-    pub frees: u64,
+    /// `None`: "frees not counted".
+    pub frees: Option<u64>,
     /// `(malloc 1005, calloc 250, ...)` of the totals line.
     pub per_func: BTreeMap<String, u64>,
     pub nested: u64,
@@ -139,10 +140,16 @@ impl Report {
                 let bad = || format!("bad totals line {line:?}");
                 let (calls, rest) = t.split_once(" allocation calls, ").ok_or_else(bad)?;
                 let (bytes, rest) = rest.split_once(" bytes requested, ").ok_or_else(bad)?;
-                let (frees, rest) = rest.split_once(" frees").ok_or_else(bad)?;
+                let (frees, rest) = match rest.strip_prefix("frees not counted") {
+                    Some(rest) => (None, rest),
+                    None => {
+                        let (n, rest) = rest.split_once(" frees").ok_or_else(bad)?;
+                        (Some(n), rest)
+                    }
+                };
                 r.total_calls = num(calls, line)?;
                 r.total_bytes = num(bytes, line)?;
-                r.frees = num(frees, line)?;
+                r.frees = frees.map(|n| num(n, line)).transpose()?;
                 if let Some(list) = rest.trim().strip_prefix('(') {
                     for item in list.strip_suffix(')').ok_or_else(bad)?.split(", ") {
                         let (f, n) = item.rsplit_once(' ').ok_or_else(bad)?;

@@ -55,6 +55,7 @@ impl TraceConfig {
             mode: Mode {
                 per_thread: args.out.per_thread,
                 live: args.live,
+                count_frees: args.count_frees,
                 sampling: match (args.sample_bytes, args.sample_every) {
                     (Some(n), _) => Some(Sampling::Bytes(n)),
                     (None, Some(n)) => Some(Sampling::Every(n)),

@@ -104,6 +104,12 @@ pub struct TraceArgs {
     #[arg(long)]
     pub live: bool,
 
+    /// Count mode: also probe `free` and count the frees (live mode always
+    /// does). Off by default: one probe per allocating call is all the
+    /// counts need, and a probe on `free` doubles what the target pays.
+    #[arg(long, conflicts_with_all = ["live", "sample_bytes", "sample_every"])]
+    pub count_frees: bool,
+
     /// Sample instead of counting every call: on average one sample per N
     /// allocated bytes (exponential intervals, as jemalloc and tcmalloc),
     /// each weighted so estimated calls and bytes stay unbiased. Accepts

@@ -195,6 +195,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         live,
         samples: sums[counter::SAMPLES as usize],
         stack_quality: quality,
+        frees_counted: probes.frees_counted,
     })
 }
 

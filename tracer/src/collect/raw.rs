@@ -41,4 +41,6 @@ pub struct RawProfile {
     pub samples: u64,
     /// How whole the stacks are.
     pub stack_quality: StackQuality,
+    /// `free` was probed.
+    pub frees_counted: bool,
 }

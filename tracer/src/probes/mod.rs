@@ -101,8 +101,10 @@ pub struct MapSizes {
 #[derive(Clone, Copy, Debug)]
 pub struct Mode {
     pub per_thread: bool,
-    /// Live mode: return probes too, every block tracked.
+    /// Live mode: return probes too, every block tracked (and `free`).
     pub live: bool,
+    /// Count mode: probe `free` too.
+    pub count_frees: bool,
     pub sampling: Option<Sampling>,
     /// Benchmark floor: programs that do nothing, at the same places.
     pub floor: bool,
@@ -174,6 +176,8 @@ pub struct Probes {
     pub funcs: Vec<FuncInfo>,
     /// Live mode is on.
     pub live: bool,
+    /// `free` is probed.
+    pub frees_counted: bool,
     pub sampling: Option<Sampling>,
 }
 
@@ -238,7 +242,10 @@ pub fn attach<T>(
     }
     let mut attached = Vec::new();
     let mut funcs = Vec::new();
-    for (func, site) in alloc.sites.iter().enumerate() {
+    // Count and sampled modes need one probe per allocating call: `free`
+    // only when asked for (or in live mode, which follows every block).
+    let wanted = |site: &&ProbeSite| site.role().allocates() || mode.live || mode.count_frees;
+    for (func, site) in alloc.sites.iter().filter(wanted).enumerate() {
         let func = func as u32;
         let role = site.role();
         let program = if mode.floor {
@@ -260,7 +267,9 @@ pub fn attach<T>(
         });
         funcs.push(FuncInfo { name, role });
     }
+    let frees_counted = funcs.iter().any(|f| !f.role.allocates());
     let probes = Probes {
+        frees_counted,
         ebpf,
         attached,
         funcs,

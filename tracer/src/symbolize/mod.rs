@@ -99,6 +99,7 @@ pub fn symbolize(
 
     let mut totals = Totals {
         nested: raw.nested,
+        frees_counted: raw.frees_counted,
         ..Totals::default()
     };
     for (f, counts) in raw.per_func.iter().enumerate() {

@@ -104,6 +104,10 @@ impl Counts {
     }
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// Name of the deallocation function. Its stack entries (if any) are not
 /// allocations and are left out of every rendered stack, matching
 /// [`Totals::allocs`].
@@ -254,16 +258,32 @@ pub struct Losses {
 }
 
 /// Exact totals, kept apart from the per-stack map.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Totals {
     /// Per allocator function (frees have bytes = 0).
     pub per_func: BTreeMap<String, Counts>,
     /// Allocations (every function but `free`).
     pub allocs: Counts,
     pub frees: u64,
+    /// Whether `free` was probed (live mode, or `--count-frees`): count
+    /// and sampled modes probe only the allocating functions.
+    #[serde(default = "yes")]
+    pub frees_counted: bool,
     /// Calls the allocator made to itself (realloc -> malloc), not counted
     /// twice.
     pub nested: u64,
+}
+
+impl Default for Totals {
+    fn default() -> Self {
+        Totals {
+            per_func: BTreeMap::new(),
+            allocs: Counts::default(),
+            frees: 0,
+            frees_counted: true,
+            nested: 0,
+        }
+    }
 }
 
 /// One attached probe.

@@ -141,8 +141,14 @@ fn write_hidden(out: &mut String, hidden: Hidden, option: &str) {
 fn totals_line(profile: &Profile) -> String {
     let totals = &profile.totals;
     let mut line = format!(
-        "total: {} allocation calls, {} bytes requested, {} frees",
-        totals.allocs.calls, totals.allocs.bytes, totals.frees
+        "total: {} allocation calls, {} bytes requested, {}",
+        totals.allocs.calls,
+        totals.allocs.bytes,
+        if totals.frees_counted {
+            format!("{} frees", totals.frees)
+        } else {
+            "frees not counted".to_string()
+        }
     );
     let mut funcs: Vec<(&str, u64)> = totals
         .per_func
