@@ -34,5 +34,6 @@ mod pod {
     unsafe impl aya::Pod for Pending {}
     unsafe impl aya::Pod for StackFrames {}
     unsafe impl aya::Pod for UnwindRule {}
+    unsafe impl aya::Pod for CachedRule {}
     unsafe impl aya::Pod for MissEvent {}
 }

@@ -21,6 +21,8 @@ pub const EVENTS: [&str; crate::EVENT_RINGS as usize] = [
 /// Unwind rules by return address ([`crate::UnwindRule`]), filled by the
 /// tracer.
 pub const UNWIND_RULES: &str = "UNWIND_RULES";
+/// The direct-mapped cache in front of it ([`crate::CachedRule`]).
+pub const RULE_CACHE: &str = "RULE_CACHE";
 /// Walks the tracer finishes ([`crate::MissEvent`]).
 pub const UNWIND_MISSES: &str = "UNWIND_MISSES";
 /// One flag, set by the tracer: the map of rules is full.
@@ -29,7 +31,7 @@ pub const UNWIND_FULL: &str = "UNWIND_FULL";
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 9] = [
+pub const ALL_MAPS: [&str; 10] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -37,6 +39,7 @@ pub const ALL_MAPS: [&str; 9] = [
     COUNTDOWN,
     "PENDING",
     UNWIND_RULES,
+    RULE_CACHE,
     UNWIND_MISSES,
     UNWIND_FULL,
 ];

@@ -90,6 +90,25 @@ impl UnwindRule {
 
 const _: () = assert!(core::mem::size_of::<UnwindRule>() == 8);
 
+/// A slot of the direct-mapped rule cache (`RULE_CACHE`): an array lookup
+/// is much cheaper for the walk than a hash-map lookup, once per frame.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedRule {
+    /// The return address, 0 for a free slot.
+    pub ra: u64,
+    pub rule: UnwindRule,
+}
+
+/// Slots of the rule cache (16 bytes each).
+pub const RULE_CACHE_SLOTS: u32 = 1 << 16;
+
+/// The cache slot of return address `ra` (Fibonacci hashing).
+#[inline(always)]
+pub const fn rule_slot(ra: u64) -> u32 {
+    (ra.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u32
+}
+
 /// Why a walk ended: [`StackFrames::stop`](crate::StackFrames::stop).
 pub mod stop {
     /// The thread's outermost frame was reached: the stack is whole.

@@ -29,7 +29,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use tracer_common::{
-    counter, miss_stack_id, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
+    counter, miss_stack_id, rule_slot, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
     CountKey, CountValue, EntryMark, FreeEvent, MissEvent, Pending, Role, StackFrames,
     UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
     MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
@@ -77,6 +77,11 @@ const WALK_SLOTS: u32 = 4096;
 /// tracer).
 #[map]
 static UNWIND_RULES: HashMap<u64, UnwindRule> = HashMap::with_max_entries(65536, 0);
+
+/// A direct-mapped cache in front of `UNWIND_RULES`, filled by the tracer
+/// (slot [`rule_slot`] of the return address, when free).
+#[map]
+static RULE_CACHE: Array<CachedRule> = Array::with_max_entries(RULE_CACHE_SLOTS, 0);
 
 /// Walks the tracer finishes (size set by the tracer).
 #[map]
@@ -474,17 +479,44 @@ fn set_pending(
     };
 }
 
+/// One `bpf_loop` step of the walk: up to `FRAMES_PER_STEP` frames (a
+/// callback call per frame cost more than the frame).
+#[inline(never)]
+extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+    let mut k = 0;
+    while k < FRAMES_PER_STEP {
+        if unwind_frame(w) != 0 {
+            return 1;
+        }
+        k += 1;
+    }
+    0
+}
+
+const FRAMES_PER_STEP: usize = 8;
+
+/// The rule of return address `ra`: from the direct-mapped cache (an array
+/// lookup the verifier inlines), else from the hash map.
+#[inline(always)]
+fn rule_of(ra: u64) -> Option<UnwindRule> {
+    if let Some(slot) = RULE_CACHE.get(rule_slot(ra)) {
+        if slot.ra == ra {
+            return Some(slot.rule);
+        }
+    }
+    unsafe { UNWIND_RULES.get(&ra) }.copied()
+}
+
 /// One frame of the walk: finds the rule of the current return address,
 /// computes the caller's frame from it, and reads the next return address
 /// (and a saved rbp) from the chunk of stack in the scratch, reading a new
-/// chunk when the frame lies outside it. `ctx` points to the scratch
-/// pointer; returns 1 when the walk is over (`stack.stop` says why), 0 to
-/// go on.
-#[inline(never)]
-extern "C" fn unwind_frame(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
-    let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+/// chunk when the frame lies outside it. Returns 1 when the walk is over
+/// (`stack.stop` says why), 0 to go on.
+#[inline(always)]
+fn unwind_frame(w: &mut WalkScratch) -> i64 {
     let ra = w.ra;
-    let Some(rule) = (unsafe { UNWIND_RULES.get(&ra) }) else {
+    let Some(rule) = rule_of(ra) else {
         w.stack.stop = stop::MISS;
         return 1;
     };
@@ -611,8 +643,8 @@ fn walk_stack(
             (*w).stack.stop = stop::READ_FAILED;
         } else {
             aya_ebpf::helpers::generated::bpf_loop(
-                MAX_FRAMES as u32 + 1,
-                unwind_frame as *mut core::ffi::c_void,
+                (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,
+                unwind_step as *mut core::ffi::c_void,
                 &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
                 0,
             );

@@ -23,7 +23,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
     Ebpf,
 };
-use tracer_common::{maps, CountKey, MissEvent};
+use tracer_common::{maps, rule_slot, CachedRule, CountKey, MissEvent};
 
 use super::{Rule, Unwinder};
 use crate::{collect::UserWalks, target::AddressSpace};
@@ -33,6 +33,9 @@ pub struct Walks {
     ring: RingBuf<MapData>,
     rules: BpfHashMap<MapData, u64, Rule>,
     full: aya::maps::Array<MapData, u64>,
+    cache: aya::maps::Array<MapData, CachedRule>,
+    /// Which cache slots are taken.
+    cached: std::collections::HashSet<u32>,
     pub unwinder: Unwinder,
     space: Arc<Mutex<AddressSpace>>,
     /// The calls counted under finished walks.
@@ -68,6 +71,10 @@ impl Walks {
             self.counted
                 .add(key, done.frames, done.stop, ev.calls, ev.bytes);
             for (ra, rule) in new_rules.drain(..) {
+                let slot = rule_slot(ra);
+                if self.cached.insert(slot) {
+                    let _ = self.cache.set(slot, CachedRule { ra, rule }, 0);
+                }
                 if self.rules.insert(ra, rule, 0).is_err() {
                     if self.rules_full == 0 {
                         log::warn!("the kernel's map of unwind rules is full: stacks through new code end there from now on (raise --unwind-rules-size)");
@@ -150,6 +157,10 @@ impl UnwindService {
             ebpf.take_map(maps::UNWIND_FULL)
                 .context("UNWIND_FULL map")?,
         )?;
+        let cache = aya::maps::Array::try_from(
+            ebpf.take_map(maps::RULE_CACHE)
+                .context("RULE_CACHE map")?,
+        )?;
         let mut unwinder = Unwinder::new(pid);
         unwinder.preload(&space.lock().unwrap());
         let fd = ring.as_raw_fd();
@@ -157,6 +168,8 @@ impl UnwindService {
             ring,
             rules,
             full,
+            cache,
+            cached: Default::default(),
             unwinder,
             space,
             counted: UserWalks::default(),
