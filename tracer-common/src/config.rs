@@ -2,8 +2,9 @@
 
 use crate::{EXP_TABLE_LEN, WEIGHT_TABLE_LEN};
 
-/// Maximum number of allocator body ranges the nesting check compares.
-pub const MAX_BODY_RANGES: usize = 12;
+/// Maximum number of allocator body ranges the nesting check compares
+/// (a power of two: the BPF side searches them by halving).
+pub const MAX_BODY_RANGES: usize = 64;
 
 /// Address range `[start, end)` of an allocator function in the target.
 #[repr(C)]

@@ -24,12 +24,19 @@ pub enum Role {
     ResizeArray = 4,
     /// `f(&ptr, align, size)` returns 0 and writes the block: posix_memalign.
     PosixMemalign = 5,
-    /// `f(ptr)` releases `ptr`: free.
+    /// `f(ptr)` releases `ptr`: free, operator delete, mi_free.
     Free = 6,
+    /// `f(ptr, size, ...)` resizes `ptr` in place and returns a size, not a
+    /// block: jemalloc's xallocx. Counted as a call; live mode does not
+    /// probe it (the block keeps its address).
+    ResizeInPlace = 7,
+    /// `f(ptr, old_size, align, new_size)` resizes `ptr`: Rust's
+    /// `__rust_realloc`.
+    ResizeRust = 8,
 }
 
 impl Role {
-    pub const ALL: [Role; 7] = [
+    pub const ALL: [Role; 9] = [
         Role::Size,
         Role::CountSize,
         Role::AlignSize,
@@ -37,6 +44,8 @@ impl Role {
         Role::ResizeArray,
         Role::PosixMemalign,
         Role::Free,
+        Role::ResizeInPlace,
+        Role::ResizeRust,
     ];
 
     /// The entry program of this role.
@@ -49,6 +58,8 @@ impl Role {
             Role::ResizeArray => "resize_array",
             Role::PosixMemalign => "posix_memalign",
             Role::Free => "release",
+            Role::ResizeInPlace => "resize_in_place",
+            Role::ResizeRust => "resize_rust",
         }
     }
 
@@ -57,9 +68,9 @@ impl Role {
     pub const fn return_program(self) -> Option<&'static str> {
         match self {
             Role::Size | Role::CountSize | Role::AlignSize => Some("alloc_ret"),
-            Role::Resize | Role::ResizeArray => Some("resize_ret"),
+            Role::Resize | Role::ResizeArray | Role::ResizeRust => Some("resize_ret"),
             Role::PosixMemalign => Some("posix_memalign_ret"),
-            Role::Free => None,
+            Role::Free | Role::ResizeInPlace => None,
         }
     }
 

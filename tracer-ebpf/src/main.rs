@@ -230,19 +230,29 @@ fn config_u32(field: &u32) -> u32 {
 /// is the allocator calling itself and was counted by the outer call.
 #[inline(always)]
 fn in_allocator_body(addr: u64) -> bool {
+    // The ranges are sorted and do not overlap: the last one starting at or
+    // below `addr` is the only candidate. Six halvings cover 64.
     let n = config_u32(&CONFIG.n_bodies) as usize;
-    let mut i = 0;
-    while i < MAX_BODY_RANGES {
-        if i >= n {
+    let (mut lo, mut hi) = (0usize, n.min(MAX_BODY_RANGES));
+    let mut step = 0;
+    while step < 7 {
+        if lo >= hi {
             break;
         }
-        let r = unsafe { core::ptr::read_volatile(&CONFIG.bodies[i]) };
-        if addr >= r.start && addr < r.end {
-            return true;
+        let mid = ((lo + hi) / 2) & (MAX_BODY_RANGES - 1);
+        let start = unsafe { core::ptr::read_volatile(&CONFIG.bodies[mid].start) };
+        if addr < start {
+            hi = mid;
+        } else {
+            lo = mid + 1;
         }
-        i += 1;
+        step += 1;
     }
-    false
+    if lo == 0 {
+        return false;
+    }
+    let r = unsafe { core::ptr::read_volatile(&CONFIG.bodies[(lo - 1) & (MAX_BODY_RANGES - 1)]) };
+    addr >= r.start && addr < r.end
 }
 
 /// What an entry probe passes on to the return probe in live mode.
@@ -319,6 +329,24 @@ fn weighted_bytes(size: u64, weight: u64) -> u64 {
     (size >> 16).wrapping_mul(weight) + (((size & 0xffff) * weight) >> 16)
 }
 
+/// Is this call a tail call from another allocator function that was
+/// just counted? It arrives with the same stack pointer and return address
+/// (glibc's reallocarray -> realloc -> malloc; operator delete -> free).
+/// The mark stays, so a chain of tail calls is counted once; the next
+/// counted call replaces it.
+#[inline(always)]
+fn tail_called(tid: u32, sp: u64, ret: u64, func: u32) -> bool {
+    let Some(mark) = MARKS.get_ptr_mut(tid % TAIL_SLOTS) else {
+        return false;
+    };
+    let mark = unsafe { &mut *mark };
+    if mark.tid == tid && mark.sp == sp && mark.ret == ret && mark.func != func {
+        return true;
+    }
+    *mark = EntryMark { tid, func, sp, ret };
+    false
+}
+
 #[inline(always)]
 fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
     let func = cookie_func(ctx.as_ptr());
@@ -328,7 +356,16 @@ fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
         // A free needs no stack and no nesting check: a free the allocator
         // makes itself, as realloc(p, 0) does, is a free all the same.
         // Count mode wants the number of frees; live mode, which block
-        // went when. Sampled, frees are not counted at all.
+        // went when. Sampled, frees are not counted at all. Only a tail
+        // call from another release function (operator delete jumping to
+        // free) is the same free again.
+        let tid = bpf_get_current_pid_tgid() as u32;
+        let sp = unsafe { (*ctx.regs).rsp };
+        let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+        if tail_called(tid, sp, ret, func) {
+            bump(counter::NESTED, 1);
+            return 0;
+        }
         if !sampled {
             bump(counter::CALLS + func, 1);
         }
@@ -372,23 +409,9 @@ fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
             Some(_) => {}
             None => bump(counter::PENDING_FULL, 1),
         }
-    } else if let Some(mark) = MARKS.get_ptr_mut(tid % TAIL_SLOTS) {
-        // A tail call from another allocator function arrives with the same
-        // stack pointer and return address as the call that was just
-        // counted (reallocarray -> realloc -> malloc in glibc). The mark
-        // stays, so a chain of tail calls is counted once; the next counted
-        // call replaces it.
-        let mark = unsafe { &mut *mark };
-        if mark.tid == tid && mark.sp == sp && mark.ret == caller && mark.func != func {
-            bump(counter::NESTED, 1);
-            return 0;
-        }
-        *mark = EntryMark {
-            tid,
-            func,
-            sp,
-            ret: caller,
-        };
+    } else if tail_called(tid, sp, caller, func) {
+        bump(counter::NESTED, 1);
+        return 0;
     }
     let (calls_inc, bytes_inc) = if sampled {
         bump(counter::SAMPLES, 1);
@@ -942,6 +965,27 @@ pub fn posix_memalign(ctx: ProbeContext) -> u32 {
         Extra {
             old_ptr: 0,
             memptr: arg(&ctx, 0),
+        },
+    )
+}
+
+/// `f(ptr, size, ...)` resizing in place: jemalloc's xallocx (count and
+/// sampled modes only).
+#[uprobe]
+pub fn resize_in_place(ctx: ProbeContext) -> u32 {
+    record(&ctx, Role::ResizeInPlace, arg(&ctx, 1), Extra::default())
+}
+
+/// `f(ptr, old_size, align, new_size)`: Rust's __rust_realloc.
+#[uprobe]
+pub fn resize_rust(ctx: ProbeContext) -> u32 {
+    record(
+        &ctx,
+        Role::Resize,
+        arg(&ctx, 3),
+        Extra {
+            old_ptr: arg(&ctx, 0),
+            memptr: 0,
         },
     )
 }

@@ -9,14 +9,14 @@ use tracer_common::Role;
 /// One entry point as an object exports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
-    /// The ELF symbol (without a version suffix).
+    /// The ELF symbol (without a version suffix or a prefix).
     pub symbol: &'static str,
     pub role: Role,
     /// The name reports show.
     pub display: &'static str,
 }
 
-const fn entry(symbol: &'static str, role: Role) -> Entry {
+const fn e(symbol: &'static str, role: Role) -> Entry {
     Entry {
         symbol,
         role,
@@ -24,28 +24,168 @@ const fn entry(symbol: &'static str, role: Role) -> Entry {
     }
 }
 
-/// glibc's and musl's malloc family (also what jemalloc, tcmalloc and
-/// mimalloc export under the same names). The first entry is the one whose
-/// presence makes an object an allocator.
-pub const LIBC: &[Entry] = &[
-    entry("malloc", Role::Size),
-    entry("calloc", Role::CountSize),
-    entry("realloc", Role::Resize),
-    entry("reallocarray", Role::ResizeArray),
-    entry("posix_memalign", Role::PosixMemalign),
-    entry("aligned_alloc", Role::AlignSize),
-    entry("memalign", Role::AlignSize),
-    entry("valloc", Role::Size),
-    entry("pvalloc", Role::Size),
-    entry("free", Role::Free),
+const fn named(symbol: &'static str, role: Role, display: &'static str) -> Entry {
+    Entry {
+        symbol,
+        role,
+        display,
+    }
+}
+
+/// Every entry point, in the order reports list them. The malloc family of
+/// the C library comes first (glibc, musl, and what jemalloc, tcmalloc and
+/// mimalloc export under the same names); an object that defines `malloc`
+/// is an allocator.
+pub const ENTRIES: &[Entry] = &[
+    e("malloc", Role::Size),
+    e("calloc", Role::CountSize),
+    e("realloc", Role::Resize),
+    e("reallocarray", Role::ResizeArray),
+    e("posix_memalign", Role::PosixMemalign),
+    e("aligned_alloc", Role::AlignSize),
+    e("memalign", Role::AlignSize),
+    e("valloc", Role::Size),
+    e("pvalloc", Role::Size),
+    e("free", Role::Free),
+    // C++: operator new and delete, all variants (Itanium mangling).
+    named("_Znwm", Role::Size, "operator new"),
+    named("_Znam", Role::Size, "operator new[]"),
+    named("_ZnwmRKSt9nothrow_t", Role::Size, "operator new(nothrow)"),
+    named("_ZnamRKSt9nothrow_t", Role::Size, "operator new[](nothrow)"),
+    named("_ZnwmSt11align_val_t", Role::Size, "operator new(align)"),
+    named("_ZnamSt11align_val_t", Role::Size, "operator new[](align)"),
+    named(
+        "_ZnwmSt11align_val_tRKSt9nothrow_t",
+        Role::Size,
+        "operator new(align, nothrow)",
+    ),
+    named(
+        "_ZnamSt11align_val_tRKSt9nothrow_t",
+        Role::Size,
+        "operator new[](align, nothrow)",
+    ),
+    named("_ZdlPv", Role::Free, "operator delete"),
+    named("_ZdaPv", Role::Free, "operator delete[]"),
+    named("_ZdlPvm", Role::Free, "operator delete(sized)"),
+    named("_ZdaPvm", Role::Free, "operator delete[](sized)"),
+    named(
+        "_ZdlPvSt11align_val_t",
+        Role::Free,
+        "operator delete(align)",
+    ),
+    named(
+        "_ZdaPvSt11align_val_t",
+        Role::Free,
+        "operator delete[](align)",
+    ),
+    named(
+        "_ZdlPvmSt11align_val_t",
+        Role::Free,
+        "operator delete(sized, align)",
+    ),
+    named(
+        "_ZdaPvmSt11align_val_t",
+        Role::Free,
+        "operator delete[](sized, align)",
+    ),
+    named(
+        "_ZdlPvRKSt9nothrow_t",
+        Role::Free,
+        "operator delete(nothrow)",
+    ),
+    named(
+        "_ZdaPvRKSt9nothrow_t",
+        Role::Free,
+        "operator delete[](nothrow)",
+    ),
+    // jemalloc's non-standard API.
+    e("mallocx", Role::Size),
+    e("rallocx", Role::Resize),
+    e("xallocx", Role::ResizeInPlace),
+    e("sdallocx", Role::Free),
+    e("dallocx", Role::Free),
+    // tcmalloc (gperftools).
+    named("tc_malloc", Role::Size, "tc_malloc"),
+    e("tc_calloc", Role::CountSize),
+    e("tc_realloc", Role::Resize),
+    e("tc_memalign", Role::AlignSize),
+    e("tc_posix_memalign", Role::PosixMemalign),
+    e("tc_valloc", Role::Size),
+    e("tc_pvalloc", Role::Size),
+    e("tc_new", Role::Size),
+    e("tc_newarray", Role::Size),
+    e("tc_new_nothrow", Role::Size),
+    e("tc_newarray_nothrow", Role::Size),
+    e("tc_free", Role::Free),
+    e("tc_delete", Role::Free),
+    e("tc_deletearray", Role::Free),
+    e("tc_delete_nothrow", Role::Free),
+    e("tc_deletearray_nothrow", Role::Free),
+    // mimalloc.
+    e("mi_malloc", Role::Size),
+    e("mi_zalloc", Role::Size),
+    e("mi_calloc", Role::CountSize),
+    e("mi_realloc", Role::Resize),
+    e("mi_malloc_aligned", Role::Size),
+    e("mi_zalloc_aligned", Role::Size),
+    e("mi_new", Role::Size),
+    e("mi_new_nothrow", Role::Size),
+    e("mi_free", Role::Free),
+    // Rust's global allocator shims (in the program, when it has symbols).
+    e("__rust_alloc", Role::Size),
+    e("__rust_alloc_zeroed", Role::Size),
+    e("__rust_realloc", Role::ResizeRust),
+    e("__rust_dealloc", Role::Free),
 ];
 
+/// Functions inside an allocator that are not probed but through which an
+/// allocator calls another one (Rust's `__rust_alloc` -> `__rdl_alloc` ->
+/// `malloc`): a call made from inside one is the allocator calling itself.
+pub const INTERNALS: &[&str] = &[
+    "__rdl_alloc",
+    "__rdl_alloc_zeroed",
+    "__rdl_realloc",
+    "__rdl_dealloc",
+    "__rg_alloc",
+    "__rg_alloc_zeroed",
+    "__rg_realloc",
+    "__rg_dealloc",
+];
+
+/// Prefixes under which a statically linked allocator exports its API
+/// (tikv-jemallocator's `_rjem_malloc`, jemalloc built with a `je_` prefix).
+const PREFIXES: &[&str] = &["_rjem_", "je_"];
+
 /// The table row of `symbol` (a version suffix such as `@@GLIBC_2.2.5`
-/// is ignored), and its position in the table (the order reports list
-/// functions in).
+/// and a prefix of [`PREFIXES`] are ignored), and its position in the
+/// table (the order reports list functions in).
 pub fn lookup(symbol: &str) -> Option<(usize, &'static Entry)> {
     let name = symbol.split('@').next().unwrap_or(symbol);
-    LIBC.iter().enumerate().find(|(_, e)| e.symbol == name)
+    let find = |n: &str| ENTRIES.iter().enumerate().find(|(_, e)| e.symbol == n);
+    find(name).or_else(|| {
+        PREFIXES
+            .iter()
+            .find_map(|p| name.strip_prefix(p))
+            .and_then(find)
+    })
+}
+
+/// The allocator family an object belongs to, from what it defines.
+pub fn family(defines: impl Fn(&str) -> bool, path: &str) -> &'static str {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    if defines("mallocx") || defines("_rjem_malloc") || base.starts_with("libjemalloc") {
+        "jemalloc"
+    } else if defines("tc_malloc") || base.starts_with("libtcmalloc") {
+        "tcmalloc"
+    } else if defines("mi_malloc") || base.starts_with("libmimalloc") {
+        "mimalloc"
+    } else if defines("__libc_malloc") {
+        "glibc"
+    } else if base.starts_with("ld-musl") || base.starts_with("libc.musl") {
+        "musl"
+    } else {
+        "malloc"
+    }
 }
 
 #[cfg(test)]
@@ -53,18 +193,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versioned_symbols_resolve() {
+    fn versioned_and_prefixed_symbols_resolve() {
         let (i, e) = lookup("malloc@@GLIBC_2.2.5").unwrap();
         assert_eq!((i, e.role, e.display), (0, Role::Size, "malloc"));
         assert_eq!(lookup("free").unwrap().1.role, Role::Free);
-        assert!(lookup("mallocx").is_none());
+        assert_eq!(lookup("_rjem_mallocx").unwrap().1.symbol, "mallocx");
+        assert_eq!(lookup("_Znwm").unwrap().1.display, "operator new");
+        assert!(lookup("malloc_usable_size").is_none());
     }
 
     #[test]
-    fn every_role_has_a_program() {
-        for e in LIBC {
+    fn every_role_has_a_program_and_symbols_are_unique() {
+        for (i, e) in ENTRIES.iter().enumerate() {
             assert!(!e.role.program().is_empty());
-            assert_eq!(e.role.return_program().is_none(), e.role == Role::Free);
+            assert!(
+                !ENTRIES[..i].iter().any(|o| o.symbol == e.symbol),
+                "{} twice",
+                e.symbol
+            );
         }
     }
 }

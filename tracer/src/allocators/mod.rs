@@ -1,10 +1,12 @@
 //! Finding the allocator in the target and choosing where to probe it.
 //!
-//! The allocator is the first object the target maps (main executable
-//! first, then libraries in load order) that defines `malloc`: that is the
-//! one the dynamic linker binds `malloc` calls to. Which symbols are entry
-//! points, and what each reads, is [`families`]; where in each function
-//! the probe goes is [`placement`].
+//! Each entry point is probed in the first object the target maps (main
+//! executable first, then libraries) that defines it: the one the dynamic
+//! linker binds calls to. The allocator is the object `malloc` binds to;
+//! `operator new` may live in libstdc++ or in the allocator itself, Rust's
+//! shims in the program. Which symbols are entry points, and what each
+//! reads, is [`families`]; where in each function the probe goes is
+//! [`placement`].
 
 pub mod families;
 pub mod placement;
@@ -23,14 +25,18 @@ use crate::{
     user_error,
 };
 
-/// One probe: an address in the allocator object, with every allocator
-/// name that resolves to it (glibc's `aligned_alloc` and `memalign` are one
+/// One probe: an address in an allocator object, with every entry point
+/// that resolves to it (glibc's `aligned_alloc` and `memalign` are one
 /// function).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeSite {
     /// The first one's role picks the BPF program; all are shown as the
     /// name.
     pub funcs: Vec<&'static Entry>,
+    /// The object, as the target maps it, and the path we attach through
+    /// (`/proc/PID/root`).
+    pub path: String,
+    pub open_path: PathBuf,
     /// Symbol value (virtual address in the object).
     pub vaddr: u64,
     pub size: u64,
@@ -45,13 +51,22 @@ pub struct ProbeSite {
 }
 
 impl ProbeSite {
-    /// `aligned_alloc/memalign`.
+    /// `aligned_alloc/memalign`: every standard name of the function; a
+    /// family's own aliases (`tc_malloc`, `mi_malloc` for `malloc`) only
+    /// when it has no standard one.
     pub fn display_name(&self) -> String {
-        self.funcs
+        let own = |f: &&&Entry| f.symbol.starts_with("tc_") || f.symbol.starts_with("mi_");
+        let standard: Vec<&str> = self
+            .funcs
             .iter()
+            .filter(|f| !own(f))
             .map(|f| f.display)
-            .collect::<Vec<_>>()
-            .join("/")
+            .collect();
+        if standard.is_empty() {
+            self.funcs[0].display.to_string()
+        } else {
+            standard.join("/")
+        }
     }
 
     pub fn role(&self) -> Role {
@@ -68,82 +83,190 @@ pub struct FuncInfo {
     pub role: Role,
 }
 
+/// A function inside an allocator that is not probed (see
+/// [`families::INTERNALS`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Internal {
+    pub path: String,
+    pub file_offset: u64,
+    pub size: u64,
+}
+
+/// What the target allocates through: the object its `malloc` binds to
+/// and every other entry point, each in the object the dynamic linker
+/// binds it to (`operator new` in libstdc++ unless the allocator defines
+/// it, Rust's shims in the program).
 #[derive(Clone, Debug)]
 pub struct AllocatorObject {
-    /// Path as the target sees it.
+    /// The object `malloc` binds to, as the target sees it.
     pub path: String,
-    /// Path we open and attach to (through /proc/PID/root).
-    pub open_path: PathBuf,
+    /// Its family: glibc, musl, jemalloc, tcmalloc, mimalloc.
+    pub family: &'static str,
     pub sites: Vec<ProbeSite>,
+    pub internals: Vec<Internal>,
+    /// Other objects that define allocator entry points the target does
+    /// not bind to (for the "nothing traced" note).
+    pub shadowed: Vec<String>,
 }
 
 impl AllocatorObject {
-    /// Runtime address ranges of the probed functions in the target, for the
-    /// BPF nesting check.
+    /// Runtime address ranges of the probed functions (and the internals)
+    /// in the target, sorted, for the BPF nesting check.
     pub fn body_ranges(&self, maps: &[Mapping]) -> Vec<BodyRange> {
+        let ranges = self
+            .sites
+            .iter()
+            .map(|s| (s.path.as_str(), s.file_offset, s.size))
+            .chain(
+                self.internals
+                    .iter()
+                    .map(|i| (i.path.as_str(), i.file_offset, i.size)),
+            );
         let mut out = Vec::new();
-        for site in &self.sites {
-            if site.size == 0 {
+        for (path, file_offset, size) in ranges {
+            if size == 0 {
                 continue;
             }
             let m = maps.iter().find(|m| {
-                m.path == self.path
+                m.path == path
                     && m.perms.contains('x')
-                    && site.file_offset >= m.offset
-                    && site.file_offset < m.offset + (m.end - m.start)
+                    && file_offset >= m.offset
+                    && file_offset < m.offset + (m.end - m.start)
             });
             if let Some(m) = m {
-                let start = m.start + (site.file_offset - m.offset);
+                let start = m.start + (file_offset - m.offset);
                 out.push(BodyRange {
                     start,
-                    end: start + site.size,
+                    end: start + size,
                 });
             }
         }
-        out.truncate(MAX_BODY_RANGES);
+        out.sort_by_key(|r| r.start);
+        out.dedup_by_key(|r| r.start);
+        if out.len() > MAX_BODY_RANGES {
+            log::warn!(
+                "{} allocator functions: the nesting check covers the first {MAX_BODY_RANGES}",
+                out.len()
+            );
+            out.truncate(MAX_BODY_RANGES);
+        }
         out
     }
 }
 
-/// Looks through the objects `pid` maps for the allocator; `None` when no
-/// object it maps (yet) defines `malloc`.
-pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObject>> {
+/// The objects `pid` maps executable, each once, in the order given (the
+/// dynamic linker's search order when known, else address order).
+fn objects(maps: &[Mapping]) -> Vec<&str> {
     let mut seen: Vec<&str> = Vec::new();
     // Only objects mapped executable: the dynamic linker first maps a whole
     // library read-only, then its code where it belongs.
     for m in maps.iter().filter(|m| m.is_file() && m.perms.contains('x')) {
-        if seen.contains(&m.path.as_str()) {
-            continue;
-        }
-        seen.push(&m.path);
-        if m.path.ends_with(" (deleted)") || is_dynamic_linker(&m.path) {
-            continue;
-        }
-        let open_path = path_in_target(pid, &m.path);
-        let Ok(data) = fs::read(&open_path) else {
-            continue;
-        };
-        if let Some(sites) = probe_sites(&data)? {
-            return Ok(Some(AllocatorObject {
-                path: m.path.clone(),
-                open_path,
-                sites,
-            }));
+        if !seen.contains(&m.path.as_str()) && !m.path.ends_with(" (deleted)") {
+            seen.push(&m.path);
         }
     }
-    Ok(None)
+    seen
+}
+
+/// Looks through the objects `pid` maps for the allocator; `None` when no
+/// object it maps (yet) defines `malloc`. Each entry point is taken from
+/// the first object that defines it, as the dynamic linker binds it.
+pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObject>> {
+    let mut chosen: Vec<Option<(usize, Def)>> = vec![None; families::ENTRIES.len()];
+    let mut internals = Vec::new();
+    let mut defining: Vec<String> = Vec::new();
+    let mut files: Vec<(String, PathBuf, memmap2::Mmap)> = Vec::new();
+    for path in objects(maps) {
+        if is_dynamic_linker(path) {
+            continue;
+        }
+        let open_path = path_in_target(pid, path);
+        let Ok(file) = fs::File::open(&open_path) else {
+            continue;
+        };
+        // SAFETY: read-only mapping of a file the target maps executable;
+        // it is only read as bytes (see unwind::object_cfi for the caveat).
+        let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+            continue;
+        };
+        let (defs, ints) = definitions(&data);
+        if defs.is_empty() {
+            continue;
+        }
+        let index = files.len();
+        defining.push(path.to_string());
+        for d in defs {
+            if chosen[d.order].is_none() {
+                chosen[d.order] = Some((index, d));
+            }
+        }
+        for (file_offset, size) in ints {
+            internals.push(Internal {
+                path: path.to_string(),
+                file_offset,
+                size,
+            });
+        }
+        files.push((path.to_string(), open_path, data));
+    }
+    let Some((primary, _)) = chosen[0] else {
+        return Ok(None);
+    };
+    let mut sites: Vec<ProbeSite> = Vec::new();
+    for (index, d) in chosen.into_iter().flatten() {
+        let (path, open_path, data) = &files[index];
+        if let Some(site) = sites
+            .iter_mut()
+            .find(|s| s.path == *path && s.vaddr == d.vaddr)
+        {
+            site.funcs.push(d.entry);
+            continue;
+        }
+        // The whole body (bounded) for the branch-target check.
+        let code_len = if d.size > 0 { d.size.min(16384) } else { 64 } as usize;
+        let start = d.file_offset as usize;
+        let code = data
+            .get(start..(start + code_len).min(data.len()))
+            .unwrap_or(&[]);
+        let placement = place_probe(code, d.vaddr, placement::reads(d.entry.role));
+        sites.push(ProbeSite {
+            funcs: vec![d.entry],
+            path: path.clone(),
+            open_path: open_path.clone(),
+            vaddr: d.vaddr,
+            size: d.size,
+            file_offset: d.file_offset,
+            probe_offset: placement.offset,
+            emulated: placement.emulated,
+            instruction: placement.instruction,
+        });
+    }
+    let primary_path = files[primary].0.clone();
+    let family = {
+        let data = &files[primary].2;
+        let names = defined_names(data);
+        families::family(|n| names.iter().any(|d| d == n), &primary_path)
+    };
+    let bound: Vec<&str> = sites.iter().map(|s| s.path.as_str()).collect();
+    let shadowed = defining
+        .iter()
+        .filter(|p| !bound.contains(&p.as_str()))
+        .cloned()
+        .collect();
+    Ok(Some(AllocatorObject {
+        path: primary_path,
+        family,
+        sites,
+        internals,
+        shadowed,
+    }))
 }
 
 /// [`find_in_process`] for a process that must have its allocator mapped
 /// already (tracing by pid).
 pub fn require_in_process(pid: u32, maps: &[Mapping]) -> Result<AllocatorObject> {
     find_in_process(pid, maps)?.ok_or_else(|| {
-        let objects = maps
-            .iter()
-            .filter(|m| m.is_file() && m.perms.contains('x'))
-            .map(|m| m.path.as_str())
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
+        let objects = objects(maps).len();
         user_error!(
             "no malloc found in any of the {objects} objects pid {pid} maps (is it statically linked without symbols, or not using a malloc-compatible allocator?)"
         )
@@ -155,55 +278,65 @@ fn is_dynamic_linker(path: &str) -> bool {
     base.starts_with("ld-linux") || base.starts_with("ld64.so") || base.starts_with("ld-musl")
 }
 
-/// The probe sites of an ELF object, or `None` when it defines no `malloc`.
-pub fn probe_sites(data: &[u8]) -> Result<Option<Vec<ProbeSite>>> {
+/// An entry point an object defines.
+#[derive(Clone, Copy, Debug)]
+struct Def {
+    /// Its row in [`families::ENTRIES`].
+    order: usize,
+    entry: &'static Entry,
+    vaddr: u64,
+    size: u64,
+    file_offset: u64,
+}
+
+/// The entry points an ELF object defines, and the (file offset, size) of
+/// the allocator internals it defines.
+fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
     let Ok(file) = object::File::parse(data) else {
-        return Ok(None);
+        return (Vec::new(), Vec::new());
     };
+    let mut defs: Vec<Def> = Vec::new();
+    let mut internals = Vec::new();
     // Dynamic symbols first (what callers bind to), then the full symbol
-    // table (statically linked programs).
-    let mut found: Vec<(usize, &'static Entry, u64, u64)> = Vec::new();
+    // table (statically linked programs, Rust's shims).
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if sym.kind() != SymbolKind::Text || !sym.is_definition() || sym.address() == 0 {
             continue;
         }
         let Ok(name) = sym.name() else { continue };
-        if let Some((order, entry)) = families::lookup(name) {
-            if !found.iter().any(|(o, ..)| *o == order) {
-                found.push((order, entry, sym.address(), sym.size()));
-            }
-        }
-    }
-    if !found.iter().any(|(order, ..)| *order == 0) {
-        return Ok(None);
-    }
-    found.sort_by_key(|(order, ..)| *order);
-    let mut sites: Vec<ProbeSite> = Vec::new();
-    for (_, func, vaddr, size) in found {
-        if let Some(site) = sites.iter_mut().find(|s| s.vaddr == vaddr) {
-            site.funcs.push(func);
-            continue;
-        }
-        let Some(file_offset) = vaddr_to_file_offset(&file, vaddr) else {
+        let Some(file_offset) = vaddr_to_file_offset(&file, sym.address()) else {
             continue;
         };
-        let code_len = if size > 0 { size.min(64) } else { 64 } as usize;
-        let start = file_offset as usize;
-        let code = data
-            .get(start..(start + code_len).min(data.len()))
-            .unwrap_or(&[]);
-        let placement = place_probe(code, vaddr);
-        sites.push(ProbeSite {
-            funcs: vec![func],
-            vaddr,
-            size,
-            file_offset,
-            probe_offset: placement.offset,
-            emulated: placement.emulated,
-            instruction: placement.instruction,
-        });
+        if let Some((order, entry)) = families::lookup(name) {
+            if !defs.iter().any(|d| d.order == order) {
+                defs.push(Def {
+                    order,
+                    entry,
+                    vaddr: sym.address(),
+                    size: sym.size(),
+                    file_offset,
+                });
+            }
+        } else if families::INTERNALS.contains(&name) {
+            internals.push((file_offset, sym.size()));
+        }
     }
-    Ok(Some(sites))
+    (defs, internals)
+}
+
+/// Every text symbol an object defines (for telling families apart).
+fn defined_names(data: &[u8]) -> Vec<String> {
+    let Ok(file) = object::File::parse(data) else {
+        return Vec::new();
+    };
+    file.dynamic_symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+        .filter_map(|s| {
+            s.name()
+                .ok()
+                .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        })
+        .collect()
 }
 
 fn vaddr_to_file_offset(file: &object::File, vaddr: u64) -> Option<u64> {
@@ -220,15 +353,11 @@ mod tests {
 
     #[test]
     fn finds_this_machines_libc_malloc() {
-        let Ok(data) = fs::read("/lib/x86_64-linux-gnu/libc.so.6") else {
-            return;
-        };
-        let sites = probe_sites(&data).unwrap().expect("libc defines malloc");
-        let malloc = sites
-            .iter()
-            .find(|s| s.funcs[0].symbol == "malloc")
-            .unwrap();
+        // Debian's libc: the machines mtrace is built and tested on.
+        let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian's libc");
+        let (defs, _) = definitions(&data);
+        let malloc = defs.iter().find(|d| d.entry.symbol == "malloc").unwrap();
         assert!(malloc.size > 0);
-        assert!(sites.iter().any(|s| s.role() == Role::Free));
+        assert!(defs.iter().any(|d| d.entry.role == Role::Free));
     }
 }

@@ -7,6 +7,8 @@
 //! flag-setting or scratch-register instructions, so every call still
 //! passes the probe with its arguments and return address untouched.
 
+use tracer_common::Role;
+
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
     OpAccess, OpKind, Register,
@@ -20,10 +22,80 @@ pub struct Placement {
 }
 
 /// How many instructions we look past the entry for an emulated one.
-const MAX_SCAN: usize = 8;
+const MAX_SCAN: usize = 16;
 
-/// Chooses the probe offset inside a function from its first bytes.
-pub fn place_probe(code: &[u8], ip: u64) -> Placement {
+/// The registers a probe of `role` reads at entry, besides the stack
+/// pointer (the return address is at `[rsp]`): only these must be intact
+/// where the probe sits.
+pub fn reads(role: Role) -> &'static [Register] {
+    match role {
+        Role::Size | Role::Free => &[Register::RDI],
+        Role::CountSize | Role::Resize => &[Register::RDI, Register::RSI],
+        Role::AlignSize | Role::ResizeInPlace => &[Register::RSI],
+        Role::ResizeArray => &[Register::RDI, Register::RSI, Register::RDX],
+        Role::PosixMemalign => &[Register::RDI, Register::RDX],
+        Role::ResizeRust => &[Register::RDI, Register::RCX],
+    }
+}
+
+/// Chooses the probe offset inside a function from its code (`code`
+/// starts at the function's first byte, at address `ip`, and holds as
+/// much of its body as is known): the first instruction the kernel
+/// emulates, reached through instructions that write neither memory nor
+/// the stack pointer nor a register in `reads`. Never past an address
+/// some branch of the function jumps to (that path would miss the probe,
+/// or pass it twice).
+pub fn place_probe(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
+    let placement = scan(code, ip, reads);
+    if placement.offset > 0 && jumped_into(code, ip, placement.offset) {
+        // The first instruction: `scan` found it is not emulated.
+        return scan(&code[..0], ip, reads).with_instruction(first_mnemonic(code, ip));
+    }
+    placement
+}
+
+impl Placement {
+    fn with_instruction(self, instruction: Option<String>) -> Placement {
+        Placement {
+            instruction: instruction.unwrap_or(self.instruction),
+            ..self
+        }
+    }
+}
+
+/// The first instruction's mnemonic.
+fn first_mnemonic(code: &[u8], ip: u64) -> Option<String> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let insn = decoder.can_decode().then(|| decoder.decode())?;
+    (!insn.is_invalid()).then(|| format!("{:?}", insn.mnemonic()).to_lowercase())
+}
+
+/// Does a branch in `code` target `(ip, ip + offset]`?
+fn jumped_into(code: &[u8], ip: u64, offset: u64) -> bool {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut insn = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut insn);
+        if insn.is_invalid() {
+            continue;
+        }
+        if matches!(
+            insn.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+        ) && matches!(
+            insn.op0_kind(),
+            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
+        ) {
+            let target = insn.near_branch_target();
+            if target > ip && target <= ip + offset {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut insn = Instruction::default();
@@ -49,7 +121,7 @@ pub fn place_probe(code: &[u8], ip: u64) -> Placement {
                 instruction: text,
             };
         }
-        if !harmless(&insn, &mut info) {
+        if !harmless(&insn, &mut info, reads) {
             break;
         }
     }
@@ -95,22 +167,11 @@ fn kernel_emulates(insn: &Instruction, bytes: &[u8]) -> bool {
     }
 }
 
-/// Registers that hold what the BPF program reads at the probe: the
-/// argument registers and the stack pointer (the return address is at
-/// `[rsp]`).
-const PRESERVED: [Register; 7] = [
-    Register::RSP,
-    Register::RDI,
-    Register::RSI,
-    Register::RDX,
-    Register::RCX,
-    Register::R8,
-    Register::R9,
-];
-
 /// Can the probe move past this instruction? Only if it neither branches
-/// nor writes memory, an argument register or the stack pointer.
-fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory) -> bool {
+/// nor writes memory, the stack pointer or a register the probe reads.
+/// Loads (`mov`, `lea`, `%fs:` reads), compares and scratch arithmetic are
+/// fine.
+fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory, reads: &[Register]) -> bool {
     if insn.flow_control() != FlowControl::Next {
         return false;
     }
@@ -124,10 +185,10 @@ fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory) -> bool {
     if used.used_memory().iter().any(|m| writes(m.access())) {
         return false;
     }
-    !used
-        .used_registers()
-        .iter()
-        .any(|r| writes(r.access()) && PRESERVED.contains(&r.register().full_register()))
+    !used.used_registers().iter().any(|r| {
+        let reg = r.register().full_register();
+        writes(r.access()) && (reg == Register::RSP || reads.contains(&reg))
+    })
 }
 
 #[cfg(test)]
@@ -137,7 +198,7 @@ mod tests {
     #[test]
     fn push_at_entry_is_probed_at_entry() {
         // push %r12; push %rbp
-        let p = place_probe(&[0x41, 0x54, 0x55], 0x1000);
+        let p = place_probe(&[0x41, 0x54, 0x55], 0x1000, reads(Role::Size));
         assert_eq!(p.offset, 0);
         assert!(p.emulated);
     }
@@ -146,7 +207,7 @@ mod tests {
     fn glibc_free_is_probed_at_the_null_check_branch() {
         // test %rdi,%rdi; je +0xc5; push %rbp
         let code = [0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55];
-        let p = place_probe(&code, 0x98ef0);
+        let p = place_probe(&code, 0x98ef0, reads(Role::Free));
         assert_eq!(p.offset, 3);
         assert!(p.emulated);
     }
@@ -155,7 +216,7 @@ mod tests {
     fn glibc_posix_memalign_skips_the_cmpb() {
         // cmpb $0x0,0x140201(%rip); push %r12
         let code = [0x80, 0x3d, 0x01, 0x02, 0x14, 0x00, 0x00, 0x41, 0x54];
-        let p = place_probe(&code, 0x9a280);
+        let p = place_probe(&code, 0x9a280, reads(Role::PosixMemalign));
         assert_eq!(p.offset, 7);
         assert!(p.emulated);
     }
@@ -166,15 +227,47 @@ mod tests {
         let code = [
             0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6, 0x70, 0x05,
         ];
-        let p = place_probe(&code, 0x9a7e0);
+        let p = place_probe(&code, 0x9a7e0, reads(Role::ResizeArray));
         assert_eq!(p.offset, 0);
         assert!(!p.emulated);
     }
 
     #[test]
+    fn registers_the_role_does_not_read_may_be_written() {
+        // jemalloc's rallocx(ptr, size, flags): xor %ecx,%ecx; jmp. A
+        // resize reads rdi and rsi only.
+        let code = [0x31, 0xc9, 0xe9, 0xe9, 0x1c, 0xff, 0xff];
+        let p = place_probe(&code, 0x2bdc0, reads(Role::Resize));
+        assert_eq!((p.offset, p.emulated), (2, true));
+        // tcmalloc's memalign(align, size): mov %rdi,%r8; cmp $0x2000,%rdi;
+        // ja: the size (rsi) is untouched.
+        let code = [
+            0x49, 0x89, 0xf8, 0x48, 0x81, 0xff, 0x00, 0x20, 0x00, 0x00, 0x0f, 0x87, 0xe8, 0x00,
+            0x00, 0x00,
+        ];
+        let p = place_probe(&code, 0x1ee40, reads(Role::AlignSize));
+        assert_eq!((p.offset, p.emulated), (10, true));
+        // But malloc reads rdi: mimalloc's mov %rdi,%rsi; mov %fs:(%rax),%rdi.
+        let code = [0x48, 0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38, 0x77, 0x29];
+        let p = place_probe(&code, 0x10b77, reads(Role::Size));
+        assert!(!p.emulated);
+    }
+
+    #[test]
+    fn never_past_a_branch_target() {
+        // cmp $0,%rdi (3 bytes at +0); je +0 (at +3, jumps to +5); jmp -7
+        // (at +5, back to +0... no: to +3, the je itself).
+        // test %rdi,%rdi; nop; je back to the nop: probing the je would
+        // be passed twice by that loop.
+        let code = [0x48, 0x85, 0xff, 0x90, 0x74, 0xfd];
+        let p = place_probe(&code, 0x1000, reads(Role::Free));
+        assert_eq!(p.offset, 0);
+    }
+
+    #[test]
     fn endbr64_then_push_rbp() {
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x55];
-        let p = place_probe(&code, 0);
+        let p = place_probe(&code, 0, reads(Role::Size));
         // endbr64 writes nothing: the push after it is emulated.
         assert_eq!(p.offset, 4);
     }

@@ -56,7 +56,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 
     // The executable is read while the target surely lives: a launched
     // command may be gone by the time tracing is under way.
-    let (pid, probes, unwind, alloc_path, executable, exit_rx) = match &config.target {
+    let (pid, probes, unwind, (alloc_path, family, shadowed), executable, exit_rx) = match &config
+        .target
+    {
         Target::Pid(pid) => {
             let pid = *pid;
             target::check_pid(pid)?;
@@ -68,7 +70,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             let (probes, unwind) = probes::attach(pid, &alloc, &maps, mode, sizes, |ebpf| {
                 UnwindService::start(ebpf, pid, space.clone(), mode.live)
             })?;
-            (pid, probes, unwind, alloc.path, executable, None)
+            (
+                pid,
+                probes,
+                unwind,
+                (alloc.path, alloc.family, alloc.shadowed),
+                executable,
+                None,
+            )
         }
         Target::Command(argv) => {
             let shared = space.clone();
@@ -79,7 +88,12 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 let (probes, unwind) = probes::attach(pid, &alloc, maps, mode, sizes, |ebpf| {
                     UnwindService::start(ebpf, pid, shared.clone(), mode.live)
                 })?;
-                Ok(Some((probes, unwind, alloc.path, target::executable(pid))))
+                Ok(Some((
+                    probes,
+                    unwind,
+                    (alloc.path, alloc.family, alloc.shadowed),
+                    target::executable(pid),
+                )))
             })?;
             let (probes, unwind, path, executable) = launched.attached;
             (
@@ -124,6 +138,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         mode: if mode.live { "live" } else { "count" }.into(),
         sampling: None,
         allocator_object: alloc_path,
+        allocator_family: family.to_string(),
         probes: probes.attached.clone(),
     };
     let mut session = Session {
@@ -168,6 +183,22 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         t.finish();
     }
     let profile = session.profile()?;
+    if profile.totals.allocs.calls == 0 {
+        // Loud: a process that allocates through something mtrace did not
+        // probe must not look like one that allocates nothing.
+        eprintln!(
+            "mtrace: no allocation calls counted: probed {} ({family}){}",
+            profile.meta.allocator_object,
+            if shadowed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; other objects defining allocator functions: {}",
+                    shadowed.join(", ")
+                )
+            }
+        );
+    }
     // Report first: detaching takes the kernel about 0.1 s per probe (an
     // RCU grace period each), and the counts are already read.
     let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));

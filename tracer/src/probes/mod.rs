@@ -13,8 +13,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    maps, BodyRange, Config, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY,
-    SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    maps, BodyRange, Config, Role, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES,
+    SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
@@ -34,7 +34,6 @@ fn attach_one(
     name: &str,
     site: &ProbeSite,
     func: u32,
-    alloc: &AllocatorObject,
     pid: NonZeroU32,
 ) -> Result<()> {
     let program: &mut UProbe = ebpf
@@ -58,14 +57,14 @@ fn attach_one(
                 ),
                 cookie: Some(func as u64),
             },
-            &alloc.open_path,
+            &site.open_path,
             UProbeScope::OneProcess(pid),
         )
         .with_context(|| {
             format!(
                 "attaching a {kind} to {} in {}",
                 site.display_name(),
-                alloc.path
+                site.path
             )
         })?;
     Ok(())
@@ -244,7 +243,12 @@ pub fn attach<T>(
     let mut funcs = Vec::new();
     // Count and sampled modes need one probe per allocating call: `free`
     // only when asked for (or in live mode, which follows every block).
-    let wanted = |site: &&ProbeSite| site.role().allocates() || mode.live || mode.count_frees;
+    let wanted = |site: &&ProbeSite| match site.role() {
+        Role::Free => mode.live || mode.count_frees,
+        // Returns a size, not a block: nothing for live mode to follow.
+        Role::ResizeInPlace => !mode.live,
+        _ => true,
+    };
     for (func, site) in alloc.sites.iter().filter(wanted).enumerate() {
         let func = func as u32;
         let role = site.role();
@@ -253,10 +257,10 @@ pub fn attach<T>(
         } else {
             role.program()
         };
-        attach_one(&mut ebpf, program, site, func, alloc, pid_nz)?;
+        attach_one(&mut ebpf, program, site, func, pid_nz)?;
         if let (true, Some(ret)) = (mode.live, role.return_program()) {
             let ret = if mode.floor { maps::FLOOR_RET } else { ret };
-            attach_one(&mut ebpf, ret, site, func, alloc, pid_nz)?;
+            attach_one(&mut ebpf, ret, site, func, pid_nz)?;
         }
         let name = site.display_name();
         attached.push(crate::profile::Probe {

@@ -157,10 +157,8 @@ impl UnwindService {
             ebpf.take_map(maps::UNWIND_FULL)
                 .context("UNWIND_FULL map")?,
         )?;
-        let cache = aya::maps::Array::try_from(
-            ebpf.take_map(maps::RULE_CACHE)
-                .context("RULE_CACHE map")?,
-        )?;
+        let cache =
+            aya::maps::Array::try_from(ebpf.take_map(maps::RULE_CACHE).context("RULE_CACHE map")?)?;
         let mut unwinder = Unwinder::new(pid);
         unwinder.preload(&space.lock().unwrap());
         let fd = ring.as_raw_fd();

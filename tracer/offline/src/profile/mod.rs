@@ -332,6 +332,10 @@ pub struct Meta {
     pub sampling: Option<SamplingInfo>,
     /// Object the probes sit in (for example `/usr/lib/x86_64-linux-gnu/libc.so.6`).
     pub allocator_object: String,
+    /// Its family: glibc, musl, jemalloc, tcmalloc, mimalloc (empty in
+    /// older profiles).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub allocator_family: String,
     pub probes: Vec<Probe>,
 }
 

@@ -73,6 +73,9 @@ fn header(profile: &Profile) -> String {
     let _ = write!(line, ", {:.2} s", meta.duration_secs);
     if !meta.allocator_object.is_empty() {
         let _ = write!(line, ", probes in {}", meta.allocator_object);
+        if !meta.allocator_family.is_empty() {
+            let _ = write!(line, " ({})", meta.allocator_family);
+        }
     }
     if let Some(s) = &meta.sampling {
         let how = match s.kind.as_str() {
