@@ -111,6 +111,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         attach_started.elapsed().as_secs_f64() * 1e3
     );
     log_probes(&probes.attached);
+    for (name, prog) in probes.ebpf.programs() {
+        if let Some(n) = prog
+            .info()
+            .ok()
+            .and_then(|i| i.verified_instruction_count())
+        {
+            log::debug!("bpf program {name}: {n} instructions verified");
+        }
+    }
     let command = match &config.target {
         Target::Pid(_) => target::cmdline(pid),
         Target::Command(argv) => argv.join(" "),
