@@ -939,47 +939,36 @@ pub fn alloc_align_size(ctx: ProbeContext) -> u32 {
     record(&ctx, Role::AlignSize, arg(&ctx, 1), Extra::default())
 }
 
+/// What a call that releases or resizes `ptr` passes on.
+#[inline(always)]
+fn of_block(ptr: u64) -> Extra {
+    Extra {
+        old_ptr: ptr,
+        memptr: 0,
+    }
+}
+
 /// `f(ptr, size)`: realloc.
 #[uprobe]
 pub fn resize(ctx: ProbeContext) -> u32 {
-    record(
-        &ctx,
-        Role::Resize,
-        arg(&ctx, 1),
-        Extra {
-            old_ptr: arg(&ctx, 0),
-            memptr: 0,
-        },
-    )
+    record(&ctx, Role::Resize, arg(&ctx, 1), of_block(arg(&ctx, 0)))
 }
 
 /// `f(ptr, n, size)`: reallocarray.
 #[uprobe]
 pub fn resize_array(ctx: ProbeContext) -> u32 {
     let size = product(arg(&ctx, 1), arg(&ctx, 2));
-    record(
-        &ctx,
-        Role::ResizeArray,
-        size,
-        Extra {
-            old_ptr: arg(&ctx, 0),
-            memptr: 0,
-        },
-    )
+    record(&ctx, Role::ResizeArray, size, of_block(arg(&ctx, 0)))
 }
 
 /// `f(&ptr, align, size)`: posix_memalign.
 #[uprobe]
 pub fn posix_memalign(ctx: ProbeContext) -> u32 {
-    record(
-        &ctx,
-        Role::PosixMemalign,
-        arg(&ctx, 2),
-        Extra {
-            old_ptr: 0,
-            memptr: arg(&ctx, 0),
-        },
-    )
+    let extra = Extra {
+        old_ptr: 0,
+        memptr: arg(&ctx, 0),
+    };
+    record(&ctx, Role::PosixMemalign, arg(&ctx, 2), extra)
 }
 
 /// `f(ptr, size, ...)` resizing in place: jemalloc's xallocx (count and
@@ -992,29 +981,13 @@ pub fn resize_in_place(ctx: ProbeContext) -> u32 {
 /// `f(ptr, old_size, align, new_size)`: Rust's __rust_realloc.
 #[uprobe]
 pub fn resize_rust(ctx: ProbeContext) -> u32 {
-    record(
-        &ctx,
-        Role::Resize,
-        arg(&ctx, 3),
-        Extra {
-            old_ptr: arg(&ctx, 0),
-            memptr: 0,
-        },
-    )
+    record(&ctx, Role::Resize, arg(&ctx, 3), of_block(arg(&ctx, 0)))
 }
 
 /// `f(ptr)`: free.
 #[uprobe]
 pub fn release(ctx: ProbeContext) -> u32 {
-    record(
-        &ctx,
-        Role::Free,
-        0,
-        Extra {
-            old_ptr: arg(&ctx, 0),
-            memptr: 0,
-        },
-    )
+    record(&ctx, Role::Free, 0, of_block(arg(&ctx, 0)))
 }
 
 /// The benchmark's floor: attached where the real probes go, does nothing.

@@ -97,9 +97,9 @@ pub fn outputs(out: &OutputArgs) -> Outputs {
             per_thread: out.per_thread,
         },
         profile: out.output.clone(),
-        folded: out.folded.clone(),
-        flamegraph: out.flamegraph.clone(),
-        weight: weight(out.weight),
+        folded: out.stacks.folded.clone(),
+        flamegraph: out.stacks.flamegraph.clone(),
+        weight: weight(out.stacks.weight),
         pprof: out.pprof.clone(),
         speedscope: out.speedscope.clone(),
     }

@@ -199,17 +199,8 @@ pub struct OutputArgs {
     #[arg(short, long, value_name = "FILE.json")]
     pub output: Option<PathBuf>,
 
-    /// Write collapsed stacks (`root;...;caller;malloc N`) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub folded: Option<PathBuf>,
-
-    /// Write a flamegraph SVG to FILE.
-    #[arg(long, value_name = "FILE.svg")]
-    pub flamegraph: Option<PathBuf>,
-
-    /// What the folded stacks and the flamegraph count.
-    #[arg(long, value_enum, default_value_t = WeightArg::Calls)]
-    pub weight: WeightArg,
+    #[command(flatten)]
+    pub stacks: StackFiles,
 
     /// Write a gzipped pprof profile (go tool pprof, Pyroscope, Parca).
     #[arg(long, value_name = "FILE.pb.gz")]
@@ -251,15 +242,25 @@ pub struct DiffArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
 
-    /// Write differential collapsed stacks (`stack BASE NEW`) to FILE.
+    #[command(flatten)]
+    pub stacks: StackFiles,
+}
+
+/// Folded stacks and flame graphs: of a profile, or (`mtrace diff`)
+/// differential ones.
+#[derive(Args, Debug, Clone)]
+pub struct StackFiles {
+    /// Write collapsed stacks to FILE: `root;...;caller;malloc N`, or with
+    /// `mtrace diff` `stack BASE NEW`.
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
 
-    /// Write a differential flamegraph SVG (growth red, shrinkage blue).
+    /// Write a flamegraph SVG to FILE (with `mtrace diff`: differential,
+    /// growth red, shrinkage blue).
     #[arg(long, value_name = "FILE.svg")]
     pub flamegraph: Option<PathBuf>,
 
-    /// What the differential folded stacks and flamegraph count.
+    /// What the folded stacks and the flamegraph count.
     #[arg(long, value_enum, default_value_t = WeightArg::Calls)]
     pub weight: WeightArg,
 }

@@ -46,13 +46,14 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     }
     print_stdout(&out)?;
 
-    if args.folded.is_some() || args.flamegraph.is_some() {
-        let weight = config::weight(args.weight);
+    let files = &args.stacks;
+    if files.folded.is_some() || files.flamegraph.is_some() {
+        let weight = config::weight(files.weight);
         let folded = folded::differential(&d, weight);
-        if let Some(path) = &args.folded {
+        if let Some(path) = &files.folded {
             write_file(path, "differential folded stacks", folded.as_bytes())?;
         }
-        if let Some(path) = &args.flamegraph {
+        if let Some(path) = &files.flamegraph {
             let title = format!(
                 "mtrace diff: {} -> {}",
                 args.base.display(),
