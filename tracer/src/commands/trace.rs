@@ -178,13 +178,22 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let walks = session.unwind.walks();
     let u = &walks.unwinder.stats;
     log::debug!(
-        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms); {} rules found the kernel map full",
+        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
         u.walks_finished,
         u.rules,
         u.objects,
         u.load_time.as_secs_f64() * 1e3,
         u.lookup_time.as_secs_f64() * 1e3,
-        walks.rules_full
+        walks.rules_full,
+        // A hash-map entry here: key, rule and the table's overhead.
+        u.rules * 32 / 1024,
+        // The kernel's hash map, preallocated: key, value and ~64 bytes
+        // of element each.
+        config.sizes.unwind_rules as usize * 80 / 1024,
+        u.rules,
+        config.sizes.unwind_rules,
+        tracer_common::RULE_CACHE_SLOTS as usize * std::mem::size_of::<tracer_common::CachedRule>() / 1024,
+        config.sizes.unwind_ring / 1024,
     );
     drop(walks);
     drop(stats_fd);

@@ -157,7 +157,7 @@ pub struct DiffRow {
 }
 
 /// Two profiles compared.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Diff {
     /// Exact totals ([`crate::profile::Totals::allocs`]): they include
     /// allocations that found the kernel map full and are in no stack.
@@ -167,6 +167,9 @@ pub struct Diff {
     /// Every stack of either side, unchanged ones included, by absolute
     /// change: calls, then bytes, largest first; then by key.
     pub rows: Vec<DiffRow>,
+    /// The share of whole stacks, in percent, of base and new (when the
+    /// profiles say): stacks cut short match worse across runs.
+    pub whole_pct: (Option<f64>, Option<f64>),
 }
 
 /// Compares `base` with `new`. `free` entries are left out.
@@ -192,6 +195,10 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
         },
         in_stacks,
         rows,
+        whole_pct: (
+            base.stack_quality.as_ref().map(|q| q.whole_pct()),
+            new.stack_quality.as_ref().map(|q| q.whole_pct()),
+        ),
     }
 }
 

@@ -58,6 +58,15 @@ pub fn render_table(diff: &Diff, top: usize) -> String {
         );
     }
 
+    if let (Some(b), Some(n)) = diff.whole_pct {
+        if b < 99.0 || n < 99.0 {
+            let _ = writeln!(
+                out,
+                "whole stacks: {b:.2}% -> {n:.2}% (stacks cut short match less well across runs)"
+            );
+        }
+    }
+
     let changed: Vec<&DiffRow> = diff
         .rows
         .iter()

@@ -210,10 +210,13 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
     } else {
         &meta.mtrace_version
     };
-    let comment = vec![b.string(&format!(
+    let mut comment = vec![b.string(&format!(
         "mtrace {version}, pid {}: {}",
         meta.pid, meta.command
     ))];
+    if let Some(q) = &profile.stack_quality {
+        comment.push(b.string(&super::table::quality_line(q)));
+    }
 
     Ok(proto::Profile {
         sample_type,

@@ -172,7 +172,7 @@ fn totals_line(profile: &Profile) -> String {
 }
 
 /// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
-fn quality_line(q: &StackQuality) -> String {
+pub fn quality_line(q: &StackQuality) -> String {
     // Never "100.00%" unless every stack is whole.
     let pct = q.whole_pct();
     let shown = if q.whole < q.calls {
