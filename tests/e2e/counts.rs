@@ -3,9 +3,7 @@
 
 use std::fs;
 
-use crate::support::{
-    require_bpf, trace_fixture, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
-};
+use crate::support::{trace_fixture, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT};
 
 /// (allocator function, direct caller, calls, bytes) of tests/fixtures/counts.c.
 pub const COUNTS_SITES: &[(&str, &str, u64, u64)] = &[
@@ -103,9 +101,7 @@ fn check_launch_run(args: &[&str]) {
 
 #[test]
 fn launch_mode_exact_counts() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     check_launch_run(&["--top", "0", "--count-frees"]);
 }
 
@@ -113,9 +109,7 @@ fn launch_mode_exact_counts() {
 /// (and the report says frees were not counted) unless asked for.
 #[test]
 fn count_mode_probes_no_free_by_default() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (out, p) = trace_fixture(Fixture::Counts, &["--top", "0"]);
     out.assert_exit(0);
     check_counts_profile(&p);
@@ -137,10 +131,7 @@ fn count_mode_probes_no_free_by_default() {
 
 #[test]
 fn launch_mode_folded_and_flamegraph() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let folded = dir.path().join("counts.folded");
     let svg = dir.path().join("counts.svg");
     check_launch_run(&[
@@ -203,9 +194,7 @@ fn launch_mode_folded_and_flamegraph() {
 
 #[test]
 fn pid_mode_exact_counts() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let mut fx = FixtureProc::start(Fixture::Counts.path(), &["--wait"]);
     fx.wait_ready();
     let pid = fx.pid().to_string();

@@ -8,15 +8,13 @@ use std::{
 };
 
 use crate::support::{
-    copy_executable, dead_pid, mtrace_path, public_tempdir, require, require_bpf, run_mtrace,
-    Fixture, Mtrace, Proc,
+    copy_executable, dead_pid, mtrace_path, public_tempdir, require, run_mtrace, Fixture, Mtrace,
+    Proc,
 };
 
 #[test]
 fn no_such_process() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let pid = dead_pid().to_string();
     let out = run_mtrace(&["--pid", &pid]);
     out.assert_exit(1);
@@ -25,9 +23,7 @@ fn no_such_process() {
 
 #[test]
 fn kernel_thread() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let comm = fs::read_to_string("/proc/2/comm").unwrap_or_default();
     if !require(
         comm.trim() == "kthreadd",
@@ -63,9 +59,7 @@ fn not_enough_privilege() {
 
 #[test]
 fn no_malloc_found() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let path = Fixture::NoMalloc.path();
     let fixture = Proc::spawn(&mut Command::new(path), "nomalloc");
     let pid = fixture.id().to_string();
@@ -77,9 +71,7 @@ fn no_malloc_found() {
 
 #[test]
 fn command_not_found() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let out = run_mtrace(&["--", "/nonexistent/cmd"]);
     out.assert_exit(127);
     let line = out.stderr.join("\n");
@@ -93,10 +85,7 @@ fn command_not_found() {
 
 #[test]
 fn command_not_executable() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let file = dir.path().join("not-executable");
     fs::write(&file, "#!/bin/sh\nexit 0\n").unwrap();
     fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();

@@ -10,16 +10,14 @@ use std::{
 use crate::{
     counts::check_counts_profile,
     support::{
-        copy_executable, profile::Frame, read_mem, require_bpf, Fixture, FixtureProc, Mtrace,
-        EXIT_TIMEOUT, LINE_TIMEOUT,
+        copy_executable, profile::Frame, read_mem, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT,
+        LINE_TIMEOUT,
     },
 };
 
 #[test]
 fn launch_mode_passes_exit_status_through() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let mut m = Mtrace::start_profiled(&["--top", "0", "--", Fixture::Exit7.path_str()]);
     m.wait_tracing();
     let (out, p) = m.finish();
@@ -36,10 +34,7 @@ fn launch_mode_passes_exit_status_through() {
 
 #[test]
 fn deleted_binary_of_exited_target_is_still_symbolized() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let bin = copy_executable(Fixture::Counts.path(), dir.path(), "counts-copy");
     let mut fx = FixtureProc::start(&bin, &["--wait"]);
     fx.wait_ready();
@@ -88,9 +83,7 @@ const WINDOW: usize = 16;
 
 #[test]
 fn sigkilled_mtrace_leaves_no_breakpoints() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let mut target = Longrun::start();
     let pid = target.fx.pid();
     // The addresses are libc's code, as the process maps it.
@@ -236,9 +229,7 @@ impl Longrun {
 /// allocates: a report of what was seen, exit 0, the probes gone, and the
 /// target runs on to its correct end.
 fn ends_cleanly(end: &str) {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let target = Longrun::start();
     let pid = target.fx.pid().to_string();
     let mut args = vec!["--pid", pid.as_str()];

@@ -6,9 +6,7 @@
 use serde_json::Value;
 
 use crate::counts::check_counts_profile;
-use crate::support::{
-    require_bpf, run_profiled, Finished, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
-};
+use crate::support::{run_profiled, Finished, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT};
 
 /// Live statistics summed over the stacks of `func` whose direct caller is
 /// `caller` (a compiler may split one site into several call instructions).
@@ -57,47 +55,78 @@ pub fn u(v: &Value, k: &str) -> u64 {
 /// Everything the live fixture must show, however it was traced.
 fn check_live_fixture(p: &Profile, out: &Finished) {
     let d = out.describe();
-    // 100 x malloc(64), never freed.
-    let leak = site(p, "malloc", "leak_site");
-    assert_eq!(u(&leak, "allocations"), 100, "{d}");
-    assert_eq!(u(&leak, "outstanding"), 100, "{d}");
-    assert_eq!(u(&leak, "outstanding_bytes"), 6400, "{d}");
-    assert_eq!(u(&leak, "temporaries"), 0, "{d}");
-    // 10000 x malloc(32) + free: nothing left, all temporary.
-    let churn = site(p, "malloc", "churn_site");
-    assert_eq!(u(&churn, "allocations"), 10000, "{d}");
-    assert_eq!(u(&churn, "frees"), 10000, "{d}");
-    assert_eq!(u(&churn, "outstanding"), 0, "{d}");
-    assert_eq!(u(&churn, "temporaries"), 10000, "{d}");
-    // realloc 1000 times: one block of the final size.
-    let grow = site(p, "realloc", "grow_site");
-    assert_eq!(u(&grow, "calls"), 1000, "{d}");
-    assert_eq!(u(&grow, "allocations"), 1000, "{d}");
-    assert_eq!(u(&grow, "frees"), 999, "{d}");
-    assert_eq!(u(&grow, "outstanding"), 1, "{d}");
-    assert_eq!(u(&grow, "outstanding_bytes"), 16000, "{d}");
-    // Allocated in a thread, freed by main.
-    let handoff = site(p, "malloc", "producer");
-    assert_eq!(u(&handoff, "allocations"), 500, "{d}");
-    assert_eq!(u(&handoff, "frees"), 500, "{d}");
-    assert_eq!(u(&handoff, "outstanding"), 0, "{d}");
-    // Failed calls are calls, not allocations.
-    for func in ["posix_memalign", "malloc"] {
-        let failed = site(p, func, "failing_allocs");
-        assert_eq!(u(&failed, "calls"), 1, "{func}: {d}");
-        assert_eq!(u(&failed, "allocations"), 0, "{func}: {d}");
-        assert_eq!(u(&failed, "outstanding"), 0, "{func}: {d}");
+    // (function, caller, [(field, expected)]) for each site of the fixture.
+    let expected: [(&str, &str, &[(&str, u64)]); 5] = [
+        // 100 x malloc(64), never freed.
+        (
+            "malloc",
+            "leak_site",
+            &[
+                ("allocations", 100),
+                ("outstanding", 100),
+                ("outstanding_bytes", 6400),
+                ("temporaries", 0),
+                ("live_bytes_at_peak", 6400),
+            ],
+        ),
+        // 10000 x malloc(32) + free: nothing left, all temporary.
+        (
+            "malloc",
+            "churn_site",
+            &[
+                ("allocations", 10000),
+                ("frees", 10000),
+                ("outstanding", 0),
+                ("temporaries", 10000),
+            ],
+        ),
+        // realloc 1000 times: one block of the final size.
+        (
+            "realloc",
+            "grow_site",
+            &[
+                ("calls", 1000),
+                ("allocations", 1000),
+                ("frees", 999),
+                ("outstanding", 1),
+                ("outstanding_bytes", 16000),
+                ("live_bytes_at_peak", 16000),
+            ],
+        ),
+        // Allocated in a thread, freed by main; the 500 blocks, the leaks
+        // and the grown buffer were all live at the peak.
+        (
+            "malloc",
+            "producer",
+            &[
+                ("allocations", 500),
+                ("frees", 500),
+                ("outstanding", 0),
+                ("live_bytes_at_peak", 64000),
+            ],
+        ),
+        // Failed calls are calls, not allocations (also for malloc, below).
+        (
+            "posix_memalign",
+            "failing_allocs",
+            &[("calls", 1), ("allocations", 0), ("outstanding", 0)],
+        ),
+    ];
+    for (func, caller, fields) in expected {
+        let got = site(p, func, caller);
+        for (field, want) in fields {
+            assert_eq!(u(&got, field), *want, "{func} from {caller}: {field}\n{d}");
+        }
     }
+    let failed = site(p, "malloc", "failing_allocs");
+    let failed = ["calls", "allocations", "outstanding"].map(|k| u(&failed, k));
+    assert_eq!(failed, [1, 0, 0], "malloc from failing_allocs\n{d}");
     let live = &p.doc["live"];
     assert_eq!(u(live, "failed"), 2, "{d}");
     assert_eq!(u(live, "untracked"), 0, "{d}");
     assert_eq!(u(live, "events_lost"), 0, "{d}");
     assert_eq!(u(live, "stale"), 0, "{d}");
-    // The peak: the 500 handed-off blocks, the leaks and the grown buffer
-    // were all live at once, and each stack's share adds up to it.
-    assert_eq!(u(&handoff, "live_bytes_at_peak"), 64000, "{d}");
-    assert_eq!(u(&leak, "live_bytes_at_peak"), 6400, "{d}");
-    assert_eq!(u(&grow, "live_bytes_at_peak"), 16000, "{d}");
+    // Each stack's share of the peak adds up to it.
     let shares = sum_live(p, "live_bytes_at_peak");
     assert_eq!(u(live, "peak_bytes"), shares, "{d}");
     assert!(u(live, "peak_bytes") >= 86400, "{d}");
@@ -119,9 +148,7 @@ pub fn run_live(extra: &[&str]) -> (Profile, Finished) {
 
 #[test]
 fn leaks_churn_realloc_threads_and_failures() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (p, out) = run_live(&[]);
     assert_eq!(p.mode(), "live");
     check_live_fixture(&p, &out);
@@ -130,9 +157,7 @@ fn leaks_churn_realloc_threads_and_failures() {
 
 #[test]
 fn counts_stay_exact_with_return_probes() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     // Nested calls (realloc -> malloc, reallocarray -> realloc, ...) are
     // recognised without the entry marks in live mode: the same exact
     // counts as count mode.
@@ -144,9 +169,7 @@ fn counts_stay_exact_with_return_probes() {
 
 #[test]
 fn min_age_filters_leak_suspects() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (p, out) = run_live(&["--min-age", "3600"]);
     let leak = site(&p, "malloc", "leak_site");
     assert_eq!(u(&leak, "outstanding"), 100);
@@ -162,9 +185,7 @@ fn min_age_filters_leak_suspects() {
 
 #[test]
 fn a_full_live_map_counts_untracked_allocations() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (p, out) = run_live(&["--live-map-size", "16"]);
     let untracked = u(&p.doc["live"], "untracked");
     assert!(untracked > 0, "{}", out.describe());
@@ -183,9 +204,7 @@ fn a_full_live_map_counts_untracked_allocations() {
 
 #[test]
 fn frees_of_blocks_allocated_before_attach_are_counted_apart() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     // Launch mode first, for what the program frees that it did not
     // allocate through the probed functions (the dynamic linker's blocks).
     let (launched, _) = run_live(&[]);

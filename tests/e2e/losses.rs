@@ -2,7 +2,7 @@
 //! totals stay exact. tests/fixtures/manystacks.c makes 40 calls of 10
 //! bytes, each under its own stack (1 to 40 frames of `rec` below main).
 
-use crate::support::{require_bpf, run_profiled, Fixture, Profile};
+use crate::support::{run_profiled, Fixture, Profile};
 
 const CALLS: u64 = 40;
 
@@ -16,9 +16,7 @@ fn traced(extra: &[&str]) -> Profile {
 
 #[test]
 fn a_full_aggregation_map_is_counted_and_the_totals_stay_exact() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let p = traced(&["--count-map-size", "16"]);
     let d = p.dump();
     assert_eq!(p.total(), (CALLS, CALLS * 10), "{d}");
@@ -38,9 +36,7 @@ fn a_full_aggregation_map_is_counted_and_the_totals_stay_exact() {
 
 #[test]
 fn a_full_stack_map_keeps_the_direct_caller_and_is_counted() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let p = traced(&["--stack-map-size", "16"]);
     let d = p.dump();
     assert_eq!(p.total().0, CALLS, "{d}");

@@ -9,6 +9,24 @@
 //! other text of the report. support/ holds the helpers: the fixtures,
 //! child processes, running mtrace, the profile, the table's parser.
 
+/// Returns from the test (after a note on stderr) when BPF cannot be used;
+/// under CI, fails instead (`support::require_bpf`).
+macro_rules! need_bpf {
+    () => {
+        if !crate::support::require_bpf() {
+            return;
+        }
+    };
+}
+
+/// `need_bpf!()`, then a fresh temporary directory for the test's files.
+macro_rules! bpf_tempdir {
+    () => {{
+        need_bpf!();
+        tempfile::tempdir().unwrap()
+    }};
+}
+
 mod artifacts;
 mod counts;
 mod errors;

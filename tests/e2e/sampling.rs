@@ -43,7 +43,7 @@
 //! allocation on each CPU is sampled for sure (and over-weighted); the
 //! upper bounds of `--sample-bytes` allow one more sample per CPU for that.
 
-use crate::support::{require_bpf, trace_fixture, Fixture, Profile};
+use crate::support::{trace_fixture, Fixture, Profile};
 
 /// (direct caller, calls, bytes per call) of tests/fixtures/sampled.c;
 /// every call is malloc.
@@ -201,18 +201,14 @@ fn check(run: &Sampled, kind: Kind) {
 
 #[test]
 fn sample_bytes_estimates_are_unbiased() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let run = run(&["--sample-bytes", "65536"]);
     check(&run, Kind::Bytes(65536));
 }
 
 #[test]
 fn sample_every_estimates_are_unbiased() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let run = run(&["--sample-every", "100"]);
     check(&run, Kind::Every(100));
 }

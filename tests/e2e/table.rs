@@ -8,9 +8,7 @@ use crate::{
     artifacts::{report, s, trace_counts},
     counts::check_counts_profile,
     live::{run_live, u},
-    support::{
-        require_bpf, table::live_table, trace_fixture, validate_profile, Finished, Fixture, Profile,
-    },
+    support::{table::live_table, trace_fixture, validate_profile, Finished, Fixture, Profile},
 };
 
 /// (function, frame names, truncated, thread, calls, bytes) of a row.
@@ -112,9 +110,7 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
 /// and the profile holds the exact counts.
 #[test]
 fn table_shows_the_exact_counts() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (out, p) = trace_fixture(Fixture::Counts, &["--top", "0"]);
     check_counts_profile(&p);
     assert_table_matches(&out, &p);
@@ -123,9 +119,7 @@ fn table_shows_the_exact_counts() {
 /// With --per-thread, every row names its thread.
 #[test]
 fn table_per_thread_rows_name_their_thread() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (out, p) = trace_fixture(Fixture::Threads, &["--per-thread", "--top", "0"]);
     assert_eq!(p.site("malloc", "thread_alloc"), (1000, 32000));
     assert!(p.allocs().all(|s| s.thread.is_some()), "{}", p.dump());
@@ -136,10 +130,7 @@ fn table_per_thread_rows_name_their_thread() {
 /// `mtrace report`, in the order of bytes.
 #[test]
 fn table_sort_and_top_are_the_same_from_report() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let h = dir.path().join("h.json");
     let live = trace_counts(
         Fixture::Counts,
@@ -176,9 +167,7 @@ fn table_sort_and_top_are_the_same_from_report() {
 /// Live mode: the leak summary names the leak site with its exact numbers.
 #[test]
 fn live_summary_names_the_leak_suspects() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (_, out) = run_live(&[]);
     let suspects = out
         .stdout
@@ -197,9 +186,7 @@ fn live_summary_names_the_leak_suspects() {
 /// is shown with its size, the untracked count and the option to raise.
 #[test]
 fn live_summary_min_age_and_a_full_live_map() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (p, out) = run_live(&["--min-age", "3600", "--live-map-size", "16"]);
     assert!(
         out.stdout
@@ -225,9 +212,7 @@ fn live_summary_min_age_and_a_full_live_map() {
 /// Sampling: the line under the header says how, and how many samples.
 #[test]
 fn sampled_header_line() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (out, p) = trace_fixture(Fixture::Sampled, &["--sample-every", "100", "--top", "0"]);
     let samples = p.doc["meta"]["sampling"]["samples"]
         .as_u64()

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::support::{require_bpf, trace_fixture, Fixture};
+use crate::support::{trace_fixture, Fixture};
 
 /// Thread name -> calls from thread_alloc; every call is malloc(32).
 const PER_THREAD: &[(&str, u64)] = &[
@@ -14,9 +14,7 @@ const PER_THREAD: &[(&str, u64)] = &[
 
 #[test]
 fn per_thread_split_by_name_and_tid() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (_, p) = trace_fixture(Fixture::Threads, &["--per-thread", "--top", "0"]);
     let pid = p.pid();
     let dump = p.dump();
@@ -57,9 +55,7 @@ fn per_thread_split_by_name_and_tid() {
 
 #[test]
 fn threads_summed_without_per_thread() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let (_, p) = trace_fixture(Fixture::Threads, &["--top", "0"]);
     let dump = p.dump();
     assert_eq!(p.site("malloc", "thread_alloc"), (1000, 32000), "\n{dump}");

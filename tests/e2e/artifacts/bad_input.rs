@@ -3,14 +3,11 @@
 use std::fs;
 
 use super::{report, s, trace_counts};
-use crate::support::{require_bpf, run_mtrace, validate_profile, Fixture};
+use crate::support::{run_mtrace, validate_profile, Fixture};
 
 #[test]
 fn bad_profiles_exit_2() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let p = |name: &str| dir.path().join(name);
     let good = p("a.json");
     trace_counts(Fixture::Counts, &["-o", s(&good)]);

@@ -5,10 +5,7 @@ use std::{fs, path::Path};
 use super::{expected_sites, s, trace_counts};
 use crate::{
     counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
-    support::{
-        copy_executable, require_bpf, run_mtrace, validate_profile, Finished, Fixture, Mtrace,
-        Profile,
-    },
+    support::{copy_executable, run_mtrace, validate_profile, Finished, Fixture, Mtrace, Profile},
 };
 
 /// One changed stack of `mtrace diff`'s table.
@@ -124,10 +121,7 @@ fn n_sites() -> u64 {
 
 #[test]
 fn diff_of_two_runs_is_empty() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let a = dir.path().join("a.json");
     let b = dir.path().join("b.json");
     trace_counts(Fixture::Counts, &["-o", s(&a)]);
@@ -304,10 +298,7 @@ fn check_growth_diff(base: &Path, new: &Path, dir: &Path) {
 /// built as `counts` and as `counts-plus20`): stacks must line up.
 #[test]
 fn diff_gate_catches_growth_across_builds() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let a = dir.path().join("a.json");
     let c = dir.path().join("c.json");
     trace_counts(Fixture::Counts, &["-o", s(&a)]);
@@ -322,10 +313,7 @@ fn diff_gate_catches_growth_across_builds() {
 /// another directory.
 #[test]
 fn diff_gate_catches_growth_same_name_other_directory() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let bin_dir = tempfile::tempdir().unwrap();
     let plus20 = copy_executable(Fixture::CountsPlus20.path(), bin_dir.path(), "counts");
     let a = dir.path().join("a.json");

@@ -10,7 +10,7 @@ use std::{
 use super::{expected_sites, gunzip, s, trace_counts};
 use crate::{
     counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS, RECURSE_DEPTH},
-    support::{require_bpf, validate_profile, Fixture},
+    support::{validate_profile, Fixture},
 };
 
 const PROTO_DIR: &str = "/usr/share/gocode/src/github.com/google/pprof/proto";
@@ -307,10 +307,7 @@ impl Pprof {
 
 #[test]
 fn pprof_has_the_exact_counts() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let pb = dir.path().join("counts.pb.gz");
     trace_counts(Fixture::Counts, &["--top", "0", "--pprof", s(&pb)]);
     let p = Pprof::decode(&pb);
@@ -372,10 +369,7 @@ fn pprof_has_the_exact_counts() {
 
 #[test]
 fn pprof_of_live_mode_has_inuse_values() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let pb = dir.path().join("live.pb.gz");
     let json = dir.path().join("live.json");
     trace_counts(

@@ -7,31 +7,35 @@ use serde_json::Value;
 use super::{gunzip, report, s, trace_counts};
 use crate::{
     counts::{check_counts_profile, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
-    support::{require_bpf, table::live_table, validate_profile, Fixture, Profile},
+    support::{table::live_table, validate_profile, Fixture, Profile},
 };
 
 #[test]
 fn report_reproduces_the_live_run() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let p = |name: &str| dir.path().join(name);
-    let live = trace_counts(
-        Fixture::Counts,
+    // Every output format, each file named PREFIX.EXTENSION.
+    let outputs = |prefix: &str, formats: &[(&str, &str)]| -> Vec<String> {
+        let mut args = vec!["--top".to_string(), "0".to_string()];
+        for (flag, ext) in formats {
+            args.push(flag.to_string());
+            args.push(s(&p(&format!("{prefix}.{ext}"))).to_string());
+        }
+        args
+    };
+    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>();
+    let live_args = outputs(
+        "live",
         &[
-            "--top",
-            "0",
-            "--output",
-            s(&p("f.json")),
-            "--folded",
-            s(&p("live.folded")),
-            "--pprof",
-            s(&p("live.pb.gz")),
-            "--speedscope",
-            s(&p("live.speedscope.json")),
+            ("--folded", "folded"),
+            ("--pprof", "pb.gz"),
+            ("--speedscope", "speedscope.json"),
         ],
     );
+    let mut live_args = strs(&live_args);
+    let f_json = p("f.json");
+    live_args.extend(["--output", s(&f_json)]);
+    let live = trace_counts(Fixture::Counts, &live_args);
     let f = Profile::load(&p("f.json"));
     check_counts_profile(&f);
     let f = f.doc;
@@ -39,21 +43,19 @@ fn report_reproduces_the_live_run() {
     assert_eq!(f["totals"]["allocs"]["calls"], COUNTS_TOTAL_CALLS);
     assert_eq!(f["totals"]["allocs"]["bytes"], COUNTS_TOTAL_BYTES);
 
-    let rep = report(&[
-        s(&p("f.json")),
-        "--top",
-        "0",
-        "-o",
-        s(&p("g.json")),
-        "--folded",
-        s(&p("rep.folded")),
-        "--flamegraph",
-        s(&p("rep.svg")),
-        "--pprof",
-        s(&p("rep.pb.gz")),
-        "--speedscope",
-        s(&p("rep.speedscope.json")),
-    ]);
+    let rep_args = outputs(
+        "rep",
+        &[
+            ("--folded", "folded"),
+            ("--flamegraph", "svg"),
+            ("--pprof", "pb.gz"),
+            ("--speedscope", "speedscope.json"),
+        ],
+    );
+    let g_json = p("g.json");
+    let mut args = vec![s(&f_json), "-o", s(&g_json)];
+    args.extend(strs(&rep_args));
+    let rep = report(&args);
     assert_eq!(
         rep.stdout,
         live_table(&live),

@@ -9,8 +9,7 @@ use serde_json::Value;
 
 use super::s;
 use crate::support::{
-    require_bpf, validate_profile, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
-    LINE_TIMEOUT,
+    validate_profile, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
 };
 
 /// `mtrace-PID-NNNN.json` -> NNNN.
@@ -30,9 +29,7 @@ fn counts_of(v: &Value) -> (u64, u64) {
 
 #[test]
 fn snapshots_while_tracing_by_pid() {
-    if !require_bpf() {
-        return;
-    }
+    need_bpf!();
     let snap_dir = tempfile::tempdir().unwrap();
     let out_dir = tempfile::tempdir().unwrap();
     let final_json = out_dir.path().join("final.json");

@@ -7,15 +7,12 @@ use serde_json::Value;
 use super::{expected_sites, s, trace_counts};
 use crate::{
     counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
-    support::{require_bpf, Fixture},
+    support::Fixture,
 };
 
 #[test]
 fn speedscope_profiles_sum_to_the_totals() {
-    if !require_bpf() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = bpf_tempdir!();
     let path = dir.path().join("counts.speedscope.json");
     trace_counts(Fixture::Counts, &["--speedscope", s(&path)]);
     let v: Value = serde_json::from_str(&fs::read_to_string(&path).expect("no speedscope file"))

@@ -160,20 +160,16 @@ mod tests {
             crate::render::test_util::entry("malloc", &["small_leak", "main"], 10, 640),
             crate::render::test_util::entry("malloc", &["big_leak", "main"], 1, 4096),
         ]);
-        p.stacks[0].live = Some(LiveStats {
-            outstanding: 10,
-            outstanding_bytes: 640,
-            old_outstanding: 10,
-            old_outstanding_bytes: 640,
-            ..LiveStats::default()
-        });
-        p.stacks[1].live = Some(LiveStats {
-            outstanding: 1,
-            outstanding_bytes: 4096,
-            old_outstanding: 1,
-            old_outstanding_bytes: 4096,
-            ..LiveStats::default()
-        });
+        // Every block still live and old: (blocks, bytes) of each stack.
+        for (stack, (blocks, bytes)) in p.stacks.iter_mut().zip([(10, 640), (1, 4096)]) {
+            stack.live = Some(LiveStats {
+                outstanding: blocks,
+                outstanding_bytes: bytes,
+                old_outstanding: blocks,
+                old_outstanding_bytes: bytes,
+                ..LiveStats::default()
+            });
+        }
         let totals = LiveTotals {
             old_outstanding: 11,
             old_outstanding_bytes: 4736,
