@@ -152,12 +152,15 @@ impl Session {
     }
 
     /// Runs until the trace ends; returns why, and in launch mode the
-    /// receiver of the command's exit code when it still runs.
+    /// receiver of the command's exit code when it still runs. The target's
+    /// end is learnt from `exit_rx` in launch mode, from `pidfd` (opened
+    /// before the probes went in: [`pidfd_open`]) by pid.
     pub async fn run(
         &mut self,
         schedule: &Schedule,
         sinks: &mut [Box<dyn Sink>],
         exit_rx: Option<oneshot::Receiver<i32>>,
+        pidfd: Option<OwnedFd>,
         signals: Signals,
     ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
         let pid = self.pid;
@@ -207,13 +210,10 @@ impl Session {
 
         // Launch mode learns of the exit from the launch thread; by pid, a
         // pidfd becomes readable.
-        let exited_fd = match exit_rx {
-            Some(_) => None,
-            None => {
-                let fd = pidfd_open(pid)?;
-                // SAFETY: the descriptor is ours and lives as long as the AsyncFd.
-                Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
-            }
+        let exited_fd = match pidfd {
+            // SAFETY: the descriptor is ours and lives as long as the AsyncFd.
+            Some(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?),
+            None => None,
         };
         let mut exit_rx = exit_rx;
         let target_exit = async |rx: &mut Option<oneshot::Receiver<i32>>| -> Option<i32> {
@@ -298,8 +298,10 @@ impl Signals {
     }
 }
 
-/// A descriptor that becomes readable when `pid` exits.
-fn pidfd_open(pid: u32) -> Result<OwnedFd> {
+/// A descriptor that becomes readable when `pid` exits. Opened before the
+/// probes are attached: a target that exits during the attach is still
+/// seen to exit (and a recycled pid is never watched).
+pub fn pidfd_open(pid: u32) -> Result<OwnedFd> {
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
         return Err(user_error!(

@@ -23,7 +23,6 @@ fn report_reproduces_the_live_run() {
         }
         args
     };
-    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>();
     let live_args = outputs(
         "live",
         &[
@@ -32,7 +31,7 @@ fn report_reproduces_the_live_run() {
             ("--speedscope", "speedscope.json"),
         ],
     );
-    let mut live_args = strs(&live_args);
+    let mut live_args: Vec<&str> = live_args.iter().map(String::as_str).collect();
     let f_json = p("f.json");
     live_args.extend(["--output", s(&f_json)]);
     let live = trace_counts(Fixture::Counts, &live_args);
@@ -54,7 +53,7 @@ fn report_reproduces_the_live_run() {
     );
     let g_json = p("g.json");
     let mut args = vec![s(&f_json), "-o", s(&g_json)];
-    args.extend(strs(&rep_args));
+    args.extend(rep_args.iter().map(String::as_str));
     let rep = report(&args);
     assert_eq!(
         rep.stdout,

@@ -1,8 +1,8 @@
 //! Finding the allocator in the target and choosing where to probe it.
 //!
-//! Each entry point is probed in the first object the target maps (main
-//! executable first, then libraries) that defines it: the one the dynamic
-//! linker binds calls to. The allocator is the object `malloc` binds to;
+//! Each entry point is probed in the first object of the target's link map
+//! (main executable first, then preloaded libraries, then the others) that
+//! defines it: the one the dynamic linker binds calls to. The allocator is the object `malloc` binds to;
 //! `operator new` may live in libstdc++ or in the allocator itself, Rust's
 //! shims in the program. Which symbols are entry points, and what each
 //! reads, is [`families`]; where in each function the probe goes is
@@ -21,7 +21,7 @@ use self::families::Entry;
 use self::placement::place_probe;
 
 use crate::{
-    target::{path_in_target, Mapping},
+    target::{is_dynamic_linker, path_in_target, DynamicLinker, Mapping},
     user_error,
 };
 
@@ -154,15 +154,21 @@ impl AllocatorObject {
     }
 }
 
-/// The objects `pid` maps executable, each once, in the order given (the
-/// dynamic linker's search order when known, else address order).
-fn objects(maps: &[Mapping]) -> Vec<&str> {
-    let mut seen: Vec<&str> = Vec::new();
+/// The objects `pid` maps executable, each once, in the order the dynamic
+/// linker looks up symbols in them (its link map, read from the target),
+/// then any it does not list (a statically linked program has no link
+/// map) in address order.
+fn objects(pid: u32, maps: &[Mapping]) -> Vec<String> {
+    let mut seen: Vec<String> = DynamicLinker::find(pid, maps)
+        .and_then(|ld| ld.objects(pid, maps))
+        .unwrap_or_default();
     // Only objects mapped executable: the dynamic linker first maps a whole
     // library read-only, then its code where it belongs.
+    let executable = |p: &str| maps.iter().any(|m| m.path == p && m.perms.contains('x'));
+    seen.retain(|p| executable(p));
     for m in maps.iter().filter(|m| m.is_file() && m.perms.contains('x')) {
-        if !seen.contains(&m.path.as_str()) && !m.path.ends_with(" (deleted)") {
-            seen.push(&m.path);
+        if !seen.contains(&m.path) && !m.path.ends_with(" (deleted)") {
+            seen.push(m.path.clone());
         }
     }
     seen
@@ -176,7 +182,8 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
     let mut internals = Vec::new();
     let mut defining: Vec<String> = Vec::new();
     let mut files: Vec<(String, PathBuf, memmap2::Mmap)> = Vec::new();
-    for path in objects(maps) {
+    for path in objects(pid, maps) {
+        let path = path.as_str();
         if is_dynamic_linker(path) {
             continue;
         }
@@ -266,16 +273,11 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
 /// already (tracing by pid).
 pub fn require_in_process(pid: u32, maps: &[Mapping]) -> Result<AllocatorObject> {
     find_in_process(pid, maps)?.ok_or_else(|| {
-        let objects = objects(maps).len();
+        let objects = objects(pid, maps).len();
         user_error!(
             "no malloc found in any of the {objects} objects pid {pid} maps (is it statically linked without symbols, or not using a malloc-compatible allocator?)"
         )
     })
-}
-
-fn is_dynamic_linker(path: &str) -> bool {
-    let base = path.rsplit('/').next().unwrap_or(path);
-    base.starts_with("ld-linux") || base.starts_with("ld64.so") || base.starts_with("ld-musl")
 }
 
 /// An entry point an object defines.

@@ -18,7 +18,7 @@ use crate::{
     collect::live_tracker::{self, LiveTracker},
     probes,
     profile::{Meta, Probe},
-    session::{End, Session, Signals},
+    session::{self, End, Session, Signals},
     sinks::{Report, Sink, Snapshots},
     target::{self, launch, AddressSpace},
     unwind::service::UnwindService,
@@ -62,6 +62,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Target::Pid(pid) => {
             let pid = *pid;
             target::check_pid(pid)?;
+            let pidfd = session::pidfd_open(pid)?;
             let maps = target::read_maps(pid)
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
             let alloc = allocators::require_in_process(pid, &maps)?;
@@ -76,7 +77,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 unwind,
                 (alloc.path, alloc.family, alloc.shadowed),
                 executable,
-                None,
+                Err(pidfd),
             )
         }
         Target::Command(argv) => {
@@ -102,7 +103,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 unwind,
                 path,
                 executable,
-                Some(launched.exit),
+                Ok(launched.exit),
             )
         }
     };
@@ -169,8 +170,13 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Box::new(Report(config.outputs.clone())),
     ];
 
+    // How the target's end is learnt: from the launch thread, or a pidfd.
+    let (exit_rx, pidfd) = match exit_rx {
+        Ok(rx) => (Some(rx), None),
+        Err(fd) => (None, Some(fd)),
+    };
     let (end, exit_rx) =
-        rt.block_on(session.run(&config.schedule, &mut sinks, exit_rx, signals))?;
+        rt.block_on(session.run(&config.schedule, &mut sinks, exit_rx, pidfd, signals))?;
 
     if stats_fd.is_some() {
         log_program_times(&session.probes.ebpf);

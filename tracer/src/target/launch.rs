@@ -2,10 +2,13 @@
 //! instruction runs.
 //!
 //! The child asks to be traced (`PTRACE_TRACEME`) and execs the command, so
-//! it stops right after `execve`. We then step it from system call to
-//! system call until the object that defines `malloc` is mapped executable
-//! (the dynamic linker maps every library before any of the program's code
-//! runs), attach the probes, and let it go. It stays traced only for
+//! it stops right after `execve`. We then run it to the moment its dynamic
+//! linker has mapped every library it starts with (a breakpoint on
+//! `_dl_debug_state`, as debuggers do), before any of their code runs;
+//! its link map then says which object calls to `malloc` bind to. We
+//! attach the probes there and let it go. (A static program, or one whose
+//! dynamic linker we do not know, is stepped from system call to system
+//! call until an object that defines `malloc` is mapped executable.) It stays traced only for
 //! `PTRACE_O_TRACEEXIT`: at its exit we snapshot its mappings once more so
 //! that libraries it loaded late can still be symbolized after it is gone.
 //! Signals it receives are passed on unchanged. If mtrace dies, the kernel
@@ -25,7 +28,9 @@ use crate::{
     user_error,
 };
 
-use super::{proc::read_maps, AddressSpace, Mapping};
+use super::{
+    is_dynamic_linker, proc::read_maps, AddressSpace, DynamicLinker, Mapping, RT_CONSISTENT,
+};
 
 /// How many system calls we follow, at most, waiting for the allocator to
 /// be mapped.
@@ -222,9 +227,161 @@ fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
     Ok(pid)
 }
 
+/// Runs the stopped child until its allocator is loaded and `attach` has
+/// attached to it: for a dynamically linked program, to the moment its
+/// dynamic linker has mapped every library it starts with and before any
+/// of their code runs ([`run_to_consistent`]); otherwise (or if that
+/// fails) from system call to system call until an object that defines
+/// `malloc` is mapped executable.
+fn wait_for_allocator<T>(
+    pid: u32,
+    space: &Mutex<AddressSpace>,
+    mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
+) -> Result<T> {
+    let maps = read_maps(pid)?;
+    if let Some(ld) = DynamicLinker::find(pid, &maps) {
+        if let Some(t) = run_to_consistent(pid, &ld, space, &mut attach)? {
+            return Ok(t);
+        }
+    }
+    step_syscalls(pid, space, attach)
+}
+
+/// A breakpoint on the dynamic linker's `_dl_debug_state`, which it calls
+/// each time its list of objects changes (the hook debuggers use): at the
+/// first call that finds the list consistent, every object the program
+/// starts with is mapped and none has run code, so the link map says
+/// which object calls bind to. Returns `None` (the breakpoint gone, the
+/// child stopped where it was) when the breakpoint cannot be set.
+fn run_to_consistent<T>(
+    pid: u32,
+    ld: &DynamicLinker,
+    space: &Mutex<AddressSpace>,
+    attach: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let Some(bp) = ld.debug_state else {
+        return Ok(None);
+    };
+    let Ok(original) = peek(pid, bp) else {
+        return Ok(None);
+    };
+    let armed = (original & !0xff) | 0xcc;
+    if poke(pid, bp, armed).is_err() {
+        return Ok(None);
+    }
+    let gone = || user_error!("the command exited before its allocator was loaded");
+    let mut inject = 0;
+    loop {
+        ptrace(libc::PTRACE_CONT, pid, inject)?;
+        inject = 0;
+        let status = waitpid(pid)?;
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(gone());
+        }
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let sig = libc::WSTOPSIG(status);
+        if sig != libc::SIGTRAP {
+            // A real signal: deliver it.
+            inject = sig as usize;
+            continue;
+        }
+        let mut regs = get_regs(pid)?;
+        if regs.rip != bp + 1 || status >> 16 != 0 {
+            // Another trap (the exit event): not ours.
+            continue;
+        }
+        // Ours: take the breakpoint out and run the instruction again.
+        poke(pid, bp, original)?;
+        regs.rip = bp;
+        set_regs(pid, &regs)?;
+        if ld.state(pid) == Some(RT_CONSISTENT) {
+            let maps = read_maps(pid)?;
+            space.lock().unwrap().refresh(pid);
+            if let Some(t) = attach(pid, &maps)? {
+                return Ok(Some(t));
+            }
+        }
+        // Not yet (or a library loaded later may bring the allocator):
+        // step over the instruction and arm the breakpoint again.
+        ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
+        let status = waitpid(pid)?;
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return Err(gone());
+        }
+        poke(pid, bp, armed)?;
+    }
+}
+
+fn peek(pid: u32, addr: u64) -> std::io::Result<u64> {
+    // PEEKTEXT returns the word: -1 is an error only when errno says so.
+    unsafe { *libc::__errno_location() = 0 };
+    let word = unsafe {
+        libc::ptrace(
+            libc::PTRACE_PEEKTEXT,
+            pid as libc::pid_t,
+            addr as *mut libc::c_void,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    let errno = unsafe { *libc::__errno_location() };
+    if word == -1 && errno != 0 {
+        return Err(std::io::Error::from_raw_os_error(errno));
+    }
+    Ok(word as u64)
+}
+
+fn poke(pid: u32, addr: u64, word: u64) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_POKETEXT,
+            pid as libc::pid_t,
+            addr as *mut libc::c_void,
+            word as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn get_regs(pid: u32) -> std::io::Result<libc::user_regs_struct> {
+    // SAFETY: plain data, filled by the kernel.
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGS,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut regs as *mut libc::user_regs_struct,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(regs)
+}
+
+fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETREGS,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            regs as *const libc::user_regs_struct,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Steps the stopped child from system call to system call until its
 /// allocator is mapped executable and `attach` has attached to it.
-fn wait_for_allocator<T>(
+fn step_syscalls<T>(
     pid: u32,
     space: &Mutex<AddressSpace>,
     mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
@@ -244,7 +401,7 @@ fn wait_for_allocator<T>(
                 return Ok(attached);
             }
             // A static program without an interpreter maps nothing more.
-            if !maps.iter().any(|m| is_interpreter(&m.path)) {
+            if !maps.iter().any(|m| is_dynamic_linker(&m.path)) {
                 break;
             }
             seen_paths = paths;
@@ -273,11 +430,6 @@ fn wait_for_allocator<T>(
     Err(user_error!(
         "no malloc found in the command or any library it maps"
     ))
-}
-
-fn is_interpreter(path: &str) -> bool {
-    let base = path.rsplit('/').next().unwrap_or(path);
-    base.starts_with("ld-linux") || base.starts_with("ld64") || base.starts_with("ld-musl")
 }
 
 /// Follows the child to its end, passing its signals on, and returns the

@@ -4,7 +4,9 @@
 
 mod address_space;
 pub mod launch;
+mod linkmap;
 pub mod proc;
 
 pub use address_space::AddressSpace;
+pub use linkmap::{is_dynamic_linker, DynamicLinker, RT_CONSISTENT};
 pub use proc::*;

@@ -161,7 +161,10 @@ impl Unwinder {
 
     fn compute(&mut self, ra: u64, space: &mut AddressSpace) -> Rule {
         // A library loaded since the last look at the mappings: look again.
-        if space.mapping(ra).is_none() {
+        // Also when the address lies in a mapping not executable: the
+        // dynamic linker maps a library whole, read-only, before it maps
+        // the code over it, and we may have seen the first state only.
+        if !space.mapping(ra).is_some_and(|m| m.perms.contains('x')) {
             space.refresh(self.pid);
         }
         let Some(m) = space.mapping(ra).cloned() else {
