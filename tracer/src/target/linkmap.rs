@@ -95,10 +95,7 @@ impl DynamicLinker {
             // executable, a path that differs from the mapping's name
             // through symbolic links).
             let l_ld = mem.u64(node + 16)?;
-            let mapping = maps
-                .iter()
-                .filter(|m| m.is_file() && m.contains(l_ld))
-                .next_back();
+            let mapping = maps.iter().rfind(|m| m.is_file() && m.contains(l_ld));
             if let Some(m) = mapping {
                 if !out.contains(&m.path) {
                     out.push(m.path.clone());
