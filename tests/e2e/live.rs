@@ -56,7 +56,8 @@ pub fn u(v: &Value, k: &str) -> u64 {
 fn check_live_fixture(p: &Profile, out: &Finished) {
     let d = out.describe();
     // (function, caller, [(field, expected)]) for each site of the fixture.
-    let expected: [(&str, &str, &[(&str, u64)]); 5] = [
+    type Site<'a> = (&'a str, &'a str, &'a [(&'a str, u64)]);
+    let expected: [Site; 5] = [
         // 100 x malloc(64), never freed.
         (
             "malloc",
