@@ -171,7 +171,15 @@ pub fn lookup(symbol: &str) -> Option<(usize, &'static Entry)> {
 }
 
 /// The allocator family an object belongs to, from what it defines.
-pub fn family(defines: impl Fn(&str) -> bool, path: &str) -> &'static str {
+///
+/// `contains` says whether the object's bytes hold a string: an allocator
+/// linked into a program with only the standard names exported (rustc's
+/// jemalloc) still prints its name in its messages.
+pub fn family(
+    defines: impl Fn(&str) -> bool,
+    contains: impl Fn(&[u8]) -> bool,
+    path: &str,
+) -> &'static str {
     let base = path.rsplit('/').next().unwrap_or(path);
     if defines("mallocx") || defines("_rjem_malloc") || base.starts_with("libjemalloc") {
         "jemalloc"
@@ -179,6 +187,12 @@ pub fn family(defines: impl Fn(&str) -> bool, path: &str) -> &'static str {
         "tcmalloc"
     } else if defines("mi_malloc") || base.starts_with("libmimalloc") {
         "mimalloc"
+    } else if contains(b"<jemalloc>: ") {
+        "jemalloc"
+    } else if contains(b"mimalloc: ") {
+        "mimalloc"
+    } else if contains(b"tcmalloc: ") {
+        "tcmalloc"
     } else if defines("__libc_malloc") {
         "glibc"
     } else if base.starts_with("ld-musl") || base.starts_with("libc.musl") {

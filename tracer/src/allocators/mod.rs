@@ -252,7 +252,11 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
     let family = {
         let data = &files[primary].2;
         let names = defined_names(data);
-        families::family(|n| names.iter().any(|d| d == n), &primary_path)
+        families::family(
+            |n| names.iter().any(|d| d == n),
+            |bytes| memchr::memmem::find(&data[..], bytes).is_some(),
+            &primary_path,
+        )
     };
     let bound: Vec<&str> = sites.iter().map(|s| s.path.as_str()).collect();
     let shadowed = defining

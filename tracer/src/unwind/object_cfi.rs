@@ -74,7 +74,15 @@ pub struct ObjectCfi {
     eh_index: OnceLock<Vec<IndexEntry>>,
     debug_frame: Option<DebugFrameSrc>,
     loads: Vec<Load>,
+    /// The ELF entry point (stated address), 0 when there is none.
+    entry: u64,
 }
+
+/// Return addresses this close after an object's entry point that no CFI
+/// covers are in its entry code (`_start`: the dynamic linker's runs the
+/// libraries' constructors from it, and has no CFI): the thread's
+/// outermost frame, as gdb shows it.
+const ENTRY_CODE: u64 = 64;
 
 impl std::fmt::Debug for ObjectCfi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,8 +177,10 @@ impl ObjectCfi {
                 _ => None,
             },
         };
+        let entry = elf.entry();
         drop(elf);
         Ok(ObjectCfi {
+            entry,
             path: path.to_owned(),
             data,
             eh_frame,
@@ -219,6 +229,9 @@ impl ObjectCfi {
         }
         if let Some(rule) = self.debug_frame_rule(pc) {
             return rule;
+        }
+        if self.entry != 0 && pc >= self.entry && pc - self.entry < ENTRY_CODE {
+            return Rule::end();
         }
         Rule::unsupported()
     }
@@ -401,5 +414,22 @@ fn rbp_rule(rule: Option<RegisterRule<usize>>) -> (u8, i16) {
             Err(_) => (Rule::RBP_UNDEF, 0),
         },
         Some(_) => (Rule::RBP_UNDEF, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Debian's dynamic linker runs the libraries' constructors from its
+    /// entry code, which has no CFI: a return address there is the end of
+    /// the stack; one a little further on is not covered by anything.
+    #[test]
+    fn the_dynamic_linkers_entry_code_is_the_outermost_frame() {
+        let ld = Path::new("/lib64/ld-linux-x86-64.so.2");
+        let cfi = ObjectCfi::load_with_debug_dir(ld, Path::new("/nonexistent")).unwrap();
+        assert_ne!(cfi.entry, 0);
+        assert_eq!(cfi.rule_for_ra(cfi.entry + 0x30), Rule::end());
+        assert_eq!(cfi.rule_for_ra(cfi.entry + 1), Rule::end());
     }
 }
