@@ -114,6 +114,14 @@ fn table_shows_the_exact_counts() {
     let (out, p) = trace_fixture(Fixture::Counts, &["--top", "0"]);
     check_counts_profile(&p);
     assert_table_matches(&out, &p);
+    // glibc's reallocarray multiplies before its first branch: the one
+    // probe the kernel single-steps, and the report says what it cost.
+    assert_eq!(
+        out.report().single_stepped.as_deref(),
+        Some("reallocarray 4"),
+        "{}",
+        out.describe()
+    );
 }
 
 /// With --per-thread, every row names its thread.

@@ -9,6 +9,40 @@
 /// Most functions one run probes (the width of the per-function counters).
 pub const MAX_FUNCS: u32 = 64;
 
+/// The attach cookie: the function's index in the run's table in the low
+/// bits, and from bit [`COOKIE_ARGS_SHIFT`] four bits per argument (the
+/// first four, `rdi`, `rsi`, `rdx`, `rcx`) saying where the probe finds
+/// it: 0 in its own register, else in register `ARG_REGS[v - 1]`. A probe
+/// placed after a prologue that moved an argument (mimalloc's `malloc`
+/// begins `mov %rdi,%rsi; mov %fs:..,%rdi`) reads it where it went.
+pub const COOKIE_ARGS_SHIFT: u32 = 16;
+
+/// Registers an argument can be found in (see [`COOKIE_ARGS_SHIFT`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgReg {
+    Rdi,
+    Rsi,
+    Rdx,
+    Rcx,
+    R8,
+    R9,
+    Rax,
+    R10,
+    R11,
+}
+
+pub const ARG_REGS: [ArgReg; 9] = [
+    ArgReg::Rdi,
+    ArgReg::Rsi,
+    ArgReg::Rdx,
+    ArgReg::Rcx,
+    ArgReg::R8,
+    ArgReg::R9,
+    ArgReg::Rax,
+    ArgReg::R10,
+    ArgReg::R11,
+];
+
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {

@@ -18,10 +18,10 @@
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{pt_regs, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-        bpf_probe_read_user,
+        bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -32,7 +32,7 @@ use tracer_common::{
     counter, miss_stack_id, rule_slot, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
     CountKey, CountValue, EntryMark, FreeEvent, MissEvent, Pending, Role, StackFrames,
     UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
-    MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
+    COOKIE_ARGS_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
     STACK_COPY, STACK_HASH_SEED, STACK_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN,
     WEIGHT_TABLE_START,
 };
@@ -348,8 +348,8 @@ fn tail_called(tid: u32, sp: u64, ret: u64, func: u32) -> bool {
 }
 
 #[inline(always)]
-fn record(ctx: &ProbeContext, role: Role, size: u64, extra: Extra) -> u32 {
-    let func = cookie_func(ctx.as_ptr());
+fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) -> u32 {
+    let func = (cookie as u32) & (MAX_FUNCS - 1);
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
     let live = config_u32(&CONFIG.live) != 0;
     if role == Role::Free {
@@ -886,9 +886,40 @@ fn add_to(key: &CountKey, calls: u64, bytes: u64) -> bool {
     }
 }
 
+/// Argument `n` (0: `rdi`, 1: `rsi`, 2: `rdx`, 3: `rcx`) where the probe
+/// finds it: in its own register unless the cookie says the prologue
+/// before the probe moved it (see `COOKIE_ARGS_SHIFT`).
 #[inline(always)]
-fn arg(ctx: &ProbeContext, n: usize) -> u64 {
-    ctx.arg::<u64>(n).unwrap_or(0)
+fn arg(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
+    let at = (cookie >> (COOKIE_ARGS_SHIFT as usize + 4 * n)) & 0xf;
+    if at == 0 {
+        return ctx.arg::<u64>(n).unwrap_or(0);
+    }
+    // Which saved register: a variable offset into the context, which the
+    // verifier lets a program read only through the helper (a direct load
+    // at a computed offset is refused).
+    let offset = match at {
+        1 => core::mem::offset_of!(pt_regs, rdi),
+        2 => core::mem::offset_of!(pt_regs, rsi),
+        3 => core::mem::offset_of!(pt_regs, rdx),
+        4 => core::mem::offset_of!(pt_regs, rcx),
+        5 => core::mem::offset_of!(pt_regs, r8),
+        6 => core::mem::offset_of!(pt_regs, r9),
+        7 => core::mem::offset_of!(pt_regs, rax),
+        8 => core::mem::offset_of!(pt_regs, r10),
+        9 => core::mem::offset_of!(pt_regs, r11),
+        _ => return 0,
+    };
+    let at = (ctx.regs as *const u8).wrapping_add(offset) as *const u64;
+    // SAFETY: the helper checks the read.
+    unsafe { bpf_probe_read_kernel(at) }.unwrap_or(0)
+}
+
+/// The probe's attach cookie: the function's index and where its
+/// arguments are.
+#[inline(always)]
+fn cookie(ctx: &ProbeContext) -> u64 {
+    unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) }
 }
 
 /// `n * m`, saturating. Done on 32-bit halves: LLVM turns the usual
@@ -923,20 +954,23 @@ fn cookie_func(ctx: *mut core::ffi::c_void) -> u32 {
 /// `f(size)`: malloc, valloc, pvalloc.
 #[uprobe]
 pub fn alloc_size(ctx: ProbeContext) -> u32 {
-    record(&ctx, Role::Size, arg(&ctx, 0), Extra::default())
+    let c = cookie(&ctx);
+    record(&ctx, c, Role::Size, arg(&ctx, c, 0), Extra::default())
 }
 
 /// `f(n, size)`: calloc.
 #[uprobe]
 pub fn alloc_count_size(ctx: ProbeContext) -> u32 {
-    let size = product(arg(&ctx, 0), arg(&ctx, 1));
-    record(&ctx, Role::CountSize, size, Extra::default())
+    let c = cookie(&ctx);
+    let size = product(arg(&ctx, c, 0), arg(&ctx, c, 1));
+    record(&ctx, c, Role::CountSize, size, Extra::default())
 }
 
 /// `f(align, size)`: memalign, aligned_alloc.
 #[uprobe]
 pub fn alloc_align_size(ctx: ProbeContext) -> u32 {
-    record(&ctx, Role::AlignSize, arg(&ctx, 1), Extra::default())
+    let c = cookie(&ctx);
+    record(&ctx, c, Role::AlignSize, arg(&ctx, c, 1), Extra::default())
 }
 
 /// What a call that releases or resizes `ptr` passes on.
@@ -951,43 +985,49 @@ fn of_block(ptr: u64) -> Extra {
 /// `f(ptr, size)`: realloc.
 #[uprobe]
 pub fn resize(ctx: ProbeContext) -> u32 {
-    record(&ctx, Role::Resize, arg(&ctx, 1), of_block(arg(&ctx, 0)))
+    let c = cookie(&ctx);
+    record(&ctx, c, Role::Resize, arg(&ctx, c, 1), of_block(arg(&ctx, c, 0)))
 }
 
 /// `f(ptr, n, size)`: reallocarray.
 #[uprobe]
 pub fn resize_array(ctx: ProbeContext) -> u32 {
-    let size = product(arg(&ctx, 1), arg(&ctx, 2));
-    record(&ctx, Role::ResizeArray, size, of_block(arg(&ctx, 0)))
+    let c = cookie(&ctx);
+    let size = product(arg(&ctx, c, 1), arg(&ctx, c, 2));
+    record(&ctx, c, Role::ResizeArray, size, of_block(arg(&ctx, c, 0)))
 }
 
 /// `f(&ptr, align, size)`: posix_memalign.
 #[uprobe]
 pub fn posix_memalign(ctx: ProbeContext) -> u32 {
+    let c = cookie(&ctx);
     let extra = Extra {
         old_ptr: 0,
-        memptr: arg(&ctx, 0),
+        memptr: arg(&ctx, c, 0),
     };
-    record(&ctx, Role::PosixMemalign, arg(&ctx, 2), extra)
+    record(&ctx, c, Role::PosixMemalign, arg(&ctx, c, 2), extra)
 }
 
 /// `f(ptr, size, ...)` resizing in place: jemalloc's xallocx (count and
 /// sampled modes only).
 #[uprobe]
 pub fn resize_in_place(ctx: ProbeContext) -> u32 {
-    record(&ctx, Role::ResizeInPlace, arg(&ctx, 1), Extra::default())
+    let c = cookie(&ctx);
+    record(&ctx, c, Role::ResizeInPlace, arg(&ctx, c, 1), Extra::default())
 }
 
 /// `f(ptr, old_size, align, new_size)`: Rust's __rust_realloc.
 #[uprobe]
 pub fn resize_rust(ctx: ProbeContext) -> u32 {
-    record(&ctx, Role::Resize, arg(&ctx, 3), of_block(arg(&ctx, 0)))
+    let c = cookie(&ctx);
+    record(&ctx, c, Role::Resize, arg(&ctx, c, 3), of_block(arg(&ctx, c, 0)))
 }
 
 /// `f(ptr)`: free.
 #[uprobe]
 pub fn release(ctx: ProbeContext) -> u32 {
-    record(&ctx, Role::Free, 0, of_block(arg(&ctx, 0)))
+    let c = cookie(&ctx);
+    record(&ctx, c, Role::Free, 0, of_block(arg(&ctx, c, 0)))
 }
 
 /// The benchmark's floor: attached where the real probes go, does nothing.

@@ -151,14 +151,22 @@ fn parse_after(text: &str, key: &str) -> Option<f64> {
         .ok()
 }
 
+/// The benchmark program and what it runs under.
+struct Target<'a> {
+    bench: &'a Path,
+    /// `LD_PRELOAD` for the benchmark (and, harmlessly, mtrace).
+    preload: Option<&'static str>,
+}
+
 fn run_once(
     root: &Path,
-    bench: &Path,
+    target: &Target,
     mode: &Mode,
     iterations: u64,
     threads: u32,
     bpf_stats: bool,
 ) -> Result<(Sample, Vec<ProgramTime>)> {
+    let bench = target.bench;
     let mut cmd = if mode.name == "untraced" {
         Command::new(bench)
     } else {
@@ -170,6 +178,9 @@ fn run_once(
             .arg(bench);
         c
     };
+    if let Some(lib) = target.preload {
+        cmd.env("LD_PRELOAD", lib);
+    }
     cmd.arg(iterations.to_string())
         .arg(threads.to_string())
         .stdin(Stdio::null());
@@ -234,15 +245,19 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
     let progress = std::io::stderr().is_terminal();
     let mut results: Vec<Result1> = Vec::new();
     let mut fp_bench = None;
-    for (build, flags) in BUILDS {
-        let bench = out_dir.join(format!("bench-{build}"));
+    for (build, flags, preload) in BUILDS {
+        let bench = out_dir.join(format!("bench-{}", build.replace(' ', "-")));
         let mut args = vec!["-pthread"];
         args.extend(flags.iter());
         compile_c(&root.join("xtask/bench/bench.c"), &bench, &args)?;
         fp_bench.get_or_insert(bench.clone());
+        let target = Target {
+            bench: &bench,
+            preload,
+        };
         run_build(
             root,
-            &bench,
+            &target,
             build,
             iterations,
             runs,
@@ -251,6 +266,10 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
         )?;
     }
     let bench = fp_bench.expect("a build");
+    let bench = Target {
+        bench: &bench,
+        preload: None,
+    };
 
     let mut programs = Vec::new();
     for mode in MODES.iter().filter(|m| m.name != "untraced") {
@@ -276,13 +295,22 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
     Ok(())
 }
 
-/// The benchmark with frame pointers, and without (what `-O2` gives).
-const BUILDS: [(&str, &[&str]); 2] = [("fp", &[]), ("no-fp", &["-fomit-frame-pointer"])];
+/// The benchmark with frame pointers, and without (what `-O2` gives), and
+/// the latter under Debian's jemalloc (`LD_PRELOAD`): its `malloc` begins
+/// with a `cmp`, which the kernel would single-step.
+const BUILDS: [(&str, &[&str], Option<&str>); 3] = [
+    ("fp", &[], None),
+    ("no-fp", &["-fomit-frame-pointer"], None),
+    ("no-fp jemalloc", &["-fomit-frame-pointer"], Some(JEMALLOC)),
+];
+
+/// Debian's libjemalloc2 (installed by `cargo xtask setup`).
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
 /// Every mode of one build, in 1 and 2 threads.
 fn run_build(
     root: &Path,
-    bench: &Path,
+    bench: &Target,
     build: &'static str,
     iterations: u64,
     runs: usize,

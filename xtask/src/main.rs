@@ -61,14 +61,16 @@ enum Task {
 }
 
 /// The BPF toolchain, then what the tests use to check pprof output
-/// independently (protoc and the official profile.proto).
-const APT_PACKAGES: [&str; 6] = [
+/// independently (protoc and the official profile.proto), then the
+/// allocator the benchmark also runs under.
+const APT_PACKAGES: [&str; 7] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
     "llvm-22-dev",
     "protobuf-compiler",
     "golang-github-google-pprof-dev",
+    "libjemalloc2",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -42,6 +42,9 @@ pub struct Report {
     /// and the causes as (what, count).
     pub stacks_whole_pct: Option<String>,
     pub cut_short: Vec<(String, u64)>,
+    /// `single-stepped probes (...): reallocarray 4`: what follows the
+    /// colon.
+    pub single_stepped: Option<String>,
 }
 
 fn num(s: &str, what: &str) -> Result<u64, String> {
@@ -160,6 +163,9 @@ impl Report {
             } else if let Some(n) = line.strip_prefix("nested allocator calls not counted twice: ")
             {
                 r.nested = num(n, line)?;
+            } else if let Some(l) = line.strip_prefix("single-stepped probes (") {
+                let (_, which) = l.split_once("): ").ok_or("bad single-stepped line")?;
+                r.single_stepped = Some(which.to_string());
             } else if let Some(l) = line.strip_prefix("stacks: ") {
                 let bad = || format!("bad stacks line {line:?}");
                 let (pct, rest) = l.split_once("% whole").ok_or_else(bad)?;

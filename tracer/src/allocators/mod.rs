@@ -46,6 +46,9 @@ pub struct ProbeSite {
     pub probe_offset: u64,
     /// Whether the kernel emulates the probed instruction.
     pub emulated: bool,
+    /// Where the probe finds arguments the prologue moved (the cookie's
+    /// argument bits, see [`placement::Placement::args`]).
+    pub args: u64,
     /// The probed instruction, for `--verbose` and the report's metadata.
     pub instruction: String,
 }
@@ -245,6 +248,7 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
             file_offset: d.file_offset,
             probe_offset: placement.offset,
             emulated: placement.emulated,
+            args: placement.args,
             instruction: placement.instruction,
         });
     }

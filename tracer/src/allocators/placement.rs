@@ -19,6 +19,88 @@ pub struct Placement {
     pub offset: u64,
     pub emulated: bool,
     pub instruction: String,
+    /// Where the probe finds the arguments it reads, when the prologue
+    /// before it moved them: four bits per argument, as the attach cookie
+    /// carries them (`tracer_common::COOKIE_ARGS_SHIFT`); 0 when every one
+    /// is in its own register.
+    pub args: u64,
+}
+
+/// The argument registers, in argument order.
+const ARGS: [Register; 4] = [Register::RDI, Register::RSI, Register::RDX, Register::RCX];
+
+/// `tracer_common::ARG_REGS` as iced's registers.
+fn arg_reg_code(reg: Register) -> Option<u64> {
+    use tracer_common::ArgReg;
+    let r = match reg {
+        Register::RDI => ArgReg::Rdi,
+        Register::RSI => ArgReg::Rsi,
+        Register::RDX => ArgReg::Rdx,
+        Register::RCX => ArgReg::Rcx,
+        Register::R8 => ArgReg::R8,
+        Register::R9 => ArgReg::R9,
+        Register::RAX => ArgReg::Rax,
+        Register::R10 => ArgReg::R10,
+        Register::R11 => ArgReg::R11,
+        _ => return None,
+    };
+    tracer_common::ARG_REGS
+        .iter()
+        .position(|a| *a == r)
+        .map(|i| i as u64 + 1)
+}
+
+/// Where each argument a probe reads is at a point of the prologue: every
+/// register that still holds it.
+struct Holders {
+    /// (the argument's own register, the registers holding it now).
+    args: Vec<(Register, Vec<Register>)>,
+}
+
+impl Holders {
+    fn new(reads: &[Register]) -> Holders {
+        Holders {
+            args: reads.iter().map(|r| (*r, vec![*r])).collect(),
+        }
+    }
+
+    /// Follows one instruction that writes `written` (full registers); a
+    /// 64-bit register-to-register `mov` copies what its source holds.
+    /// False when an argument is held nowhere any more.
+    fn step(&mut self, insn: &Instruction, written: &[Register]) -> bool {
+        let copy = (insn.mnemonic() == Mnemonic::Mov
+            && insn.op_count() == 2
+            && insn.op0_kind() == OpKind::Register
+            && insn.op1_kind() == OpKind::Register
+            && insn.op0_register().is_gpr64()
+            && insn.op1_register().is_gpr64())
+        .then(|| (insn.op1_register(), insn.op0_register()));
+        for (_, held) in &mut self.args {
+            let gains =
+                copy.is_some_and(|(src, dst)| held.contains(&src) && arg_reg_code(dst).is_some());
+            held.retain(|r| !written.contains(r));
+            if let (true, Some((_, dst))) = (gains, copy) {
+                held.push(dst);
+            }
+        }
+        self.args.iter().all(|(_, held)| !held.is_empty())
+    }
+
+    /// The cookie's argument bits: for each argument no longer in its own
+    /// register, the code of one that holds it.
+    fn cookie_bits(&self) -> u64 {
+        let mut bits = 0;
+        for (own, held) in &self.args {
+            if held.contains(own) {
+                continue;
+            }
+            let n = ARGS.iter().position(|a| a == own).unwrap_or(0);
+            if let Some(code) = held.iter().find_map(|r| arg_reg_code(*r)) {
+                bits |= code << (4 * n);
+            }
+        }
+        bits
+    }
 }
 
 /// How many instructions we look past the entry for an emulated one.
@@ -100,6 +182,7 @@ fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
     let mut info = InstructionInfoFactory::new();
     let mut insn = Instruction::default();
     let mut first = None;
+    let mut holders = Holders::new(reads);
     for _ in 0..MAX_SCAN {
         if !decoder.can_decode() {
             break;
@@ -119,16 +202,19 @@ fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
                 offset,
                 emulated: true,
                 instruction: text,
+                args: holders.cookie_bits(),
             };
         }
-        if !harmless(&insn, &mut info, reads) {
-            break;
+        match harmless(&insn, &mut info) {
+            Some(written) if holders.step(&insn, &written) => {}
+            _ => break,
         }
     }
     Placement {
         offset: 0,
         emulated: false,
         instruction: first.unwrap_or_else(|| "?".into()),
+        args: 0,
     }
 }
 
@@ -168,12 +254,13 @@ fn kernel_emulates(insn: &Instruction, bytes: &[u8]) -> bool {
 }
 
 /// Can the probe move past this instruction? Only if it neither branches
-/// nor writes memory, the stack pointer or a register the probe reads.
-/// Loads (`mov`, `lea`, `%fs:` reads), compares and scratch arithmetic are
-/// fine.
-fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory, reads: &[Register]) -> bool {
+/// nor writes memory or the stack pointer: loads (`mov`, `lea`, `%fs:`
+/// reads), compares, register moves and scratch arithmetic are fine, as
+/// long as the arguments the probe reads are still held somewhere
+/// ([`Holders`]). Returns the full registers it writes.
+fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<Vec<Register>> {
     if insn.flow_control() != FlowControl::Next {
-        return false;
+        return None;
     }
     let used = info.info(insn);
     let writes = |a: OpAccess| {
@@ -183,12 +270,15 @@ fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory, reads: &[Regi
         )
     };
     if used.used_memory().iter().any(|m| writes(m.access())) {
-        return false;
+        return None;
     }
-    !used.used_registers().iter().any(|r| {
-        let reg = r.register().full_register();
-        writes(r.access()) && (reg == Register::RSP || reads.contains(&reg))
-    })
+    let written: Vec<Register> = used
+        .used_registers()
+        .iter()
+        .filter(|r| writes(r.access()))
+        .map(|r| r.register().full_register())
+        .collect();
+    (!written.contains(&Register::RSP)).then_some(written)
 }
 
 #[cfg(test)]
@@ -247,10 +337,33 @@ mod tests {
         ];
         let p = place_probe(&code, 0x1ee40, reads(Role::AlignSize));
         assert_eq!((p.offset, p.emulated), (10, true));
-        // But malloc reads rdi: mimalloc's mov %rdi,%rsi; mov %fs:(%rax),%rdi.
-        let code = [0x48, 0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38, 0x77, 0x29];
-        let p = place_probe(&code, 0x10b77, reads(Role::Size));
-        assert!(!p.emulated);
+    }
+
+    #[test]
+    fn arguments_moved_by_the_prologue_are_read_where_they_went() {
+        use tracer_common::{ArgReg, ARG_REGS};
+        let code_of = |r: ArgReg| ARG_REGS.iter().position(|a| *a == r).unwrap() as u64 + 1;
+        // mimalloc's malloc: mov 0xb449(%rip),%rax; mov %rdi,%rsi;
+        // mov %fs:(%rax),%rdi; cmp $0x400,%rsi; ja: the size is in rsi.
+        let code = [
+            0x48, 0x8b, 0x05, 0x49, 0xb4, 0x00, 0x00, 0x48, 0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38,
+            0x48, 0x81, 0xfe, 0x00, 0x04, 0x00, 0x00, 0x77, 0x29,
+        ];
+        let p = place_probe(&code, 0x10b70, reads(Role::Size));
+        assert_eq!((p.offset, p.emulated), (21, true));
+        assert_eq!(p.args, code_of(ArgReg::Rsi));
+        // mimalloc's calloc(n, size): mov ..(%rip),%rdx; mov %rdi,%rax;
+        // mov %fs:(%rdx),%rdi; cmp $0x1,%rax; je: n in rax, size in rsi.
+        let code = [
+            0x48, 0x8b, 0x15, 0xc9, 0xad, 0x00, 0x00, 0x48, 0x89, 0xf8, 0x64, 0x48, 0x8b, 0x3a,
+            0x48, 0x83, 0xf8, 0x01, 0x74, 0x08,
+        ];
+        let p = place_probe(&code, 0x111f0, reads(Role::CountSize));
+        assert_eq!((p.offset, p.emulated), (18, true));
+        assert_eq!(p.args, code_of(ArgReg::Rax));
+        // Untouched arguments need no bits.
+        let p = place_probe(&[0x48, 0x85, 0xff, 0x74, 0x05], 0, reads(Role::Free));
+        assert_eq!((p.offset, p.args), (3, 0));
     }
 
     #[test]

@@ -13,8 +13,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    maps, BodyRange, Config, Role, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES,
-    SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    maps, BodyRange, Config, Role, COOKIE_ARGS_SHIFT, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS,
+    SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
@@ -28,7 +28,8 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// Loads program `name` (once: a role's program serves every function of
 /// that role) and attaches it where `site` says, for `pid` only, with the
-/// function's index in the run's table as its cookie.
+/// function's index in the run's table and where its arguments are as its
+/// cookie.
 fn attach_one(
     ebpf: &mut Ebpf,
     name: &str,
@@ -55,7 +56,7 @@ fn attach_one(
                 location: UProbeAttachLocation::AbsoluteOffset(
                     site.file_offset + site.probe_offset,
                 ),
-                cookie: Some(func as u64),
+                cookie: Some(func as u64 | site.args << COOKIE_ARGS_SHIFT),
             },
             &site.open_path,
             UProbeScope::OneProcess(pid),

@@ -51,6 +51,10 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
         out.push_str(&quality_line(q));
         out.push('\n');
     }
+    if let Some(line) = single_stepped_line(profile) {
+        out.push_str(&line);
+        out.push('\n');
+    }
     out.push_str(&losses_line(&profile.losses));
     out.push('\n');
     if let Some(note) = losses_note(&profile.losses) {
@@ -141,6 +145,30 @@ fn write_hidden(out: &mut String, hidden: Hidden, option: &str) {
 
 /// `total: N allocation calls, B bytes requested, F frees (malloc 1000, calloc 250)`,
 /// allocation functions with calls listed by calls, most first.
+/// The probed functions the kernel cannot emulate the first instruction
+/// of (it single-steps them, about 20 µs a call instead of 1), with the
+/// calls that paid it; `None` when no call did.
+fn single_stepped_line(profile: &Profile) -> Option<String> {
+    let mut paid: Vec<String> = Vec::new();
+    for p in profile.meta.probes.iter().filter(|p| !p.emulated) {
+        let calls = profile
+            .totals
+            .per_func
+            .get(&p.function)
+            .map_or(0, |c| c.calls);
+        let entry = format!("{} {calls}", p.function);
+        if calls > 0 && !paid.contains(&entry) {
+            paid.push(entry);
+        }
+    }
+    (!paid.is_empty()).then(|| {
+        format!(
+            "single-stepped probes (about 20 us a call instead of 1): {}",
+            paid.join(", ")
+        )
+    })
+}
+
 fn totals_line(profile: &Profile) -> String {
     let totals = &profile.totals;
     let mut line = format!(
@@ -387,6 +415,33 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         assert!(note.contains("--count-map-size"));
         assert!(note.contains("--stack-map-size"));
         assert!(!note.contains("caller unreadable"));
+    }
+
+    #[test]
+    fn single_stepped_probes_that_were_hit_are_named() {
+        let mut p = sample();
+        let probe = |function: &str, emulated| crate::profile::Probe {
+            function: function.into(),
+            emulated,
+            ..crate::profile::Probe::default()
+        };
+        p.meta.probes = vec![
+            probe("malloc", false),
+            probe("reallocarray", false),
+            probe("calloc", true),
+        ];
+        p.totals.per_func.insert(
+            "calloc".into(),
+            Counts {
+                calls: 7,
+                bytes: 70,
+            },
+        );
+        let out = render(&p, &all(false));
+        let line = "single-stepped probes (about 20 us a call instead of 1): malloc 1000";
+        assert!(lines(&out).contains(&line), "{out}");
+        p.meta.probes[0].emulated = true;
+        assert!(!render(&p, &all(false)).contains("single-stepped"));
     }
 
     #[test]
