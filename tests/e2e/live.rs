@@ -53,7 +53,7 @@ pub fn u(v: &Value, k: &str) -> u64 {
 }
 
 /// Everything the live fixture must show, however it was traced.
-fn check_live_fixture(p: &Profile, out: &Finished) {
+pub fn check_live_fixture(p: &Profile, out: &Finished) {
     let d = out.describe();
     // (function, caller, [(field, expected)]) for each site of the fixture.
     type Site<'a> = (&'a str, &'a str, &'a [(&'a str, u64)]);

@@ -30,6 +30,7 @@ macro_rules! bpf_tempdir {
 mod artifacts;
 mod counts;
 mod errors;
+mod exec;
 mod lifecycle;
 mod live;
 mod losses;

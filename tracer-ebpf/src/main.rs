@@ -915,11 +915,30 @@ fn arg(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
     unsafe { bpf_probe_read_kernel(at) }.unwrap_or(0)
 }
 
-/// The probe's attach cookie: the function's index and where its
-/// arguments are.
-#[inline(always)]
-fn cookie(ctx: &ProbeContext) -> u64 {
-    unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) }
+/// An allocator call as its entry probe sees it: the context and the
+/// probe's attach cookie (the function's index and where its arguments
+/// are).
+struct Call<'a> {
+    ctx: &'a ProbeContext,
+    cookie: u64,
+}
+
+impl<'a> Call<'a> {
+    #[inline(always)]
+    fn of(ctx: &'a ProbeContext) -> Call<'a> {
+        let cookie = unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) };
+        Call { ctx, cookie }
+    }
+
+    #[inline(always)]
+    fn arg(&self, n: usize) -> u64 {
+        arg(self.ctx, self.cookie, n)
+    }
+
+    #[inline(always)]
+    fn record(&self, role: Role, size: u64, extra: Extra) -> u32 {
+        record(self.ctx, self.cookie, role, size, extra)
+    }
 }
 
 /// `n * m`, saturating. Done on 32-bit halves: LLVM turns the usual
@@ -954,23 +973,23 @@ fn cookie_func(ctx: *mut core::ffi::c_void) -> u32 {
 /// `f(size)`: malloc, valloc, pvalloc.
 #[uprobe]
 pub fn alloc_size(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    record(&ctx, c, Role::Size, arg(&ctx, c, 0), Extra::default())
+    let call = Call::of(&ctx);
+    call.record(Role::Size, call.arg(0), Extra::default())
 }
 
 /// `f(n, size)`: calloc.
 #[uprobe]
 pub fn alloc_count_size(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    let size = product(arg(&ctx, c, 0), arg(&ctx, c, 1));
-    record(&ctx, c, Role::CountSize, size, Extra::default())
+    let call = Call::of(&ctx);
+    let size = product(call.arg(0), call.arg(1));
+    call.record(Role::CountSize, size, Extra::default())
 }
 
 /// `f(align, size)`: memalign, aligned_alloc.
 #[uprobe]
 pub fn alloc_align_size(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    record(&ctx, c, Role::AlignSize, arg(&ctx, c, 1), Extra::default())
+    let call = Call::of(&ctx);
+    call.record(Role::AlignSize, call.arg(1), Extra::default())
 }
 
 /// What a call that releases or resizes `ptr` passes on.
@@ -985,49 +1004,49 @@ fn of_block(ptr: u64) -> Extra {
 /// `f(ptr, size)`: realloc.
 #[uprobe]
 pub fn resize(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    record(&ctx, c, Role::Resize, arg(&ctx, c, 1), of_block(arg(&ctx, c, 0)))
+    let call = Call::of(&ctx);
+    call.record(Role::Resize, call.arg(1), of_block(call.arg(0)))
 }
 
 /// `f(ptr, n, size)`: reallocarray.
 #[uprobe]
 pub fn resize_array(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    let size = product(arg(&ctx, c, 1), arg(&ctx, c, 2));
-    record(&ctx, c, Role::ResizeArray, size, of_block(arg(&ctx, c, 0)))
+    let call = Call::of(&ctx);
+    let size = product(call.arg(1), call.arg(2));
+    call.record(Role::ResizeArray, size, of_block(call.arg(0)))
 }
 
 /// `f(&ptr, align, size)`: posix_memalign.
 #[uprobe]
 pub fn posix_memalign(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
+    let call = Call::of(&ctx);
     let extra = Extra {
         old_ptr: 0,
-        memptr: arg(&ctx, c, 0),
+        memptr: call.arg(0),
     };
-    record(&ctx, c, Role::PosixMemalign, arg(&ctx, c, 2), extra)
+    call.record(Role::PosixMemalign, call.arg(2), extra)
 }
 
 /// `f(ptr, size, ...)` resizing in place: jemalloc's xallocx (count and
 /// sampled modes only).
 #[uprobe]
 pub fn resize_in_place(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    record(&ctx, c, Role::ResizeInPlace, arg(&ctx, c, 1), Extra::default())
+    let call = Call::of(&ctx);
+    call.record(Role::ResizeInPlace, call.arg(1), Extra::default())
 }
 
 /// `f(ptr, old_size, align, new_size)`: Rust's __rust_realloc.
 #[uprobe]
 pub fn resize_rust(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    record(&ctx, c, Role::Resize, arg(&ctx, c, 3), of_block(arg(&ctx, c, 0)))
+    let call = Call::of(&ctx);
+    call.record(Role::Resize, call.arg(3), of_block(call.arg(0)))
 }
 
 /// `f(ptr)`: free.
 #[uprobe]
 pub fn release(ctx: ProbeContext) -> u32 {
-    let c = cookie(&ctx);
-    record(&ctx, c, Role::Free, 0, of_block(arg(&ctx, c, 0)))
+    let call = Call::of(&ctx);
+    call.record(Role::Free, 0, of_block(call.arg(0)))
 }
 
 /// The benchmark's floor: attached where the real probes go, does nothing.

@@ -18,16 +18,17 @@ use tokio::{io::unix::AsyncFd, signal::unix::SignalKind, sync::oneshot};
 use tracer_common::maps;
 
 use crate::{
+    allocators,
     collect::{
         self,
         live_tracker::{self, LiveTracker},
         raw::RawProfile,
     },
-    probes::{Probes, Sampling},
-    profile::{Meta, Profile, SamplingInfo},
+    probes::{self, MapSizes, Mode, Probes, Sampling},
+    profile::{merge, Meta, Profile, SamplingInfo},
     sinks::Sink,
     symbolize,
-    target::{self, AddressSpace},
+    target::{self, AddressSpace, Mapping},
     unwind::service::UnwindService,
     user_error,
 };
@@ -69,10 +70,37 @@ pub struct Session {
     pub started: Instant,
     /// Finishes the walks the BPF side hands over.
     pub unwind: UnwindService,
+    /// What the probes were attached with (again after an `exec`).
+    pub mode: Mode,
+    pub sizes: MapSizes,
+    /// The profiles of the programs the target ran before its last
+    /// `exec`, each symbolized with its own mappings.
+    pub before_exec: Vec<Profile>,
+}
+
+/// Launch mode: the target called `exec`; the launch thread holds it
+/// stopped where the new program's allocator is known and waits for the
+/// reply (whether it was probed).
+pub struct ExecRequest {
+    pub maps: Vec<Mapping>,
+    pub reply: std::sync::mpsc::Sender<Result<bool, String>>,
 }
 
 impl Session {
+    /// The whole trace: the programs before each `exec`, then the current
+    /// one.
     pub fn profile(&self) -> Result<Profile> {
+        let current = self.current_profile()?;
+        if self.before_exec.is_empty() {
+            return Ok(current);
+        }
+        let mut parts = self.before_exec.clone();
+        parts.push(current);
+        Ok(merge::merge(parts))
+    }
+
+    /// The program the target runs now (since its last `exec`).
+    fn current_profile(&self) -> Result<Profile> {
         let mut thread_names = BTreeMap::new();
         if self.per_thread {
             thread_names.extend(target::thread_names(self.pid));
@@ -151,6 +179,72 @@ impl Session {
         Ok(())
     }
 
+    /// The target exec'd a new program (launch mode): closes the books of
+    /// the old one (its profile, symbolized with its mappings, is kept),
+    /// then loads and attaches a new set of probes to the new program's
+    /// allocator, with fresh maps, unwind rules and address space. Returns
+    /// false when the new program has no allocator mapped yet.
+    fn on_exec(&mut self, maps: &[Mapping], events: &mut Vec<RingBuf<MapData>>) -> Result<bool> {
+        let pid = self.pid;
+        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+            return Ok(false);
+        };
+        self.unwind.walks().finish_all();
+        drain(events, &mut self.tracker, &self.unwind);
+        if let Some(t) = &mut self.tracker {
+            t.flush(None);
+            t.finish();
+        }
+        let old = self.current_profile()?;
+        self.before_exec.push(old);
+        {
+            let mut space = self.space.lock().unwrap();
+            *space = AddressSpace::new();
+            space.refresh(pid);
+        }
+        let space = self.space.clone();
+        let live = self.mode.live;
+        let (probes, unwind) = probes::attach(pid, &alloc, maps, self.mode, self.sizes, |ebpf| {
+            UnwindService::start(ebpf, pid, space, live)
+        })?;
+        let old = (
+            std::mem::replace(&mut self.probes, probes),
+            std::mem::replace(&mut self.unwind, unwind),
+        );
+        // Detaching takes the kernel about 0.1 s a probe: not while the
+        // target waits.
+        std::thread::spawn(move || drop(old));
+        if let Some(t) = &mut self.tracker {
+            *t = LiveTracker::new(t.temporary_ns, t.capacity());
+        }
+        *events = self.take_event_rings()?;
+        self.meta.executable = target::executable(pid);
+        self.meta.allocator_object = alloc.path.clone();
+        self.meta.allocator_family = alloc.family.to_string();
+        self.meta.probes = self.probes.attached.clone();
+        eprintln!(
+            "mtrace: pid {pid} exec'd {}: {} probes in {} ({})",
+            self.meta.executable,
+            self.probes.attached.len(),
+            alloc.path,
+            alloc.family
+        );
+        Ok(true)
+    }
+
+    /// Live mode: the event rings, one per CPU.
+    fn take_event_rings(&mut self) -> Result<Vec<RingBuf<MapData>>> {
+        let mut events = Vec::new();
+        if self.tracker.is_some() {
+            for name in maps::EVENTS {
+                if let Some(map) = self.probes.ebpf.take_map(name) {
+                    events.push(RingBuf::try_from(map)?);
+                }
+            }
+        }
+        Ok(events)
+    }
+
     /// Runs until the trace ends; returns why, and in launch mode the
     /// receiver of the command's exit code when it still runs. The target's
     /// end is learnt from `exit_rx` in launch mode, from `pidfd` (opened
@@ -161,6 +255,7 @@ impl Session {
         sinks: &mut [Box<dyn Sink>],
         exit_rx: Option<oneshot::Receiver<i32>>,
         pidfd: Option<OwnedFd>,
+        mut execs: Option<tokio::sync::mpsc::UnboundedReceiver<ExecRequest>>,
         signals: Signals,
     ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
         let pid = self.pid;
@@ -168,14 +263,12 @@ impl Session {
         // wake us per event; we drain them on a timer, often enough that
         // they cannot fill at any allocation rate a uprobe allows (about a
         // million events a second per CPU at most; 4 MiB hold some 70,000).
-        let mut events = Vec::new();
-        if self.tracker.is_some() {
-            for name in maps::EVENTS {
-                if let Some(map) = self.probes.ebpf.take_map(name) {
-                    events.push(RingBuf::try_from(map)?);
-                }
-            }
-        }
+        let mut events = self.take_event_rings()?;
+        let next_exec =
+            async |rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<ExecRequest>>| match rx {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            };
         let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
         drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let drain_due = async |events: &Vec<RingBuf<MapData>>, tick: &mut tokio::time::Interval| {
@@ -245,6 +338,14 @@ impl Session {
                     self.snapshot(sinks)?;
                 }
                 _ = refresh.tick() => { self.space.lock().unwrap().refresh(pid); }
+                req = next_exec(&mut execs) => match req {
+                    Some(req) => {
+                        let done = self.on_exec(&req.maps, &mut events);
+                        let _ = req.reply.send(done.map_err(|e| format!("{e:#}")));
+                    }
+                    // The launch thread is gone: no more execs.
+                    None => execs = None,
+                },
             }
         };
         drain(&mut events, &mut self.tracker, &self.unwind);

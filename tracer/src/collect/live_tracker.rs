@@ -436,6 +436,11 @@ mod tests {
         }
     }
 
+    /// Stacks 1 and 2's live bytes at the peak.
+    fn shares(t: &LiveTracker) -> [u64; 2] {
+        [1, 2].map(|k| t.key_stats(&key(k)).unwrap().live_bytes_at_peak)
+    }
+
     #[test]
     fn peak_shares_are_taken_when_the_heap_shrinks() {
         let mut t = LiveTracker::new(1_000_000, 100);
@@ -445,9 +450,7 @@ mod tests {
         t.on_free(&free(0x10, 3));
         t.on_alloc(&alloc(2, 0x30, 60, 4)); // live 110, below the peak
         t.finish();
-        assert_eq!(t.peak_bytes, 150);
-        assert_eq!(t.key_stats(&key(1)).unwrap().live_bytes_at_peak, 100);
-        assert_eq!(t.key_stats(&key(2)).unwrap().live_bytes_at_peak, 50);
+        assert_eq!((t.peak_bytes, shares(&t)), (150, [100, 50]));
         assert_eq!(t.key_stats(&key(2)).unwrap().max_live_bytes, 110);
     }
 
@@ -458,9 +461,7 @@ mod tests {
         t.on_free(&free(0x10, 2));
         t.on_alloc(&alloc(2, 0x10, 300, 3));
         t.finish();
-        assert_eq!(t.peak_bytes, 300);
-        assert_eq!(t.key_stats(&key(1)).unwrap().live_bytes_at_peak, 0);
-        assert_eq!(t.key_stats(&key(2)).unwrap().live_bytes_at_peak, 300);
+        assert_eq!((t.peak_bytes, shares(&t)), (300, [0, 300]));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::{
     collect::live_tracker::{self, LiveTracker},
     probes,
     profile::{Meta, Probe},
-    session::{self, End, Session, Signals},
+    session::{self, End, ExecRequest, Session, Signals},
     sinks::{Report, Sink, Snapshots},
     target::{self, launch, AddressSpace},
     unwind::service::UnwindService,
@@ -54,59 +54,82 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let attach_started = Instant::now();
     let (mode, sizes) = (config.mode, config.sizes);
 
+    let mut execs = None;
     // The executable is read while the target surely lives: a launched
     // command may be gone by the time tracing is under way.
-    let (pid, probes, unwind, (alloc_path, family, shadowed), executable, exit_rx) = match &config
-        .target
-    {
-        Target::Pid(pid) => {
-            let pid = *pid;
-            target::check_pid(pid)?;
-            let pidfd = session::pidfd_open(pid)?;
-            let maps = target::read_maps(pid)
-                .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
-            let alloc = allocators::require_in_process(pid, &maps)?;
-            space.lock().unwrap().refresh(pid);
-            let executable = target::executable(pid);
-            let (probes, unwind) = probes::attach(pid, &alloc, &maps, mode, sizes, |ebpf| {
-                UnwindService::start(ebpf, pid, space.clone(), mode.live)
-            })?;
-            (
-                pid,
-                probes,
-                unwind,
-                (alloc.path, alloc.family, alloc.shadowed),
-                executable,
-                Err(pidfd),
-            )
-        }
-        Target::Command(argv) => {
-            let shared = space.clone();
-            let launched = launch::launch(argv, space.clone(), move |pid, maps| {
-                let Some(alloc) = allocators::find_in_process(pid, maps)? else {
-                    return Ok(None);
-                };
-                let (probes, unwind) = probes::attach(pid, &alloc, maps, mode, sizes, |ebpf| {
-                    UnwindService::start(ebpf, pid, shared.clone(), mode.live)
+    let (pid, probes, unwind, (alloc_path, family, shadowed), executable, exit_rx) =
+        match &config.target {
+            Target::Pid(pid) => {
+                let pid = *pid;
+                target::check_pid(pid)?;
+                let pidfd = session::pidfd_open(pid)?;
+                let maps = target::read_maps(pid)
+                    .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
+                let alloc = allocators::require_in_process(pid, &maps)?;
+                space.lock().unwrap().refresh(pid);
+                let executable = target::executable(pid);
+                let (probes, unwind) = probes::attach(pid, &alloc, &maps, mode, sizes, |ebpf| {
+                    UnwindService::start(ebpf, pid, space.clone(), mode.live)
                 })?;
-                Ok(Some((
+                (
+                    pid,
                     probes,
                     unwind,
                     (alloc.path, alloc.family, alloc.shadowed),
-                    target::executable(pid),
-                )))
-            })?;
-            let (probes, unwind, path, executable) = launched.attached;
-            (
-                launched.pid,
-                probes,
-                unwind,
-                path,
-                executable,
-                Ok(launched.exit),
-            )
-        }
-    };
+                    executable,
+                    Err(pidfd),
+                )
+            }
+            Target::Command(argv) => {
+                let shared = space.clone();
+                // At each exec the launch thread asks the session to probe the
+                // new program, and holds it stopped until that is done.
+                let (exec_tx, rx) = tokio::sync::mpsc::unbounded_channel::<ExecRequest>();
+                execs = Some(rx);
+                let on_exec = move |_pid: u32, maps: &[target::Mapping]| -> Result<Option<()>> {
+                    let (reply, done) = std::sync::mpsc::channel();
+                    let maps = maps.to_vec();
+                    if exec_tx.send(ExecRequest { maps, reply }).is_err() {
+                        // The trace has ended.
+                        return Ok(Some(()));
+                    }
+                    match done.recv() {
+                        Ok(Ok(true)) | Err(_) => Ok(Some(())),
+                        Ok(Ok(false)) => Ok(None),
+                        Ok(Err(e)) => Err(anyhow::anyhow!(e)),
+                    }
+                };
+                let launched = launch::launch(
+                    argv,
+                    space.clone(),
+                    move |pid, maps| {
+                        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+                            return Ok(None);
+                        };
+                        let (probes, unwind) =
+                            probes::attach(pid, &alloc, maps, mode, sizes, |ebpf| {
+                                UnwindService::start(ebpf, pid, shared.clone(), mode.live)
+                            })?;
+                        Ok(Some((
+                            probes,
+                            unwind,
+                            (alloc.path, alloc.family, alloc.shadowed),
+                            target::executable(pid),
+                        )))
+                    },
+                    on_exec,
+                )?;
+                let (probes, unwind, path, executable) = launched.attached;
+                (
+                    launched.pid,
+                    probes,
+                    unwind,
+                    path,
+                    executable,
+                    Ok(launched.exit),
+                )
+            }
+        };
     log::debug!(
         "attached in {:.1} ms",
         attach_started.elapsed().as_secs_f64() * 1e3
@@ -164,6 +187,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         per_thread: mode.per_thread,
         started: Instant::now(),
         unwind,
+        mode,
+        sizes,
+        before_exec: Vec::new(),
     };
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
@@ -176,7 +202,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Err(fd) => (None, Some(fd)),
     };
     let (end, exit_rx) =
-        rt.block_on(session.run(&config.schedule, &mut sinks, exit_rx, pidfd, signals))?;
+        rt.block_on(session.run(&config.schedule, &mut sinks, exit_rx, pidfd, execs, signals))?;
 
     if stats_fd.is_some() {
         log_program_times(&session.probes.ebpf);

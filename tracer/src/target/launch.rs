@@ -8,9 +8,13 @@
 //! its link map then says which object calls to `malloc` bind to. We
 //! attach the probes there and let it go. (A static program, or one whose
 //! dynamic linker we do not know, is stepped from system call to system
-//! call until an object that defines `malloc` is mapped executable.) It stays traced only for
-//! `PTRACE_O_TRACEEXIT`: at its exit we snapshot its mappings once more so
-//! that libraries it loaded late can still be symbolized after it is gone.
+//! call until an object that defines `malloc` is mapped executable.)
+//!
+//! It stays traced for two events only: at each `exec`
+//! (`PTRACE_O_TRACEEXEC`) the new program is run to the same point and the
+//! session probes its allocator while it waits; at its exit
+//! (`PTRACE_O_TRACEEXIT`) we snapshot its mappings once more so that
+//! libraries it loaded late can still be symbolized after it is gone.
 //! Signals it receives are passed on unchanged. If mtrace dies, the kernel
 //! detaches it and it runs on.
 
@@ -35,6 +39,38 @@ use super::{
 /// How many system calls we follow, at most, waiting for the allocator to
 /// be mapped.
 const MAX_STARTUP_SYSCALLS: u32 = 20_000;
+
+/// The child exited (with this code to pass through) while we waited for
+/// its allocator.
+#[derive(Debug)]
+struct Exited(i32);
+
+impl std::fmt::Display for Exited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the command exited before its allocator was loaded")
+    }
+}
+
+impl std::error::Error for Exited {}
+
+/// The exit code a wait status passes through, if the child is gone.
+fn exit_code(status: i32) -> Option<i32> {
+    if libc::WIFEXITED(status) {
+        Some(libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        Some(128 + libc::WTERMSIG(status))
+    } else {
+        None
+    }
+}
+
+/// `Err(Exited)` when `status` says the child is gone.
+fn check_alive(status: i32) -> Result<()> {
+    match exit_code(status) {
+        Some(code) => Err(anyhow::Error::new(Exited(code))),
+        None => Ok(()),
+    }
+}
 
 pub struct Launched<T> {
     pub pid: u32,
@@ -83,14 +119,19 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf> {
 /// Starts `argv` stopped and steps it until `attach` (called with its pid
 /// and mappings each time the set of executable mappings changes) returns
 /// `Some`: the allocator is mapped and the probes are in. Then lets it run.
-pub fn launch<T, F>(
+/// Each time it calls `exec`, the new program is run in the same way to
+/// the point where its allocator is known, and `on_exec` is called there
+/// (it returns `Some` once it has probed the new program's allocator).
+pub fn launch<T, F, E>(
     argv: &[String],
     space: Arc<Mutex<AddressSpace>>,
     attach: F,
+    mut on_exec: E,
 ) -> Result<Launched<T>>
 where
     T: Send + 'static,
     F: FnMut(u32, &[Mapping]) -> Result<Option<T>> + Send + 'static,
+    E: FnMut(u32, &[Mapping]) -> Result<Option<()>> + Send + 'static,
 {
     let path = resolve_command(&argv[0])?;
     let c_path = CString::new(path.as_os_str().as_bytes())?;
@@ -119,8 +160,14 @@ where
                     let _ = ready_tx.send(Ok((pid, t)));
                 }
                 Err(e) => {
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                    let _ = wait_exit(pid, None);
+                    if e.downcast_ref::<Exited>().is_none() {
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        let _ = waitpid(pid);
+                    }
+                    let e = match e.downcast_ref::<Exited>() {
+                        Some(gone) => user_error!("{gone}"),
+                        None => e,
+                    };
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
@@ -128,7 +175,7 @@ where
             if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
                 log::warn!("resuming pid {pid}: {e}");
             }
-            let code = wait_exit(pid, Some(&space));
+            let code = wait_exit(pid, &space, &mut on_exec);
             let _ = exit_tx.send(code);
         })?;
 
@@ -222,7 +269,8 @@ fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
     ptrace(
         libc::PTRACE_SETOPTIONS,
         pid,
-        (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT) as usize,
+        (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC)
+            as usize,
     )?;
     Ok(pid)
 }
@@ -269,15 +317,12 @@ fn run_to_consistent<T>(
     if poke(pid, bp, armed).is_err() {
         return Ok(None);
     }
-    let gone = || user_error!("the command exited before its allocator was loaded");
     let mut inject = 0;
     loop {
         ptrace(libc::PTRACE_CONT, pid, inject)?;
         inject = 0;
         let status = waitpid(pid)?;
-        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-            return Err(gone());
-        }
+        check_alive(status)?;
         if !libc::WIFSTOPPED(status) {
             continue;
         }
@@ -306,10 +351,7 @@ fn run_to_consistent<T>(
         // Not yet (or a library loaded later may bring the allocator):
         // step over the instruction and arm the breakpoint again.
         ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
-        let status = waitpid(pid)?;
-        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-            return Err(gone());
-        }
+        check_alive(waitpid(pid)?)?;
         poke(pid, bp, armed)?;
     }
 }
@@ -408,22 +450,13 @@ fn step_syscalls<T>(
         }
         ptrace(libc::PTRACE_SYSCALL, pid, 0)?;
         let status = waitpid(pid)?;
-        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-            return Err(user_error!(
-                "the command exited before its allocator was loaded"
-            ));
-        }
+        check_alive(status)?;
         if libc::WIFSTOPPED(status) {
             let sig = libc::WSTOPSIG(status);
             if sig != (libc::SIGTRAP | 0x80) && sig != libc::SIGTRAP {
                 // A real signal: deliver it on the next step.
                 ptrace(libc::PTRACE_SYSCALL, pid, sig as usize)?;
-                let status = waitpid(pid)?;
-                if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                    return Err(user_error!(
-                        "the command exited before its allocator was loaded"
-                    ));
-                }
+                check_alive(waitpid(pid)?)?;
             }
         }
     }
@@ -433,25 +466,36 @@ fn step_syscalls<T>(
 }
 
 /// Follows the child to its end, passing its signals on, and returns the
-/// exit code to pass through.
-fn wait_exit(pid: u32, space: Option<&Arc<Mutex<AddressSpace>>>) -> i32 {
+/// exit code to pass through. At each `exec`, runs the new program to the
+/// point where its allocator is known and calls `on_exec` there.
+fn wait_exit(
+    pid: u32,
+    space: &Arc<Mutex<AddressSpace>>,
+    on_exec: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<()>>,
+) -> i32 {
     loop {
         let Ok(status) = waitpid(pid) else {
             return 1;
         };
-        if libc::WIFEXITED(status) {
-            return libc::WEXITSTATUS(status);
-        }
-        if libc::WIFSIGNALED(status) {
-            return 128 + libc::WTERMSIG(status);
+        if let Some(code) = exit_code(status) {
+            return code;
         }
         if libc::WIFSTOPPED(status) {
             let sig = libc::WSTOPSIG(status);
             let event = status >> 16;
             let inject = if event == libc::PTRACE_EVENT_EXIT {
                 // Its memory is still there: last look at its mappings.
-                if let Some(space) = space {
-                    space.lock().unwrap().refresh(pid);
+                space.lock().unwrap().refresh(pid);
+                0
+            } else if event == libc::PTRACE_EVENT_EXEC {
+                // A new program: the old one's probes and mappings mean
+                // nothing in it.
+                match wait_for_allocator(pid, space, &mut *on_exec) {
+                    Ok(()) => {}
+                    Err(e) => match e.downcast_ref::<Exited>() {
+                        Some(Exited(code)) => return *code,
+                        None => log::warn!("pid {pid} after exec: {e:#}"),
+                    },
                 }
                 0
             } else if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod file;
+pub mod merge;
 pub mod snapshot;
 
 /// One source-level frame. An inlined function gets a frame of its own with

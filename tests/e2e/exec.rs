@@ -1,0 +1,82 @@
+//! Launch mode across `exec`: each program the command becomes is probed
+//! in its own allocator, found anew in its own link map, and symbolized
+//! with its own mappings; the profile joins them.
+
+use crate::{
+    counts::COUNTS_SITES,
+    live::check_live_fixture,
+    support::{run_profiled, Finished, Fixture, Profile},
+};
+
+/// Debian's libjemalloc2 (installed by `cargo xtask setup`).
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+/// `mtrace ARGS -- env [ASSIGNMENTS] FIXTURE`.
+fn trace_through_env(args: &[&str], assignments: &[&str], fixture: Fixture) -> (Finished, Profile) {
+    let mut all = args.to_vec();
+    all.extend(["--top", "0", "--", "env"]);
+    all.extend(assignments);
+    all.push(fixture.path_str());
+    let (out, p) = run_profiled(&all);
+    out.assert_exit(0);
+    let exec_line = format!("exec'd {}:", fixture.path_str());
+    assert!(
+        out.stderr.iter().any(|l| l.contains(&exec_line)),
+        "no `{exec_line}` line\n{}",
+        out.describe()
+    );
+    (out, p)
+}
+
+/// The case of issue 11: `env` runs on glibc, the program it execs on a
+/// preloaded jemalloc. Every call of the program is counted, under its
+/// own stacks, and the profile names jemalloc.
+#[test]
+fn exec_into_a_preloaded_allocator_probes_the_new_program() {
+    need_bpf!();
+    let preload = format!("LD_PRELOAD={JEMALLOC}");
+    let (out, p) = trace_through_env(&[], &[&preload], Fixture::Counts);
+    let d = out.describe();
+    for &(func, caller, calls, bytes) in COUNTS_SITES {
+        // glibc's `aligned_alloc/memalign` are two functions in jemalloc.
+        let (mut got_calls, mut got_bytes) = (0, 0);
+        for name in func.split('/') {
+            let (c, b) = p.site(name, caller);
+            (got_calls, got_bytes) = (got_calls + c, got_bytes + b);
+        }
+        assert_eq!(
+            (got_calls, got_bytes),
+            (calls, bytes),
+            "{func} from {caller}\n{d}"
+        );
+    }
+    assert_eq!(p.doc["meta"]["allocator_family"], "jemalloc", "{d}");
+    assert_eq!(p.doc["meta"]["allocator_object"], JEMALLOC, "{d}");
+    assert_eq!(
+        p.doc["meta"]["executable"],
+        Fixture::Counts.path_str(),
+        "{d}"
+    );
+    // env's own calls (glibc, before the exec) are in the profile too.
+    assert!(
+        p.allocs().any(|s| s
+            .frames
+            .iter()
+            .any(|f| f.module.as_deref().is_some_and(|m| m.ends_with("/env")))),
+        "no stack of env\n{}",
+        p.dump()
+    );
+}
+
+/// Live mode across an exec: the program's blocks are followed exactly,
+/// and the peak is the program's (env's heap went with its image).
+#[test]
+fn live_mode_follows_the_exec() {
+    need_bpf!();
+    let (out, p) = trace_through_env(
+        &["--live", "--temporary-under", "100ms"],
+        &["MTRACE_TEST=1"],
+        Fixture::Live,
+    );
+    check_live_fixture(&p, &out);
+}

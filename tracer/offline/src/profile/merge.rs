@@ -1,0 +1,240 @@
+//! Profiles of one trace joined into one: the images of a process that
+//! called `exec` (each symbolized with its own mappings, since the same
+//! addresses mean other code after an exec). Stacks are matched by what
+//! they say (function, file, line, object, inlined), never by address.
+
+use std::collections::HashMap;
+
+use super::{LiveStats, LiveTotals, Profile, StackEntry, StackQuality};
+
+/// What makes two stacks the same row: the allocator function, the thread
+/// and every frame as symbolized.
+/// `a.f += b.f` for each field named.
+macro_rules! add_fields {
+    ($a:expr, $b:expr; $($f:ident),* $(,)?) => {
+        $( $a.$f += $b.$f; )*
+    };
+}
+
+type StackKey = (
+    String,
+    Option<u32>,
+    Vec<(String, Option<String>, Option<u32>, Option<String>, bool)>,
+);
+
+fn key(e: &StackEntry) -> StackKey {
+    (
+        e.func.clone(),
+        e.thread.as_ref().map(|t| t.tid),
+        e.frames
+            .iter()
+            .map(|f| {
+                (
+                    f.function.clone(),
+                    f.file.clone(),
+                    f.line,
+                    f.module.clone(),
+                    f.inlined,
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Joins `parts` (oldest first) into one profile. The metadata is the
+/// last part's (its duration runs from the start of the trace), with the
+/// probes of every part; counts, losses and stack quality are summed;
+/// stacks that read the same are one row.
+pub fn merge(mut parts: Vec<Profile>) -> Profile {
+    // An exec frees the whole heap: the trace's peak is the highest of the
+    // parts', and each stack's share of it is its share in that part.
+    let peak_part = parts
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, p)| (p.live.as_ref().map_or(0, |l| l.peak_bytes), usize::MAX - i))
+        .map(|(i, _)| i);
+    for (i, part) in parts.iter_mut().enumerate() {
+        if Some(i) != peak_part {
+            for live in part.stacks.iter_mut().filter_map(|e| e.live.as_mut()) {
+                live.live_bytes_at_peak = 0;
+            }
+        }
+    }
+    let mut parts = parts.into_iter();
+    let Some(mut out) = parts.next() else {
+        return Profile::default();
+    };
+    let mut index: HashMap<StackKey, usize> = out
+        .stacks
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (key(e), i))
+        .collect();
+    for part in parts {
+        for probe in &part.meta.probes {
+            if !out.meta.probes.contains(probe) {
+                out.meta.probes.push(probe.clone());
+            }
+        }
+        out.meta = super::Meta {
+            probes: std::mem::take(&mut out.meta.probes),
+            ..part.meta
+        };
+        for entry in part.stacks {
+            let k = key(&entry);
+            match index.get(&k) {
+                Some(&i) => {
+                    let row = &mut out.stacks[i];
+                    row.counts.add(entry.counts);
+                    row.truncated |= entry.truncated;
+                    row.live = add_live(row.live.take(), entry.live);
+                    // The newest addresses.
+                    row.frames = entry.frames;
+                }
+                None => {
+                    index.insert(k, out.stacks.len());
+                    out.stacks.push(entry);
+                }
+            }
+        }
+        for (func, counts) in part.totals.per_func {
+            out.totals.per_func.entry(func).or_default().add(counts);
+        }
+        out.totals.allocs.add(part.totals.allocs);
+        out.totals.frees += part.totals.frees;
+        out.totals.frees_counted &= part.totals.frees_counted;
+        out.totals.nested += part.totals.nested;
+        add_fields!(out.losses, part.losses; map_full, stack_walk_failed, stack_collisions,
+            stack_map_full, caller_unreadable, thread_names_full);
+        out.stack_quality = match (out.stack_quality.take(), part.stack_quality) {
+            (Some(a), Some(b)) => Some(add_quality(a, b)),
+            (a, b) => a.or(b),
+        };
+        out.live = match (out.live.take(), part.live) {
+            (Some(a), Some(b)) => Some(add_live_totals(a, b)),
+            (a, b) => a.or(b),
+        };
+        out.snapshot = part.snapshot;
+    }
+    out
+}
+
+fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
+    add_fields!(a, b; calls, whole, finished_by_tracer);
+    for (cause, n) in b.truncated {
+        *a.truncated.entry(cause).or_default() += n;
+    }
+    a
+}
+
+/// One stack's blocks over two images: sums, and the larger of the
+/// maxima. The size and lifetime percentiles cannot be combined from
+/// percentiles: those of the part with more allocations stand.
+fn add_live(a: Option<LiveStats>, b: Option<LiveStats>) -> Option<LiveStats> {
+    let (mut a, b) = match (a, b) {
+        (Some(a), Some(b)) => (a, b),
+        (a, b) => return a.or(b),
+    };
+    if b.allocations > a.allocations {
+        a.size = b.size;
+        a.lifetime_ns = b.lifetime_ns;
+    }
+    // live_bytes_at_peak: at most one of them is not zero (see `merge`).
+    add_fields!(a, b; allocations, allocated_bytes, frees, outstanding, outstanding_bytes,
+        old_outstanding, old_outstanding_bytes, live_bytes_at_peak, temporaries);
+    a.oldest_age_secs = a.oldest_age_secs.max(b.oldest_age_secs);
+    a.max_live_bytes = a.max_live_bytes.max(b.max_live_bytes);
+    Some(a)
+}
+
+/// The heap over two images: an exec frees the whole heap, so the peak is
+/// the higher of the two peaks.
+fn add_live_totals(mut a: LiveTotals, b: LiveTotals) -> LiveTotals {
+    if b.peak_bytes > a.peak_bytes {
+        a.peak_bytes = b.peak_bytes;
+        a.peak_secs = b.peak_secs;
+    }
+    add_fields!(a, b; outstanding, outstanding_bytes, old_outstanding, old_outstanding_bytes,
+        tracked_allocations, temporaries, failed, untracked, frees_unknown, events_lost, stale,
+        pending_full);
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Counts, Frame, Probe};
+
+    fn entry(func: &str, frames: &[(&str, u64)], calls: u64) -> StackEntry {
+        StackEntry {
+            func: func.into(),
+            frames: frames
+                .iter()
+                .map(|(f, addr)| Frame {
+                    function: f.to_string(),
+                    addr: *addr,
+                    ..Frame::default()
+                })
+                .collect(),
+            counts: Counts {
+                calls,
+                bytes: calls * 10,
+            },
+            ..StackEntry::default()
+        }
+    }
+
+    fn part(stacks: Vec<StackEntry>, probe: &str, object: &str) -> Profile {
+        let mut p = Profile {
+            stacks,
+            ..Profile::default()
+        };
+        for s in &p.stacks {
+            p.totals.allocs.add(s.counts);
+            p.totals
+                .per_func
+                .entry(s.func.clone())
+                .or_default()
+                .add(s.counts);
+        }
+        p.meta.allocator_object = object.into();
+        p.meta.probes = vec![Probe {
+            function: probe.into(),
+            ..Probe::default()
+        }];
+        p
+    }
+
+    /// `env` (libc) then the program it runs (jemalloc): the same stack
+    /// at other addresses is one row, the rest stay apart, totals add up,
+    /// the metadata is the program's with both images' probes.
+    #[test]
+    fn images_of_one_process_join_by_symbolized_stacks() {
+        let env = part(
+            vec![
+                entry("malloc", &[("setlocale", 0x1000), ("main", 0x2000)], 3),
+                entry("malloc", &[("xstrdup", 0x1100), ("main", 0x2000)], 1),
+            ],
+            "malloc",
+            "libc.so.6",
+        );
+        let prog = part(
+            vec![
+                entry("malloc", &[("setlocale", 0x7000), ("main", 0x8000)], 5),
+                entry("calloc", &[("work", 0x7100)], 2),
+            ],
+            "calloc",
+            "libjemalloc.so.2",
+        );
+        let m = merge(vec![env, prog]);
+        assert_eq!(m.stacks.len(), 3);
+        assert_eq!(m.stacks[0].counts.calls, 8);
+        assert_eq!(m.stacks[0].frames[0].addr, 0x7000);
+        assert_eq!(m.totals.allocs.calls, 11);
+        assert_eq!(m.totals.per_func["malloc"].calls, 9);
+        assert_eq!(m.meta.allocator_object, "libjemalloc.so.2");
+        let probes: Vec<&str> = m.meta.probes.iter().map(|p| p.function.as_str()).collect();
+        assert_eq!(probes, ["malloc", "calloc"]);
+        assert_eq!(merge(vec![]), Profile::default());
+    }
+}
