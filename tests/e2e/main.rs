@@ -38,3 +38,4 @@ mod sampling;
 mod support;
 mod table;
 mod threads;
+mod unwind;

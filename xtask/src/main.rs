@@ -61,9 +61,11 @@ enum Task {
 }
 
 /// The BPF toolchain, then what the tests use to check pprof output
-/// independently (protoc and the official profile.proto), then the
-/// allocator the benchmark also runs under.
-const APT_PACKAGES: [&str; 7] = [
+/// independently (protoc and the official profile.proto), the allocator
+/// the benchmark and the exec tests also run under, and the oracle of the
+/// stack tests (gdb, with libc's debug info) and the C++ compiler of their
+/// fixtures.
+const APT_PACKAGES: [&str; 10] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -71,6 +73,9 @@ const APT_PACKAGES: [&str; 7] = [
     "protobuf-compiler",
     "golang-github-google-pprof-dev",
     "libjemalloc2",
+    "gdb",
+    "libc6-dbg",
+    "g++",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

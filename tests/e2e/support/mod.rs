@@ -10,6 +10,7 @@
 //!   (tests/e2e/table.rs).
 
 pub mod fixtures;
+pub mod gdb;
 pub mod mtrace;
 pub mod process;
 pub mod profile;

@@ -55,6 +55,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let (mode, sizes) = (config.mode, config.sizes);
 
     let mut execs = None;
+    // By pid: the target is held at its exit for a last look at its
+    // mappings (launch mode's ptrace does the same).
+    let mut exit_hold = None;
     // The executable is read while the target surely lives: a launched
     // command may be gone by the time tracing is under way.
     let (pid, probes, unwind, (alloc_path, family, shadowed), executable, exit_rx) =
@@ -63,6 +66,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 let pid = *pid;
                 target::check_pid(pid)?;
                 let pidfd = session::pidfd_open(pid)?;
+                exit_hold = Some(target::ExitHold::start(pid, space.clone()));
                 let maps = target::read_maps(pid)
                     .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
                 let alloc = allocators::require_in_process(pid, &maps)?;
@@ -249,6 +253,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             }
         );
     }
+    drop(exit_hold);
     // Report first: detaching takes the kernel about 0.1 s per probe (an
     // RCU grace period each), and the counts are already read.
     let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));

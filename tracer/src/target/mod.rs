@@ -3,10 +3,12 @@
 //! symbolization needs after it is gone ([`AddressSpace`]).
 
 mod address_space;
+mod exit_hold;
 pub mod launch;
 mod linkmap;
 pub mod proc;
 
 pub use address_space::AddressSpace;
+pub use exit_hold::ExitHold;
 pub use linkmap::{is_dynamic_linker, DynamicLinker, RT_CONSISTENT};
 pub use proc::*;

@@ -1,0 +1,280 @@
+//! Whole stacks without frame pointers (tests/fixtures/unwind/, built
+//! `-O2 -fomit-frame-pointer` like Debian's libraries): every stack mtrace
+//! reports is, frame for frame, what gdb's backtrace shows at a breakpoint
+//! on the allocator (support/gdb.rs), with the same number of calls; and
+//! the stack-quality line counts what stops short on purpose.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{Mutex, OnceLock},
+};
+
+use crate::support::{
+    fixtures::fixtures_dir,
+    gdb::{stacks_in_profile, stacks_under_gdb, Stacks},
+    run_profiled, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
+};
+
+/// A fixture program of tests/fixtures/unwind, by name, built in a
+/// directory of its own (so that it finds its libraries next to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Program(&'static str);
+
+const CHAINS: Program = Program("chains");
+const CXX: Program = Program("cxx");
+const RUST: Program = Program("rust");
+const NO_CFI: Program = Program("nocfi");
+const MIXED: Program = Program("mixed");
+const DLOPEN: Program = Program("dlopen");
+
+const NO_FP: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
+
+impl Program {
+    fn name(self) -> &'static str {
+        self.0
+    }
+
+    /// Each step: the tool and its arguments (sources relative to
+    /// tests/fixtures/unwind, outputs to the build directory).
+    fn steps(self) -> Vec<Vec<&'static str>> {
+        let cc = |extra: &[&'static str]| {
+            let mut v = vec!["cc"];
+            v.extend(NO_FP);
+            v.extend(extra);
+            v
+        };
+        match self {
+            CHAINS => vec![cc(&["-pthread", "-o", "chains", "chains.c"])],
+            CXX => vec![[&["c++"], NO_FP, &["-o", "cxx", "cxx.cpp"]].concat()],
+            RUST => vec![vec![
+                "rustc",
+                "-C",
+                "opt-level=2",
+                "-C",
+                "force-frame-pointers=no",
+                "-g",
+                "-o",
+                "rust",
+                "rust.rs",
+            ]],
+            NO_CFI => vec![cc(&["-o", "nocfi", "nocfi.c", "nocfi_part.S"])],
+            MIXED => vec![
+                vec![
+                    "cc",
+                    "-O2",
+                    "-fno-omit-frame-pointer",
+                    "-g",
+                    "-shared",
+                    "-fPIC",
+                    "-DFP",
+                    "-o",
+                    "libmixed_fp.so",
+                    "mixed_lib.c",
+                ],
+                cc(&["-shared", "-fPIC", "-o", "libmixed_nofp.so", "mixed_lib.c"]),
+                cc(&[
+                    "-o",
+                    "mixed",
+                    "mixed.c",
+                    "-L@",
+                    "-lmixed_fp",
+                    "-lmixed_nofp",
+                    "-Wl,-rpath,$ORIGIN",
+                ]),
+            ],
+            DLOPEN => vec![
+                cc(&["-shared", "-fPIC", "-o", "plugin.so", "plugin.c"]),
+                cc(&["-o", "dlopen", "dlopen.c", "-ldl"]),
+            ],
+            other => panic!("no fixture {other:?}"),
+        }
+    }
+
+    /// The built program, and its libraries; built once per test run.
+    fn objects(self) -> Vec<PathBuf> {
+        static BUILT: OnceLock<Mutex<HashMap<Program, PathBuf>>> = OnceLock::new();
+        let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+        let dir = built.entry(self).or_insert_with(|| build(self)).clone();
+        let mut objects = vec![dir.join(self.name())];
+        for lib in ["libmixed_fp.so", "libmixed_nofp.so", "plugin.so"] {
+            if dir.join(lib).exists() {
+                objects.push(dir.join(lib));
+            }
+        }
+        objects
+    }
+}
+
+fn build(program: Program) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("e2e-unwind")
+        .join(program.name());
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixtures_dir().join("unwind");
+    for step in program.steps() {
+        let mut cmd = Command::new(step[0]);
+        for arg in &step[1..] {
+            if arg.ends_with(".c")
+                || arg.ends_with(".cpp")
+                || arg.ends_with(".S")
+                || arg.ends_with(".rs")
+            {
+                cmd.arg(src.join(arg));
+            } else if let Some(rest) = arg.strip_prefix("-L@") {
+                cmd.arg(format!("-L{}{rest}", dir.display()));
+            } else {
+                cmd.arg(arg);
+            }
+        }
+        let out = cmd
+            .current_dir(&dir)
+            .output()
+            .expect("running the compiler");
+        assert!(
+            out.status.success(),
+            "{step:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    dir
+}
+
+fn paths(objects: &[PathBuf]) -> Vec<&Path> {
+    objects.iter().map(PathBuf::as_path).collect()
+}
+
+/// Every stack of `p` against gdb's, calls included; all of them whole.
+fn assert_like_gdb(
+    p: &Profile,
+    gdb: &Stacks,
+    objects: &[PathBuf],
+    keep: impl Fn(&[String]) -> bool,
+) {
+    let own = paths(objects);
+    let pick = |s: &Stacks| -> Stacks {
+        s.iter()
+            .filter(|((_, frames), _)| keep(frames))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    };
+    let ours = pick(&stacks_in_profile(p, &own));
+    let theirs = pick(gdb);
+    assert!(!theirs.is_empty(), "no stack to compare");
+    if ours != theirs {
+        let show = |s: &Stacks| {
+            s.iter()
+                .map(|((f, frames), n)| format!("  {n:>4} {f} <- {}", frames.join(" <- ")))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        panic!(
+            "mtrace's stacks differ from gdb's\n--- mtrace ---\n{}\n--- gdb ---\n{}\n{}",
+            show(&ours),
+            show(&theirs),
+            p.dump()
+        );
+    }
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q["whole"], q["calls"], "stack quality: {q}");
+}
+
+/// Launch mode with `args`, every stack against gdb's.
+fn check_launch(program: Program, args: &[&str]) {
+    let objects = program.objects();
+    let gdb = stacks_under_gdb(&paths(&objects), &[], "");
+    let mut all = args.to_vec();
+    all.extend(["--top", "0", "--", objects[0].to_str().unwrap()]);
+    let (out, p) = run_profiled(&all);
+    out.assert_exit(0);
+    assert_like_gdb(&p, &gdb, &objects, |_| true);
+}
+
+#[test]
+fn c_chains_recursion_libc_and_threads_count_mode() {
+    need_bpf!();
+    check_launch(CHAINS, &[]);
+}
+
+#[test]
+fn c_chains_live_mode() {
+    need_bpf!();
+    check_launch(CHAINS, &["--live"]);
+}
+
+#[test]
+fn c_chains_sampled_mode_every_call() {
+    need_bpf!();
+    check_launch(CHAINS, &["--sample-every", "1"]);
+}
+
+#[test]
+fn cxx_new_map_and_vector() {
+    need_bpf!();
+    check_launch(CXX, &[]);
+}
+
+#[test]
+fn rust_release_build() {
+    need_bpf!();
+    check_launch(RUST, &[]);
+}
+
+#[test]
+fn mixed_frame_pointer_and_no_frame_pointer_libraries() {
+    need_bpf!();
+    check_launch(MIXED, &[]);
+}
+
+/// By pid, a library the target loads after mtrace attached: its frames
+/// are unwound as well (the stacks through plugin_work; what the program
+/// allocated before mtrace attached is not compared).
+#[test]
+fn library_dlopened_after_attach_by_pid() {
+    need_bpf!();
+    let objects = DLOPEN.objects();
+    let plugin = objects[1].to_str().unwrap();
+    let gdb = stacks_under_gdb(&paths(&objects), &[plugin], "go\n");
+    let mut target = FixtureProc::start(&objects[0], &[plugin]);
+    target.wait_ready();
+    let pid = target.pid().to_string();
+    let mut m = Mtrace::start_profiled(&["--pid", &pid, "--top", "0"]);
+    m.wait_tracing();
+    target.release();
+    let status = target.proc.wait_timeout(EXIT_TIMEOUT);
+    assert!(status.success(), "the dlopen fixture failed: {status}");
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    assert_like_gdb(&p, &gdb, &objects, |frames| {
+        frames.iter().any(|f| f == "plugin_work")
+    });
+}
+
+/// A function with no CFI (assembly) stops the walk: exactly its 9 calls
+/// are cut short, counted as `no_cfi`, and shown on the stacks line; the
+/// 4 others are whole.
+#[test]
+fn code_without_cfi_is_counted_as_cut_short() {
+    need_bpf!();
+    let objects = NO_CFI.objects();
+    let (out, p) = run_profiled(&["--top", "0", "--", objects[0].to_str().unwrap()]);
+    out.assert_exit(0);
+    let d = p.dump();
+    assert_eq!(p.site("malloc", "through_nocfi_leaf"), (9, 360), "{d}");
+    assert_eq!(p.site("malloc", "direct_leaf"), (4, 320), "{d}");
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q["truncated"]["no_cfi"], 9, "{q}");
+    assert_eq!(
+        q["calls"].as_u64().unwrap() - q["whole"].as_u64().unwrap(),
+        9,
+        "{q}"
+    );
+    let r = out.report();
+    assert!(
+        r.cut_short.contains(&("no_cfi".to_string(), 9)),
+        "{:?}\n{}",
+        r.cut_short,
+        out.describe()
+    );
+}
