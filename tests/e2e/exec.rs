@@ -3,16 +3,19 @@
 //! with its own mappings; the profile joins them.
 
 use crate::{
-    counts::COUNTS_SITES,
+    counts::assert_counts_sites,
     live::check_live_fixture,
     support::{run_profiled, Finished, Fixture, Profile},
 };
 
-/// Debian's libjemalloc2 (installed by `cargo xtask setup`).
-const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+use crate::families::JEMALLOC;
 
 /// `mtrace ARGS -- env [ASSIGNMENTS] FIXTURE`.
-fn trace_through_env(args: &[&str], assignments: &[&str], fixture: Fixture) -> (Finished, Profile) {
+pub fn trace_through_env(
+    args: &[&str],
+    assignments: &[&str],
+    fixture: Fixture,
+) -> (Finished, Profile) {
     let mut all = args.to_vec();
     all.extend(["--top", "0", "--", "env"]);
     all.extend(assignments);
@@ -37,19 +40,7 @@ fn exec_into_a_preloaded_allocator_probes_the_new_program() {
     let preload = format!("LD_PRELOAD={JEMALLOC}");
     let (out, p) = trace_through_env(&[], &[&preload], Fixture::Counts);
     let d = out.describe();
-    for &(func, caller, calls, bytes) in COUNTS_SITES {
-        // glibc's `aligned_alloc/memalign` are two functions in jemalloc.
-        let (mut got_calls, mut got_bytes) = (0, 0);
-        for name in func.split('/') {
-            let (c, b) = p.site(name, caller);
-            (got_calls, got_bytes) = (got_calls + c, got_bytes + b);
-        }
-        assert_eq!(
-            (got_calls, got_bytes),
-            (calls, bytes),
-            "{func} from {caller}\n{d}"
-        );
-    }
+    assert_counts_sites(&p, &d);
     assert_eq!(p.doc["meta"]["allocator_family"], "jemalloc", "{d}");
     assert_eq!(p.doc["meta"]["allocator_object"], JEMALLOC, "{d}");
     assert_eq!(

@@ -31,6 +31,7 @@ mod artifacts;
 mod counts;
 mod errors;
 mod exec;
+mod families;
 mod lifecycle;
 mod live;
 mod losses;

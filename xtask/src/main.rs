@@ -61,11 +61,11 @@ enum Task {
 }
 
 /// The BPF toolchain, then what the tests use to check pprof output
-/// independently (protoc and the official profile.proto), the allocator
-/// the benchmark and the exec tests also run under, and the oracle of the
+/// independently (protoc and the official profile.proto), the allocators
+/// the benchmark and the family tests also run under, and the oracle of the
 /// stack tests (gdb, with libc's debug info) and the C++ compiler of their
 /// fixtures.
-const APT_PACKAGES: [&str; 10] = [
+const APT_PACKAGES: [&str; 12] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -73,6 +73,8 @@ const APT_PACKAGES: [&str; 10] = [
     "protobuf-compiler",
     "golang-github-google-pprof-dev",
     "libjemalloc2",
+    "libtcmalloc-minimal4",
+    "libmimalloc2.0",
     "gdb",
     "libc6-dbg",
     "g++",

@@ -27,15 +27,57 @@ const NAMES: [(&str, &str); 4] = [
 ];
 
 /// Frames whose name says the allocator called itself (operator new ->
-/// malloc): mtrace counts such a call once, under the outer function.
-const ALLOCATORS: [&str; 6] = [
-    "operator new",
-    "malloc",
-    "__libc_malloc",
-    "__GI___libc_malloc",
-    "calloc",
-    "realloc",
-];
+/// malloc, Rust's __rust_alloc -> __rdl_alloc -> malloc): mtrace counts
+/// such a call once, under the outer function.
+fn is_allocator(name: &str) -> bool {
+    [
+        "operator new",
+        "malloc",
+        "__libc_malloc",
+        "__GI___libc_malloc",
+        "calloc",
+        "realloc",
+    ]
+    .iter()
+    .any(|a| name.starts_with(a))
+        || ["__rust_alloc", "__rust_realloc", "__rdl_", "__rg_"]
+            .iter()
+            .any(|a| name.contains(a))
+}
+
+/// Rust's allocator shims `__rust_alloc`, `__rust_alloc_zeroed` and
+/// `__rust_realloc` in `program`, by their (v0-mangled) symbol names.
+fn rust_shims(program: &Path) -> Vec<String> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(program).unwrap();
+    let Ok(file) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    file.symbols()
+        .filter_map(|s| s.name().ok())
+        .filter(|n| {
+            ["___rust_alloc", "___rust_alloc_zeroed", "___rust_realloc"]
+                .iter()
+                .any(|shim| n.ends_with(shim))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// mtrace's name of the function gdb stopped in.
+fn mtrace_name(location: &str) -> String {
+    if let Some((_, m)) = NAMES.iter().find(|(g, _)| *g == location) {
+        return m.to_string();
+    }
+    // `_RNv..._7___rustc12___rust_alloc`: `__rust_alloc`.
+    match location.split_once("___rustc") {
+        Some((_, rest)) => {
+            let ident = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+            ident.strip_prefix('_').unwrap_or(ident).to_string()
+        }
+        None => location.to_string(),
+    }
+}
 
 /// A function's name as both sides can agree on it: no return type, no
 /// parameter list, no generic arguments, no spaces (gdb writes `> >`,
@@ -109,6 +151,7 @@ pub fn stacks_under_gdb(own: &[&Path], args: &[&str], stdin: &str) -> Stacks {
     let mut child = Command::new("gdb")
         .args(["-batch", "-nx", "-x"])
         .arg(&script)
+        .env("MTRACE_GDB_FUNCTIONS", rust_shims(program).join(","))
         .arg("--args")
         .arg(program)
         .args(args)
@@ -139,15 +182,16 @@ pub fn stacks_under_gdb(own: &[&Path], args: &[&str], stdin: &str) -> Stacks {
         };
         // A tail call from one allocating function to another (libstdc++'s
         // operator new[] jumps to operator new) reaches the second with
-        // the first's stack pointer and return address: one call.
+        // the stack pointer and return address of the call counted last:
+        // one call.
         let here = (function.to_string(), place.to_string());
-        let tail_call = previous
+        if previous
             .as_ref()
-            .is_some_and(|(f, p)| *p == here.1 && *f != here.0);
-        previous = Some(here);
-        if tail_call {
+            .is_some_and(|(f, p)| *p == here.1 && *f != here.0)
+        {
             continue;
         }
+        previous = Some(here);
         let real: Vec<(&str, &str)> = frames
             .split(';')
             .filter_map(|f| {
@@ -164,16 +208,10 @@ pub fn stacks_under_gdb(own: &[&Path], args: &[&str], stdin: &str) -> Stacks {
         if own_object.contains("ld-linux") {
             continue;
         }
-        if callers
-            .iter()
-            .any(|(_, n)| ALLOCATORS.iter().any(|a| n.starts_with(a)))
-        {
+        if callers.iter().any(|(_, n)| is_allocator(n)) {
             continue;
         }
-        let function = NAMES
-            .iter()
-            .find(|(g, _)| *g == function)
-            .map_or(function, |(_, m)| m);
+        let function = mtrace_name(function);
         let mut key: Vec<String> = callers
             .iter()
             .map(|(o, n)| frame_key(n, Some(o), own))
@@ -183,7 +221,7 @@ pub fn stacks_under_gdb(own: &[&Path], args: &[&str], stdin: &str) -> Stacks {
         while key.last().is_some_and(|f| f == "??") {
             key.pop();
         }
-        *stacks.entry((function.to_string(), key)).or_default() += 1;
+        *stacks.entry((function, key)).or_default() += 1;
     }
     assert!(
         !stacks.is_empty(),

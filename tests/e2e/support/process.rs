@@ -192,10 +192,16 @@ pub struct FixtureProc {
 impl FixtureProc {
     /// Starts `path args` with stdin and stdout piped (stderr inherited).
     pub fn start(path: &Path, args: &[&str]) -> FixtureProc {
+        FixtureProc::start_env(path, args, &[])
+    }
+
+    /// [`FixtureProc::start`] with `env` added to its environment.
+    pub fn start_env(path: &Path, args: &[&str], env: &[(&str, &str)]) -> FixtureProc {
         let what = format!("fixture {}", path.display());
         let mut proc = Proc::spawn(
             Command::new(path)
                 .args(args)
+                .envs(env.iter().copied())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped()),
             &what,

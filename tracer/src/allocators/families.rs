@@ -127,6 +127,14 @@ pub const ENTRIES: &[Entry] = &[
     e("mi_calloc", Role::CountSize),
     e("mi_realloc", Role::Resize),
     e("mi_malloc_aligned", Role::Size),
+    // What mimalloc's own posix_memalign, aligned_alloc, ... jump to: as
+    // entry points, the calls they make (mi_malloc_aligned) are nested.
+    e("mi_posix_memalign", Role::PosixMemalign),
+    e("mi_aligned_alloc", Role::AlignSize),
+    e("mi_memalign", Role::AlignSize),
+    e("mi_valloc", Role::Size),
+    e("mi_pvalloc", Role::Size),
+    e("mi_reallocarray", Role::ResizeArray),
     e("mi_zalloc_aligned", Role::Size),
     e("mi_new", Role::Size),
     e("mi_new_nothrow", Role::Size),
@@ -160,7 +168,7 @@ const PREFIXES: &[&str] = &["_rjem_", "je_"];
 /// and a prefix of [`PREFIXES`] are ignored), and its position in the
 /// table (the order reports list functions in).
 pub fn lookup(symbol: &str) -> Option<(usize, &'static Entry)> {
-    let name = symbol.split('@').next().unwrap_or(symbol);
+    let name = plain_name(symbol);
     let find = |n: &str| ENTRIES.iter().enumerate().find(|(_, e)| e.symbol == n);
     find(name).or_else(|| {
         PREFIXES
@@ -168,6 +176,30 @@ pub fn lookup(symbol: &str) -> Option<(usize, &'static Entry)> {
             .find_map(|p| name.strip_prefix(p))
             .and_then(find)
     })
+}
+
+/// `symbol` without a version suffix (`@@GLIBC_2.2.5`), and a Rust
+/// shim's name without the v0 mangling rustc gives it
+/// (`_RNvCs..._7___rustc12___rust_alloc` is `__rust_alloc`).
+pub fn plain_name(symbol: &str) -> &str {
+    let name = symbol.split('@').next().unwrap_or(symbol);
+    match name
+        .strip_prefix("_R")
+        .and_then(|m| m.split_once("___rustc"))
+    {
+        // <length>_<identifier>: v0 separates an identifier that starts
+        // with `_` from its length by one more `_`.
+        Some((_, rest)) => {
+            let ident = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+            ident.strip_prefix('_').unwrap_or(ident)
+        }
+        None => name,
+    }
+}
+
+/// Whether `symbol` is one of the [`INTERNALS`].
+pub fn is_internal(symbol: &str) -> bool {
+    INTERNALS.contains(&plain_name(symbol))
 }
 
 /// The allocator family an object belongs to, from what it defines.
@@ -214,6 +246,11 @@ mod tests {
         assert_eq!(lookup("_rjem_mallocx").unwrap().1.symbol, "mallocx");
         assert_eq!(lookup("_Znwm").unwrap().1.display, "operator new");
         assert!(lookup("malloc_usable_size").is_none());
+        // Rust 1.95's v0-mangled shims.
+        let (_, e) = lookup("_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc").unwrap();
+        assert_eq!(e.symbol, "__rust_alloc");
+        assert!(lookup("_RNvCsfLfy6EI15iL_7___rustc26___rust_alloc_error_handler").is_none());
+        assert!(is_internal("_RNvCsfLfy6EI15iL_7___rustc11___rdl_alloc"));
     }
 
     #[test]

@@ -327,7 +327,7 @@ fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
                     file_offset,
                 });
             }
-        } else if families::INTERNALS.contains(&name) {
+        } else if families::is_internal(name) {
             internals.push((file_offset, sym.size()));
         }
     }

@@ -1,0 +1,75 @@
+//! Allocator families: the counts fixture under Debian's jemalloc,
+//! tcmalloc and mimalloc (preloaded), by pid and in launch mode: every
+//! site exact, the family and the object named. By pid the allocator is
+//! mapped above libc, so only the link map (not the lowest address) finds
+//! it. (C++ operator new and Rust's __rust_alloc: tests/e2e/unwind.rs.)
+
+use crate::{
+    counts::assert_counts_sites,
+    exec::trace_through_env,
+    support::{Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT},
+};
+
+/// Debian's allocators (installed by `cargo xtask setup`).
+pub const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
+
+const PRELOADED: [(&str, &str); 3] = [
+    (JEMALLOC, "jemalloc"),
+    (TCMALLOC, "tcmalloc"),
+    (MIMALLOC, "mimalloc"),
+];
+
+/// The object the profile names, and that it is `library` (the file the
+/// symbolic link points to, as the target maps it).
+fn assert_object(object: &serde_json::Value, library: &str, d: &str) {
+    let real = std::fs::canonicalize(library).unwrap();
+    assert_eq!(object.as_str(), real.to_str(), "{d}");
+}
+
+#[test]
+fn preloaded_allocators_by_pid() {
+    need_bpf!();
+    for (library, family) in PRELOADED {
+        let mut fx = FixtureProc::start_env(
+            Fixture::Counts.path(),
+            &["--wait"],
+            &[("LD_PRELOAD", library)],
+        );
+        fx.wait_ready();
+        let pid = fx.pid().to_string();
+        let mut m = Mtrace::start_profiled(&["--pid", &pid, "--top", "0"]);
+        m.wait_tracing();
+        fx.release();
+        assert!(fx.proc.wait_timeout(EXIT_TIMEOUT).success());
+        let (out, p) = m.finish();
+        out.assert_exit(0);
+        let d = format!("{library}\n{}", out.describe());
+        assert_counts_sites(&p, &d);
+        assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
+        assert_object(&p.doc["meta"]["allocator_object"], library, &d);
+    }
+}
+
+#[test]
+fn preloaded_allocators_launch_mode() {
+    need_bpf!();
+    for (library, family) in PRELOADED {
+        let preload = format!("LD_PRELOAD={library}");
+        let (out, p) = trace_through_env(&[], &[&preload], Fixture::Counts);
+        let d = format!("{library}\n{}", out.describe());
+        assert_counts_sites(&p, &d);
+        assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
+        assert_object(&p.doc["meta"]["allocator_object"], library, &d);
+        // Count mode: no probe on any free function.
+        let probes = p.doc["meta"]["probes"].as_array().unwrap();
+        assert!(
+            !probes.iter().any(|pr| {
+                let f = pr["function"].as_str().unwrap();
+                f.contains("free") || f.contains("delete") || f.contains("dallocx")
+            }),
+            "a release function probed in count mode\n{d}"
+        );
+    }
+}
