@@ -7,7 +7,7 @@
 use crate::{
     counts::assert_counts_sites,
     exec::trace_through_env,
-    support::{Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT},
+    support::{fixtures::compile_c, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT},
 };
 
 /// Debian's allocators (installed by `cargo xtask setup`).
@@ -28,23 +28,66 @@ fn assert_object(object: &serde_json::Value, library: &str, d: &str) {
     assert_eq!(object.as_str(), real.to_str(), "{d}");
 }
 
+/// The counts fixture under `library`: preloaded, or linked (`-l`, so that
+/// the dynamic linker finds it before libc through the executable's own
+/// list of libraries).
+#[derive(Clone, Copy)]
+enum Under {
+    Preloaded,
+    Linked,
+}
+
+/// Traces the counts fixture by pid under `library`, each way.
+fn by_pid(library: &str, under: Under) -> (crate::support::Finished, crate::support::Profile) {
+    let (program, env) = match under {
+        Under::Preloaded => (
+            Fixture::Counts.path().to_path_buf(),
+            vec![("LD_PRELOAD", library)],
+        ),
+        Under::Linked => {
+            let family = library
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .split('.')
+                .next()
+                .unwrap();
+            let name = format!("counts-linked-{family}");
+            (
+                compile_c(&name, "counts", &["-O2", "-g"], &[library]),
+                vec![],
+            )
+        }
+    };
+    let mut fx = FixtureProc::start_env(&program, &["--wait"], &env);
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let mut m = Mtrace::start_profiled(&["--pid", &pid, "--top", "0"]);
+    m.wait_tracing();
+    fx.release();
+    assert!(fx.proc.wait_timeout(EXIT_TIMEOUT).success());
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    (out, p)
+}
+
+#[test]
+fn linked_allocators_by_pid() {
+    need_bpf!();
+    for (library, family) in PRELOADED {
+        let (out, p) = by_pid(library, Under::Linked);
+        let d = format!("{library}\n{}", out.describe());
+        assert_counts_sites(&p, &d);
+        assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
+        assert_object(&p.doc["meta"]["allocator_object"], library, &d);
+    }
+}
+
 #[test]
 fn preloaded_allocators_by_pid() {
     need_bpf!();
     for (library, family) in PRELOADED {
-        let mut fx = FixtureProc::start_env(
-            Fixture::Counts.path(),
-            &["--wait"],
-            &[("LD_PRELOAD", library)],
-        );
-        fx.wait_ready();
-        let pid = fx.pid().to_string();
-        let mut m = Mtrace::start_profiled(&["--pid", &pid, "--top", "0"]);
-        m.wait_tracing();
-        fx.release();
-        assert!(fx.proc.wait_timeout(EXIT_TIMEOUT).success());
-        let (out, p) = m.finish();
-        out.assert_exit(0);
+        let (out, p) = by_pid(library, Under::Preloaded);
         let d = format!("{library}\n{}", out.describe());
         assert_counts_sites(&p, &d);
         assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");

@@ -79,15 +79,20 @@ pub fn fixtures_dir() -> PathBuf {
 }
 
 fn compile(fixture: Fixture) -> PathBuf {
-    let name = fixture.name();
-    let src = fixtures_dir().join(format!("{}.c", fixture.source()));
+    let (before, after) = fixture.flags();
+    compile_c(fixture.name(), fixture.source(), before, after)
+}
+
+/// `cc BEFORE -o NAME tests/fixtures/SOURCE.c AFTER`, into the tests'
+/// fixture directory.
+pub fn compile_c(name: &str, source: &str, before: &[&str], after: &[&str]) -> PathBuf {
+    let src = fixtures_dir().join(format!("{source}.c"));
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-fixtures");
     fs::create_dir_all(&dir).unwrap();
     let out = dir.join(name);
     // Compile to a private name and rename: a concurrent run of the tests
     // may be executing the previous binary.
     let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-    let (before, after) = fixture.flags();
     let output = Command::new("cc")
         .args(before)
         .arg("-o")
