@@ -31,7 +31,7 @@ fn assert_object(object: &serde_json::Value, library: &str, d: &str) {
 /// The counts fixture under `library`: preloaded, or linked (`-l`, so that
 /// the dynamic linker finds it before libc through the executable's own
 /// list of libraries).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Under {
     Preloaded,
     Linked,
@@ -72,26 +72,16 @@ fn by_pid(library: &str, under: Under) -> (crate::support::Finished, crate::supp
 }
 
 #[test]
-fn linked_allocators_by_pid() {
+fn preloaded_and_linked_allocators_by_pid() {
     need_bpf!();
-    for (library, family) in PRELOADED {
-        let (out, p) = by_pid(library, Under::Linked);
-        let d = format!("{library}\n{}", out.describe());
-        assert_counts_sites(&p, &d);
-        assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
-        assert_object(&p.doc["meta"]["allocator_object"], library, &d);
-    }
-}
-
-#[test]
-fn preloaded_allocators_by_pid() {
-    need_bpf!();
-    for (library, family) in PRELOADED {
-        let (out, p) = by_pid(library, Under::Preloaded);
-        let d = format!("{library}\n{}", out.describe());
-        assert_counts_sites(&p, &d);
-        assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
-        assert_object(&p.doc["meta"]["allocator_object"], library, &d);
+    for under in [Under::Preloaded, Under::Linked] {
+        for (library, family) in PRELOADED {
+            let (out, p) = by_pid(library, under);
+            let d = format!("{library} ({under:?})\n{}", out.describe());
+            assert_counts_sites(&p, &d);
+            assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
+            assert_object(&p.doc["meta"]["allocator_object"], library, &d);
+        }
     }
 }
 
