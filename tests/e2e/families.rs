@@ -7,7 +7,7 @@
 use crate::{
     counts::assert_counts_sites,
     exec::trace_through_env,
-    support::{fixtures::compile_c, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT},
+    support::{fixtures::compile_c, run_profiled, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT},
 };
 
 /// Debian's allocators (installed by `cargo xtask setup`).
@@ -105,4 +105,17 @@ fn preloaded_allocators_launch_mode() {
             "a release function probed in count mode\n{d}"
         );
     }
+}
+
+/// A prefixed allocator API in the program (tikv-jemallocator's
+/// `_rjem_malloc`) does not hide libc's `malloc`.
+#[test]
+fn a_prefixed_allocator_does_not_hide_libc() {
+    need_bpf!();
+    let program = compile_c("prefixed", "prefixed", &["-O2", "-g", "-rdynamic"], &[]);
+    let (out, p) = run_profiled(&["--top", "0", "--", program.to_str().unwrap()]);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert_eq!(p.site("malloc", "c_site"), (7, 168), "{d}");
+    assert_eq!(p.doc["meta"]["allocator_family"], "glibc", "{d}");
 }

@@ -206,7 +206,15 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
         let index = files.len();
         defining.push(path.to_string());
         for d in defs {
-            if chosen[d.order].is_none() {
+            // The first definition in the link map, but a prefixed one
+            // (tikv-jemallocator's `_rjem_malloc` in a Rust program) gives
+            // way to the real `malloc` of a later object: C code still
+            // calls that.
+            let take = match &chosen[d.order] {
+                None => true,
+                Some((_, c)) => c.prefixed && !d.prefixed,
+            };
+            if take {
                 chosen[d.order] = Some((index, d));
             }
         }
@@ -297,6 +305,9 @@ struct Def {
     vaddr: u64,
     size: u64,
     file_offset: u64,
+    /// Defined under a prefix (`_rjem_malloc`): the API of an allocator
+    /// linked in beside the C library's, which it does not replace.
+    prefixed: bool,
 }
 
 /// The entry points an ELF object defines, and the (file offset, size) of
@@ -325,6 +336,7 @@ fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
                     vaddr: sym.address(),
                     size: sym.size(),
                     file_offset,
+                    prefixed: families::plain_name(name) != entry.symbol,
                 });
             }
         } else if families::is_internal(name) {
