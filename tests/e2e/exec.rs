@@ -5,10 +5,16 @@
 use crate::{
     counts::assert_counts_sites,
     live::check_live_fixture,
-    support::{run_profiled, Finished, Fixture, Profile},
+    support::{run_profiled, trace_by_pid, Finished, Fixture, FixtureProc, Profile},
 };
 
 use crate::families::JEMALLOC;
+
+/// Every site of the counts fixture exact, and the family named.
+fn check_counts_sites_and_family(p: &Profile, d: &str, family: &str) {
+    assert_counts_sites(p, d);
+    assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
+}
 
 /// `mtrace ARGS -- env [ASSIGNMENTS] FIXTURE`.
 pub fn trace_through_env(
@@ -40,8 +46,7 @@ fn exec_into_a_preloaded_allocator_probes_the_new_program() {
     let preload = format!("LD_PRELOAD={JEMALLOC}");
     let (out, p) = trace_through_env(&[], &[&preload], Fixture::Counts);
     let d = out.describe();
-    assert_counts_sites(&p, &d);
-    assert_eq!(p.doc["meta"]["allocator_family"], "jemalloc", "{d}");
+    check_counts_sites_and_family(&p, &d, "jemalloc");
     assert_eq!(p.doc["meta"]["allocator_object"], JEMALLOC, "{d}");
     assert_eq!(
         p.doc["meta"]["executable"],
@@ -70,4 +75,25 @@ fn live_mode_follows_the_exec() {
         Fixture::Live,
     );
     check_live_fixture(&p, &out);
+}
+
+/// By pid: a shell that execs the counts fixture once mtrace is attached.
+/// The exec is followed (the process is held there until the fixture's
+/// allocator is probed): every call of the fixture is counted.
+#[test]
+fn exec_by_pid_is_followed() {
+    need_bpf!();
+    let script = r#"echo ready; head -c 1 >/dev/null; exec "$0""#;
+    let mut sh = FixtureProc::start(
+        std::path::Path::new("/bin/sh"),
+        &["-c", script, Fixture::Counts.path_str()],
+    );
+    let (out, p) = trace_by_pid(&mut sh, &["--top", "0"]);
+    let d = out.describe();
+    let exec_line = format!("exec'd {}:", Fixture::Counts.path_str());
+    assert!(
+        out.stderr.iter().any(|l| l.contains(&exec_line)),
+        "no `{exec_line}`\n{d}"
+    );
+    check_counts_sites_and_family(&p, &d, "glibc");
 }

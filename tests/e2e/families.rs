@@ -7,7 +7,7 @@
 use crate::{
     counts::assert_counts_sites,
     exec::trace_through_env,
-    support::{fixtures::compile_c, run_profiled, Fixture, FixtureProc, Mtrace, EXIT_TIMEOUT},
+    support::{fixtures::compile_c, run_profiled, trace_by_pid, Fixture, FixtureProc},
 };
 
 /// Debian's allocators (installed by `cargo xtask setup`).
@@ -60,15 +60,7 @@ fn by_pid(library: &str, under: Under) -> (crate::support::Finished, crate::supp
         }
     };
     let mut fx = FixtureProc::start_env(&program, &["--wait"], &env);
-    fx.wait_ready();
-    let pid = fx.pid().to_string();
-    let mut m = Mtrace::start_profiled(&["--pid", &pid, "--top", "0"]);
-    m.wait_tracing();
-    fx.release();
-    assert!(fx.proc.wait_timeout(EXIT_TIMEOUT).success());
-    let (out, p) = m.finish();
-    out.assert_exit(0);
-    (out, p)
+    trace_by_pid(&mut fx, &["--top", "0"])
 }
 
 #[test]

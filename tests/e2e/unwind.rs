@@ -14,7 +14,7 @@ use std::{
 use crate::support::{
     fixtures::fixtures_dir,
     gdb::{stacks_in_profile, stacks_under_gdb, Stacks},
-    run_profiled, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT,
+    run_profiled, trace_by_pid, FixtureProc, Profile,
 };
 
 /// A fixture program of tests/fixtures/unwind, by name, built in a
@@ -237,15 +237,7 @@ fn library_dlopened_after_attach_by_pid() {
     let plugin = objects[1].to_str().unwrap();
     let gdb = stacks_under_gdb(&paths(&objects), &[plugin], "go\n");
     let mut target = FixtureProc::start(&objects[0], &[plugin]);
-    target.wait_ready();
-    let pid = target.pid().to_string();
-    let mut m = Mtrace::start_profiled(&["--pid", &pid, "--top", "0"]);
-    m.wait_tracing();
-    target.release();
-    let status = target.proc.wait_timeout(EXIT_TIMEOUT);
-    assert!(status.success(), "the dlopen fixture failed: {status}");
-    let (out, p) = m.finish();
-    out.assert_exit(0);
+    let (_, p) = trace_by_pid(&mut target, &["--top", "0"]);
     assert_like_gdb(&p, &gdb, &objects, |frames| {
         frames.iter().any(|f| f == "plugin_work")
     });

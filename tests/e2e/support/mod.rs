@@ -19,7 +19,9 @@ pub mod table;
 use std::{fs, os::unix::fs::PermissionsExt};
 
 pub use fixtures::{copy_executable, Fixture};
-pub use mtrace::{mtrace_path, run_mtrace, run_profiled, trace_fixture, Finished, Mtrace};
+pub use mtrace::{
+    mtrace_path, run_mtrace, run_profiled, trace_by_pid, trace_fixture, Finished, Mtrace,
+};
 pub use process::{dead_pid, read_mem, FixtureProc, Proc, EXIT_TIMEOUT, LINE_TIMEOUT};
 pub use profile::{validate_profile, Profile};
 

@@ -10,7 +10,7 @@ use std::{
 
 use super::{
     fixtures::Fixture,
-    process::{Lines, Proc, EXIT_TIMEOUT, LINE_TIMEOUT},
+    process::{FixtureProc, Lines, Proc, EXIT_TIMEOUT, LINE_TIMEOUT},
     profile::Profile,
     public_tempdir,
 };
@@ -117,6 +117,24 @@ pub fn run_mtrace<S: AsRef<OsStr>>(args: &[S]) -> Finished {
 /// what it printed, and the profile it wrote.
 pub fn run_profiled(args: &[&str]) -> (Finished, Profile) {
     Mtrace::start_profiled(args).finish()
+}
+
+/// Traces a fixture by pid: waits for its `ready`, attaches with `args`
+/// (and `-o`), lets it go, and returns once both have exited (both with
+/// status 0).
+pub fn trace_by_pid(fx: &mut FixtureProc, args: &[&str]) -> (Finished, Profile) {
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let mut all = vec!["--pid", pid.as_str()];
+    all.extend_from_slice(args);
+    let mut m = Mtrace::start_profiled(&all);
+    m.wait_tracing();
+    fx.release();
+    let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
+    assert!(status.success(), "the fixture failed: {status}");
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    (out, p)
 }
 
 /// Traces `fixture` from launch with `args` before `--` and `-o` added;

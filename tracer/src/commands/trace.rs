@@ -54,7 +54,23 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let attach_started = Instant::now();
     let (mode, sizes) = (config.mode, config.sizes);
 
-    let mut execs = None;
+    // At each exec the thread that traces the target (launch mode's, or
+    // the exit hold by pid) asks the session to probe the new program,
+    // and holds it stopped until that is done.
+    let (exec_tx, execs) = tokio::sync::mpsc::unbounded_channel::<ExecRequest>();
+    let on_exec = move |_pid: u32, maps: &[target::Mapping]| -> Result<Option<()>> {
+        let (reply, done) = std::sync::mpsc::channel();
+        let maps = maps.to_vec();
+        if exec_tx.send(ExecRequest { maps, reply }).is_err() {
+            // The trace has ended.
+            return Ok(Some(()));
+        }
+        match done.recv() {
+            Ok(Ok(true)) | Err(_) => Ok(Some(())),
+            Ok(Ok(false)) => Ok(None),
+            Ok(Err(e)) => Err(anyhow::anyhow!(e)),
+        }
+    };
     // By pid: the target is held at its exit for a last look at its
     // mappings (launch mode's ptrace does the same).
     let mut exit_hold = None;
@@ -66,7 +82,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                 let pid = *pid;
                 target::check_pid(pid)?;
                 let pidfd = session::pidfd_open(pid)?;
-                exit_hold = Some(target::ExitHold::start(pid, space.clone()));
+                exit_hold = Some(target::ExitHold::start(pid, space.clone(), on_exec));
                 let maps = target::read_maps(pid)
                     .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
                 let alloc = allocators::require_in_process(pid, &maps)?;
@@ -86,23 +102,6 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             }
             Target::Command(argv) => {
                 let shared = space.clone();
-                // At each exec the launch thread asks the session to probe the
-                // new program, and holds it stopped until that is done.
-                let (exec_tx, rx) = tokio::sync::mpsc::unbounded_channel::<ExecRequest>();
-                execs = Some(rx);
-                let on_exec = move |_pid: u32, maps: &[target::Mapping]| -> Result<Option<()>> {
-                    let (reply, done) = std::sync::mpsc::channel();
-                    let maps = maps.to_vec();
-                    if exec_tx.send(ExecRequest { maps, reply }).is_err() {
-                        // The trace has ended.
-                        return Ok(Some(()));
-                    }
-                    match done.recv() {
-                        Ok(Ok(true)) | Err(_) => Ok(Some(())),
-                        Ok(Ok(false)) => Ok(None),
-                        Ok(Err(e)) => Err(anyhow::anyhow!(e)),
-                    }
-                };
                 let launched = launch::launch(
                     argv,
                     space.clone(),
@@ -205,8 +204,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Ok(rx) => (Some(rx), None),
         Err(fd) => (None, Some(fd)),
     };
-    let (end, exit_rx) =
-        rt.block_on(session.run(&config.schedule, &mut sinks, exit_rx, pidfd, execs, signals))?;
+    let (end, exit_rx) = rt.block_on(session.run(
+        &config.schedule,
+        &mut sinks,
+        exit_rx,
+        pidfd,
+        Some(execs),
+        signals,
+    ))?;
 
     if stats_fd.is_some() {
         log_program_times(&session.probes.ebpf);

@@ -1,11 +1,13 @@
 //! By pid: hold the target at its exit long enough to read its mappings
 //! once more, as launch mode does. Without it, a library the target loads
 //! and uses just before exiting is gone before the tracer has seen it
-//! mapped, and its frames can be neither unwound nor named.
+//! mapped, and its frames can be neither unwound nor named. And hold it at
+//! an `exec`, until the new program's allocator is probed (as launch mode
+//! does, [`super::launch::follow_exec`]).
 //!
 //! The target is seized (`PTRACE_SEIZE`, which does not stop it) with
-//! `PTRACE_O_TRACEEXIT` only; its signals are passed on, a group stop is
-//! kept (`PTRACE_LISTEN`). When the trace ends first, it is detached. A
+//! `PTRACE_O_TRACEEXIT` and `PTRACE_O_TRACEEXEC` only; its signals are
+//! passed on, a group stop is kept (`PTRACE_LISTEN`). When the trace ends first, it is detached. A
 //! target that another tracer (a debugger) holds is traced without the
 //! hold. If mtrace dies, the kernel detaches it.
 
@@ -18,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use super::AddressSpace;
+use super::{launch::follow_exec, AddressSpace, Mapping};
 
 /// How often the holding thread looks for a stop of the target.
 const POLL: Duration = Duration::from_millis(2);
@@ -29,13 +31,16 @@ pub struct ExitHold {
 }
 
 impl ExitHold {
-    pub fn start(pid: u32, space: Arc<Mutex<AddressSpace>>) -> ExitHold {
+    pub fn start<E>(pid: u32, space: Arc<Mutex<AddressSpace>>, mut on_exec: E) -> ExitHold
+    where
+        E: FnMut(u32, &[Mapping]) -> anyhow::Result<Option<()>> + Send + 'static,
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         // ptrace requests come from the thread that seized the target.
         let thread = std::thread::Builder::new()
             .name("mtrace-exit-hold".into())
-            .spawn(move || hold(pid, &space, &flag))
+            .spawn(move || hold(pid, &space, &flag, &mut on_exec))
             .ok();
         ExitHold { stop, thread }
     }
@@ -61,8 +66,14 @@ fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> bool {
     }
 }
 
-fn hold(pid: u32, space: &Mutex<AddressSpace>, stop: &AtomicBool) {
-    if !ptrace(libc::PTRACE_SEIZE, pid, libc::PTRACE_O_TRACEEXIT as usize) {
+fn hold(
+    pid: u32,
+    space: &Mutex<AddressSpace>,
+    stop: &AtomicBool,
+    on_exec: &mut impl FnMut(u32, &[Mapping]) -> anyhow::Result<Option<()>>,
+) {
+    let options = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
+    if !ptrace(libc::PTRACE_SEIZE, pid, options as usize) {
         log::debug!(
             "pid {pid} not held at its exit: {}",
             std::io::Error::last_os_error()
@@ -99,6 +110,12 @@ fn hold(pid: u32, space: &Mutex<AddressSpace>, stop: &AtomicBool) {
             libc::PTRACE_EVENT_EXIT => {
                 // Its memory is still there: last look at its mappings.
                 space.lock().unwrap().refresh(pid);
+                ptrace(libc::PTRACE_CONT, pid, 0);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                if follow_exec(pid, space, on_exec).is_some() {
+                    return;
+                }
                 ptrace(libc::PTRACE_CONT, pid, 0);
             }
             libc::PTRACE_EVENT_STOP => {

@@ -465,6 +465,27 @@ fn step_syscalls<T>(
     ))
 }
 
+/// The traced process stopped at an `exec` (`PTRACE_EVENT_EXEC`): runs the
+/// new program to the point where its allocator is known and calls
+/// `on_exec` there (the old program's probes and mappings mean nothing in
+/// it). Returns the exit code to pass through when it exited meanwhile.
+pub fn follow_exec(
+    pid: u32,
+    space: &Mutex<AddressSpace>,
+    on_exec: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<()>>,
+) -> Option<i32> {
+    match wait_for_allocator(pid, space, on_exec) {
+        Ok(()) => None,
+        Err(e) => match e.downcast_ref::<Exited>() {
+            Some(Exited(code)) => Some(*code),
+            None => {
+                log::warn!("pid {pid} after exec: {e:#}");
+                None
+            }
+        },
+    }
+}
+
 /// Follows the child to its end, passing its signals on, and returns the
 /// exit code to pass through. At each `exec`, runs the new program to the
 /// point where its allocator is known and calls `on_exec` there.
@@ -488,14 +509,8 @@ fn wait_exit(
                 space.lock().unwrap().refresh(pid);
                 0
             } else if event == libc::PTRACE_EVENT_EXEC {
-                // A new program: the old one's probes and mappings mean
-                // nothing in it.
-                match wait_for_allocator(pid, space, &mut *on_exec) {
-                    Ok(()) => {}
-                    Err(e) => match e.downcast_ref::<Exited>() {
-                        Some(Exited(code)) => return *code,
-                        None => log::warn!("pid {pid} after exec: {e:#}"),
-                    },
+                if let Some(code) = follow_exec(pid, space, &mut *on_exec) {
+                    return code;
                 }
                 0
             } else if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) {
