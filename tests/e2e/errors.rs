@@ -94,13 +94,33 @@ fn command_not_executable() {
     out.assert_error("cannot execute");
 }
 
+/// Usage errors: one line `mtrace: ...`, then at most a usage hint, exit 2;
+/// `mtrace` alone included.
 #[test]
-fn no_target() {
-    let out = run_mtrace::<&str>(&[]);
-    assert!(
-        matches!(out.status.code(), Some(c) if c != 0),
-        "{}",
-        out.describe()
-    );
-    out.assert_error("");
+fn usage_errors_are_one_line_and_exit_2() {
+    let cases: [&[&str]; 5] = [
+        &[],
+        &["--bogus"],
+        &["--pid", "abc"],
+        &["report"],
+        &["diff", "a.json"],
+    ];
+    for args in cases {
+        let out = run_mtrace(args);
+        out.assert_exit(2);
+        let lines: Vec<&String> = out.stderr.iter().filter(|l| !l.is_empty()).collect();
+        assert!(
+            (1..=2).contains(&lines.len()) && lines[0].starts_with("mtrace: "),
+            "{args:?}\n{}",
+            out.describe()
+        );
+        if let Some(hint) = lines.get(1) {
+            assert!(
+                hint.starts_with("usage: mtrace"),
+                "{args:?}\n{}",
+                out.describe()
+            );
+        }
+    }
+    assert_eq!(run_mtrace(&["--version"]).status.code(), Some(0));
 }

@@ -25,11 +25,14 @@ use clap::Parser;
 
 use crate::{
     cli::{Cli, Sub},
-    error::{UserError, EXIT_FAILURE},
+    error::{UserError, EXIT_FAILURE, EXIT_USAGE},
 };
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => usage_error(e),
+    };
     env_logger::Builder::new()
         .filter_level(log::LevelFilter::Warn)
         .filter_module(
@@ -69,6 +72,35 @@ fn main() {
     };
     log_resources();
     std::process::exit(code);
+}
+
+/// A usage error in one line (clap's first, without its `error: `), a hint
+/// on the next, exit code 2; `--help` and `--version` as clap prints them.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        std::process::exit(0);
+    }
+    let text = e.render().to_string();
+    // clap's message up to its first blank line, on one line.
+    let message: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let message = message.join(" ");
+    eprintln!("mtrace: {}", message.trim_start_matches("error: "));
+    // clap's usage line of the (sub)command, or the main one.
+    match text.lines().find_map(|l| l.strip_prefix("Usage: ")) {
+        Some(usage) if usage.contains("report") || usage.contains("diff") => {
+            eprintln!("usage: {usage} (--help for all)")
+        }
+        _ => eprintln!(
+            "usage: mtrace [OPTIONS] --pid PID | mtrace [OPTIONS] -- COMMAND... (--help for all)"
+        ),
+    }
+    std::process::exit(EXIT_USAGE);
 }
 
 /// With -v: mtrace's own CPU time and peak memory (the benchmark reads it).

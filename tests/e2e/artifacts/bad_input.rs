@@ -29,12 +29,38 @@ fn bad_profiles_exit_2() {
     assert!(text.contains("\"schema_version\": 1,"));
     let v99 = text.replacen("\"schema_version\": 1,", "\"schema_version\": 99,", 1);
     fs::write(p("v99.json"), v99).unwrap();
+    let v_text = text.replacen("\"schema_version\": 1,", "\"schema_version\": \"1\",", 1);
+    fs::write(p("v-text.json"), v_text).unwrap();
+    // Values no trace produces.
+    let duration = text.find("\"duration_secs\": ").unwrap();
+    let end = duration + text[duration..].find(',').unwrap();
+    let negative = format!(
+        "{}\"duration_secs\": -5.0{}",
+        &text[..duration],
+        &text[end..]
+    );
+    fs::write(p("negative.json"), negative).unwrap();
+    // What `report` must not read: a sparse file over the size limit, a
+    // FIFO nobody writes to, a device that never ends.
+    fs::File::create(p("huge.json"))
+        .unwrap()
+        .set_len((1 << 30) + 1)
+        .unwrap();
+    let fifo = std::ffi::CString::new(s(&p("fifo.json"))).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
 
     let cases: &[(&str, &str)] = &[
         ("truncated.json", "truncated"),
         ("garbage.json", ""),
         ("garbage-text.json", "not a JSON profile"),
         ("v99.json", "version 99"),
+        (
+            "v-text.json",
+            "schema_version must be a number, found \"1\"",
+        ),
+        ("negative.json", "corrupt profile: duration_secs is -5"),
+        ("huge.json", "over the 1024 MiB"),
+        ("fifo.json", "not a regular file"),
         ("does-not-exist.json", ""),
     ];
     for &(name, needle) in cases {
@@ -52,6 +78,13 @@ fn bad_profiles_exit_2() {
             out.assert_error(needle);
         }
     }
+    let started = std::time::Instant::now();
+    run_mtrace(&["report", "/dev/zero"]).assert_error("/dev/zero: not a regular file");
+    assert!(
+        started.elapsed().as_secs() < 5,
+        "report /dev/zero took {:?}",
+        started.elapsed()
+    );
     // The good file still works.
     report(&[s(&good)]);
 

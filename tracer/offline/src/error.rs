@@ -12,6 +12,8 @@ pub struct UserError {
 
 /// Exit code of runtime errors (bad pid, no privilege, no allocator, ...).
 pub const EXIT_FAILURE: i32 = 1;
+/// Exit code of usage errors (bad or missing arguments), as clap's.
+pub const EXIT_USAGE: i32 = 2;
 /// Exit code when the command of launch mode cannot be found or run, as a
 /// shell does.
 pub const EXIT_CMD_NOT_FOUND: i32 = 127;

@@ -16,6 +16,7 @@ use crate::{
         TraceArgs,
     },
     collect::live_tracker::{self, LiveTracker},
+    error::{UserError, EXIT_USAGE},
     probes,
     profile::{Meta, Probe},
     session::{self, End, ExecRequest, Session, Signals},
@@ -27,9 +28,10 @@ use crate::{
 
 pub fn run(args: TraceArgs) -> Result<i32> {
     let Some(config) = TraceConfig::from_args(&args) else {
-        return Err(user_error!(
-            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)"
-        ));
+        return Err(anyhow::Error::new(UserError::with_code(
+            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)",
+            EXIT_USAGE,
+        )));
     };
     target::check_privileges()?;
     // Signal handlers before anything else: a Ctrl-C from here on ends the

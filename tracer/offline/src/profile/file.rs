@@ -49,9 +49,45 @@ fn bad_input(path: &Path, what: impl std::fmt::Display) -> anyhow::Error {
     ))
 }
 
-/// Reads a profile file; every failure is a one-line error with exit code 2.
+/// The largest profile file `report` and `diff` read (a profile of a
+/// million stacks is some 600 MB).
+pub const MAX_PROFILE_BYTES: u64 = 1 << 30;
+
+/// Reads a profile file; every failure is a one-line error with exit code
+/// 2. Only regular files up to [`MAX_PROFILE_BYTES`] are read (not
+/// `/dev/zero`, a FIFO or a sparse file of terabytes), and no more than
+/// that many bytes even if the file grows meanwhile.
 pub fn read(path: &Path) -> Result<Profile> {
-    let text = std::fs::read_to_string(path).map_err(|e| bad_input(path, e))?;
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+    // Non-blocking: opening a FIFO must not wait for a writer (it is then
+    // refused as not a regular file).
+    const O_NONBLOCK: i32 = 0o4000;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(path)
+        .map_err(|e| bad_input(path, e))?;
+    let meta = file.metadata().map_err(|e| bad_input(path, e))?;
+    if !meta.is_file() {
+        return Err(bad_input(path, "not a regular file"));
+    }
+    if meta.len() > MAX_PROFILE_BYTES {
+        return Err(bad_input(
+            path,
+            format!(
+                "{} bytes, over the {} MiB a profile may have",
+                meta.len(),
+                MAX_PROFILE_BYTES >> 20
+            ),
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_PROFILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| bad_input(path, e))?;
+    if text.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(bad_input(path, "grew over the size a profile may have"));
+    }
     parse(&text).map_err(|what| bad_input(path, what))
 }
 
@@ -78,11 +114,47 @@ pub fn parse(text: &str) -> Result<Profile, String> {
                 "profile schema version {v} is not supported by this mtrace (it reads version {SCHEMA_VERSION})"
             ))
         }
-        None => return Err("profile has no schema_version".into()),
+        None => {
+            return Err(match value.get("schema_version") {
+                Some(v) => format!("schema_version must be a number, found {v}"),
+                None => "profile has no schema_version".into(),
+            })
+        }
     }
-    serde_json::from_value::<FileIn>(value)
+    let profile = serde_json::from_value::<FileIn>(value)
         .map(|f| f.profile)
-        .map_err(|e| format!("malformed profile: {e}"))
+        .map_err(|e| format!("malformed profile: {e}"))?;
+    check_values(&profile)?;
+    Ok(profile)
+}
+
+/// Values no trace produces: a corrupt (or hand-edited) profile.
+fn check_values(p: &Profile) -> Result<(), String> {
+    let d = p.meta.duration_secs;
+    if !d.is_finite() || d < 0.0 {
+        return Err(format!("corrupt profile: duration_secs is {d}"));
+    }
+    // Exact counts: the stacks hold at most the totals (calls that found
+    // the aggregation map full are in the totals only). Sampled counts
+    // are rounded estimates, a call each at most.
+    let slack = if p.meta.sampling.is_some() {
+        p.stacks.len() as u64
+    } else {
+        0
+    };
+    let in_stacks = p
+        .stacks
+        .iter()
+        .filter(|e| super::is_allocation(e))
+        .try_fold(0u64, |sum, e| sum.checked_add(e.counts.calls));
+    match in_stacks {
+        Some(n) if n <= p.totals.allocs.calls.saturating_add(slack) => Ok(()),
+        Some(n) => Err(format!(
+            "corrupt profile: its stacks hold {n} allocation calls, its totals {}",
+            p.totals.allocs.calls
+        )),
+        None => Err("corrupt profile: the stacks' calls overflow".into()),
+    }
 }
 
 #[cfg(test)]
@@ -115,7 +187,33 @@ mod tests {
             },
             live: None,
         });
+        p.totals.allocs = Counts {
+            calls: 1000,
+            bytes: 48000,
+        };
         p
+    }
+
+    #[test]
+    fn values_no_trace_produces_are_refused() {
+        let mut p = sample();
+        assert!(parse(&to_json(&p)).is_ok());
+        p.stacks[0].counts.calls = u64::MAX;
+        let e = parse(&to_json(&p)).unwrap_err();
+        assert!(e.starts_with("corrupt profile: its stacks hold"), "{e}");
+        let mut p = sample();
+        p.meta.duration_secs = -1.0;
+        let e = parse(&to_json(&p)).unwrap_err();
+        assert_eq!(e, "corrupt profile: duration_secs is -1");
+    }
+
+    #[test]
+    fn a_schema_version_of_the_wrong_type_says_so() {
+        let text = to_json(&sample()).replace("\"schema_version\": 1", "\"schema_version\": \"1\"");
+        assert_eq!(
+            parse(&text).unwrap_err(),
+            "schema_version must be a number, found \"1\""
+        );
     }
 
     #[test]
