@@ -277,3 +277,42 @@ fn sigterm_ends_with_a_report_and_a_clean_detach() {
 fn sigint_ends_with_a_report_and_a_clean_detach() {
     ends_cleanly("SIGINT");
 }
+
+/// By pid, attached while the target loops (each iteration: malloc,
+/// realloc, calloc, then two frees): the probes go in one after the other
+/// while it runs, yet every function's count starts and stops at the same
+/// moment, so the counts agree to within the one iteration in flight.
+#[test]
+fn counting_starts_and_stops_together_by_pid() {
+    need_bpf!();
+    let mut target = Longrun::start();
+    target.fx.release();
+    let pid = target.fx.pid().to_string();
+    let mut m = Mtrace::start_profiled(&["--pid", &pid, "--count-frees", "--duration", "0.5"]);
+    m.wait_tracing();
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    let calls = |f: &str| p.calls_of(f).unwrap_or_else(|| panic!("no {f}\n{d}"));
+    let (malloc, realloc, calloc, free) = (
+        calls("malloc"),
+        calls("realloc"),
+        calls("calloc"),
+        calls("free"),
+    );
+    assert!(malloc > 1000, "{d}");
+    assert!(
+        malloc.abs_diff(realloc) <= 1,
+        "malloc {malloc}, realloc {realloc}\n{d}"
+    );
+    assert!(
+        malloc.abs_diff(calloc) <= 1,
+        "malloc {malloc}, calloc {calloc}\n{d}"
+    );
+    assert!(
+        free.abs_diff(2 * malloc) <= 2,
+        "malloc {malloc}, free {free}\n{d}"
+    );
+    target.assert_restored();
+    target.finish();
+}

@@ -27,11 +27,14 @@ pub const RULE_CACHE: &str = "RULE_CACHE";
 pub const UNWIND_MISSES: &str = "UNWIND_MISSES";
 /// One flag, set by the tracer: the map of rules is full.
 pub const UNWIND_FULL: &str = "UNWIND_FULL";
+/// One flag, set by the tracer once every probe is attached and cleared
+/// when tracing ends: counting starts and stops for all functions at once.
+pub const ENABLED: &str = "ENABLED";
 /// The global the tracer writes before load ([`crate::Config`]).
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 10] = [
+pub const ALL_MAPS: [&str; 11] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -42,6 +45,7 @@ pub const ALL_MAPS: [&str; 10] = [
     RULE_CACHE,
     UNWIND_MISSES,
     UNWIND_FULL,
+    ENABLED,
 ];
 
 /// The benchmark's floor: a program that does nothing, attached where the

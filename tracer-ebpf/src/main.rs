@@ -92,6 +92,18 @@ static UNWIND_MISSES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 #[map]
 static UNWIND_FULL: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Set by the tracer once every probe is attached, cleared when tracing
+/// ends: by pid the probes go in one after the other while the target
+/// runs, and without the flag `malloc` would count calls whose `free` is
+/// not probed yet.
+#[map]
+static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn enabled() -> bool {
+    ENABLED.get(0).is_some_and(|e| *e != 0)
+}
+
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::N, 0);
 
@@ -349,6 +361,9 @@ fn tail_called(tid: u32, sp: u64, ret: u64, func: u32) -> bool {
 
 #[inline(always)]
 fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) -> u32 {
+    if !enabled() {
+        return 0;
+    }
     let func = (cookie as u32) & (MAX_FUNCS - 1);
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
     let live = config_u32(&CONFIG.live) != 0;

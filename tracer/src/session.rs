@@ -189,6 +189,8 @@ impl Session {
         let Some(alloc) = allocators::find_in_process(pid, maps)? else {
             return Ok(false);
         };
+        // The old program's counts end here, for every function at once.
+        self.probes.set_enabled(false)?;
         self.unwind.walks().finish_all();
         drain(events, &mut self.tracker, &self.unwind);
         if let Some(t) = &mut self.tracker {

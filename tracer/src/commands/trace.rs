@@ -215,6 +215,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         signals,
     ))?;
 
+    // Counting stops for all functions at once, before the maps are read.
+    session.probes.set_enabled(false)?;
     if stats_fd.is_some() {
         log_program_times(&session.probes.ebpf);
     }

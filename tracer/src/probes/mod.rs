@@ -273,7 +273,7 @@ pub fn attach<T>(
         funcs.push(FuncInfo { name, role });
     }
     let frees_counted = funcs.iter().any(|f| !f.role.allocates());
-    let probes = Probes {
+    let mut probes = Probes {
         frees_counted,
         ebpf,
         attached,
@@ -281,7 +281,20 @@ pub fn attach<T>(
         live: mode.live,
         sampling: mode.sampling,
     };
+    // Every probe is in: counting starts now, for all functions at once.
+    probes.set_enabled(true)?;
     Ok((probes, before))
+}
+
+impl Probes {
+    /// Starts or stops counting in every program at once (the `ENABLED`
+    /// flag they read first).
+    pub fn set_enabled(&mut self, on: bool) -> Result<()> {
+        let mut flag: aya::maps::Array<_, u32> =
+            aya::maps::Array::try_from(self.ebpf.map_mut(maps::ENABLED).context("ENABLED map")?)?;
+        flag.set(0, on as u32, 0)?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
