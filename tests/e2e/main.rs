@@ -35,6 +35,7 @@ mod families;
 mod lifecycle;
 mod live;
 mod losses;
+mod outputs;
 mod sampling;
 mod support;
 mod table;

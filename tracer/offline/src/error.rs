@@ -12,6 +12,9 @@ pub struct UserError {
 
 /// Exit code of runtime errors (bad pid, no privilege, no allocator, ...).
 pub const EXIT_FAILURE: i32 = 1;
+/// Exit code when an output cannot be written (a full disk, `/dev/full`,
+/// a closed stdout): sysexits' EX_IOERR.
+pub const EXIT_IO: i32 = 74;
 /// Exit code of usage errors (bad or missing arguments), as clap's.
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code when the command of launch mode cannot be found or run, as a

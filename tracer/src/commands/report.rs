@@ -10,7 +10,9 @@ use crate::{
 };
 
 pub fn run(args: ReportArgs) -> Result<i32> {
+    let outputs = config::outputs(&args.out);
+    outputs.check()?;
     let profile = profile_file::read(&args.file)?;
-    Report(config::outputs(&args.out)).finish(&profile)?;
+    Report(outputs).finish(&profile)?;
     Ok(0)
 }

@@ -33,6 +33,17 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             EXIT_USAGE,
         )));
     };
+    // A typo in an output path must not cost the trace.
+    config.outputs.check()?;
+    if !config.snapshot_dir.is_dir() {
+        return Err(anyhow::Error::new(UserError::with_code(
+            format!(
+                "cannot write snapshots to {}: no such directory",
+                config.snapshot_dir.display()
+            ),
+            EXIT_USAGE,
+        )));
+    }
     target::check_privileges()?;
     // Signal handlers before anything else: a Ctrl-C from here on ends the
     // trace with a report (once the probes are in), never kills mtrace.

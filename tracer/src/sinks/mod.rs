@@ -14,13 +14,13 @@ use std::{
 use anyhow::Result;
 
 use crate::{
+    error::{UserError, EXIT_IO, EXIT_USAGE},
     profile::{file as profile_file, snapshot, Profile, Weight},
     render::{
         self,
         flamegraph::{self, Kind},
         ReportOptions,
     },
-    user_error,
 };
 
 /// Something that takes profiles: snapshots while tracing, the final one
@@ -48,6 +48,26 @@ pub struct Outputs {
     pub weight: Weight,
     pub pprof: Option<PathBuf>,
     pub speedscope: Option<PathBuf>,
+}
+
+impl Outputs {
+    /// Every file path asked for.
+    pub fn paths(&self) -> impl Iterator<Item = &PathBuf> {
+        [
+            &self.profile,
+            &self.folded,
+            &self.flamegraph,
+            &self.pprof,
+            &self.speedscope,
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// [`check_output_path`] for each of them.
+    pub fn check(&self) -> Result<()> {
+        self.paths().try_for_each(|p| check_output_path(p))
+    }
 }
 
 /// The report: the table on stdout and every requested file.
@@ -139,12 +159,45 @@ impl Sink for Snapshots {
     }
 }
 
-/// Prints `text` on stdout and flushes it.
+/// Prints `text` on stdout and flushes it; a failed write (a full disk, a
+/// closed pipe) is a one-line error with exit code [`EXIT_IO`].
 pub fn print_stdout(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| io_error(format!("cannot write the report to stdout: {e}")))
+}
+
+fn io_error(message: String) -> anyhow::Error {
+    anyhow::Error::new(UserError::with_code(message, EXIT_IO))
+}
+
+/// Checks, before tracing starts, that `path` can be an output: its
+/// directory exists, and it is not a directory itself.
+pub fn check_output_path(path: &Path) -> Result<()> {
+    let bad = |why: &str| {
+        anyhow::Error::new(UserError::with_code(
+            format!("cannot write {}: {why}", path.display()),
+            EXIT_USAGE,
+        ))
+    };
+    if path.is_dir() {
+        return Err(bad("it is a directory"));
+    }
+    let dir = output_dir(path);
+    if !dir.is_dir() {
+        return Err(bad("no such directory"));
+    }
     Ok(())
+}
+
+/// The directory an output file goes to.
+fn output_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// Draws a flame graph into `path`; nothing to draw is a note, not an
@@ -166,18 +219,52 @@ pub fn write_flamegraph(
     }
 }
 
-/// Writes `bytes` to `path` atomically (a reader never sees half a file:
-/// a temporary beside it, then a rename) and says so on stderr. Every
-/// output file mtrace writes goes through here.
+/// Writes `bytes` to `path` and says so on stderr: the one place mtrace
+/// writes an output file. Safe for root in a directory others can write:
+/// the bytes go to a fresh temporary of an unpredictable name beside
+/// `path` (created exclusively, never through a symbolic link), which is
+/// renamed over `path` (a symbolic link there is replaced, not followed);
+/// a reader never sees half a file. Under sudo the file belongs to the
+/// user who ran sudo (`SUDO_UID`, `SUDO_GID`), readable by all (0644). A
+/// device or FIFO at `path` (`/dev/stdout`, `/dev/full`) is written in
+/// place. Every failure is one line with exit code [`EXIT_IO`].
 pub fn write_file(path: &Path, what: &str, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| user_error!("cannot write {}: {e}", path.display()))?;
+    let fail = |e: std::io::Error| io_error(format!("cannot write {}: {e}", path.display()));
+    let special = std::fs::symlink_metadata(path)
+        .is_ok_and(|m| !m.file_type().is_file() && !m.file_type().is_symlink() && !m.is_dir());
+    if special {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(fail)?;
+        f.write_all(bytes).and_then(|()| f.flush()).map_err(fail)?;
+    } else {
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".mtrace-")
+            .suffix(".tmp")
+            .tempfile_in(output_dir(path))
+            .map_err(fail)?;
+        tmp.write_all(bytes)
+            .and_then(|()| tmp.as_file().sync_all())
+            .map_err(fail)?;
+        give_to_invoking_user(tmp.as_file()).map_err(fail)?;
+        tmp.persist(path).map_err(|e| fail(e.error))?;
+    }
     eprintln!("mtrace: wrote {what} to {}", path.display());
+    Ok(())
+}
+
+/// Mode 0644, and under sudo (`SUDO_UID`/`SUDO_GID` set, running as root)
+/// the invoking user's: the output of `sudo mtrace` is the user's file.
+fn give_to_invoking_user(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::{fchown, PermissionsExt};
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    let id = |name: &str| std::env::var(name).ok()?.parse::<u32>().ok();
+    if unsafe { libc::geteuid() } == 0 {
+        if let (Some(uid), Some(gid)) = (id("SUDO_UID"), id("SUDO_GID")) {
+            fchown(file, Some(uid), Some(gid))?;
+        }
+    }
     Ok(())
 }
 
