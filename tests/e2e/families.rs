@@ -73,6 +73,12 @@ fn preloaded_and_linked_allocators_by_pid() {
             assert_counts_sites(&p, &d);
             assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
             assert_object(&p.doc["meta"]["allocator_object"], library, &d);
+            // jemalloc and gperftools state their version (mimalloc does
+            // not, in its bytes).
+            let version = p.doc["meta"]["allocator_version"].as_str().unwrap_or("");
+            let stated =
+                !version.is_empty() && version.chars().all(|c| c.is_ascii_digit() || c == '.');
+            assert_eq!(stated, family != "mimalloc", "version {version:?}\n{d}");
         }
     }
 }

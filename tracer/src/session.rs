@@ -223,6 +223,7 @@ impl Session {
         self.meta.executable = target::executable(pid);
         self.meta.allocator_object = alloc.path.clone();
         self.meta.allocator_family = alloc.family.to_string();
+        self.meta.allocator_version = alloc.version.clone().unwrap_or_default();
         self.meta.probes = self.probes.attached.clone();
         eprintln!(
             "mtrace: pid {pid} exec'd {}: {} probes in {} ({})",

@@ -234,9 +234,62 @@ pub fn family(
     }
 }
 
+/// The version an allocator object states in its bytes: glibc's banner
+/// (`... release version 2.36.`), jemalloc's version string
+/// (`5.3.0-0-g54eaed1d...`), gperftools' (`gperftools 2.10`). `None` when
+/// it says none (mimalloc only has a function for it).
+pub fn version(family: &str, data: &[u8]) -> Option<String> {
+    use memchr::memmem;
+    let word_after = |marker: &[u8]| -> Option<String> {
+        let at = memmem::find(data, marker)? + marker.len();
+        let v: String = data[at..]
+            .iter()
+            .take(32)
+            .take_while(|b| b.is_ascii_digit() || **b == b'.')
+            .map(|b| *b as char)
+            .collect();
+        let v = v.trim_end_matches('.').to_string();
+        (!v.is_empty()).then_some(v)
+    };
+    match family {
+        "glibc" => word_after(b"stable release version "),
+        "tcmalloc" => word_after(b"gperftools "),
+        "jemalloc" => memmem::find_iter(data, b"-g").find_map(|at| {
+            // N.N.N-N-g<40 hex digits>: the version is what precedes the
+            // first `-`.
+            let hash = data.get(at + 2..at + 42)?;
+            if !hash.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            let start = data[..at]
+                .iter()
+                .rposition(|b| !(b.is_ascii_digit() || *b == b'.' || *b == b'-'))
+                .map_or(0, |i| i + 1);
+            let text = std::str::from_utf8(&data[start..at]).ok()?;
+            let v = text.split('-').next()?;
+            (v.split('.').count() == 3 && v.split('.').all(|p| !p.is_empty()))
+                .then(|| v.to_string())
+        }),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_from_the_objects_bytes() {
+        let banner = b"..GNU C Library (Debian GLIBC 2.36-9) stable release version 2.36.\n..";
+        assert_eq!(version("glibc", banner).as_deref(), Some("2.36"));
+        let je = b"\0x-g12\x005.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c\0";
+        assert_eq!(version("jemalloc", je).as_deref(), Some("5.3.0"));
+        assert_eq!(
+            version("tcmalloc", b"\0gperftools 2.10\0").as_deref(),
+            Some("2.10")
+        );
+        assert_eq!(version("mimalloc", b"mi_version"), None);
+    }
 
     #[test]
     fn versioned_and_prefixed_symbols_resolve() {

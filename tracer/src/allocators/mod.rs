@@ -105,6 +105,8 @@ pub struct AllocatorObject {
     pub path: String,
     /// Its family: glibc, musl, jemalloc, tcmalloc, mimalloc.
     pub family: &'static str,
+    /// Its version, when the object says it.
+    pub version: Option<String>,
     pub sites: Vec<ProbeSite>,
     pub internals: Vec<Internal>,
     /// Other objects that define allocator entry points the target does
@@ -270,6 +272,7 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
             &primary_path,
         )
     };
+    let version = families::version(family, &files[primary].2);
     let bound: Vec<&str> = sites.iter().map(|s| s.path.as_str()).collect();
     let shadowed = defining
         .iter()
@@ -279,6 +282,7 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
     Ok(Some(AllocatorObject {
         path: primary_path,
         family,
+        version,
         sites,
         internals,
         shadowed,

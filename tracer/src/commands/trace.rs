@@ -89,7 +89,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let mut exit_hold = None;
     // The executable is read while the target surely lives: a launched
     // command may be gone by the time tracing is under way.
-    let (pid, probes, unwind, (alloc_path, family, shadowed), executable, exit_rx) =
+    let (pid, probes, unwind, (alloc_path, family, shadowed, version), executable, exit_rx) =
         match &config.target {
             Target::Pid(pid) => {
                 let pid = *pid;
@@ -108,7 +108,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                     pid,
                     probes,
                     unwind,
-                    (alloc.path, alloc.family, alloc.shadowed),
+                    (alloc.path, alloc.family, alloc.shadowed, alloc.version),
                     executable,
                     Err(pidfd),
                 )
@@ -129,7 +129,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                         Ok(Some((
                             probes,
                             unwind,
-                            (alloc.path, alloc.family, alloc.shadowed),
+                            (alloc.path, alloc.family, alloc.shadowed, alloc.version),
                             target::executable(pid),
                         )))
                     },
@@ -188,6 +188,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         sampling: None,
         allocator_object: alloc_path,
         allocator_family: family.to_string(),
+        allocator_version: version.unwrap_or_default(),
         probes: probes.attached.clone(),
     };
     let mut session = Session {

@@ -337,6 +337,9 @@ pub struct Meta {
     /// older profiles).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub allocator_family: String,
+    /// Its version, when the object says it (empty otherwise).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub allocator_version: String,
     pub probes: Vec<Probe>,
 }
 

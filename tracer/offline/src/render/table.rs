@@ -77,7 +77,13 @@ fn header(profile: &Profile) -> String {
     let _ = write!(line, ", {:.2} s", meta.duration_secs);
     if !meta.allocator_object.is_empty() {
         let _ = write!(line, ", probes in {}", meta.allocator_object);
-        if !meta.allocator_family.is_empty() {
+        if !meta.allocator_family.is_empty() && !meta.allocator_version.is_empty() {
+            let _ = write!(
+                line,
+                " ({} {})",
+                meta.allocator_family, meta.allocator_version
+            );
+        } else if !meta.allocator_family.is_empty() {
             let _ = write!(line, " ({})", meta.allocator_family);
         }
     }
