@@ -108,9 +108,19 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
         let _ = writeln!(out, "\nleak suspects (outstanding at the end{age}): none");
         return out;
     }
+    // A lost event may have been a free: then its block is listed here
+    // though it was freed. Say so rather than state leaks as facts.
+    let caveat = if totals.events_lost > 0 {
+        format!(
+            " (uncertain: {} events were lost, and a lost free leaves its block among these)",
+            totals.events_lost
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "\nleak suspects (outstanding at the end{age}): {} blocks, {} bytes",
+        "\nleak suspects (outstanding at the end{age}): {} blocks, {} bytes{caveat}",
         totals.old_outstanding, totals.old_outstanding_bytes
     );
     let shown = if top == 0 {
@@ -179,6 +189,15 @@ mod tests {
         let big = text.find("big_leak").unwrap();
         let small = text.find("small_leak").unwrap();
         assert!(big < small, "{text}");
-        assert!(text.contains("leak suspects (outstanding at the end): 11 blocks, 4736 bytes"));
+        assert!(text.contains("leak suspects (outstanding at the end): 11 blocks, 4736 bytes\n"));
+        let lost = LiveTotals {
+            events_lost: 3,
+            ..totals.clone()
+        };
+        let text = summary(&p, &lost, 0);
+        assert!(
+            text.contains("4736 bytes (uncertain: 3 events were lost, and a lost free leaves its block among these)"),
+            "{text}"
+        );
     }
 }
