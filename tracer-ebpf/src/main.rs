@@ -539,8 +539,12 @@ const FRAMES_PER_STEP: usize = 8;
 #[inline(always)]
 fn rule_of(ra: u64) -> Option<UnwindRule> {
     if let Some(slot) = RULE_CACHE.get(rule_slot(ra)) {
-        if slot.ra == ra {
-            return Some(slot.rule);
+        // The tracer fills a slot while the target runs, the rule first
+        // and its address after (two updates): the address is read first,
+        // so a slot that names `ra` holds its whole rule.
+        let cached = unsafe { core::ptr::read_volatile(&slot.ra) };
+        if cached == ra {
+            return Some(unsafe { core::ptr::read_volatile(&slot.rule) });
         }
     }
     unsafe { UNWIND_RULES.get(&ra) }.copied()

@@ -73,6 +73,11 @@ impl Walks {
             for (ra, rule) in new_rules.drain(..) {
                 let slot = rule_slot(ra);
                 if self.cached.insert(slot) {
+                    // A map update is a plain copy that a walk running on
+                    // the other CPU can see half done: the rule goes in
+                    // under no address first, then the address (the walk
+                    // reads the address first).
+                    let _ = self.cache.set(slot, CachedRule { ra: 0, rule }, 0);
                     let _ = self.cache.set(slot, CachedRule { ra, rule }, 0);
                 }
                 if self.rules.insert(ra, rule, 0).is_err() {
