@@ -40,4 +40,5 @@ mod sampling;
 mod support;
 mod table;
 mod threads;
+mod tree;
 mod unwind;

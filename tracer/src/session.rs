@@ -25,10 +25,10 @@ use crate::{
         raw::RawProfile,
     },
     probes::{self, MapSizes, Mode, Probes, Sampling},
-    profile::{merge, Meta, Profile, SamplingInfo},
+    profile::{merge, Meta, ProcessMeta, ProcessRef, Profile, SamplingInfo},
     sinks::Sink,
     symbolize,
-    target::{self, AddressSpace, Mapping},
+    target::{self, launch::TreeEvent, AddressSpace, Mapping},
     unwind::service::UnwindService,
     user_error,
 };
@@ -54,43 +54,102 @@ pub struct Schedule {
     pub interval: Option<Duration>,
 }
 
-/// Everything needed to turn the kernel maps into a profile at any time.
-pub struct Session {
+/// What every process's probes and tracker are set up with.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcSettings {
+    pub mode: Mode,
+    pub sizes: MapSizes,
+    /// Live mode: a block freed sooner than this is a temporary.
+    pub temporary_ns: u64,
+    /// Live mode: outstanding blocks tracked at once, per process.
+    pub live_blocks: usize,
+}
+
+/// One traced process: its probes and maps (a BPF object of its own, so
+/// that addresses, blocks and unwind rules of different processes never
+/// meet), the walks its unwinder finishes, its live tracker, and the
+/// record of its address space.
+pub struct Proc {
     pub pid: u32,
     pub probes: Probes,
     /// Live mode: folds the kernel's events.
     pub tracker: Option<LiveTracker>,
-    /// Live mode: blocks at least this old are leak suspects.
-    pub min_age_ns: u64,
-    /// CLOCK_MONOTONIC when tracing began.
-    pub started_ns: u64,
+    /// Live mode: its event rings, one per CPU.
+    events: Vec<RingBuf<MapData>>,
     pub space: Arc<Mutex<AddressSpace>>,
-    pub meta: Meta,
-    pub per_thread: bool,
-    pub started: Instant,
     /// Finishes the walks the BPF side hands over.
     pub unwind: UnwindService,
-    /// What the probes were attached with (again after an `exec`).
-    pub mode: Mode,
-    pub sizes: MapSizes,
-    /// The profiles of the programs the target ran before its last
-    /// `exec`, each symbolized with its own mappings.
+    pub meta: Meta,
+    /// The profiles of the programs it ran before its last `exec`, each
+    /// symbolized with its own mappings.
     pub before_exec: Vec<Profile>,
+    /// Its allocator's object, family and the other objects defining
+    /// allocator functions (for the warning when nothing was counted).
+    pub shadowed: Vec<String>,
+    /// Its command name when probed (read again after it is gone, it
+    /// would be lost).
+    pub name: String,
 }
 
-/// Launch mode: the target called `exec`; the launch thread holds it
-/// stopped where the new program's allocator is known and waits for the
-/// reply (whether it was probed).
-pub struct ExecRequest {
-    pub maps: Vec<Mapping>,
-    pub reply: std::sync::mpsc::Sender<Result<bool, String>>,
-}
+impl Proc {
+    /// Probes `pid`'s allocator, found in `maps` (`None` when none is
+    /// mapped yet). `meta` holds what all processes of the trace share.
+    pub fn attach(
+        pid: u32,
+        maps: &[Mapping],
+        settings: &ProcSettings,
+        space: Arc<Mutex<AddressSpace>>,
+        meta: &Meta,
+    ) -> Result<Option<Proc>> {
+        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+            return Ok(None);
+        };
+        Proc::attach_to(pid, alloc, maps, settings, space, meta).map(Some)
+    }
 
-impl Session {
-    /// The whole trace: the programs before each `exec`, then the current
-    /// one.
-    pub fn profile(&self) -> Result<Profile> {
-        let current = self.current_profile()?;
+    /// As [`Proc::attach`], to the allocator found already.
+    pub fn attach_to(
+        pid: u32,
+        alloc: allocators::AllocatorObject,
+        maps: &[Mapping],
+        settings: &ProcSettings,
+        space: Arc<Mutex<AddressSpace>>,
+        meta: &Meta,
+    ) -> Result<Proc> {
+        space.lock().unwrap().refresh(pid);
+        let live = settings.mode.live;
+        let (probes, unwind) =
+            probes::attach(pid, &alloc, maps, settings.mode, settings.sizes, |ebpf| {
+                UnwindService::start(ebpf, pid, space.clone(), live)
+            })?;
+        let mut meta = meta.clone();
+        meta.pid = pid;
+        meta.command = target::cmdline(pid);
+        meta.executable = target::executable(pid);
+        meta.allocator_object = alloc.path.clone();
+        meta.allocator_family = alloc.family.to_string();
+        meta.allocator_version = alloc.version.clone().unwrap_or_default();
+        meta.probes = probes.attached.clone();
+        let mut proc = Proc {
+            pid,
+            probes,
+            tracker: live.then(|| LiveTracker::new(settings.temporary_ns, settings.live_blocks)),
+            events: Vec::new(),
+            space,
+            unwind,
+            meta,
+            before_exec: Vec::new(),
+            shadowed: alloc.shadowed,
+            name: target::comm(pid),
+        };
+        proc.events = proc.take_event_rings()?;
+        Ok(proc)
+    }
+
+    /// Everything it ran: the programs before each `exec`, then the
+    /// current one.
+    fn profile(&self, clock: &Clock, per_thread: bool) -> Result<Profile> {
+        let current = self.current_profile(clock, per_thread)?;
         if self.before_exec.is_empty() {
             return Ok(current);
         }
@@ -99,19 +158,19 @@ impl Session {
         Ok(merge::merge(parts))
     }
 
-    /// The program the target runs now (since its last `exec`).
-    fn current_profile(&self) -> Result<Profile> {
+    /// The program it runs now (since its last `exec`).
+    fn current_profile(&self, clock: &Clock, per_thread: bool) -> Result<Profile> {
         let mut thread_names = BTreeMap::new();
-        if self.per_thread {
+        if per_thread {
             thread_names.extend(target::thread_names(self.pid));
         }
         let mut raw = collect::collect(&self.probes, &self.unwind.walks().counted)
             .context("reading the kernel maps")?;
         if let Some(tracker) = &self.tracker {
-            self.add_live(&mut raw, tracker);
+            add_live(&mut raw, tracker, clock);
         }
         let mut meta = self.meta.clone();
-        meta.duration_secs = self.started.elapsed().as_secs_f64();
+        meta.duration_secs = clock.started.elapsed().as_secs_f64();
         meta.sampling = self.probes.sampling.map(|s| {
             let (kind, rate) = match s {
                 Sampling::Bytes(n) => ("bytes", n),
@@ -133,105 +192,50 @@ impl Session {
         ))
     }
 
-    /// Joins the tracker's per-stack statistics and its table of
-    /// outstanding blocks to the raw profile.
-    fn add_live(&self, raw: &mut RawProfile, tracker: &LiveTracker) {
-        let now = live_tracker::monotonic_ns();
-        let outstanding = tracker.outstanding(now, self.min_age_ns);
-        for st in &mut raw.stacks {
-            // Every stack gets live data in live mode: zeros for one whose
-            // calls all failed.
-            st.live = Some(
-                tracker
-                    .stats(&st.key, outstanding.get(&st.key), now)
-                    .unwrap_or_default(),
-            );
-        }
-        if let Some(t) = &mut raw.live {
-            t.peak_bytes = tracker.peak_bytes;
-            t.peak_secs = tracker.peak_ts.saturating_sub(self.started_ns) as f64 / 1e9;
-            t.min_age_secs = self.min_age_ns as f64 / 1e9;
-            t.temporary_under_ns = tracker.temporary_ns;
-            t.live_map_size = tracker.capacity() as u64;
-            for o in outstanding.values() {
-                t.outstanding += o.blocks;
-                t.outstanding_bytes += o.bytes;
-                t.old_outstanding += o.old_blocks;
-                t.old_outstanding_bytes += o.old_bytes;
-            }
-            t.untracked = tracker.untracked;
-            t.frees_unknown = tracker.frees_unknown;
-            t.stale = tracker.stale;
-            for (_, k) in tracker.stacks() {
-                t.tracked_allocations += k.allocations;
-                t.temporaries += k.temporaries;
-            }
-        }
+    /// Feeds the events waiting in its rings to its tracker.
+    fn drain(&mut self) {
+        drain(&mut self.events, &mut self.tracker, &self.unwind);
     }
 
-    /// A snapshot for every sink, with fresh mappings.
-    fn snapshot(&mut self, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
-        self.space.lock().unwrap().refresh(self.pid);
-        let profile = self.profile()?;
-        for sink in sinks.iter_mut() {
-            sink.snapshot(&profile)?;
+    /// Its counting ends: every function at once, then the walks and
+    /// events under way are taken in.
+    fn finish(&mut self) -> Result<()> {
+        self.probes.set_enabled(false)?;
+        self.unwind.walks().finish_all();
+        self.drain();
+        if let Some(t) = &mut self.tracker {
+            t.flush(None);
+            t.finish();
         }
         Ok(())
     }
 
-    /// The target exec'd a new program (launch mode): closes the books of
-    /// the old one (its profile, symbolized with its mappings, is kept),
-    /// then loads and attaches a new set of probes to the new program's
-    /// allocator, with fresh maps, unwind rules and address space. Returns
-    /// false when the new program has no allocator mapped yet.
-    fn on_exec(&mut self, maps: &[Mapping], events: &mut Vec<RingBuf<MapData>>) -> Result<bool> {
+    /// It exec'd a new program: closes the books of the old one (its
+    /// profile, symbolized with its mappings, is kept), then loads and
+    /// attaches a new set of probes to the new program's allocator, with
+    /// fresh maps, unwind rules and address space. Returns false when the
+    /// new program has no allocator mapped yet.
+    fn on_exec(
+        &mut self,
+        maps: &[Mapping],
+        settings: &ProcSettings,
+        clock: &Clock,
+        per_thread: bool,
+    ) -> Result<bool> {
         let pid = self.pid;
         let Some(alloc) = allocators::find_in_process(pid, maps)? else {
             return Ok(false);
         };
         // The old program's counts end here, for every function at once.
-        self.probes.set_enabled(false)?;
-        self.unwind.walks().finish_all();
-        drain(events, &mut self.tracker, &self.unwind);
-        if let Some(t) = &mut self.tracker {
-            t.flush(None);
-            t.finish();
-        }
-        let old = self.current_profile()?;
-        self.before_exec.push(old);
-        {
-            let mut space = self.space.lock().unwrap();
-            *space = AddressSpace::new();
-            space.refresh(pid);
-        }
-        let space = self.space.clone();
-        let live = self.mode.live;
-        let (probes, unwind) = probes::attach(pid, &alloc, maps, self.mode, self.sizes, |ebpf| {
-            UnwindService::start(ebpf, pid, space, live)
-        })?;
-        let old = (
-            std::mem::replace(&mut self.probes, probes),
-            std::mem::replace(&mut self.unwind, unwind),
-        );
+        self.finish()?;
+        let old = self.profile(clock, per_thread)?;
+        let space = Arc::new(Mutex::new(AddressSpace::new()));
+        let mut new = Proc::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
+        new.before_exec = vec![old];
+        let old = std::mem::replace(self, new);
         // Detaching takes the kernel about 0.1 s a probe: not while the
         // target waits.
         std::thread::spawn(move || drop(old));
-        if let Some(t) = &mut self.tracker {
-            *t = LiveTracker::new(t.temporary_ns, t.capacity());
-        }
-        *events = self.take_event_rings()?;
-        self.meta.executable = target::executable(pid);
-        self.meta.allocator_object = alloc.path.clone();
-        self.meta.allocator_family = alloc.family.to_string();
-        self.meta.allocator_version = alloc.version.clone().unwrap_or_default();
-        self.meta.probes = self.probes.attached.clone();
-        eprintln!(
-            "mtrace: pid {pid} exec'd {}: {} probes in {} ({})",
-            self.meta.executable,
-            self.probes.attached.len(),
-            alloc.path,
-            alloc.family
-        );
         Ok(true)
     }
 
@@ -247,6 +251,353 @@ impl Session {
         }
         Ok(events)
     }
+}
+
+/// Joins the tracker's per-stack statistics and its table of outstanding
+/// blocks to the raw profile.
+fn add_live(raw: &mut RawProfile, tracker: &LiveTracker, clock: &Clock) {
+    let now = live_tracker::monotonic_ns();
+    let outstanding = tracker.outstanding(now, clock.min_age_ns);
+    for st in &mut raw.stacks {
+        // Every stack gets live data in live mode: zeros for one whose
+        // calls all failed.
+        st.live = Some(
+            tracker
+                .stats(&st.key, outstanding.get(&st.key), now)
+                .unwrap_or_default(),
+        );
+    }
+    if let Some(t) = &mut raw.live {
+        t.peak_bytes = tracker.peak_bytes;
+        t.peak_secs = tracker.peak_ts.saturating_sub(clock.started_ns) as f64 / 1e9;
+        t.min_age_secs = clock.min_age_ns as f64 / 1e9;
+        t.temporary_under_ns = tracker.temporary_ns;
+        t.live_map_size = tracker.capacity() as u64;
+        for o in outstanding.values() {
+            t.outstanding += o.blocks;
+            t.outstanding_bytes += o.bytes;
+            t.old_outstanding += o.old_blocks;
+            t.old_outstanding_bytes += o.old_bytes;
+        }
+        t.untracked = tracker.untracked;
+        t.frees_unknown = tracker.frees_unknown;
+        t.stale = tracker.stale;
+        for (_, k) in tracker.stacks() {
+            t.tracked_allocations += k.allocations;
+            t.temporaries += k.temporaries;
+        }
+    }
+}
+
+/// When tracing began, and the age from which a block is a leak suspect.
+pub struct Clock {
+    pub started: Instant,
+    /// CLOCK_MONOTONIC when tracing began.
+    pub started_ns: u64,
+    /// Live mode: blocks at least this old are leak suspects.
+    pub min_age_ns: u64,
+}
+
+/// The process tree as traced: every process seen, in order.
+#[derive(Debug, Default)]
+pub struct Tree {
+    pub processes: Vec<ProcessMeta>,
+}
+
+impl Tree {
+    fn get(&mut self, pid: u32) -> Option<&mut ProcessMeta> {
+        // The newest entry of a pid: pids are reused.
+        self.processes.iter_mut().rev().find(|p| p.pid == pid)
+    }
+}
+
+/// Everything needed to turn the kernel maps into a profile at any time.
+pub struct Session {
+    /// The process traced by pid, or the command launched.
+    pub root: u32,
+    /// Every process with probes in, by pid.
+    pub procs: BTreeMap<u32, Proc>,
+    /// What processes that are gone counted, joined.
+    pub ended: Option<Profile>,
+    pub tree: Tree,
+    /// The root's metadata (its last program's after an `exec`).
+    pub meta: Meta,
+    pub clock: Clock,
+    pub settings: ProcSettings,
+    pub per_thread: bool,
+    /// Rows split per process.
+    pub per_process: bool,
+    /// Most processes probed at once; a process created beyond it is
+    /// counted as not traced.
+    pub max_processes: usize,
+}
+
+/// A [`TreeEvent`] sent to the session, with where to answer.
+pub struct TreeRequest {
+    pub event: OwnedTreeEvent,
+    pub reply: Option<std::sync::mpsc::Sender<Result<bool, String>>>,
+}
+
+/// [`TreeEvent`], owning its mappings.
+pub enum OwnedTreeEvent {
+    Fork {
+        parent: u32,
+        child: u32,
+        vfork: bool,
+    },
+    Exec {
+        pid: u32,
+        maps: Vec<Mapping>,
+    },
+    Exiting {
+        pid: u32,
+    },
+    Gone {
+        pid: u32,
+        code: i32,
+    },
+}
+
+impl OwnedTreeEvent {
+    fn describe(&self) -> String {
+        match self {
+            OwnedTreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            } => {
+                format!(
+                    "pid {parent} {} {child}",
+                    if *vfork { "vforked" } else { "forked" }
+                )
+            }
+            OwnedTreeEvent::Exec { pid, .. } => format!("pid {pid} exec'd"),
+            OwnedTreeEvent::Exiting { pid } => format!("pid {pid} exiting"),
+            OwnedTreeEvent::Gone { pid, code } => format!("pid {pid} gone ({code})"),
+        }
+    }
+}
+
+impl From<TreeEvent<'_>> for OwnedTreeEvent {
+    fn from(e: TreeEvent<'_>) -> OwnedTreeEvent {
+        match e {
+            TreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            } => OwnedTreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            },
+            TreeEvent::Exec { pid, maps } => OwnedTreeEvent::Exec {
+                pid,
+                maps: maps.to_vec(),
+            },
+            TreeEvent::Exiting { pid } => OwnedTreeEvent::Exiting { pid },
+            TreeEvent::Gone { pid, code } => OwnedTreeEvent::Gone { pid, code },
+        }
+    }
+}
+
+impl Session {
+    /// The whole trace: every process (each symbolized with its own
+    /// mappings), joined by what the stacks say.
+    pub fn profile(&self) -> Result<Profile> {
+        let mut parts: Vec<Profile> = self.ended.iter().cloned().collect();
+        for proc in self.procs.values() {
+            parts.push(self.proc_profile(proc)?);
+        }
+        let mut profile = if parts.len() == 1 {
+            parts.pop().unwrap_or_default()
+        } else {
+            merge::merge(parts)
+        };
+        profile.meta = Meta {
+            duration_secs: self.clock.started.elapsed().as_secs_f64(),
+            probes: std::mem::take(&mut profile.meta.probes),
+            sampling: profile.meta.sampling.take(),
+            processes: if self.tree.processes.len() > 1 {
+                self.tree.processes.clone()
+            } else {
+                Vec::new()
+            },
+            ..self.meta.clone()
+        };
+        Ok(profile)
+    }
+
+    /// One process's profile, its rows named by it with `--per-process`.
+    fn proc_profile(&self, proc: &Proc) -> Result<Profile> {
+        let mut profile = proc.profile(&self.clock, self.per_thread)?;
+        if self.per_process {
+            let tag = ProcessRef {
+                pid: proc.pid,
+                name: proc.name.clone(),
+            };
+            for st in &mut profile.stacks {
+                st.process = Some(tag.clone());
+            }
+        }
+        Ok(profile)
+    }
+
+    /// A snapshot for every sink, with fresh mappings.
+    fn snapshot(&mut self, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
+        for proc in self.procs.values() {
+            proc.space.lock().unwrap().refresh(proc.pid);
+        }
+        let profile = self.profile()?;
+        for sink in sinks.iter_mut() {
+            sink.snapshot(&profile)?;
+        }
+        Ok(())
+    }
+
+    /// Live mode: every process's events to its tracker.
+    fn drain_all(&mut self) {
+        for proc in self.procs.values_mut() {
+            proc.drain();
+        }
+    }
+
+    /// Counting ends in every process.
+    pub fn finish(&mut self) -> Result<()> {
+        for proc in self.procs.values_mut() {
+            proc.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Probes a new process (if the limit allows): `false` when no
+    /// allocator is mapped in it yet.
+    fn start_proc(&mut self, pid: u32, maps: &[Mapping]) -> Result<bool> {
+        if self.procs.len() >= self.max_processes {
+            if let Some(p) = self.tree.get(pid) {
+                p.traced = false;
+                p.not_traced = Some(format!(
+                    "more than {} processes at once",
+                    self.max_processes
+                ));
+            }
+            return Ok(true);
+        }
+        let space = Arc::new(Mutex::new(AddressSpace::new()));
+        match Proc::attach(pid, maps, &self.settings, space, &self.meta) {
+            Ok(Some(proc)) => {
+                if let Some(p) = self.tree.get(pid) {
+                    p.traced = true;
+                    p.not_traced = None;
+                    p.executable = proc.meta.executable.clone();
+                    p.command = proc.meta.command.clone();
+                    p.name = target::comm(pid);
+                    p.allocator_object = proc.meta.allocator_object.clone();
+                }
+                log::debug!(
+                    "pid {pid} ({}): {} probes in {}",
+                    target::comm(pid),
+                    proc.probes.attached.len(),
+                    proc.meta.allocator_object
+                );
+                self.procs.insert(pid, proc);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => {
+                log::warn!("pid {pid} not traced: {e:#}");
+                if let Some(p) = self.tree.get(pid) {
+                    p.traced = false;
+                    p.not_traced = Some(format!("{e:#}"));
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// What the launch thread (or the exit hold) tells of the tree.
+    fn on_tree_event(&mut self, event: OwnedTreeEvent) -> Result<bool> {
+        match event {
+            OwnedTreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            } => {
+                self.tree.processes.push(ProcessMeta {
+                    pid: child,
+                    ppid: parent,
+                    name: target::comm(child),
+                    command: target::cmdline(child),
+                    executable: target::executable(child),
+                    ..Default::default()
+                });
+                // A vfork child shares its parent's memory, and its probes,
+                // until it execs (and may call nothing but exec or _exit).
+                if vfork {
+                    if let Some(p) = self.tree.get(child) {
+                        p.not_traced = Some("vfork child that did not exec".into());
+                    }
+                    return Ok(true);
+                }
+                let maps = target::read_maps(child)?;
+                self.start_proc(child, &maps)
+            }
+            OwnedTreeEvent::Exec { pid, maps } => {
+                let (settings, per_thread) = (self.settings, self.per_thread);
+                let done = match self.procs.get_mut(&pid) {
+                    Some(proc) => {
+                        let done = proc.on_exec(&maps, &settings, &self.clock, per_thread)?;
+                        if done {
+                            let meta = proc.meta.clone();
+                            eprintln!(
+                                "mtrace: pid {pid} exec'd {}: {} probes in {} ({})",
+                                meta.executable,
+                                meta.probes.len(),
+                                meta.allocator_object,
+                                meta.allocator_family
+                            );
+                            if let Some(p) = self.tree.get(pid) {
+                                p.executable = meta.executable.clone();
+                                p.command = meta.command.clone();
+                                p.name = target::comm(pid);
+                                p.allocator_object = meta.allocator_object.clone();
+                            }
+                            if pid == self.root {
+                                self.meta = meta;
+                            }
+                        }
+                        done
+                    }
+                    None => self.start_proc(pid, &maps)?,
+                };
+                Ok(done)
+            }
+            OwnedTreeEvent::Exiting { pid } => {
+                if let Some(proc) = self.procs.get(&pid) {
+                    proc.space.lock().unwrap().refresh(pid);
+                }
+                Ok(true)
+            }
+            OwnedTreeEvent::Gone { pid, code } => {
+                if let Some(p) = self.tree.get(pid) {
+                    p.exit_code = Some(code);
+                }
+                // The root's counts are read when the trace ends.
+                if pid == self.root {
+                    return Ok(true);
+                }
+                if let Some(mut proc) = self.procs.remove(&pid) {
+                    proc.finish()?;
+                    let profile = self.proc_profile(&proc)?;
+                    self.ended = Some(match self.ended.take() {
+                        Some(ended) => merge::merge(vec![ended, profile]),
+                        None => profile,
+                    });
+                    std::thread::spawn(move || drop(proc));
+                }
+                Ok(true)
+            }
+        }
+    }
 
     /// Runs until the trace ends; returns why, and in launch mode the
     /// receiver of the command's exit code when it still runs. The target's
@@ -258,24 +609,24 @@ impl Session {
         sinks: &mut [Box<dyn Sink>],
         exit_rx: Option<oneshot::Receiver<i32>>,
         pidfd: Option<OwnedFd>,
-        mut execs: Option<tokio::sync::mpsc::UnboundedReceiver<ExecRequest>>,
+        mut tree_events: Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>,
         signals: Signals,
     ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
-        let pid = self.pid;
-        // Live mode: the event rings, one per CPU. The BPF programs do not
-        // wake us per event; we drain them on a timer, often enough that
-        // they cannot fill at any allocation rate a uprobe allows (about a
-        // million events a second per CPU at most; 4 MiB hold some 70,000).
-        let mut events = self.take_event_rings()?;
-        let next_exec =
-            async |rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<ExecRequest>>| match rx {
+        // Live mode: each process's event rings, one per CPU. The BPF
+        // programs do not wake us per event; we drain them on a timer,
+        // often enough that they cannot fill at any allocation rate a
+        // uprobe allows (about a million events a second per CPU at most;
+        // 4 MiB hold some 70,000).
+        let next_event =
+            async |rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>| match rx {
                 Some(rx) => rx.recv().await,
                 None => std::future::pending().await,
             };
         let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
         drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let drain_due = async |events: &Vec<RingBuf<MapData>>, tick: &mut tokio::time::Interval| {
-            if events.is_empty() {
+        let live = self.settings.mode.live;
+        let drain_due = async |tick: &mut tokio::time::Interval| {
+            if !live {
                 std::future::pending().await
             } else {
                 tick.tick().await;
@@ -329,29 +680,38 @@ impl Session {
                 _ = &mut sleep => break (End::Duration, exit_rx),
                 _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
                 _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
-                _ = drain_due(&events, &mut drain_tick) => {
-                    drain(&mut events, &mut self.tracker, &self.unwind);
-                }
+                _ = drain_due(&mut drain_tick) => self.drain_all(),
                 _ = sigusr1.recv() => {
-                    drain(&mut events, &mut self.tracker, &self.unwind);
+                    self.drain_all();
                     self.snapshot(sinks)?;
                 }
                 _ = snapshot_due(&mut interval) => {
-                    drain(&mut events, &mut self.tracker, &self.unwind);
+                    self.drain_all();
                     self.snapshot(sinks)?;
                 }
-                _ = refresh.tick() => { self.space.lock().unwrap().refresh(pid); }
-                req = next_exec(&mut execs) => match req {
-                    Some(req) => {
-                        let done = self.on_exec(&req.maps, &mut events);
-                        let _ = req.reply.send(done.map_err(|e| format!("{e:#}")));
+                _ = refresh.tick() => {
+                    for proc in self.procs.values() {
+                        proc.space.lock().unwrap().refresh(proc.pid);
                     }
-                    // The launch thread is gone: no more execs.
-                    None => execs = None,
+                }
+                req = next_event(&mut tree_events) => match req {
+                    Some(req) => {
+                        let t = Instant::now();
+                        let what = req.event.describe();
+                        let done = self.on_tree_event(req.event);
+                        log::debug!("{what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+                        if let Some(reply) = req.reply {
+                            let _ = reply.send(done.map_err(|e| format!("{e:#}")));
+                        } else if let Err(e) = done {
+                            log::warn!("{e:#}");
+                        }
+                    }
+                    // The launch thread is gone: no more events.
+                    None => tree_events = None,
                 },
             }
         };
-        drain(&mut events, &mut self.tracker, &self.unwind);
+        self.drain_all();
         Ok(end)
     }
 }

@@ -22,9 +22,13 @@ pub enum Fixture {
     Live,
     Sampled,
     ManyStacks,
+    /// A process tree (tree.c): run with two programs to start.
+    Tree,
+    /// counts.c, statically linked.
+    CountsStatic,
 }
 
-const N_FIXTURES: usize = 9;
+const N_FIXTURES: usize = 11;
 
 /// `cc -O2 -fno-omit-frame-pointer -g -o OUT SRC`: frame pointers for the
 /// kernel's stack walk, debug info for file:line.
@@ -42,13 +46,15 @@ impl Fixture {
             Fixture::Live => "live",
             Fixture::Sampled => "sampled",
             Fixture::ManyStacks => "manystacks",
+            Fixture::Tree => "tree",
+            Fixture::CountsStatic => "counts-static",
         }
     }
 
     /// The source file in tests/fixtures.
     fn source(self) -> &'static str {
         match self {
-            Fixture::CountsPlus20 => "counts",
+            Fixture::CountsPlus20 | Fixture::CountsStatic => "counts",
             other => other.name(),
         }
     }
@@ -59,6 +65,7 @@ impl Fixture {
             Fixture::Threads | Fixture::Live => (FRAME_FLAGS, &["-pthread"]),
             Fixture::CountsPlus20 => (FRAME_FLAGS, &["-DSMALL_N=1200"]),
             Fixture::NoMalloc => (&["-O2", "-static", "-nostdlib"], &[]),
+            Fixture::CountsStatic => (FRAME_FLAGS, &["-static"]),
             _ => (FRAME_FLAGS, &[]),
         }
     }

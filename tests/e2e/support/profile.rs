@@ -59,6 +59,12 @@ pub struct Thread {
     pub name: String,
 }
 
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProcessRef {
+    pub pid: u32,
+    pub name: String,
+}
+
 /// One entry of `stacks`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Stack {
@@ -68,6 +74,8 @@ pub struct Stack {
     pub frames: Vec<Frame>,
     pub truncated: bool,
     pub thread: Option<Thread>,
+    #[serde(default)]
+    pub process: Option<ProcessRef>,
     pub calls: u64,
     pub bytes: u64,
     /// Live mode: the stack's live statistics.

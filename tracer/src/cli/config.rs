@@ -39,6 +39,10 @@ pub struct TraceConfig {
     pub live_blocks: usize,
     /// Have the kernel time every BPF program (`--bpf-stats`).
     pub bpf_stats: bool,
+    /// Launch mode: trace every process the command starts.
+    pub follow: bool,
+    /// Most processes traced at once.
+    pub max_processes: usize,
     pub outputs: Outputs,
 }
 
@@ -79,6 +83,8 @@ impl TraceConfig {
             temporary_ns: args.temporary_under.as_nanos() as u64,
             live_blocks: args.live_map_size as usize,
             bpf_stats: args.bpf_stats,
+            follow: !args.no_follow,
+            max_processes: args.max_processes as usize,
             outputs: outputs(&args.out),
         })
     }
@@ -95,6 +101,7 @@ pub fn outputs(out: &OutputArgs) -> Outputs {
                 SortArg::Bytes => SortKey::Bytes,
             },
             per_thread: out.per_thread,
+            per_process: out.per_process,
         },
         profile: out.output.clone(),
         folded: out.stacks.folded.clone(),

@@ -110,6 +110,18 @@ pub struct TraceArgs {
     #[arg(long, conflicts_with_all = ["live", "sample_bytes", "sample_every"])]
     pub count_frees: bool,
 
+    /// Launch mode: trace the command only, not the processes it starts
+    /// (by default every descendant is traced from its first instruction,
+    /// whatever it execs).
+    #[arg(long)]
+    pub no_follow: bool,
+
+    /// Most processes traced at once (each has its own BPF maps, a few MiB
+    /// of kernel memory); a process started beyond it is not traced, and
+    /// the report says so.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_processes: u32,
+
     /// Sample instead of counting every call: on average one sample per N
     /// allocated bytes (exponential intervals, as jemalloc and tcmalloc),
     /// each weighted so estimated calls and bytes stay unbiased. Accepts
@@ -194,6 +206,12 @@ pub struct OutputArgs {
     /// Split every stack by thread (id and name).
     #[arg(long)]
     pub per_thread: bool,
+
+    /// Split every stack by process (pid and name): the processes a
+    /// launched command starts are traced too, their rows joined unless
+    /// this is given.
+    #[arg(long)]
+    pub per_process: bool,
 
     /// Write the profile as JSON (mtrace-profile, schema version 1) to FILE.
     #[arg(short, long, value_name = "FILE.json")]

@@ -15,14 +15,12 @@ use crate::{
         config::{Target, TraceConfig},
         TraceArgs,
     },
-    collect::live_tracker::{self, LiveTracker},
+    collect::live_tracker,
     error::{UserError, EXIT_USAGE},
-    probes,
-    profile::{Meta, Probe},
-    session::{self, End, ExecRequest, Session, Signals},
+    profile::{Meta, Probe, ProcessMeta},
+    session::{self, Clock, End, Proc, ProcSettings, Session, Signals, TreeRequest},
     sinks::{Report, Sink, Snapshots},
-    target::{self, launch, AddressSpace},
-    unwind::service::UnwindService,
+    target::{self, launch, launch::TreeEvent, AddressSpace},
     user_error,
 };
 
@@ -65,17 +63,36 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     };
     let space = Arc::new(Mutex::new(AddressSpace::new()));
     let attach_started = Instant::now();
-    let (mode, sizes) = (config.mode, config.sizes);
+    let settings = ProcSettings {
+        mode: config.mode,
+        sizes: config.sizes,
+        temporary_ns: config.temporary_ns,
+        live_blocks: config.live_blocks,
+    };
+    let mode = config.mode;
+    // What every process's profile shares.
+    let template = Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        kernel_release: kernel_release(),
+        mode: if mode.live { "live" } else { "count" }.into(),
+        ..Default::default()
+    };
 
-    // At each exec the thread that traces the target (launch mode's, or
-    // the exit hold by pid) asks the session to probe the new program,
-    // and holds it stopped until that is done.
-    let (exec_tx, execs) = tokio::sync::mpsc::unbounded_channel::<ExecRequest>();
-    let on_exec = move |_pid: u32, maps: &[target::Mapping]| -> Result<Option<()>> {
+    // The thread that traces the target (launch mode's, or the exit hold
+    // by pid) tells the session what happens in the process tree: a new
+    // process to probe before it runs, an exec, an exit. It holds the
+    // process concerned stopped until the session answers.
+    let (tree_tx, tree_rx) = tokio::sync::mpsc::unbounded_channel::<TreeRequest>();
+    let on_event = move |event: TreeEvent| -> Result<Option<()>> {
+        let wait = !matches!(event, TreeEvent::Gone { .. });
         let (reply, done) = std::sync::mpsc::channel();
-        let maps = maps.to_vec();
-        if exec_tx.send(ExecRequest { maps, reply }).is_err() {
-            // The trace has ended.
+        let request = TreeRequest {
+            event: event.into(),
+            reply: wait.then_some(reply),
+        };
+        if tree_tx.send(request).is_err() || !wait {
+            // The trace has ended, or nothing to wait for.
             return Ok(Some(()));
         }
         match done.recv() {
@@ -87,71 +104,41 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     // By pid: the target is held at its exit for a last look at its
     // mappings (launch mode's ptrace does the same).
     let mut exit_hold = None;
-    // The executable is read while the target surely lives: a launched
-    // command may be gone by the time tracing is under way.
-    let (pid, probes, unwind, (alloc_path, family, shadowed, version), executable, exit_rx) =
-        match &config.target {
-            Target::Pid(pid) => {
-                let pid = *pid;
-                target::check_pid(pid)?;
-                let pidfd = session::pidfd_open(pid)?;
-                exit_hold = Some(target::ExitHold::start(pid, space.clone(), on_exec));
-                let maps = target::read_maps(pid)
-                    .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
-                let alloc = allocators::require_in_process(pid, &maps)?;
-                space.lock().unwrap().refresh(pid);
-                let executable = target::executable(pid);
-                let (probes, unwind) = probes::attach(pid, &alloc, &maps, mode, sizes, |ebpf| {
-                    UnwindService::start(ebpf, pid, space.clone(), mode.live)
-                })?;
-                (
-                    pid,
-                    probes,
-                    unwind,
-                    (alloc.path, alloc.family, alloc.shadowed, alloc.version),
-                    executable,
-                    Err(pidfd),
-                )
-            }
-            Target::Command(argv) => {
-                let shared = space.clone();
-                let launched = launch::launch(
-                    argv,
-                    space.clone(),
-                    move |pid, maps| {
-                        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
-                            return Ok(None);
-                        };
-                        let (probes, unwind) =
-                            probes::attach(pid, &alloc, maps, mode, sizes, |ebpf| {
-                                UnwindService::start(ebpf, pid, shared.clone(), mode.live)
-                            })?;
-                        Ok(Some((
-                            probes,
-                            unwind,
-                            (alloc.path, alloc.family, alloc.shadowed, alloc.version),
-                            target::executable(pid),
-                        )))
-                    },
-                    on_exec,
-                )?;
-                let (probes, unwind, path, executable) = launched.attached;
-                (
-                    launched.pid,
-                    probes,
-                    unwind,
-                    path,
-                    executable,
-                    Ok(launched.exit),
-                )
-            }
-        };
+    let (root, exit_rx) = match &config.target {
+        Target::Pid(pid) => {
+            let pid = *pid;
+            target::check_pid(pid)?;
+            let pidfd = session::pidfd_open(pid)?;
+            let on_exec =
+                move |pid: u32, maps: &[target::Mapping]| on_event(TreeEvent::Exec { pid, maps });
+            exit_hold = Some(target::ExitHold::start(pid, space.clone(), on_exec));
+            let maps = target::read_maps(pid)
+                .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
+            let alloc = allocators::require_in_process(pid, &maps)?;
+            let root = Proc::attach_to(pid, alloc, &maps, &settings, space.clone(), &template)?;
+            (root, Err(pidfd))
+        }
+        Target::Command(argv) => {
+            let template = template.clone();
+            let launched = launch::launch(
+                argv,
+                config.follow,
+                move |pid, maps| {
+                    let space = Arc::new(Mutex::new(AddressSpace::new()));
+                    Proc::attach(pid, maps, &settings, space, &template)
+                },
+                on_event,
+            )?;
+            (launched.attached, Ok(launched.exit))
+        }
+    };
+    let pid = root.pid;
     log::debug!(
         "attached in {:.1} ms",
         attach_started.elapsed().as_secs_f64() * 1e3
     );
-    log_probes(&probes.attached);
-    for (name, prog) in probes.ebpf.programs() {
+    log_probes(&root.probes.attached);
+    for (name, prog) in root.probes.ebpf.programs() {
         if let Some(n) = prog
             .info()
             .ok()
@@ -160,53 +147,54 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             log::debug!("bpf program {name}: {n} instructions verified");
         }
     }
-    let command = match &config.target {
-        Target::Pid(_) => target::cmdline(pid),
-        Target::Command(argv) => argv.join(" "),
-    };
+    let mut meta = root.meta.clone();
+    if let Target::Command(argv) = &config.target {
+        meta.command = argv.join(" ");
+    }
     eprintln!(
-        "mtrace: tracing pid {pid} ({}): {} probes in {}{}",
+        "mtrace: tracing pid {pid} ({}): {} probes in {}{}{}",
         target::comm(pid),
-        probes.attached.len(),
-        alloc_path,
+        root.probes.attached.len(),
+        meta.allocator_object,
+        match &config.target {
+            Target::Command(_) if config.follow => ", and every process it starts",
+            _ => "",
+        },
         if config.schedule.duration.is_some() {
             String::new()
         } else {
             ", Ctrl-C to stop".into()
         }
     );
-
-    let meta = Meta {
-        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+    let root_process = ProcessMeta {
         pid,
-        command,
-        executable,
-        start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        duration_secs: 0.0,
-        kernel_release: kernel_release(),
-        mode: if mode.live { "live" } else { "count" }.into(),
-        sampling: None,
-        allocator_object: alloc_path,
-        allocator_family: family.to_string(),
-        allocator_version: version.unwrap_or_default(),
-        probes: probes.attached.clone(),
+        ppid: 0,
+        name: target::comm(pid),
+        command: meta.command.clone(),
+        executable: meta.executable.clone(),
+        allocator_object: meta.allocator_object.clone(),
+        traced: true,
+        ..Default::default()
     };
+    let shadowed = root.shadowed.clone();
+    let family = meta.allocator_family.clone();
     let mut session = Session {
-        pid,
-        tracker: mode
-            .live
-            .then(|| LiveTracker::new(config.temporary_ns, config.live_blocks)),
-        min_age_ns: config.min_age_ns,
-        started_ns: live_tracker::monotonic_ns(),
-        probes,
-        space,
+        root: pid,
+        procs: [(pid, root)].into(),
+        ended: None,
+        tree: session::Tree {
+            processes: vec![root_process],
+        },
         meta,
+        clock: Clock {
+            started: Instant::now(),
+            started_ns: live_tracker::monotonic_ns(),
+            min_age_ns: config.min_age_ns,
+        },
+        settings,
         per_thread: mode.per_thread,
-        started: Instant::now(),
-        unwind,
-        mode,
-        sizes,
-        before_exec: Vec::new(),
+        per_process: config.outputs.table.per_process,
+        max_processes: config.max_processes,
     };
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
@@ -223,40 +211,25 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         &mut sinks,
         exit_rx,
         pidfd,
-        Some(execs),
+        Some(tree_rx),
         signals,
     ))?;
 
     // Counting stops for all functions at once, before the maps are read.
-    session.probes.set_enabled(false)?;
+    session.finish()?;
+    if let (End::TargetExited(Some(code)), Some(root)) = (&end, session.tree.processes.first_mut())
+    {
+        root.exit_code = Some(*code);
+    }
     if stats_fd.is_some() {
-        log_program_times(&session.probes.ebpf);
+        if let Some(root) = session.procs.get(&pid) {
+            log_program_times(&root.probes.ebpf);
+        }
     }
-    let walks = session.unwind.walks();
-    let u = &walks.unwinder.stats;
-    log::debug!(
-        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
-        u.walks_finished,
-        u.rules,
-        u.objects,
-        u.load_time.as_secs_f64() * 1e3,
-        u.lookup_time.as_secs_f64() * 1e3,
-        walks.rules_full,
-        // A hash-map entry here: key, rule and the table's overhead.
-        u.rules * 32 / 1024,
-        // The kernel's hash map, preallocated: key, value and ~64 bytes
-        // of element each.
-        config.sizes.unwind_rules as usize * 80 / 1024,
-        u.rules,
-        config.sizes.unwind_rules,
-        tracer_common::RULE_CACHE_SLOTS as usize * std::mem::size_of::<tracer_common::CachedRule>() / 1024,
-        config.sizes.unwind_ring / 1024,
-    );
-    drop(walks);
+    if let Some(root) = session.procs.get(&pid) {
+        log_unwind(root, &config);
+    }
     drop(stats_fd);
-    if let Some(t) = &mut session.tracker {
-        t.finish();
-    }
     let profile = session.profile()?;
     if profile.totals.allocs.calls == 0 {
         // Loud: a process that allocates through something mtrace did not
@@ -294,6 +267,30 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         End::Interrupted(_) if matches!(config.target, Target::Pid(_)) => 0,
         End::Interrupted(sig) => 128 + sig,
     })
+}
+
+/// The root's unwinder at work (`-v`).
+fn log_unwind(root: &Proc, config: &TraceConfig) {
+    let walks = root.unwind.walks();
+    let u = &walks.unwinder.stats;
+    log::debug!(
+        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
+        u.walks_finished,
+        u.rules,
+        u.objects,
+        u.load_time.as_secs_f64() * 1e3,
+        u.lookup_time.as_secs_f64() * 1e3,
+        walks.rules_full,
+        // A hash-map entry here: key, rule and the table's overhead.
+        u.rules * 32 / 1024,
+        // The kernel's hash map, preallocated: key, value and ~64 bytes
+        // of element each.
+        config.sizes.unwind_rules as usize * 80 / 1024,
+        u.rules,
+        config.sizes.unwind_rules,
+        tracer_common::RULE_CACHE_SLOTS as usize * std::mem::size_of::<tracer_common::CachedRule>() / 1024,
+        config.sizes.unwind_ring / 1024,
+    );
 }
 
 fn log_probes(probes: &[Probe]) {

@@ -217,6 +217,7 @@ pub fn attach<T>(
         let used = mode.live && (i as u32) < cpus;
         loader.map_max_entries(name, if used { sizes.events } else { 4096 });
     }
+    let load_started = std::time::Instant::now();
     let mut ebpf = loader
         // PENDING is task storage, which aya cannot read (mtrace never does).
         .allow_unsupported_maps()
@@ -242,6 +243,7 @@ pub fn attach<T>(
     }
     let mut attached = Vec::new();
     let mut funcs = Vec::new();
+    let attach_started = std::time::Instant::now();
     // Count and sampled modes need one probe per allocating call: `free`
     // only when asked for (or in live mode, which follows every block).
     let wanted = |site: &&ProbeSite| match site.role() {
@@ -272,6 +274,12 @@ pub fn attach<T>(
         });
         funcs.push(FuncInfo { name, role });
     }
+    log::debug!(
+        "pid {pid}: BPF object loaded and {} probes attached in {:.1} ms ({:.1} ms attaching)",
+        attached.len(),
+        load_started.elapsed().as_secs_f64() * 1e3,
+        attach_started.elapsed().as_secs_f64() * 1e3
+    );
     let frees_counted = funcs.iter().any(|f| !f.role.allocates());
     let mut probes = Probes {
         frees_counted,

@@ -92,6 +92,7 @@ pub fn symbolize(
                     .cloned()
                     .unwrap_or_else(|| "?".into()),
             }),
+            process: None,
             counts: st.counts,
             live: st.live.clone(),
         });

@@ -113,7 +113,7 @@ fn hold(
                 ptrace(libc::PTRACE_CONT, pid, 0);
             }
             libc::PTRACE_EVENT_EXEC => {
-                if follow_exec(pid, space, on_exec).is_some() {
+                if follow_exec(pid, on_exec).is_some() {
                     return;
                 }
                 ptrace(libc::PTRACE_CONT, pid, 0);

@@ -10,19 +10,25 @@
 //! dynamic linker we do not know, is stepped from system call to system
 //! call until an object that defines `malloc` is mapped executable.)
 //!
-//! It stays traced for two events only: at each `exec`
+//! It stays traced for a few events only ([`TreeEvent`]): at each `exec`
 //! (`PTRACE_O_TRACEEXEC`) the new program is run to the same point and the
 //! session probes its allocator while it waits; at its exit
-//! (`PTRACE_O_TRACEEXIT`) we snapshot its mappings once more so that
+//! (`PTRACE_O_TRACEEXIT`) the session reads its mappings once more so that
 //! libraries it loaded late can still be symbolized after it is gone.
-//! Signals it receives are passed on unchanged. If mtrace dies, the kernel
-//! detaches it and it runs on.
+//! When following the process tree (the default), every child it creates
+//! (`fork`, `vfork`, `clone`: `PTRACE_O_TRACEFORK` and its kin, so that
+//! the child starts stopped, before its first instruction) is handed to
+//! the session, which probes it before it runs, and so on to any depth;
+//! threads are traced too (a thread may fork) and let run at once.
+//! Signals are passed on unchanged. If mtrace dies, the kernel detaches
+//! every tracee and they run on.
 
 use std::{
+    collections::{HashMap, HashSet},
     ffi::CString,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
-    sync::{mpsc, Arc, Mutex},
+    sync::mpsc,
 };
 
 use anyhow::Result;
@@ -32,9 +38,7 @@ use crate::{
     user_error,
 };
 
-use super::{
-    is_dynamic_linker, proc::read_maps, AddressSpace, DynamicLinker, Mapping, RT_CONSISTENT,
-};
+use super::{is_dynamic_linker, proc::read_maps, DynamicLinker, Mapping, RT_CONSISTENT};
 
 /// How many system calls we follow, at most, waiting for the allocator to
 /// be mapped.
@@ -72,8 +76,31 @@ fn check_alive(status: i32) -> Result<()> {
     }
 }
 
+/// What the launch thread tells the session about the process tree. The
+/// thread waits for the answer to each (the process concerned stays
+/// stopped meanwhile).
+#[derive(Debug)]
+pub enum TreeEvent<'a> {
+    /// `child`, created by `parent`, is stopped before its first
+    /// instruction, with a copy of its parent's memory (`vfork`: sharing
+    /// it, and calling nothing but `exec` or `_exit` until then).
+    Fork {
+        parent: u32,
+        child: u32,
+        vfork: bool,
+    },
+    /// `pid` exec'd and was run to the point where its new program's
+    /// allocator is known; answer `Some` once it is probed, `None` to be
+    /// asked again when more is mapped.
+    Exec { pid: u32, maps: &'a [Mapping] },
+    /// `pid`'s last thread is exiting: its memory and mappings are still
+    /// there.
+    Exiting { pid: u32 },
+    /// `pid` is gone, with this exit code (128 + signal when killed).
+    Gone { pid: u32, code: i32 },
+}
+
 pub struct Launched<T> {
-    pub pid: u32,
     /// What the attach callback returned.
     pub attached: T,
     /// Receives the exit code to pass through (128 + signal when killed).
@@ -118,20 +145,22 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf> {
 
 /// Starts `argv` stopped and steps it until `attach` (called with its pid
 /// and mappings each time the set of executable mappings changes) returns
-/// `Some`: the allocator is mapped and the probes are in. Then lets it run.
-/// Each time it calls `exec`, the new program is run in the same way to
-/// the point where its allocator is known, and `on_exec` is called there
-/// (it returns `Some` once it has probed the new program's allocator).
+/// `Some`: the allocator is mapped and the probes are in. Then lets it run,
+/// telling `on_event` of what happens in it (and, with `follow`, in every
+/// process it creates): each time a process calls `exec`, the new program
+/// is run in the same way to the point where its allocator is known, and
+/// [`TreeEvent::Exec`] asked there (answered `Some` once the session has
+/// probed the new program's allocator).
 pub fn launch<T, F, E>(
     argv: &[String],
-    space: Arc<Mutex<AddressSpace>>,
+    follow: bool,
     attach: F,
-    mut on_exec: E,
+    mut on_event: E,
 ) -> Result<Launched<T>>
 where
     T: Send + 'static,
     F: FnMut(u32, &[Mapping]) -> Result<Option<T>> + Send + 'static,
-    E: FnMut(u32, &[Mapping]) -> Result<Option<()>> + Send + 'static,
+    E: FnMut(TreeEvent) -> Result<Option<()>> + Send + 'static,
 {
     let path = resolve_command(&argv[0])?;
     let c_path = CString::new(path.as_os_str().as_bytes())?;
@@ -147,14 +176,14 @@ where
     std::thread::Builder::new()
         .name("mtrace-launch".into())
         .spawn(move || {
-            let pid = match start_stopped(&c_path, &c_args) {
+            let pid = match start_stopped(&c_path, &c_args, follow) {
                 Ok(pid) => pid,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
             };
-            let attached = wait_for_allocator(pid, &space, attach);
+            let attached = wait_for_allocator(pid, attach);
             match attached {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok((pid, t)));
@@ -175,15 +204,14 @@ where
             if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
                 log::warn!("resuming pid {pid}: {e}");
             }
-            let code = wait_exit(pid, &space, &mut on_exec);
+            let code = wait_tree(pid, &mut on_event);
             let _ = exit_tx.send(code);
         })?;
 
-    let (pid, attached) = ready_rx
+    let (_pid, attached) = ready_rx
         .recv()
         .map_err(|_| user_error!("the launch thread died"))??;
     Ok(Launched {
-        pid,
         attached,
         exit: exit_rx,
     })
@@ -221,7 +249,7 @@ fn waitpid(pid: u32) -> std::io::Result<i32> {
 
 /// Forks; the child becomes traced and execs. Returns once the child is
 /// stopped right after a successful exec.
-fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
+fn start_stopped(path: &CString, args: &[CString], follow: bool) -> Result<u32> {
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     // A close-on-exec pipe reports a failed exec's errno.
@@ -266,12 +294,12 @@ fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
     if !libc::WIFSTOPPED(status) {
         return Err(user_error!("{} did not start", path.to_string_lossy()));
     }
-    ptrace(
-        libc::PTRACE_SETOPTIONS,
-        pid,
-        (libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC)
-            as usize,
-    )?;
+    let mut options =
+        libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
+    if follow {
+        options |= libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
+    }
+    ptrace(libc::PTRACE_SETOPTIONS, pid, options as usize)?;
     Ok(pid)
 }
 
@@ -283,16 +311,15 @@ fn start_stopped(path: &CString, args: &[CString]) -> Result<u32> {
 /// `malloc` is mapped executable.
 fn wait_for_allocator<T>(
     pid: u32,
-    space: &Mutex<AddressSpace>,
     mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
 ) -> Result<T> {
     let maps = read_maps(pid)?;
     if let Some(ld) = DynamicLinker::find(pid, &maps) {
-        if let Some(t) = run_to_consistent(pid, &ld, space, &mut attach)? {
+        if let Some(t) = run_to_consistent(pid, &ld, &mut attach)? {
             return Ok(t);
         }
     }
-    step_syscalls(pid, space, attach)
+    step_syscalls(pid, attach)
 }
 
 /// A breakpoint on the dynamic linker's `_dl_debug_state`, which it calls
@@ -304,7 +331,6 @@ fn wait_for_allocator<T>(
 fn run_to_consistent<T>(
     pid: u32,
     ld: &DynamicLinker,
-    space: &Mutex<AddressSpace>,
     attach: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
 ) -> Result<Option<T>> {
     let Some(bp) = ld.debug_state else {
@@ -343,7 +369,6 @@ fn run_to_consistent<T>(
         set_regs(pid, &regs)?;
         if ld.state(pid) == Some(RT_CONSISTENT) {
             let maps = read_maps(pid)?;
-            space.lock().unwrap().refresh(pid);
             if let Some(t) = attach(pid, &maps)? {
                 return Ok(Some(t));
             }
@@ -425,7 +450,6 @@ fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Result<()> {
 /// allocator is mapped executable and `attach` has attached to it.
 fn step_syscalls<T>(
     pid: u32,
-    space: &Mutex<AddressSpace>,
     mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
 ) -> Result<T> {
     let mut seen_paths: Vec<String> = Vec::new();
@@ -438,7 +462,6 @@ fn step_syscalls<T>(
             .collect();
         paths.dedup();
         if paths != seen_paths {
-            space.lock().unwrap().refresh(pid);
             if let Some(attached) = attach(pid, &maps)? {
                 return Ok(attached);
             }
@@ -471,10 +494,9 @@ fn step_syscalls<T>(
 /// it). Returns the exit code to pass through when it exited meanwhile.
 pub fn follow_exec(
     pid: u32,
-    space: &Mutex<AddressSpace>,
     on_exec: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<()>>,
 ) -> Option<i32> {
-    match wait_for_allocator(pid, space, on_exec) {
+    match wait_for_allocator(pid, on_exec) {
         Ok(()) => None,
         Err(e) => match e.downcast_ref::<Exited>() {
             Some(Exited(code)) => Some(*code),
@@ -486,42 +508,141 @@ pub fn follow_exec(
     }
 }
 
-/// Follows the child to its end, passing its signals on, and returns the
-/// exit code to pass through. At each `exec`, runs the new program to the
-/// point where its allocator is known and calls `on_exec` there.
-fn wait_exit(
-    pid: u32,
-    space: &Arc<Mutex<AddressSpace>>,
-    on_exec: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<()>>,
-) -> i32 {
+/// The thread group a new tracee belongs to (`Tgid:` in its status).
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn event_msg(tid: u32) -> Option<u32> {
+    let mut msg: libc::c_ulong = 0;
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut msg as *mut libc::c_ulong,
+        )
+    };
+    (r == 0).then_some(msg as u32)
+}
+
+/// Waits for any tracee; `None` when none is left.
+fn wait_any() -> Option<(u32, i32)> {
+    let mut status = 0;
     loop {
-        let Ok(status) = waitpid(pid) else {
+        let r = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if r > 0 {
+            return Some((r as u32, status));
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return None;
+        }
+    }
+}
+
+/// Follows the root process (and with `PTRACE_O_TRACEFORK` and its kin,
+/// every process and thread it creates) until the root is gone, passing
+/// signals on and telling `on_event` of each [`TreeEvent`]; returns the
+/// root's exit code to pass through. Tracees still running then are
+/// detached by the kernel when this thread ends.
+fn wait_tree(root: u32, on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>) -> i32 {
+    // The thread group of every traced thread.
+    let mut group: HashMap<u32, u32> = HashMap::from([(root, root)]);
+    // New tracees whose first stop came before their creator's event.
+    let mut early: HashSet<u32> = HashSet::new();
+    let cont = |tid: u32, sig: i32| {
+        // A tracee that is gone already: its wait status says how.
+        let _ = ptrace(libc::PTRACE_CONT, tid, sig as usize);
+    };
+    // A new tracee starts with a stop of its own: take it (now, or when
+    // it came early) and let it go only when told to.
+    let take_first_stop = |tid: u32, early: &mut HashSet<u32>| {
+        if !early.remove(&tid) {
+            let _ = waitpid(tid);
+        }
+    };
+    loop {
+        let Some((tid, status)) = wait_any() else {
             return 1;
         };
         if let Some(code) = exit_code(status) {
-            return code;
-        }
-        if libc::WIFSTOPPED(status) {
-            let sig = libc::WSTOPSIG(status);
-            let event = status >> 16;
-            let inject = if event == libc::PTRACE_EVENT_EXIT {
-                // Its memory is still there: last look at its mappings.
-                space.lock().unwrap().refresh(pid);
-                0
-            } else if event == libc::PTRACE_EVENT_EXEC {
-                if let Some(code) = follow_exec(pid, space, &mut *on_exec) {
-                    return code;
+            if let Some(tgid) = group.remove(&tid) {
+                if tid == tgid {
+                    let _ = on_event(TreeEvent::Gone { pid: tid, code });
+                    if tid == root {
+                        return code;
+                    }
                 }
-                0
-            } else if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) {
-                0
-            } else {
-                sig
-            };
-            if ptrace(libc::PTRACE_CONT, pid, inject as usize).is_err() {
-                // Gone already; the next wait reports how.
-                continue;
             }
+            continue;
+        }
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let Some(&tgid) = group.get(&tid) else {
+            // The first stop of a tracee whose creator has not reported
+            // it yet.
+            early.insert(tid);
+            continue;
+        };
+        let sig = libc::WSTOPSIG(status);
+        match status >> 16 {
+            event @ (libc::PTRACE_EVENT_FORK
+            | libc::PTRACE_EVENT_VFORK
+            | libc::PTRACE_EVENT_CLONE) => {
+                let Some(child) = event_msg(tid) else {
+                    cont(tid, 0);
+                    continue;
+                };
+                take_first_stop(child, &mut early);
+                let child_group = match event {
+                    libc::PTRACE_EVENT_CLONE => tgid_of(child).unwrap_or(child),
+                    _ => child,
+                };
+                group.insert(child, child_group);
+                if child_group == child {
+                    let _ = on_event(TreeEvent::Fork {
+                        parent: tgid,
+                        child,
+                        vfork: event == libc::PTRACE_EVENT_VFORK,
+                    });
+                }
+                cont(child, 0);
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                // The thread that exec'd now has the group's id; the
+                // others are gone without a word.
+                let pid = tgid;
+                group.retain(|t, g| *g != pid || *t == pid);
+                group.insert(pid, pid);
+                let mut on_exec =
+                    |pid: u32, maps: &[Mapping]| on_event(TreeEvent::Exec { pid, maps });
+                if let Some(code) = follow_exec(pid, &mut on_exec) {
+                    group.remove(&pid);
+                    let _ = on_event(TreeEvent::Gone { pid, code });
+                    if pid == root {
+                        return code;
+                    }
+                    continue;
+                }
+                cont(pid, 0);
+            }
+            libc::PTRACE_EVENT_EXIT => {
+                // The last thread of the group (its memory still there) or
+                // the leader with threads left: either way, a last look.
+                if tid == tgid {
+                    let _ = on_event(TreeEvent::Exiting { pid: tid });
+                }
+                cont(tid, 0);
+            }
+            _ if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) => cont(tid, 0),
+            // A signal on its way to the tracee: deliver it.
+            _ => cont(tid, sig),
         }
     }
 }

@@ -28,6 +28,7 @@ fn stack(func: &str, frames: Vec<Frame>, calls: u64, bytes: u64) -> StackEntry {
         frames,
         truncated: false,
         thread: None,
+        process: None,
         counts: Counts { calls, bytes },
         live: None,
     }

@@ -181,6 +181,7 @@ mod tests {
             }],
             truncated: false,
             thread: None,
+            process: None,
             counts: Counts {
                 calls: 1000,
                 bytes: 48000,

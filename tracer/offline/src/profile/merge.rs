@@ -19,6 +19,7 @@ macro_rules! add_fields {
 type StackKey = (
     String,
     Option<u32>,
+    Option<u32>,
     Vec<(String, Option<String>, Option<u32>, Option<String>, bool)>,
 );
 
@@ -26,6 +27,7 @@ fn key(e: &StackEntry) -> StackKey {
     (
         e.func.clone(),
         e.thread.as_ref().map(|t| t.tid),
+        e.process.as_ref().map(|p| p.pid),
         e.frames
             .iter()
             .map(|f| {

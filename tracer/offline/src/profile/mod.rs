@@ -158,11 +158,48 @@ pub struct StackEntry {
     pub truncated: bool,
     /// Thread id and name when split per thread.
     pub thread: Option<Thread>,
+    /// The process, when split per process (`--per-process`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessRef>,
     #[serde(flatten)]
     pub counts: Counts,
     /// Live mode: what became of this stack's blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveStats>,
+}
+
+/// The process a row belongs to (`--per-process`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProcessRef {
+    pub pid: u32,
+    /// Its command name (`comm`).
+    pub name: String,
+}
+
+/// A process of the traced tree.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessMeta {
+    pub pid: u32,
+    /// The process that created it (0 for the root).
+    pub ppid: u32,
+    /// Its command name (`comm`), after its last `exec`.
+    pub name: String,
+    /// Its command line, after its last `exec`.
+    pub command: String,
+    #[serde(default)]
+    pub executable: String,
+    /// Where its probes were (empty when not traced).
+    #[serde(default)]
+    pub allocator_object: String,
+    /// Its allocating calls were counted.
+    pub traced: bool,
+    /// Why it was not (or not from its start) traced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_traced: Option<String>,
+    /// Its exit code (128 + signal when killed); none when it still ran
+    /// at the end of the trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -341,6 +378,10 @@ pub struct Meta {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub allocator_version: String,
     pub probes: Vec<Probe>,
+    /// Every process of the traced tree when there were more than one
+    /// (the root first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessMeta>,
 }
 
 /// Present in snapshot files: which snapshot, and what changed since the

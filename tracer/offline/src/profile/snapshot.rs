@@ -69,6 +69,7 @@ mod tests {
             }],
             truncated: false,
             thread: None,
+            process: None,
             counts: Counts {
                 calls,
                 bytes: calls * 8,

@@ -39,6 +39,9 @@ pub fn render(profile: &Profile, weight: Weight, per_thread: bool) -> String {
 /// `[NAME-TID;]outermost;...;caller;func`
 fn stack_line(entry: &StackEntry, per_thread: bool) -> String {
     let mut parts: Vec<String> = Vec::with_capacity(entry.frames.len() + 2);
+    if let Some(process) = &entry.process {
+        parts.push(clean(&format!("{}-{}", process.name, process.pid)));
+    }
     if per_thread {
         if let Some(thread) = &entry.thread {
             parts.push(clean(&format!("{}-{}", thread.name, thread.tid)));

@@ -10,7 +10,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 pub use crate::profile::{is_allocation, Weight, FREE_FUNC};
-use crate::profile::{Counts, Frame, LiveStats, Profile, Thread};
+use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, Thread};
 
 pub mod diff_table;
 pub mod flamegraph;
@@ -38,6 +38,8 @@ pub struct ReportOptions {
     pub sort: SortKey,
     /// Keep rows of different threads apart (otherwise they are merged).
     pub per_thread: bool,
+    /// Rows split per process (they carry it when traced so).
+    pub per_process: bool,
 }
 
 /// One row to show: an allocator function reached through one stack, from
@@ -50,6 +52,8 @@ pub struct Row<'a> {
     pub truncated: bool,
     /// Always `None` unless [`ReportOptions::per_thread`] is set.
     pub thread: Option<&'a Thread>,
+    /// Always `None` unless [`ReportOptions::per_process`] is set.
+    pub process: Option<&'a ProcessRef>,
     pub counts: Counts,
     /// Live mode: the entry's live statistics (`None` when several entries
     /// were merged into this row: percentiles do not add up).
@@ -77,7 +81,7 @@ pub struct Selection<'a> {
 /// under the threshold, sorts by the sort key (descending) and keeps the top
 /// rows. `free` entries are never rows.
 pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
-    let mut rows = merge_rows(profile, opts.per_thread);
+    let mut rows = merge_rows(profile, opts.per_thread, opts.per_process);
 
     let total = profile.totals.allocs.calls;
     let mut selection = Selection::default();
@@ -120,12 +124,23 @@ fn passes_threshold(calls: u64, total: u64, threshold_pct: f64) -> bool {
 }
 
 /// Rows identical but for the thread (unless `per_thread`), summed.
-fn merge_rows(profile: &Profile, per_thread: bool) -> Vec<Row<'_>> {
-    type Key<'a> = (&'a str, &'a [Frame], bool, Option<&'a Thread>);
+fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row<'_>> {
+    type Key<'a> = (
+        &'a str,
+        &'a [Frame],
+        bool,
+        Option<&'a Thread>,
+        Option<&'a ProcessRef>,
+    );
     let mut merged: BTreeMap<Key<'_>, (Counts, Option<&LiveStats>, usize)> = BTreeMap::new();
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
         let thread = if per_thread {
             entry.thread.as_ref()
+        } else {
+            None
+        };
+        let process = if per_process {
+            entry.process.as_ref()
         } else {
             None
         };
@@ -134,6 +149,7 @@ fn merge_rows(profile: &Profile, per_thread: bool) -> Vec<Row<'_>> {
             entry.frames.as_slice(),
             entry.truncated,
             thread,
+            process,
         );
         let slot = merged.entry(key).or_default();
         slot.0.add(entry.counts);
@@ -143,11 +159,12 @@ fn merge_rows(profile: &Profile, per_thread: bool) -> Vec<Row<'_>> {
     merged
         .into_iter()
         .map(
-            |((func, frames, truncated, thread), (counts, live, n))| Row {
+            |((func, frames, truncated, thread, process), (counts, live, n))| Row {
                 func,
                 frames,
                 truncated,
                 thread,
+                process,
                 counts,
                 live: if n == 1 { live } else { None },
             },
@@ -168,6 +185,7 @@ fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
         .then_with(|| a.frames.cmp(b.frames))
         .then_with(|| a.truncated.cmp(&b.truncated))
         .then_with(|| a.thread.cmp(&b.thread))
+        .then_with(|| a.process.cmp(&b.process))
 }
 
 /// Helpers to build profiles by hand in the renderers' tests.
@@ -198,6 +216,7 @@ pub(crate) mod test_util {
             frames: frames(names),
             truncated: false,
             thread: None,
+            process: None,
             counts: Counts { calls, bytes },
             live: None,
         }
@@ -244,6 +263,7 @@ mod tests {
             threshold_pct,
             sort,
             per_thread,
+            per_process: false,
         }
     }
 

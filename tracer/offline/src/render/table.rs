@@ -87,6 +87,39 @@ fn header(profile: &Profile) -> String {
             let _ = write!(line, " ({})", meta.allocator_family);
         }
     }
+    if !meta.processes.is_empty() {
+        let traced = meta.processes.iter().filter(|p| p.traced).count();
+        let exited = meta
+            .processes
+            .iter()
+            .filter(|p| p.traced && p.exit_code.is_some())
+            .count();
+        let _ = write!(
+            line,
+            "\nprocesses: {traced} traced ({exited} exited during the trace)"
+        );
+        let untraced: Vec<String> = meta
+            .processes
+            .iter()
+            .filter(|p| !p.traced)
+            .map(|p| {
+                format!(
+                    "{} (pid {}): {}",
+                    p.name,
+                    p.pid,
+                    p.not_traced.as_deref().unwrap_or("not traced")
+                )
+            })
+            .collect();
+        if !untraced.is_empty() {
+            let _ = write!(
+                line,
+                ", {} not traced: {}",
+                untraced.len(),
+                untraced.join("; ")
+            );
+        }
+    }
     if let Some(s) = &meta.sampling {
         let how = match s.kind.as_str() {
             "bytes" => format!("one sample per {} bytes on average", s.rate),
@@ -113,6 +146,9 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
         counts.bytes,
         row.func,
     );
+    if let Some(process) = row.process {
+        let _ = write!(out, "  process {} (pid {})", process.name, process.pid);
+    }
     if let Some(thread) = row.thread {
         let _ = write!(out, "  thread {} (tid {})", thread.name, thread.tid);
     }
@@ -286,6 +322,7 @@ mod tests {
             threshold_pct: 0.0,
             sort: SortKey::Calls,
             per_thread,
+            per_process: false,
         }
     }
 

@@ -1,0 +1,220 @@
+//! Launch mode follows the process tree: every process the command starts
+//! (fork, vfork through posix_spawn, exec of another program, a static
+//! one included), to any depth, counted exactly from its first
+//! instruction, each symbolized with its own mappings.
+
+use std::collections::BTreeSet;
+
+use crate::{
+    counts::{assert_counts_sites, COUNTS_SITES},
+    support::{run_profiled, Finished, Fixture, Profile},
+};
+
+/// tree.c's own sites: (function, caller, calls, bytes).
+const TREE_SITES: &[(&str, &str, u64, u64)] = &[
+    ("malloc", "root_work", 100, 1100),
+    ("malloc", "child_work", 1000, 22000),
+    ("malloc", "grandchild_work", 10, 330),
+];
+
+/// `mtrace ARGS --top 0 -o P -- tree counts counts-static`, exit 0.
+fn trace_tree(args: &[&str]) -> (Finished, Profile) {
+    let mut all = args.to_vec();
+    all.extend([
+        "--top",
+        "0",
+        "--",
+        Fixture::Tree.path_str(),
+        Fixture::Counts.path_str(),
+        Fixture::CountsStatic.path_str(),
+    ]);
+    let (out, p) = run_profiled(&all);
+    out.assert_exit(0);
+    (out, p)
+}
+
+/// Every site of tree.c exact, and every site of the counts fixture
+/// `times` times over (it runs spawned, and exec'd statically linked).
+fn assert_tree_sites(p: &Profile, d: &str, times: u64) {
+    for &(func, caller, calls, bytes) in TREE_SITES {
+        assert_eq!(p.site(func, caller), (calls, bytes), "{caller}\n{d}");
+    }
+    for &(func, caller, calls, bytes) in COUNTS_SITES {
+        // glibc's `aligned_alloc/memalign` (one function) is two in a
+        // static glibc without the alias.
+        let mut names = vec![func];
+        if func.contains('/') {
+            names.extend(func.split('/'));
+        }
+        let got = names
+            .iter()
+            .map(|f| p.site(f, caller))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        assert_eq!(
+            got,
+            (calls * times, bytes * times),
+            "{func} from {caller}\n{d}"
+        );
+    }
+}
+
+/// The processes the profile lists: (pid, ppid, name, traced, exit code).
+fn processes(p: &Profile) -> Vec<(u64, u64, String, bool, Option<i64>)> {
+    p.doc["meta"]["processes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    (
+                        e["pid"].as_u64().unwrap(),
+                        e["ppid"].as_u64().unwrap(),
+                        e["name"].as_str().unwrap().to_string(),
+                        e["traced"].as_bool().unwrap(),
+                        e["exit_code"].as_i64(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_process_of_the_tree_is_counted_exactly() {
+    need_bpf!();
+    let (out, p) = trace_tree(&[]);
+    let d = out.describe();
+    assert_tree_sites(&p, &d, 2);
+    let procs = processes(&p);
+    // The root, the child that exits at once, child A and its child, the
+    // spawned program and the forked child that execs.
+    assert_eq!(procs.len(), 6, "{procs:?}\n{d}");
+    let root = p.pid() as u64;
+    assert_eq!(procs[0].0, root, "{procs:?}");
+    assert!(procs.iter().all(|e| e.3), "every process traced: {procs:?}");
+    assert!(
+        procs[1..].iter().all(|e| e.4 == Some(0)),
+        "every child exited 0 during the trace: {procs:?}"
+    );
+    let names: BTreeSet<&str> = procs.iter().map(|e| e.2.as_str()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["tree", "counts", "counts-static"]),
+        "{procs:?}"
+    );
+    // The grandchild's parent is a child of the root.
+    let parents: BTreeSet<u64> = procs.iter().map(|e| e.1).collect();
+    assert!(
+        procs.iter().any(|e| e.1 == root && parents.contains(&e.0)),
+        "three generations: {procs:?}"
+    );
+    assert!(
+        out.stdout
+            .contains("processes: 6 traced (6 exited during the trace)"),
+        "{d}"
+    );
+    // Each process's stacks reach its first frame, symbolized with its
+    // own mappings.
+    for caller in ["child_work", "grandchild_work", "alloc_small"] {
+        for st in p.stacks_at("malloc", caller) {
+            assert_eq!(st.names().last().copied(), Some("_start"), "{st:?}\n{d}");
+        }
+    }
+}
+
+#[test]
+fn per_process_rows_name_their_process() {
+    need_bpf!();
+    let (out, p) = trace_tree(&["--per-process"]);
+    let d = out.describe();
+    assert_tree_sites(&p, &d, 2);
+    let procs = processes(&p);
+    let root = p.pid();
+    let process_of = |caller: &str| {
+        let rows = p.stacks_at("malloc", caller);
+        assert_eq!(rows.len(), 1, "{caller}: one row\n{d}");
+        rows[0].process.clone().expect("a process on every row")
+    };
+    let r = process_of("root_work");
+    assert_eq!((r.pid, r.name.as_str()), (root, "tree"), "{d}");
+    let a = process_of("child_work");
+    let g = process_of("grandchild_work");
+    assert!(a.pid != root && g.pid != root && a.pid != g.pid, "{d}");
+    assert!(
+        procs
+            .iter()
+            .any(|e| e.0 == a.pid as u64 && e.1 == root as u64),
+        "child_work runs in a child of the root: {procs:?}"
+    );
+    assert!(
+        procs
+            .iter()
+            .any(|e| e.0 == g.pid as u64 && e.1 == a.pid as u64),
+        "grandchild_work runs in a child of child_work's process: {procs:?}"
+    );
+    // The counts fixture ran twice, as two programs: two rows.
+    let names: BTreeSet<String> = p
+        .stacks_at("malloc", "alloc_small")
+        .iter()
+        .map(|s| s.process.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["counts".to_string(), "counts-static".to_string()]),
+        "{d}"
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("process tree (pid {})", a.pid)),
+        "{d}"
+    );
+}
+
+#[test]
+fn no_follow_traces_the_command_alone() {
+    need_bpf!();
+    let (out, p) = trace_tree(&["--no-follow"]);
+    let d = out.describe();
+    assert_eq!(p.site("malloc", "root_work"), (100, 1100), "{d}");
+    for caller in ["child_work", "grandchild_work", "alloc_small"] {
+        assert_eq!(p.site("malloc", caller), (0, 0), "{caller}\n{d}");
+    }
+    assert!(processes(&p).is_empty(), "{d}");
+}
+
+#[test]
+fn live_mode_keeps_each_process_blocks_apart() {
+    need_bpf!();
+    let (out, p) = trace_tree(&["--live"]);
+    let d = out.describe();
+    assert_tree_sites(&p, &d, 2);
+    // (caller, blocks left, bytes left): child_work leaks 5 blocks of 22
+    // bytes; the others free all. A fork copies the heap, so parent and
+    // child hand out the same addresses: kept apart, no block is lost or
+    // freed twice.
+    for (caller, left, left_bytes) in [
+        ("root_work", 0, 0),
+        ("child_work", 5, 110),
+        ("grandchild_work", 0, 0),
+    ] {
+        let rows = p.stacks_at("malloc", caller);
+        let live = rows[0].live.as_ref().expect("live stats");
+        assert_eq!(
+            (
+                live["outstanding"].as_u64(),
+                live["outstanding_bytes"].as_u64()
+            ),
+            (Some(left), Some(left_bytes)),
+            "{caller}\n{d}"
+        );
+    }
+}
+
+#[test]
+fn a_pipeline_in_a_shell_is_followed() {
+    need_bpf!();
+    let script = format!("{} | cat >/dev/null", Fixture::Counts.path_str());
+    let (out, p) = run_profiled(&["--top", "0", "--", "sh", "-c", &script]);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert_counts_sites(&p, &d);
+}
