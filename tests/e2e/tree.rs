@@ -218,3 +218,22 @@ fn a_pipeline_in_a_shell_is_followed() {
     let d = out.describe();
     assert_counts_sites(&p, &d);
 }
+
+#[test]
+fn processes_beyond_the_limit_are_named_not_dropped_silently() {
+    need_bpf!();
+    let (out, p) = trace_tree(&["--max-processes", "1"]);
+    let d = out.describe();
+    // The root alone is probed: its calls exact, nobody else's.
+    assert_eq!(p.site("malloc", "root_work"), (100, 1100), "{d}");
+    assert_eq!(p.site("malloc", "child_work"), (0, 0), "{d}");
+    let procs = processes(&p);
+    assert_eq!(procs.len(), 6, "{procs:?}");
+    assert!(procs[0].3 && procs[1..].iter().all(|e| !e.3), "{procs:?}");
+    assert!(
+        out.stdout.contains("processes: 1 traced")
+            && out.stdout.contains("5 not traced: ")
+            && out.stdout.contains("more than 1 processes at once"),
+        "{d}"
+    );
+}
