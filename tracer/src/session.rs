@@ -229,7 +229,9 @@ impl Proc {
         // The old program's counts end here, for every function at once.
         self.finish()?;
         let old = self.profile(clock, per_thread)?;
-        let space = Arc::new(Mutex::new(AddressSpace::new()));
+        // The same record, emptied: by pid the exit hold refreshes it too.
+        *self.space.lock().unwrap() = AddressSpace::new();
+        let space = self.space.clone();
         let mut new = Proc::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
         new.before_exec = vec![old];
         let old = std::mem::replace(self, new);
@@ -308,6 +310,25 @@ impl Tree {
     fn get(&mut self, pid: u32) -> Option<&mut ProcessMeta> {
         // The newest entry of a pid: pids are reused.
         self.processes.iter_mut().rev().find(|p| p.pid == pid)
+    }
+
+    /// `proc` is probed (again, after an exec): its entry says what runs.
+    pub fn probed(&mut self, proc: &Proc) {
+        if let Some(p) = self.get(proc.pid) {
+            p.traced = true;
+            p.not_traced = None;
+            p.name = proc.name.clone();
+            p.command = proc.meta.command.clone();
+            p.executable = proc.meta.executable.clone();
+            p.allocator_object = proc.meta.allocator_object.clone();
+        }
+    }
+
+    fn not_traced(&mut self, pid: u32, why: String) {
+        if let Some(p) = self.get(pid) {
+            p.traced = false;
+            p.not_traced = Some(why);
+        }
     }
 }
 
@@ -473,29 +494,17 @@ impl Session {
     /// allocator is mapped in it yet.
     fn start_proc(&mut self, pid: u32, maps: &[Mapping]) -> Result<bool> {
         if self.procs.len() >= self.max_processes {
-            if let Some(p) = self.tree.get(pid) {
-                p.traced = false;
-                p.not_traced = Some(format!(
-                    "more than {} processes at once",
-                    self.max_processes
-                ));
-            }
+            let why = format!("more than {} processes at once", self.max_processes);
+            self.tree.not_traced(pid, why);
             return Ok(true);
         }
         let space = Arc::new(Mutex::new(AddressSpace::new()));
         match Proc::attach(pid, maps, &self.settings, space, &self.meta) {
             Ok(Some(proc)) => {
-                if let Some(p) = self.tree.get(pid) {
-                    p.traced = true;
-                    p.not_traced = None;
-                    p.executable = proc.meta.executable.clone();
-                    p.command = proc.meta.command.clone();
-                    p.name = target::comm(pid);
-                    p.allocator_object = proc.meta.allocator_object.clone();
-                }
+                self.tree.probed(&proc);
                 log::debug!(
                     "pid {pid} ({}): {} probes in {}",
-                    target::comm(pid),
+                    proc.name,
                     proc.probes.attached.len(),
                     proc.meta.allocator_object
                 );
@@ -505,10 +514,7 @@ impl Session {
             Ok(None) => Ok(false),
             Err(e) => {
                 log::warn!("pid {pid} not traced: {e:#}");
-                if let Some(p) = self.tree.get(pid) {
-                    p.traced = false;
-                    p.not_traced = Some(format!("{e:#}"));
-                }
+                self.tree.not_traced(pid, format!("{e:#}"));
                 Ok(true)
             }
         }
@@ -533,9 +539,8 @@ impl Session {
                 // A vfork child shares its parent's memory, and its probes,
                 // until it execs (and may call nothing but exec or _exit).
                 if vfork {
-                    if let Some(p) = self.tree.get(child) {
-                        p.not_traced = Some("vfork child that did not exec".into());
-                    }
+                    self.tree
+                        .not_traced(child, "vfork child that did not exec".into());
                     return Ok(true);
                 }
                 let maps = target::read_maps(child)?;
@@ -547,7 +552,7 @@ impl Session {
                     Some(proc) => {
                         let done = proc.on_exec(&maps, &settings, &self.clock, per_thread)?;
                         if done {
-                            let meta = proc.meta.clone();
+                            let meta = &proc.meta;
                             eprintln!(
                                 "mtrace: pid {pid} exec'd {}: {} probes in {} ({})",
                                 meta.executable,
@@ -555,14 +560,13 @@ impl Session {
                                 meta.allocator_object,
                                 meta.allocator_family
                             );
-                            if let Some(p) = self.tree.get(pid) {
-                                p.executable = meta.executable.clone();
-                                p.command = meta.command.clone();
-                                p.name = target::comm(pid);
-                                p.allocator_object = meta.allocator_object.clone();
-                            }
+                            self.tree.probed(proc);
                             if pid == self.root {
-                                self.meta = meta;
+                                // The command as given stays the trace's.
+                                self.meta = Meta {
+                                    command: std::mem::take(&mut self.meta.command),
+                                    ..proc.meta.clone()
+                                };
                             }
                         }
                         done

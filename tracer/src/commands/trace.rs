@@ -61,7 +61,6 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     } else {
         None
     };
-    let space = Arc::new(Mutex::new(AddressSpace::new()));
     let attach_started = Instant::now();
     let settings = ProcSettings {
         mode: config.mode,
@@ -109,13 +108,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             let pid = *pid;
             target::check_pid(pid)?;
             let pidfd = session::pidfd_open(pid)?;
+            let space = Arc::new(Mutex::new(AddressSpace::new()));
             let on_exec =
                 move |pid: u32, maps: &[target::Mapping]| on_event(TreeEvent::Exec { pid, maps });
             exit_hold = Some(target::ExitHold::start(pid, space.clone(), on_exec));
             let maps = target::read_maps(pid)
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
             let alloc = allocators::require_in_process(pid, &maps)?;
-            let root = Proc::attach_to(pid, alloc, &maps, &settings, space.clone(), &template)?;
+            let root = Proc::attach_to(pid, alloc, &maps, &settings, space, &template)?;
             (root, Err(pidfd))
         }
         Target::Command(argv) => {
@@ -166,25 +166,20 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             ", Ctrl-C to stop".into()
         }
     );
-    let root_process = ProcessMeta {
-        pid,
-        ppid: 0,
-        name: target::comm(pid),
-        command: meta.command.clone(),
-        executable: meta.executable.clone(),
-        allocator_object: meta.allocator_object.clone(),
-        traced: true,
-        ..Default::default()
+    let mut tree = session::Tree {
+        processes: vec![ProcessMeta {
+            pid,
+            ..Default::default()
+        }],
     };
+    tree.probed(&root);
     let shadowed = root.shadowed.clone();
     let family = meta.allocator_family.clone();
     let mut session = Session {
         root: pid,
         procs: [(pid, root)].into(),
         ended: None,
-        tree: session::Tree {
-            processes: vec![root_process],
-        },
+        tree,
         meta,
         clock: Clock {
             started: Instant::now(),
