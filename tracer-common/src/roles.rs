@@ -1,10 +1,11 @@
 //! Roles: what a probe reads at the allocator function's entry and return.
 //!
-//! One BPF program per role, not per function: `malloc`, `valloc`,
-//! `operator new` and `mi_malloc` all take the size in the first argument
-//! and return the block, so they share [`Role::Size`]. Which function fired
-//! is the probe's attach cookie, an index into the run's function table
-//! that the tracer builds (symbol -> role -> display name).
+//! `malloc`, `valloc`, `operator new` and `mi_malloc` all take the size in
+//! the first argument and return the block, so they share [`Role::Size`].
+//! Which function fired, and its role, are in the probe's attach cookie:
+//! an index into the run's function table that the tracer builds (symbol
+//! -> role -> display name), and the role, which one entry program reads
+//! to find the size.
 
 /// Most functions one run probes (the width of the per-function counters).
 pub const MAX_FUNCS: u32 = 64;
@@ -16,6 +17,10 @@ pub const MAX_FUNCS: u32 = 64;
 /// placed after a prologue that moved an argument (mimalloc's `malloc`
 /// begins `mov %rdi,%rsi; mov %fs:..,%rdi`) reads it where it went.
 pub const COOKIE_ARGS_SHIFT: u32 = 16;
+
+/// The cookie's bits from 32 on: the function's [`Role`] (one entry
+/// program serves every allocating role).
+pub const COOKIE_ROLE_SHIFT: u32 = 32;
 
 /// Registers an argument can be found in (see [`COOKIE_ARGS_SHIFT`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,18 +87,12 @@ impl Role {
         Role::ResizeRust,
     ];
 
-    /// The entry program of this role.
+    /// The entry program of this role: one for every role that
+    /// allocates (the role is in the cookie), one for releasing.
     pub const fn program(self) -> &'static str {
         match self {
-            Role::Size => "alloc_size",
-            Role::CountSize => "alloc_count_size",
-            Role::AlignSize => "alloc_align_size",
-            Role::Resize => "resize",
-            Role::ResizeArray => "resize_array",
-            Role::PosixMemalign => "posix_memalign",
             Role::Free => "release",
-            Role::ResizeInPlace => "resize_in_place",
-            Role::ResizeRust => "resize_rust",
+            _ => "alloc",
         }
     }
 

@@ -1,7 +1,8 @@
-//! mtrace's BPF programs: one uprobe program per role (what the probed
-//! function's arguments mean, see `tracer_common::Role`), attached to every
-//! allocator entry point of that role with the function's index in the
-//! run's function table as its attach cookie.
+//! mtrace's BPF programs: one uprobe program for every allocating entry
+//! point and one for the releasing ones, attached with an attach cookie
+//! that holds the function's index in the run's function table, its role
+//! (what its arguments mean, see `tracer_common::Role`) and where the
+//! probe finds the arguments.
 //!
 //! Count mode aggregates in the kernel: per (user stack, direct caller,
 //! function, thread) the number of calls and requested bytes, with atomic
@@ -32,7 +33,7 @@ use tracer_common::{
     counter, miss_stack_id, rule_slot, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
     CountKey, CountValue, EntryMark, FreeEvent, MissEvent, Pending, Role, StackFrames,
     UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
-    COOKIE_ARGS_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
+    COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
     STACK_COPY, STACK_HASH_SEED, STACK_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN,
     WEIGHT_TABLE_START,
 };
@@ -989,28 +990,6 @@ fn cookie_func(ctx: *mut core::ffi::c_void) -> u32 {
     (unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx) } as u32) & (MAX_FUNCS - 1)
 }
 
-/// `f(size)`: malloc, valloc, pvalloc.
-#[uprobe]
-pub fn alloc_size(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    call.record(Role::Size, call.arg(0), Extra::default())
-}
-
-/// `f(n, size)`: calloc.
-#[uprobe]
-pub fn alloc_count_size(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    let size = product(call.arg(0), call.arg(1));
-    call.record(Role::CountSize, size, Extra::default())
-}
-
-/// `f(align, size)`: memalign, aligned_alloc.
-#[uprobe]
-pub fn alloc_align_size(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    call.record(Role::AlignSize, call.arg(1), Extra::default())
-}
-
 /// What a call that releases or resizes `ptr` passes on.
 #[inline(always)]
 fn of_block(ptr: u64) -> Extra {
@@ -1020,45 +999,48 @@ fn of_block(ptr: u64) -> Extra {
     }
 }
 
-/// `f(ptr, size)`: realloc.
+/// Every allocating entry point, whatever its role (the cookie says which:
+/// see `COOKIE_ROLE_SHIFT`): the role only decides where the size and the
+/// block are, and one program for all of them is one program for the
+/// kernel to verify per traced process instead of one per role (about
+/// 27 ms each here, the bulk of what a new process waits for its probes).
 #[uprobe]
-pub fn resize(ctx: ProbeContext) -> u32 {
+pub fn alloc(ctx: ProbeContext) -> u32 {
     let call = Call::of(&ctx);
-    call.record(Role::Resize, call.arg(1), of_block(call.arg(0)))
-}
-
-/// `f(ptr, n, size)`: reallocarray.
-#[uprobe]
-pub fn resize_array(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    let size = product(call.arg(1), call.arg(2));
-    call.record(Role::ResizeArray, size, of_block(call.arg(0)))
-}
-
-/// `f(&ptr, align, size)`: posix_memalign.
-#[uprobe]
-pub fn posix_memalign(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    let extra = Extra {
-        old_ptr: 0,
-        memptr: call.arg(0),
+    let role = (call.cookie >> COOKIE_ROLE_SHIFT) & 0xff;
+    let (size, extra) = if role == Role::CountSize as u64 {
+        // `f(n, size)`: calloc.
+        (product(call.arg(0), call.arg(1)), Extra::default())
+    } else if role == Role::AlignSize as u64 {
+        // `f(align, size)`: memalign, aligned_alloc.
+        (call.arg(1), Extra::default())
+    } else if role == Role::Resize as u64 {
+        // `f(ptr, size)`: realloc.
+        (call.arg(1), of_block(call.arg(0)))
+    } else if role == Role::ResizeArray as u64 {
+        // `f(ptr, n, size)`: reallocarray.
+        (product(call.arg(1), call.arg(2)), of_block(call.arg(0)))
+    } else if role == Role::PosixMemalign as u64 {
+        // `f(&ptr, align, size)`: posix_memalign.
+        let extra = Extra {
+            old_ptr: 0,
+            memptr: call.arg(0),
+        };
+        (call.arg(2), extra)
+    } else if role == Role::ResizeInPlace as u64 {
+        // `f(ptr, size, ...)` resizing in place: jemalloc's xallocx
+        // (count and sampled modes only).
+        (call.arg(1), Extra::default())
+    } else if role == Role::ResizeRust as u64 {
+        // `f(ptr, old_size, align, new_size)`: Rust's __rust_realloc.
+        (call.arg(3), of_block(call.arg(0)))
+    } else {
+        // `f(size)`: malloc, valloc, pvalloc, operator new, ...
+        (call.arg(0), Extra::default())
     };
-    call.record(Role::PosixMemalign, call.arg(2), extra)
-}
-
-/// `f(ptr, size, ...)` resizing in place: jemalloc's xallocx (count and
-/// sampled modes only).
-#[uprobe]
-pub fn resize_in_place(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    call.record(Role::ResizeInPlace, call.arg(1), Extra::default())
-}
-
-/// `f(ptr, old_size, align, new_size)`: Rust's __rust_realloc.
-#[uprobe]
-pub fn resize_rust(ctx: ProbeContext) -> u32 {
-    let call = Call::of(&ctx);
-    call.record(Role::Resize, call.arg(3), of_block(call.arg(0)))
+    // Any role but `Free` (which has a program of its own) is counted
+    // alike.
+    call.record(Role::Size, size, extra)
 }
 
 /// `f(ptr)`: free.

@@ -13,8 +13,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    maps, BodyRange, Config, Role, COOKIE_ARGS_SHIFT, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS,
-    SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    maps, BodyRange, Config, Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, EXP_TABLE_LEN,
+    MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
+    WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
@@ -56,7 +57,11 @@ fn attach_one(
                 location: UProbeAttachLocation::AbsoluteOffset(
                     site.file_offset + site.probe_offset,
                 ),
-                cookie: Some(func as u64 | site.args << COOKIE_ARGS_SHIFT),
+                cookie: Some(
+                    func as u64
+                        | site.args << COOKIE_ARGS_SHIFT
+                        | (site.role() as u64) << COOKIE_ROLE_SHIFT,
+                ),
             },
             &site.open_path,
             UProbeScope::OneProcess(pid),
