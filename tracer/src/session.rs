@@ -351,7 +351,19 @@ pub struct Session {
     /// Most processes probed at once; a process created beyond it is
     /// counted as not traced.
     pub max_processes: usize,
+    /// Processes that are gone, their probes not yet detached (oldest
+    /// first).
+    pub graveyard: std::collections::VecDeque<Probes>,
 }
+
+/// Gone processes whose probes wait to be detached. Detaching takes the
+/// kernel a grace period per probe (about 0.1 s here) under a lock that
+/// the probes of a new process wait for: a script that starts programs one
+/// after the other ran 7 times slower when each one's probes were detached
+/// as it exited. So they wait, their memory gone and the probes unable to
+/// fire, until tracing ends; beyond this many (a few tens of MiB of kernel
+/// memory each), the oldest is detached.
+const GRAVEYARD: usize = 16;
 
 /// A [`TreeEvent`] sent to the session, with where to answer.
 pub struct TreeRequest {
@@ -482,6 +494,18 @@ impl Session {
         }
     }
 
+    /// Says what the end of the trace waits for: the probes of processes
+    /// that are gone, detached when the session is dropped.
+    pub fn announce_detach(&self) {
+        let probes: usize = self.graveyard.iter().map(|p| p.attached.len()).sum();
+        if probes > 0 {
+            eprintln!(
+                "mtrace: taking out the {probes} probes of {} exited processes (the kernel takes about 0.1 s a probe)",
+                self.graveyard.len()
+            );
+        }
+    }
+
     /// Counting ends in every process.
     pub fn finish(&mut self) -> Result<()> {
         for proc in self.procs.values_mut() {
@@ -596,7 +620,15 @@ impl Session {
                         Some(ended) => merge::merge(vec![ended, profile]),
                         None => profile,
                     });
-                    std::thread::spawn(move || drop(proc));
+                    // The rest goes now (its unwinder's thread stops
+                    // within a poll, away from the session's thread).
+                    let Proc { probes, unwind, .. } = proc;
+                    std::thread::spawn(move || drop(unwind));
+                    self.graveyard.push_back(probes);
+                    if self.graveyard.len() > GRAVEYARD {
+                        let oldest = self.graveyard.pop_front();
+                        std::thread::spawn(move || drop(oldest));
+                    }
                 }
                 Ok(true)
             }

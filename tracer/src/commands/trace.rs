@@ -190,6 +190,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         per_thread: mode.per_thread,
         per_process: config.outputs.table.per_process,
         max_processes: config.max_processes,
+        graveyard: Default::default(),
     };
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
@@ -248,6 +249,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
+    session.announce_detach();
     drop(session);
     finished?;
 
