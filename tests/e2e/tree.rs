@@ -1,4 +1,4 @@
-//! Launch mode follows the process tree: every process the command starts
+//! Process trees. Launch mode follows every process the command starts
 //! (fork, vfork through posix_spawn, exec of another program, a static
 //! one included), to any depth, counted exactly from its first
 //! instruction, each symbolized with its own mappings.
@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::{
     counts::{assert_counts_sites, COUNTS_SITES},
-    support::{run_profiled, Finished, Fixture, Profile},
+    support::{run_profiled, trace_by_pid, Finished, Fixture, FixtureProc, Profile},
 };
 
 /// tree.c's own sites: (function, caller, calls, bytes).
@@ -236,4 +236,41 @@ fn processes_beyond_the_limit_are_named_not_dropped_silently() {
             && out.stdout.contains("more than 1 processes at once"),
         "{d}"
     );
+}
+
+/// workers.c's sites: (caller, calls, bytes), the parent's first.
+const WORKER_SITES: &[(&str, u64, u64)] = &[
+    ("parent_work", 50, 3300),
+    ("existing_work", 300, 13200),
+    ("existing_grandchild_work", 7, 539),
+    ("new_work", 200, 11000),
+];
+
+#[test]
+fn by_pid_children_present_and_to_come_are_traced() {
+    need_bpf!();
+    let mut fx = FixtureProc::start(Fixture::Workers.path(), &[]);
+    let (out, p) = trace_by_pid(&mut fx, &["--children", "--top", "0"]);
+    let d = out.describe();
+    for &(caller, calls, bytes) in WORKER_SITES {
+        assert_eq!(p.site("malloc", caller), (calls, bytes), "{caller}\n{d}");
+    }
+    let procs = processes(&p);
+    // The target, its worker and the worker's child from before mtrace,
+    // and the worker it forks while traced.
+    assert_eq!(procs.len(), 4, "{procs:?}\n{d}");
+    assert!(procs.iter().all(|e| e.3), "every process traced: {procs:?}");
+}
+
+#[test]
+fn by_pid_without_children_traces_the_target_alone() {
+    need_bpf!();
+    let mut fx = FixtureProc::start(Fixture::Workers.path(), &[]);
+    let (out, p) = trace_by_pid(&mut fx, &["--top", "0"]);
+    let d = out.describe();
+    assert_eq!(p.site("malloc", "parent_work"), (50, 3300), "{d}");
+    for &(caller, _, _) in &WORKER_SITES[1..] {
+        assert_eq!(p.site("malloc", caller), (0, 0), "{caller}\n{d}");
+    }
+    assert!(processes(&p).is_empty(), "{d}");
 }

@@ -544,6 +544,20 @@ impl Session {
         }
     }
 
+    /// By pid with `--children`: a process the target had created before
+    /// mtrace came, running, is probed.
+    pub fn adopt(&mut self, parent: u32, child: u32) {
+        let adopted = self.on_tree_event(OwnedTreeEvent::Fork {
+            parent,
+            child,
+            vfork: false,
+        });
+        if let Err(e) = adopted {
+            log::warn!("pid {child} not traced: {e:#}");
+            self.tree.not_traced(child, format!("{e:#}"));
+        }
+    }
+
     /// What the launch thread (or the exit hold) tells of the tree.
     fn on_tree_event(&mut self, event: OwnedTreeEvent) -> Result<bool> {
         match event {

@@ -26,9 +26,11 @@ pub enum Fixture {
     Tree,
     /// counts.c, statically linked.
     CountsStatic,
+    /// A server-like tree to trace by pid (workers.c).
+    Workers,
 }
 
-const N_FIXTURES: usize = 11;
+const N_FIXTURES: usize = 12;
 
 /// `cc -O2 -fno-omit-frame-pointer -g -o OUT SRC`: frame pointers for the
 /// kernel's stack walk, debug info for file:line.
@@ -48,6 +50,7 @@ impl Fixture {
             Fixture::ManyStacks => "manystacks",
             Fixture::Tree => "tree",
             Fixture::CountsStatic => "counts-static",
+            Fixture::Workers => "workers",
         }
     }
 

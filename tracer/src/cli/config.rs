@@ -41,6 +41,8 @@ pub struct TraceConfig {
     pub bpf_stats: bool,
     /// Launch mode: trace every process the command starts.
     pub follow: bool,
+    /// By pid: trace the target's descendants too.
+    pub children: bool,
     /// Most processes traced at once.
     pub max_processes: usize,
     pub outputs: Outputs,
@@ -84,6 +86,7 @@ impl TraceConfig {
             live_blocks: args.live_map_size as usize,
             bpf_stats: args.bpf_stats,
             follow: !args.no_follow,
+            children: args.children,
             max_processes: args.max_processes as usize,
             outputs: outputs(&args.out),
         })

@@ -116,6 +116,12 @@ pub struct TraceArgs {
     #[arg(long)]
     pub no_follow: bool,
 
+    /// By pid: also trace the processes the target created (its workers,
+    /// say), to any depth, and those it creates while traced (each from
+    /// its first instruction).
+    #[arg(long, requires = "pid")]
+    pub children: bool,
+
     /// Most processes traced at once (each has its own BPF maps, a few MiB
     /// of kernel memory); a process started beyond it is not traced, and
     /// the report says so.

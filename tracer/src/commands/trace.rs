@@ -103,18 +103,20 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     // By pid: the target is held at its exit for a last look at its
     // mappings (launch mode's ptrace does the same).
     let mut exit_hold = None;
+    // By pid with --children: the processes it had created.
+    let mut descendants = Vec::new();
     let (root, exit_rx) = match &config.target {
         Target::Pid(pid) => {
             let pid = *pid;
             target::check_pid(pid)?;
             let pidfd = session::pidfd_open(pid)?;
-            let space = Arc::new(Mutex::new(AddressSpace::new()));
-            let on_exec =
-                move |pid: u32, maps: &[target::Mapping]| on_event(TreeEvent::Exec { pid, maps });
-            exit_hold = Some(target::ExitHold::start(pid, space.clone(), on_exec));
+            let (hold, found) = target::ExitHold::start(pid, config.children, on_event);
+            exit_hold = Some(hold);
+            descendants = found;
             let maps = target::read_maps(pid)
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
             let alloc = allocators::require_in_process(pid, &maps)?;
+            let space = Arc::new(Mutex::new(AddressSpace::new()));
             let root = Proc::attach_to(pid, alloc, &maps, &settings, space, &template)?;
             (root, Err(pidfd))
         }
@@ -151,13 +153,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     if let Target::Command(argv) = &config.target {
         meta.command = argv.join(" ");
     }
-    eprintln!(
+    let tracing = format!(
         "mtrace: tracing pid {pid} ({}): {} probes in {}{}{}",
         target::comm(pid),
         root.probes.attached.len(),
         meta.allocator_object,
         match &config.target {
             Target::Command(_) if config.follow => ", and every process it starts",
+            Target::Pid(_) if config.children => ", and its children, present and to come",
             _ => "",
         },
         if config.schedule.duration.is_some() {
@@ -192,6 +195,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         max_processes: config.max_processes,
         graveyard: Default::default(),
     };
+    // The processes it had created are probed before tracing is said to
+    // begin; from then on the hold tells the session of the tree.
+    for (parent, child) in descendants {
+        session.adopt(parent, child);
+    }
+    if let Some(hold) = &mut exit_hold {
+        hold.go();
+    }
+    eprintln!("{tracing}");
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
         Box::new(Report(config.outputs.clone())),

@@ -1,138 +1,183 @@
-//! By pid: hold the target at its exit long enough to read its mappings
-//! once more, as launch mode does. Without it, a library the target loads
-//! and uses just before exiting is gone before the tracer has seen it
-//! mapped, and its frames can be neither unwound nor named. And hold it at
-//! an `exec`, until the new program's allocator is probed (as launch mode
-//! does, [`super::launch::follow_exec`]).
+//! By pid: the target (and with `--children` its descendants) held at the
+//! events a trace needs, as launch mode does. At its exit the session reads
+//! its mappings once more: without it, a library the target loads and
+//! uses just before exiting is gone before the tracer has seen it mapped,
+//! and its frames can be neither unwound nor named. At an `exec` it waits
+//! until the new program's allocator is probed. With `--children`, each
+//! process it creates is stopped before its first instruction until the
+//! session has probed it, and the processes it had created before mtrace
+//! came are probed as they run.
 //!
-//! The target is seized (`PTRACE_SEIZE`, which does not stop it) with
-//! `PTRACE_O_TRACEEXIT` and `PTRACE_O_TRACEEXEC` only; its signals are
-//! passed on, a group stop is kept (`PTRACE_LISTEN`). When the trace ends first, it is detached. A
-//! target that another tracer (a debugger) holds is traced without the
-//! hold. If mtrace dies, the kernel detaches it.
+//! Every thread is seized (`PTRACE_SEIZE`, which does not stop it) with
+//! `PTRACE_O_TRACEEXIT` and `PTRACE_O_TRACEEXEC` (and `PTRACE_O_TRACEFORK`
+//! and its kin with `--children`); signals are passed on, a group stop is
+//! kept (`PTRACE_LISTEN`). When the trace ends first, every tracee is
+//! detached. A target that another tracer (a debugger) holds is traced
+//! without the hold. If mtrace dies, the kernel detaches them all.
 
 use std::{
+    collections::HashMap,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     thread::JoinHandle,
-    time::Duration,
 };
 
-use super::{launch::follow_exec, AddressSpace, Mapping};
-
-/// How often the holding thread looks for a stop of the target.
-const POLL: Duration = Duration::from_millis(2);
+use super::launch::{wait_tree, TreeEvent};
 
 pub struct ExitHold {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    go: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl ExitHold {
-    pub fn start<E>(pid: u32, space: Arc<Mutex<AddressSpace>>, mut on_exec: E) -> ExitHold
+    /// Holds `pid` (and with `children` its descendants, present and to
+    /// come), telling `on_event` what happens in the tree once [`go`] is
+    /// called. Returns with the descendants it seized, as (parent, child):
+    /// they run on meanwhile, and are the caller's to probe.
+    ///
+    /// [`go`]: ExitHold::go
+    pub fn start<E>(pid: u32, children: bool, mut on_event: E) -> (ExitHold, Vec<(u32, u32)>)
     where
-        E: FnMut(u32, &[Mapping]) -> anyhow::Result<Option<()>> + Send + 'static,
+        E: FnMut(TreeEvent) -> anyhow::Result<Option<()>> + Send + 'static,
     {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        // ptrace requests come from the thread that seized the target.
+        let (found_tx, found) = std::sync::mpsc::channel();
+        let (go, wait_go) = std::sync::mpsc::channel::<()>();
+        // ptrace requests come from the thread that seized the tracees.
         let thread = std::thread::Builder::new()
-            .name("mtrace-exit-hold".into())
-            .spawn(move || hold(pid, &space, &flag, &mut on_exec))
+            .name("mtrace-hold".into())
+            .spawn(move || {
+                let mut options = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
+                if children {
+                    options |= libc::PTRACE_O_TRACEFORK
+                        | libc::PTRACE_O_TRACEVFORK
+                        | libc::PTRACE_O_TRACECLONE;
+                }
+                let mut group = HashMap::new();
+                if !seize_process(pid, options, &mut group) {
+                    log::debug!(
+                        "pid {pid} not held at its exit: {}",
+                        std::io::Error::last_os_error()
+                    );
+                    let _ = found_tx.send(Vec::new());
+                    return;
+                }
+                let descendants = if children {
+                    seize_descendants(pid, options, &mut group)
+                } else {
+                    Vec::new()
+                };
+                let _ = found_tx.send(descendants);
+                // Until the session can hear of the tree; an end of the
+                // trace before then detaches at once.
+                let _ = wait_go.recv();
+                wait_tree(pid, group, Some(&flag), &mut on_event);
+            })
             .ok();
-        ExitHold { stop, thread }
+        let descendants = found.recv().unwrap_or_default();
+        let hold = ExitHold {
+            stop,
+            thread,
+            go: Some(go),
+        };
+        (hold, descendants)
+    }
+
+    /// From now on, events go to the session.
+    pub fn go(&mut self) {
+        self.go.take();
     }
 }
 
 impl Drop for ExitHold {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.go.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> bool {
+fn seize(tid: u32, options: i32) -> bool {
     unsafe {
         libc::ptrace(
-            req,
-            pid as libc::pid_t,
+            libc::PTRACE_SEIZE,
+            tid as libc::pid_t,
             std::ptr::null_mut::<libc::c_void>(),
-            data as *mut libc::c_void,
+            options as usize as *mut libc::c_void,
         ) == 0
     }
 }
 
-fn hold(
-    pid: u32,
-    space: &Mutex<AddressSpace>,
-    stop: &AtomicBool,
-    on_exec: &mut impl FnMut(u32, &[Mapping]) -> anyhow::Result<Option<()>>,
-) {
-    let options = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
-    if !ptrace(libc::PTRACE_SEIZE, pid, options as usize) {
-        log::debug!(
-            "pid {pid} not held at its exit: {}",
-            std::io::Error::last_os_error()
-        );
-        return;
-    }
+/// The threads of `pid` now.
+fn threads(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Seizes every thread of `pid` (again, until no new one appears: a
+/// thread seized before it created another reports the new one itself).
+/// False when not even the first could be seized.
+fn seize_process(pid: u32, options: i32, group: &mut HashMap<u32, u32>) -> bool {
     loop {
-        if stop.load(Ordering::Relaxed) {
-            // Stop it (PTRACE_EVENT_STOP), then let it go.
-            if ptrace(libc::PTRACE_INTERRUPT, pid, 0) {
-                let mut status = 0;
-                unsafe { libc::waitpid(pid as i32, &mut status, libc::__WALL) };
-            }
-            ptrace(libc::PTRACE_DETACH, pid, 0);
-            return;
+        let new: Vec<u32> = threads(pid)
+            .into_iter()
+            .filter(|t| !group.contains_key(t))
+            .collect();
+        if new.is_empty() {
+            return group.contains_key(&pid);
         }
-        let mut status = 0;
-        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::__WALL | libc::WNOHANG) };
-        if r < 0 {
-            return;
-        }
-        if r == 0 {
-            std::thread::sleep(POLL);
-            continue;
-        }
-        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-            return;
-        }
-        if !libc::WIFSTOPPED(status) {
-            continue;
-        }
-        let sig = libc::WSTOPSIG(status);
-        match status >> 16 {
-            libc::PTRACE_EVENT_EXIT => {
-                // Its memory is still there: last look at its mappings.
-                space.lock().unwrap().refresh(pid);
-                ptrace(libc::PTRACE_CONT, pid, 0);
+        let mut any = false;
+        for tid in new {
+            if seize(tid, options) {
+                group.insert(tid, pid);
+                any = true;
             }
-            libc::PTRACE_EVENT_EXEC => {
-                if follow_exec(pid, on_exec).is_some() {
-                    return;
-                }
-                ptrace(libc::PTRACE_CONT, pid, 0);
-            }
-            libc::PTRACE_EVENT_STOP => {
-                // A group stop (SIGSTOP and the like) stays a stop.
-                if matches!(
-                    sig,
-                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
-                ) {
-                    ptrace(libc::PTRACE_LISTEN, pid, 0);
-                } else {
-                    ptrace(libc::PTRACE_CONT, pid, 0);
-                }
-            }
-            // A signal on its way to the target: deliver it.
-            _ => {
-                ptrace(libc::PTRACE_CONT, pid, sig as usize);
-            }
+        }
+        if !any {
+            return group.contains_key(&pid);
         }
     }
+}
+
+/// The children of every thread of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for tid in threads(pid) {
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// Seizes the processes `root` created before mtrace came, to any depth;
+/// returns them as (parent, child). A process seized before it forks
+/// reports its children itself; the children it had are read after it is
+/// seized, so none falls between.
+fn seize_descendants(root: u32, options: i32, group: &mut HashMap<u32, u32>) -> Vec<(u32, u32)> {
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for child in children(parent) {
+            if group.contains_key(&child) || !seize_process(child, options, group) {
+                continue;
+            }
+            found.push((parent, child));
+            parents.push(child);
+        }
+    }
+    found
 }

@@ -28,7 +28,10 @@ use std::{
     ffi::CString,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
-    sync::mpsc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
 };
 
 use anyhow::Result;
@@ -204,7 +207,8 @@ where
             if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
                 log::warn!("resuming pid {pid}: {e}");
             }
-            let code = wait_tree(pid, &mut on_event);
+            let group = HashMap::from([(pid, pid)]);
+            let code = wait_tree(pid, group, None, &mut on_event).unwrap_or(1);
             let _ = exit_tx.send(code);
         })?;
 
@@ -530,13 +534,22 @@ fn event_msg(tid: u32) -> Option<u32> {
     (r == 0).then_some(msg as u32)
 }
 
-/// Waits for any tracee; `None` when none is left.
-fn wait_any() -> Option<(u32, i32)> {
+/// Waits for any tracee; `None` when none is left, or (with `stop`) once
+/// the flag is set.
+fn wait_any(stop: Option<&AtomicBool>) -> Option<(u32, i32)> {
     let mut status = 0;
+    let flags = libc::__WALL | if stop.is_some() { libc::WNOHANG } else { 0 };
     loop {
-        let r = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return None;
+        }
+        let r = unsafe { libc::waitpid(-1, &mut status, flags) };
         if r > 0 {
             return Some((r as u32, status));
+        }
+        if r == 0 {
+            std::thread::sleep(POLL);
+            continue;
         }
         if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             return None;
@@ -544,14 +557,25 @@ fn wait_any() -> Option<(u32, i32)> {
     }
 }
 
+/// How often a hold (by pid) looks for a stop of its tracees and for the
+/// end of the trace.
+const POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Follows the root process (and with `PTRACE_O_TRACEFORK` and its kin,
 /// every process and thread it creates) until the root is gone, passing
 /// signals on and telling `on_event` of each [`TreeEvent`]; returns the
-/// root's exit code to pass through. Tracees still running then are
-/// detached by the kernel when this thread ends.
-fn wait_tree(root: u32, on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>) -> i32 {
-    // The thread group of every traced thread.
-    let mut group: HashMap<u32, u32> = HashMap::from([(root, root)]);
+/// root's exit code to pass through. `group` holds the thread group of
+/// every thread traced already (the root's at least). With `stop` (by pid,
+/// where the tracees were seized), ends when the flag is set: every tracee
+/// is then detached and runs on, and `None` is returned. Otherwise,
+/// tracees still running when the root is gone are detached by the kernel
+/// when this thread ends.
+pub fn wait_tree(
+    root: u32,
+    mut group: HashMap<u32, u32>,
+    stop: Option<&AtomicBool>,
+    on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>,
+) -> Option<i32> {
     // New tracees whose first stop came before their creator's event.
     let mut early: HashSet<u32> = HashSet::new();
     let cont = |tid: u32, sig: i32| {
@@ -566,15 +590,19 @@ fn wait_tree(root: u32, on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()
         }
     };
     loop {
-        let Some((tid, status)) = wait_any() else {
-            return 1;
+        let Some((tid, status)) = wait_any(stop) else {
+            if stop.is_some() {
+                detach_all(group.keys().copied().chain(early.iter().copied()));
+                return None;
+            }
+            return Some(1);
         };
         if let Some(code) = exit_code(status) {
             if let Some(tgid) = group.remove(&tid) {
                 if tid == tgid {
                     let _ = on_event(TreeEvent::Gone { pid: tid, code });
-                    if tid == root {
-                        return code;
+                    if tid == root && stop.is_none() {
+                        return Some(code);
                     }
                 }
             }
@@ -625,8 +653,8 @@ fn wait_tree(root: u32, on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()
                 if let Some(code) = follow_exec(pid, &mut on_exec) {
                     group.remove(&pid);
                     let _ = on_event(TreeEvent::Gone { pid, code });
-                    if pid == root {
-                        return code;
+                    if pid == root && stop.is_none() {
+                        return Some(code);
                     }
                     continue;
                 }
@@ -640,9 +668,32 @@ fn wait_tree(root: u32, on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()
                 }
                 cont(tid, 0);
             }
+            // A seized tracee's group stop (SIGSTOP and the like) stays a
+            // stop; any other such stop is ours to end.
+            libc::PTRACE_EVENT_STOP => {
+                if matches!(
+                    sig,
+                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+                ) {
+                    let _ = ptrace(libc::PTRACE_LISTEN, tid, 0);
+                } else {
+                    cont(tid, 0);
+                }
+            }
             _ if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) => cont(tid, 0),
             // A signal on its way to the tracee: deliver it.
             _ => cont(tid, sig),
         }
+    }
+}
+
+/// Stops each tracee (`PTRACE_INTERRUPT`, seized tracees only) and lets it
+/// go.
+fn detach_all(tids: impl Iterator<Item = u32>) {
+    for tid in tids {
+        if ptrace(libc::PTRACE_INTERRUPT, tid, 0).is_ok() {
+            let _ = waitpid(tid);
+        }
+        let _ = ptrace(libc::PTRACE_DETACH, tid, 0);
     }
 }
