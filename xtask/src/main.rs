@@ -64,8 +64,10 @@ enum Task {
 /// independently (protoc and the official profile.proto), the allocators
 /// the benchmark and the family tests also run under, and the oracle of the
 /// stack tests (gdb, with libc's debug info) and the C++ compiler of their
-/// fixtures.
-const APT_PACKAGES: [&str; 12] = [
+/// fixtures; the browser that opens the HTML report in its test
+/// (chromium), the terminal the live view and the status line are tested
+/// in (tmux), and `man`, which renders the man page in its test.
+const APT_PACKAGES: [&str; 15] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -78,6 +80,9 @@ const APT_PACKAGES: [&str; 12] = [
     "gdb",
     "libc6-dbg",
     "g++",
+    "chromium",
+    "tmux",
+    "man-db",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
