@@ -123,6 +123,7 @@ pub fn symbolize(
         stack_quality: Some(raw.stack_quality.clone()),
         live: raw.live.clone(),
         snapshot: None,
+        timeline: None,
     }
 }
 

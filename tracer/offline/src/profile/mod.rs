@@ -401,6 +401,38 @@ pub struct Snapshot {
     pub delta_stacks: Vec<StackEntry>,
 }
 
+/// The trace over time: what happened in each interval since tracing began
+/// (every trace records one; profiles of mtrace before 0.2 have none).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    /// Seconds each point covers. A long trace keeps at most
+    /// [`Timeline::MAX_POINTS`] points by joining neighbours (the interval
+    /// doubles).
+    pub interval_secs: f64,
+    pub points: Vec<TimePoint>,
+}
+
+impl Timeline {
+    pub const MAX_POINTS: usize = 2048;
+}
+
+/// One interval of a [`Timeline`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimePoint {
+    /// End of the interval, in seconds after tracing began.
+    pub t: f64,
+    /// Allocating calls and their requested bytes in the interval (sampled
+    /// mode: estimates).
+    pub calls: u64,
+    pub bytes: u64,
+    /// Frees in the interval, when they are counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frees: Option<u64>,
+    /// Live mode: bytes live (allocated, not yet freed, as traced) at `t`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_bytes: Option<u64>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
     pub meta: Meta,
@@ -416,4 +448,7 @@ pub struct Profile {
     pub live: Option<LiveTotals>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Snapshot>,
+    /// The trace over time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
 }
