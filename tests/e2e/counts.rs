@@ -103,6 +103,30 @@ pub fn check_counts_profile(p: &Profile) {
     );
     assert_eq!(p.calls_of("malloc"), Some(1005));
     p.assert_no_losses();
+    // The timeline holds every call, byte and (when counted) free.
+    let points = p.doc["timeline"]["points"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no timeline\n{dump}"));
+    assert!(!points.is_empty(), "an empty timeline");
+    let sum = |field: &str| -> u64 {
+        points
+            .iter()
+            .map(|pt| pt[field].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (sum("calls"), sum("bytes")),
+        (COUNTS_TOTAL_CALLS, COUNTS_TOTAL_BYTES),
+        "timeline {points:?}"
+    );
+    if p.totals.frees_counted {
+        assert_eq!(sum("frees"), COUNTS_FREES, "timeline {points:?}");
+    } else {
+        assert!(
+            points.iter().all(|pt| pt.get("frees").is_none()),
+            "{points:?}"
+        );
+    }
 }
 
 /// A launch-mode run of the counts fixture with `args` before `--`.

@@ -22,6 +22,14 @@ fn launch_mode_passes_exit_status_through() {
     m.wait_tracing();
     let (out, p) = m.finish();
     out.assert_exit(7);
+    assert!(
+        out.stderr
+            .iter()
+            .any(|l| l.starts_with("mtrace: tracing ended after ")
+                && l.ends_with(": the target exited with status 7")),
+        "the end is not explained\n{}",
+        out.describe()
+    );
     // The report is still printed, and the profile written.
     assert!(
         out.stdout.lines().any(|l| l.starts_with("mtrace: pid ")),
@@ -249,6 +257,18 @@ fn ends_cleanly(end: &str) {
     }
     let (out, p) = m.finish();
     out.assert_exit(0);
+    let why = match end {
+        "SIGTERM" => "SIGTERM received",
+        "SIGINT" => "interrupted (Ctrl-C)",
+        _ => "--duration 700ms elapsed",
+    };
+    assert!(
+        out.stderr
+            .iter()
+            .any(|l| l.starts_with("mtrace: tracing ended after ") && l.ends_with(why)),
+        "the end is not explained as {why:?}\n{}",
+        out.describe()
+    );
     let (calls, _) = p.site("malloc", "main");
     assert!(
         calls > 0,

@@ -8,11 +8,12 @@
 mod allocators; // which object allocates, its entry points, probe placement
 mod collect; // kernel maps and event rings -> raw profile (addresses)
 mod probes; // load and attach the BPF programs
-mod session;
+mod session; // the tick loop of a trace under way
 mod sinks; // where profiles go: the report and its files, snapshots
+mod status; // the status line while tracing
 mod symbolize; // raw profile -> profile (functions, files, lines)
-mod target;
-mod unwind; // unwind rules from the target's call-frame information // the traced process: /proc, launch, its address space // the tick loop of a trace under way
+mod target; // the traced process: /proc, launch, its address space
+mod unwind; // unwind rules from the target's call-frame information
 
 mod cli; // arguments (clap) and what they mean (config)
 mod commands; // trace, report, diff

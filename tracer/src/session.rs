@@ -23,10 +23,13 @@ use crate::{
         self,
         live_tracker::{self, LiveTracker},
         raw::RawProfile,
+        timeline::Recorder,
+        Running,
     },
     probes::{self, MapSizes, Mode, Probes, Sampling},
     profile::{merge, Meta, ProcessMeta, ProcessRef, Profile, SamplingInfo},
     sinks::Sink,
+    status::{StatusLine, Tick},
     symbolize,
     target::{self, launch::TreeEvent, AddressSpace, Mapping},
     unwind::service::UnwindService,
@@ -40,7 +43,84 @@ pub enum End {
     TargetExited(Option<i32>),
     Duration,
     Interrupted(i32),
+    /// `q` in the live view.
+    Stopped,
 }
+
+impl End {
+    /// Why the trace ended, for the line that says so.
+    pub fn describe(&self, duration: Option<Duration>) -> String {
+        match self {
+            End::TargetExited(Some(0)) | End::TargetExited(None) => "the target exited".into(),
+            End::TargetExited(Some(code)) if *code > 128 => format!(
+                "the target was killed by signal {} ({})",
+                code - 128,
+                signal_name(code - 128)
+            ),
+            End::TargetExited(Some(code)) => format!("the target exited with status {code}"),
+            End::Duration => match duration {
+                Some(d) => format!("--duration {} elapsed", humantime::format_duration(d)),
+                None => "the duration elapsed".into(),
+            },
+            End::Interrupted(sig) if *sig == libc::SIGINT => "interrupted (Ctrl-C)".into(),
+            End::Interrupted(sig) => format!("{} received", signal_name(*sig)),
+            End::Stopped => "stopped from the live view".into(),
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    // SAFETY: strsignal returns a static or thread-local string.
+    let name = unsafe { libc::strsignal(sig) };
+    if name.is_null() {
+        return format!("signal {sig}");
+    }
+    let abbrev = match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGPIPE => "SIGPIPE",
+        _ => {
+            return unsafe { std::ffi::CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    abbrev.to_string()
+}
+
+/// Shown every second while tracing: the status line, the live view.
+pub trait Watcher {
+    fn tick(&mut self, session: &Session, tick: &Tick) -> Result<()>;
+}
+
+impl Watcher for StatusLine {
+    fn tick(&mut self, _session: &Session, tick: &Tick) -> Result<()> {
+        self.show(tick);
+        Ok(())
+    }
+}
+
+/// What a running trace listens to.
+pub struct Inputs {
+    /// Launch mode: the command's exit code.
+    pub exit_rx: Option<oneshot::Receiver<i32>>,
+    /// By pid: readable when the target exits (opened before the probes
+    /// went in: [`pidfd_open`]).
+    pub pidfd: Option<OwnedFd>,
+    /// What happens in the process tree.
+    pub tree_events: Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>,
+    pub signals: Signals,
+    /// The live view's `q`.
+    pub stop: Option<oneshot::Receiver<()>>,
+}
+
+/// How often the timeline, the status line and the live view are fed.
+const TICK_EVERY: Duration = Duration::from_secs(1);
 
 /// Live mode: how often the event rings are drained.
 const DRAIN_EVERY: Duration = Duration::from_millis(10);
@@ -354,6 +434,8 @@ pub struct Session {
     /// Processes that are gone, their probes not yet detached (oldest
     /// first).
     pub graveyard: std::collections::VecDeque<Probes>,
+    /// The trace over time.
+    pub timeline: Recorder,
 }
 
 /// Gone processes whose probes wait to be detached. Detaching takes the
@@ -457,7 +539,48 @@ impl Session {
             },
             ..self.meta.clone()
         };
+        profile.timeline = Some(self.timeline.timeline().clone());
         Ok(profile)
+    }
+
+    /// What the whole tree has counted so far, from the counters alone.
+    pub fn running(&self) -> Running {
+        let of = |p: &Profile| Running {
+            calls: p.totals.allocs.calls,
+            bytes: p.totals.allocs.bytes,
+            frees: p.totals.frees,
+            lost: p.losses.map_full + p.live.as_ref().map_or(0, |l| l.events_lost),
+        };
+        let mut sum = Running::default();
+        if let Some(ended) = &self.ended {
+            sum.add(of(ended));
+        }
+        for proc in self.procs.values() {
+            for old in &proc.before_exec {
+                sum.add(of(old));
+            }
+            match collect::running(&proc.probes) {
+                Ok(r) => sum.add(r),
+                Err(e) => log::debug!("pid {}: counters unreadable: {e:#}", proc.pid),
+            }
+        }
+        sum
+    }
+
+    /// The second's reading: for the timeline and every watcher.
+    pub fn tick(&self) -> Tick {
+        Tick {
+            elapsed: self.clock.started.elapsed().as_secs_f64(),
+            running: self.running(),
+            live_bytes: self.settings.mode.live.then(|| {
+                self.procs
+                    .values()
+                    .filter_map(|p| p.tracker.as_ref())
+                    .map(|t| t.live_bytes)
+                    .sum()
+            }),
+            processes: self.procs.len(),
+        }
     }
 
     /// One process's profile, its rows named by it with `--per-process`.
@@ -506,11 +629,14 @@ impl Session {
         }
     }
 
-    /// Counting ends in every process.
+    /// Counting ends in every process; the timeline's last point.
     pub fn finish(&mut self) -> Result<()> {
         for proc in self.procs.values_mut() {
             proc.finish()?;
         }
+        let tick = self.tick();
+        self.timeline
+            .record(tick.elapsed, tick.running, tick.live_bytes, true);
         Ok(())
     }
 
@@ -591,13 +717,20 @@ impl Session {
                         let done = proc.on_exec(&maps, &settings, &self.clock, per_thread)?;
                         if done {
                             let meta = &proc.meta;
-                            eprintln!(
-                                "mtrace: pid {pid} exec'd {}: {} probes in {} ({})",
+                            let said = format!(
+                                "pid {pid} exec'd {}: {} probes in {} ({})",
                                 meta.executable,
                                 meta.probes.len(),
                                 meta.allocator_object,
                                 meta.allocator_family
                             );
+                            // The root's program is the trace's; the
+                            // rest of a tree's execs are for -v.
+                            if pid == self.root {
+                                eprintln!("mtrace: {said}");
+                            } else {
+                                log::debug!("{said}");
+                            }
                             self.tree.probed(proc);
                             if pid == self.root {
                                 // The command as given stays the trace's.
@@ -650,18 +783,21 @@ impl Session {
     }
 
     /// Runs until the trace ends; returns why, and in launch mode the
-    /// receiver of the command's exit code when it still runs. The target's
-    /// end is learnt from `exit_rx` in launch mode, from `pidfd` (opened
-    /// before the probes went in: [`pidfd_open`]) by pid.
+    /// receiver of the command's exit code when it still runs.
     pub async fn run(
         &mut self,
         schedule: &Schedule,
         sinks: &mut [Box<dyn Sink>],
-        exit_rx: Option<oneshot::Receiver<i32>>,
-        pidfd: Option<OwnedFd>,
-        mut tree_events: Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>,
-        signals: Signals,
+        inputs: Inputs,
+        watchers: &mut [Box<dyn Watcher>],
     ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
+        let Inputs {
+            exit_rx,
+            pidfd,
+            mut tree_events,
+            signals,
+            stop,
+        } = inputs;
         // Live mode: each process's event rings, one per CPU. The BPF
         // programs do not wake us per event; we drain them on a timer,
         // often enough that they cannot fill at any allocation rate a
@@ -724,8 +860,31 @@ impl Session {
             }
         };
 
+        let mut second =
+            tokio::time::interval_at(tokio::time::Instant::now() + TICK_EVERY, TICK_EVERY);
+        second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = async {
+            match stop {
+                Some(rx) => {
+                    if rx.await.is_err() {
+                        std::future::pending::<()>().await
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(stop);
+
         let end = loop {
             tokio::select! {
+                _ = &mut stop => break (End::Stopped, exit_rx),
+                _ = second.tick() => {
+                    let tick = self.tick();
+                    self.timeline.record(tick.elapsed, tick.running, tick.live_bytes, false);
+                    for w in watchers.iter_mut() {
+                        w.tick(self, &tick)?;
+                    }
+                }
                 code = target_exit(&mut exit_rx) => break (End::TargetExited(code), None),
                 _ = &mut sleep => break (End::Duration, exit_rx),
                 _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),

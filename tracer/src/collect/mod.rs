@@ -3,6 +3,7 @@
 
 pub mod live_tracker;
 pub mod raw;
+pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -52,24 +53,79 @@ fn stop_name(code: u32) -> &'static str {
     }
 }
 
-pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
-    let ebpf = &probes.ebpf;
+/// The kernel's counters, summed over the CPUs.
+fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
     let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
+        PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
     let mut sums = vec![0u64; counter::N as usize];
     for (i, sum) in sums.iter_mut().enumerate() {
         let values = counters.get(&(i as u32), 0)?;
         *sum = values.iter().sum();
     }
-    // Sampled counts are estimates, calls in 16.16 fixed point.
+    Ok(sums)
+}
+
+/// Calls from the kernel's count: sampled counts are estimates, in 16.16
+/// fixed point.
+fn calls_of(probes: &Probes) -> impl Fn(u64) -> u64 {
     let sampled = probes.sampling.is_some();
-    let calls = |raw: u64| {
+    move |raw: u64| {
         if sampled {
             (raw + WEIGHT_ONE / 2) / WEIGHT_ONE
         } else {
             raw
         }
+    }
+}
+
+/// What a process has counted so far, from the counters alone (cheap
+/// enough to read every second: the status line, the timeline, the live
+/// view).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Running {
+    /// Allocating calls and their requested bytes.
+    pub calls: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    /// Calls in no stack (the count map was full) and, in live mode,
+    /// events the kernel could not send.
+    pub lost: u64,
+}
+
+impl Running {
+    pub fn add(&mut self, other: Running) {
+        self.calls += other.calls;
+        self.bytes += other.bytes;
+        self.frees += other.frees;
+        self.lost += other.lost;
+    }
+}
+
+/// Reads a process's [`Running`] counts.
+pub fn running(probes: &Probes) -> Result<Running> {
+    let sums = counter_sums(probes)?;
+    let calls = calls_of(probes);
+    let mut out = Running {
+        lost: sums[counter::MAP_FULL as usize] + sums[counter::EVENTS_LOST as usize],
+        ..Running::default()
     };
+    for (f, info) in probes.funcs.iter().enumerate() {
+        let n = calls(sums[counter::CALLS as usize + f]);
+        if info.role.allocates() {
+            out.calls += n;
+            out.bytes += sums[counter::BYTES as usize + f];
+        } else {
+            out.frees += n;
+        }
+    }
+    Ok(out)
+}
+
+pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
+    let ebpf = &probes.ebpf;
+    let sums = counter_sums(probes)?;
+    let sampled = probes.sampling.is_some();
+    let calls = calls_of(probes);
     let n_funcs = probes.funcs.len();
     let mut per_func: Vec<Counts> = (0..n_funcs)
         .map(|f| Counts {

@@ -15,11 +15,14 @@ use crate::{
         config::{Target, TraceConfig},
         TraceArgs,
     },
-    collect::live_tracker,
+    collect::{live_tracker, timeline::Recorder},
     error::{UserError, EXIT_USAGE},
     profile::{Meta, Probe, ProcessMeta},
-    session::{self, Clock, End, Proc, ProcSettings, Session, Signals, TreeRequest},
+    session::{
+        self, Clock, End, Inputs, Proc, ProcSettings, Session, Signals, TreeRequest, Watcher,
+    },
     sinks::{Report, Sink, Snapshots},
+    status::StatusLine,
     target::{self, launch, launch::TreeEvent, AddressSpace},
     user_error,
 };
@@ -194,6 +197,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         per_process: config.outputs.table.per_process,
         max_processes: config.max_processes,
         graveyard: Default::default(),
+        timeline: Recorder::new(1.0, mode.live || mode.count_frees),
     };
     // The processes it had created are probed before tracing is said to
     // begin; from then on the hold tells the session of the tree.
@@ -214,14 +218,26 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Ok(rx) => (Some(rx), None),
         Err(fd) => (None, Some(fd)),
     };
-    let (end, exit_rx) = rt.block_on(session.run(
-        &config.schedule,
-        &mut sinks,
+    let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
+    if let Some(line) = StatusLine::new() {
+        watchers.push(Box::new(line));
+    }
+    let inputs = Inputs {
         exit_rx,
         pidfd,
-        Some(tree_rx),
+        tree_events: Some(tree_rx),
         signals,
-    ))?;
+        stop: None,
+    };
+    let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));
+    // The status line goes before anything else is said.
+    drop(watchers);
+    let (end, exit_rx) = ran?;
+    eprintln!(
+        "mtrace: tracing ended after {:.1} s: {}",
+        session.clock.started.elapsed().as_secs_f64(),
+        end.describe(config.schedule.duration)
+    );
 
     // Counting stops for all functions at once, before the maps are read.
     session.finish()?;
@@ -275,6 +291,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         // Ctrl-C is how a trace by pid normally ends.
         End::Interrupted(_) if matches!(config.target, Target::Pid(_)) => 0,
         End::Interrupted(sig) => 128 + sig,
+        End::Stopped => match exit_rx {
+            Some(rx) => rt.block_on(rx).unwrap_or(0),
+            None => 0,
+        },
     })
 }
 

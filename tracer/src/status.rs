@@ -1,0 +1,225 @@
+//! The status line: while tracing, when standard error is a terminal, its
+//! bottom line shows the elapsed time, the allocation rate, live bytes
+//! (live mode) and any loss so far, refreshed every second.
+//!
+//! A launched command writes to the same terminal, so the line cannot
+//! simply be redrawn with `\r`: the command's output would land on it.
+//! As apt's progress bar does, the terminal's scrolling region is set to
+//! every line but the last; everything else scrolls above it, and the
+//! status line is drawn on the last line with the cursor saved and
+//! restored around it. The region is reset when tracing ends (and on drop,
+//! so an error cannot leave the terminal with it).
+
+use std::io::{IsTerminal, Write};
+
+use crate::collect::Running;
+
+/// The status line, when standard error is a terminal.
+pub struct StatusLine {
+    rows: u16,
+    /// The counts at the previous tick, for the rates.
+    last: Running,
+    last_t: f64,
+    /// Shown so far (for the end to clear).
+    active: bool,
+}
+
+/// What one tick shows.
+pub struct Tick {
+    pub elapsed: f64,
+    pub running: Running,
+    /// Live mode: bytes allocated and not yet freed, as traced.
+    pub live_bytes: Option<u64>,
+    /// Processes traced now (shown when more than one).
+    pub processes: usize,
+}
+
+impl StatusLine {
+    /// A status line on standard error, if it is a terminal that can show
+    /// one (not `TERM=dumb`, at least 3 lines).
+    pub fn new() -> Option<StatusLine> {
+        let stderr = std::io::stderr();
+        if !stderr.is_terminal() || std::env::var("TERM").is_ok_and(|t| t == "dumb") {
+            return None;
+        }
+        let rows = terminal_rows()?;
+        if rows < 3 {
+            return None;
+        }
+        let line = StatusLine {
+            rows,
+            last: Running::default(),
+            last_t: 0.0,
+            active: true,
+        };
+        // Room for the line, then everything but the last row scrolls.
+        line.write(&format!(
+            "\n\x1b7\x1b[1;{}r\x1b8\x1b[1A",
+            rows.saturating_sub(1)
+        ));
+        Some(line)
+    }
+
+    /// Redraws the line for `tick`.
+    pub fn show(&mut self, tick: &Tick) {
+        // The terminal may have been resized: follow it.
+        if let Some(rows) = terminal_rows().filter(|&r| r != self.rows && r >= 3) {
+            self.write(&format!("\x1b7\x1b[1;{}r\x1b8", rows - 1));
+            self.rows = rows;
+        }
+        let dt = (tick.elapsed - self.last_t).max(1e-3);
+        let text = format_status(tick, self.last, dt);
+        self.last = tick.running;
+        self.last_t = tick.elapsed;
+        let text = truncate(&text, terminal_cols().unwrap_or(80) as usize);
+        self.write(&format!("\x1b7\x1b[{};1H\x1b[2K{text}\x1b8", self.rows));
+    }
+
+    /// Takes the line away and gives the terminal its whole height back.
+    pub fn end(&mut self) {
+        if self.active {
+            self.active = false;
+            self.write(&format!(
+                "\x1b7\x1b[1;{}r\x1b[{};1H\x1b[2K\x1b8",
+                self.rows, self.rows
+            ));
+        }
+    }
+
+    fn write(&self, s: &str) {
+        // A terminal that cannot be written to has nobody to show it to.
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(s.as_bytes());
+        let _ = err.flush();
+    }
+}
+
+impl Drop for StatusLine {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// `mtrace: 0:12  1,234,567 calls  98.1k/s  45.6 MiB  3.2 MiB/s  live 4.5 MiB  lost 12`
+pub fn format_status(tick: &Tick, last: Running, dt: f64) -> String {
+    let r = tick.running;
+    let calls_rate = r.calls.saturating_sub(last.calls) as f64 / dt;
+    let bytes_rate = r.bytes.saturating_sub(last.bytes) as f64 / dt;
+    let secs = tick.elapsed as u64;
+    let mut s = format!(
+        "mtrace {}:{:02}:{:02}  {} {}  {}/s  {}  {}/s",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        thousands(r.calls),
+        if r.calls == 1 { "call" } else { "calls" },
+        short_count(calls_rate),
+        bytes(r.bytes as f64),
+        bytes(bytes_rate),
+    );
+    if let Some(live) = tick.live_bytes {
+        s += &format!("  live {}", bytes(live as f64));
+    }
+    if tick.processes > 1 {
+        s += &format!("  {} processes", tick.processes);
+    }
+    if r.lost > 0 {
+        s += &format!("  LOST {}", thousands(r.lost));
+    }
+    s
+}
+
+/// `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `950`, `98.1k`, `12.3M`.
+pub fn short_count(v: f64) -> String {
+    if v < 1e3 {
+        format!("{v:.0}")
+    } else if v < 1e6 {
+        format!("{:.1}k", v / 1e3)
+    } else if v < 1e9 {
+        format!("{:.1}M", v / 1e6)
+    } else {
+        format!("{:.1}G", v / 1e9)
+    }
+}
+
+/// `512 B`, `3.2 KiB`, `45.6 MiB`, `1.2 GiB`.
+pub fn bytes(v: f64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if v < 1024.0 {
+        return format!("{v:.0} B");
+    }
+    let mut v = v / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+fn truncate(s: &str, cols: usize) -> String {
+    s.chars().take(cols.saturating_sub(1)).collect()
+}
+
+fn winsize() -> Option<libc::winsize> {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the struct we pass.
+    let rc = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_row > 0).then_some(ws)
+}
+
+fn terminal_rows() -> Option<u16> {
+    winsize().map(|w| w.ws_row)
+}
+
+fn terminal_cols() -> Option<u16> {
+    winsize().map(|w| w.ws_col).filter(|&c| c > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_and_rates() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(thousands(100), "100");
+        assert_eq!(bytes(512.0), "512 B");
+        assert_eq!(bytes(16384.0), "16.0 KiB");
+        assert_eq!(bytes(3.5 * 1024.0 * 1024.0), "3.5 MiB");
+        assert_eq!(short_count(98_100.0), "98.1k");
+        let tick = Tick {
+            elapsed: 62.0,
+            running: Running {
+                calls: 2000,
+                bytes: 4096,
+                frees: 0,
+                lost: 3,
+            },
+            live_bytes: Some(2048),
+            processes: 2,
+        };
+        let last = Running {
+            calls: 1000,
+            ..Running::default()
+        };
+        assert_eq!(
+            format_status(&tick, last, 2.0),
+            "mtrace 0:01:02  2,000 calls  500/s  4.0 KiB  2.0 KiB/s  live 2.0 KiB  2 processes  LOST 3"
+        );
+    }
+}
