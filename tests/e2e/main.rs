@@ -42,3 +42,4 @@ mod table;
 mod threads;
 mod tree;
 mod unwind;
+mod watch;

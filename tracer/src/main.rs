@@ -13,6 +13,7 @@ mod sinks; // where profiles go: the report and its files, snapshots
 mod status; // the status line while tracing
 mod symbolize; // raw profile -> profile (functions, files, lines)
 mod target; // the traced process: /proc, launch, its address space
+mod top; // mtrace top: the full-screen live view
 mod unwind; // unwind rules from the target's call-frame information
 
 mod cli; // arguments (clap) and what they mean (config)
@@ -38,7 +39,7 @@ fn main() {
         .filter_level(log::LevelFilter::Warn)
         .filter_module(
             "mtrace",
-            if cli.trace.verbose {
+            if matches!(&cli.sub, Some(Sub::Top(a)) if a.verbose) || cli.trace.verbose {
                 log::LevelFilter::Debug
             } else {
                 log::LevelFilter::Warn
@@ -49,7 +50,8 @@ fn main() {
     let result = match cli.sub {
         Some(Sub::Report(args)) => commands::report::run(args),
         Some(Sub::Diff(args)) => commands::diff::run(args),
-        None => commands::trace::run(cli.trace),
+        Some(Sub::Top(args)) => commands::trace::run(args, true),
+        None => commands::trace::run(cli.trace, false),
     };
     let code = match result {
         Ok(code) => code,

@@ -25,6 +25,7 @@ pub struct StatusLine {
 }
 
 /// What one tick shows.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Tick {
     pub elapsed: f64,
     pub running: Running,
@@ -100,14 +101,30 @@ impl Drop for StatusLine {
     }
 }
 
-/// `mtrace: 0:12  1,234,567 calls  98.1k/s  45.6 MiB  3.2 MiB/s  live 4.5 MiB  lost 12`
+/// `mtrace 0:00:12  1,234,567 calls  98.1k/s  45.6 MiB  3.2 MiB/s  live 4.5 MiB  LOST 12`
 pub fn format_status(tick: &Tick, last: Running, dt: f64) -> String {
     let r = tick.running;
-    let calls_rate = r.calls.saturating_sub(last.calls) as f64 / dt;
-    let bytes_rate = r.bytes.saturating_sub(last.bytes) as f64 / dt;
+    let mut s = format!(
+        "mtrace {}",
+        summary(
+            tick,
+            r.calls.saturating_sub(last.calls) as f64 / dt,
+            r.bytes.saturating_sub(last.bytes) as f64 / dt
+        )
+    );
+    if r.lost > 0 {
+        s += &format!("  LOST {}", thousands(r.lost));
+    }
+    s
+}
+
+/// `0:00:12  1,234,567 calls  98.1k/s  45.6 MiB  3.2 MiB/s  live 4.5 MiB  2 processes`:
+/// the trace so far (the status line, the live view's header).
+pub fn summary(tick: &Tick, calls_rate: f64, bytes_rate: f64) -> String {
+    let r = tick.running;
     let secs = tick.elapsed as u64;
     let mut s = format!(
-        "mtrace {}:{:02}:{:02}  {} {}  {}/s  {}  {}/s",
+        "{}:{:02}:{:02}  {} {}  {}/s  {}  {}/s",
         secs / 3600,
         secs / 60 % 60,
         secs % 60,
@@ -122,9 +139,6 @@ pub fn format_status(tick: &Tick, last: Running, dt: f64) -> String {
     }
     if tick.processes > 1 {
         s += &format!("  {} processes", tick.processes);
-    }
-    if r.lost > 0 {
-        s += &format!("  LOST {}", thousands(r.lost));
     }
     s
 }

@@ -42,7 +42,7 @@ In launch mode mtrace exits with the command's exit status.";
     about,
     after_help = EXAMPLES,
     args_conflicts_with_subcommands = true,
-    override_usage = "mtrace [OPTIONS] --pid PID\n       mtrace [OPTIONS] -- CMD [ARGS]...\n       mtrace report [OPTIONS] PROFILE.json\n       mtrace diff [OPTIONS] BASE.json NEW.json"
+    override_usage = "mtrace [OPTIONS] --pid PID\n       mtrace [OPTIONS] -- CMD [ARGS]...\n       mtrace top [OPTIONS] --pid PID | -- CMD [ARGS]...\n       mtrace report [OPTIONS] PROFILE.json\n       mtrace diff [OPTIONS] BASE.json NEW.json"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -60,7 +60,21 @@ pub enum Sub {
     /// Compare two saved profiles; with --fail-if, a CI regression gate.
     #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
+    /// Trace with a full-screen live view of the top stacks (the same
+    /// target and options as a trace); q ends it, then the usual report.
+    /// A launched command's output goes to a log file meanwhile.
+    #[command(after_help = TOP_EXAMPLES)]
+    Top(TraceArgs),
 }
+
+const TOP_EXAMPLES: &str = "\
+Examples:
+  sudo mtrace top --pid 1234
+  sudo mtrace top --live --pid 1234
+  sudo mtrace top -o run.json -- ./bench
+
+Keys: q quit (then the report), up/down select, enter show/hide the stack,
+c/b/l order by calls, bytes, live bytes, t last second or since the start.";
 
 const REPORT_EXAMPLES: &str = "\
 Examples:

@@ -27,7 +27,8 @@ use crate::{
     user_error,
 };
 
-pub fn run(args: TraceArgs) -> Result<i32> {
+/// A trace; with `top`, under the full-screen live view.
+pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     let Some(config) = TraceConfig::from_args(&args) else {
         return Err(anyhow::Error::new(UserError::with_code(
             "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)",
@@ -44,6 +45,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             ),
             EXIT_USAGE,
         )));
+    }
+    if top {
+        crate::top::check_terminal()?;
     }
     target::check_privileges()?;
     // Signal handlers before anything else: a Ctrl-C from here on ends the
@@ -108,6 +112,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let mut exit_hold = None;
     // By pid with --children: the processes it had created.
     let mut descendants = Vec::new();
+    // mtrace top, launch mode: where the command's output went.
+    let mut command_log = None;
     let (root, exit_rx) = match &config.target {
         Target::Pid(pid) => {
             let pid = *pid;
@@ -124,6 +130,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
             (root, Err(pidfd))
         }
         Target::Command(argv) => {
+            // The live view has the terminal: the command's output goes
+            // to a log meanwhile (mtrace's own is back once it started).
+            let redirect = if top {
+                Some(crate::top::Redirect::start().context("redirecting the command's output")?)
+            } else {
+                None
+            };
+            command_log = redirect.as_ref().map(|r| r.log.clone());
             let template = template.clone();
             let launched = launch::launch(
                 argv,
@@ -133,7 +147,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
                     Proc::attach(pid, maps, &settings, space, &template)
                 },
                 on_event,
-            )?;
+            );
+            drop(redirect);
+            let launched = launched?;
             (launched.attached, Ok(launched.exit))
         }
     };
@@ -219,7 +235,21 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Err(fd) => (None, Some(fd)),
     };
     let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
-    if let Some(line) = StatusLine::new() {
+    let mut stop = None;
+    if top {
+        let title = format!(
+            "mtrace top: pid {pid} ({}), {} mode{}",
+            target::comm(pid),
+            session.meta.mode,
+            match &command_log {
+                Some(log) => format!(", the command's output in {}", log.display()),
+                None => String::new(),
+            }
+        );
+        let (view, stop_rx) = crate::top::TopView::start(title, mode.live)?;
+        watchers.push(Box::new(view));
+        stop = Some(stop_rx);
+    } else if let Some(line) = StatusLine::new() {
         watchers.push(Box::new(line));
     }
     let inputs = Inputs {
@@ -227,7 +257,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         pidfd,
         tree_events: Some(tree_rx),
         signals,
-        stop: None,
+        stop,
     };
     let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));
     // The status line goes before anything else is said.
@@ -238,6 +268,9 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         session.clock.started.elapsed().as_secs_f64(),
         end.describe(config.schedule.duration)
     );
+    if let Some(log) = &command_log {
+        eprintln!("mtrace: the command's output is in {}", log.display());
+    }
 
     // Counting stops for all functions at once, before the maps are read.
     session.finish()?;

@@ -1,0 +1,223 @@
+//! What a person sees while tracing, in a real terminal (tmux): the status
+//! line on the terminal's last row, and `mtrace top`'s full-screen view,
+//! whose `q` ends the trace with the usual report.
+
+use std::{
+    fs,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use crate::support::{fixtures::compile_c, mtrace_path, require, Profile};
+
+/// A detached tmux session of `cols` x `rows` running `shell` (sh -c),
+/// killed when dropped.
+struct Tmux {
+    name: String,
+}
+
+impl Tmux {
+    fn start(name: &str, cols: u16, rows: u16, shell: &str) -> Tmux {
+        let name = format!("{name}-{}", std::process::id());
+        let status = Command::new("tmux")
+            .args(["new-session", "-d", "-s", &name])
+            .args(["-x", &cols.to_string(), "-y", &rows.to_string()])
+            .arg(shell)
+            .env("TERM", "xterm-256color")
+            .status()
+            .expect("running tmux (cargo xtask setup installs it)");
+        assert!(status.success(), "tmux new-session failed");
+        // The pane closes when the command ends; keep it for a last look.
+        let _ = Command::new("tmux")
+            .args(["set-option", "-t", &name, "remain-on-exit", "on"])
+            .status();
+        Tmux { name }
+    }
+
+    /// The pane's text, one line per row.
+    fn capture(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &self.name])
+            .output()
+            .expect("tmux capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the pane shows something `pred` accepts; returns it.
+    fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.capture();
+            if pred(&text) {
+                return text;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the terminal never showed {what}:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn keys(&self, keys: &str) {
+        let status = Command::new("tmux")
+            .args(["send-keys", "-t", &self.name, keys])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.name])
+            .status();
+    }
+}
+
+fn need_tmux() -> bool {
+    let found = Command::new("tmux").arg("-V").output().is_ok();
+    require(found, "tmux")
+}
+
+/// tests/fixtures/steady.c, compiled once for the tests here.
+fn steady() -> &'static Path {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        compile_c(
+            "steady",
+            "steady",
+            &["-O2", "-fno-omit-frame-pointer", "-g"],
+            &[],
+        )
+    })
+}
+
+/// `mtrace ARGS... > DIR/out; echo $? > DIR/exit`, standard error on the
+/// terminal.
+fn shell(dir: &Path, args: &str) -> String {
+    format!(
+        "{} {args} > {d}/out; echo $? > {d}/exit",
+        mtrace_path().display(),
+        d = dir.display()
+    )
+}
+
+fn wait_exit(dir: &Path) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = fs::read_to_string(dir.join("exit")) {
+            if s.ends_with('\n') {
+                return s.trim().parse().unwrap();
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "mtrace never ended"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The number before " calls" on the line starting with `prefix`.
+fn calls_shown(text: &str, prefix: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.trim_start().starts_with(prefix))?;
+    let before = &line[..line.find(" calls")?];
+    before.rsplit(' ').next()?.replace(',', "").parse().ok()
+}
+
+#[test]
+fn mtrace_top_shows_the_stacks_live_and_q_prints_the_report() {
+    need_bpf!();
+    if !need_tmux() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let fixture = steady();
+    let json = dir.path().join("top.json");
+    let tmux = Tmux::start(
+        "mtrace-top",
+        140,
+        40,
+        &shell(
+            dir.path(),
+            &format!("top -o {} -- {} 30", json.display(), fixture.display()),
+        ),
+    );
+    let first = tmux.wait_for("the fixture's stack", |t| {
+        t.contains("malloc ← steady_site ← main") && calls_shown(t, "0:").is_some_and(|n| n > 0)
+    });
+    assert!(first.contains("mtrace top: pid "), "{first}");
+    assert!(first.contains("no loss"), "{first}");
+    let n1 = calls_shown(&first, "0:").unwrap();
+    let later = tmux.wait_for("a rising call count", |t| {
+        calls_shown(t, "0:").is_some_and(|n| n > n1)
+    });
+    // The selected stack, expanded.
+    assert!(
+        later
+            .lines()
+            .any(|l| l.trim_end() == "  steady_site (steady.c:16)"),
+        "{later}"
+    );
+    tmux.keys("q");
+    // The command runs on to its end (30 s): the report comes first.
+    let report = tmux.wait_for("the report", |t| t.contains("tracing ended after"));
+    assert!(report.contains("stopped from the live view"), "{report}");
+    let start = Instant::now();
+    let out = loop {
+        let out = fs::read_to_string(dir.path().join("out")).unwrap_or_default();
+        if out.contains("steady_site") || start.elapsed() > Duration::from_secs(20) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(out.contains("steady_site"), "no report on stdout:\n{out}");
+    let p = Profile::load(&json);
+    let (calls, bytes) = p.site("malloc", "steady_site");
+    assert!(
+        calls >= n1,
+        "{calls} calls in the profile, {n1} shown before"
+    );
+    assert_eq!(bytes, calls * 48);
+}
+
+#[test]
+fn the_status_line_counts_on_the_last_row_and_goes_away() {
+    need_bpf!();
+    if !need_tmux() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let fixture = steady();
+    let rows = 24;
+    let tmux = Tmux::start(
+        "mtrace-status",
+        120,
+        rows,
+        &shell(dir.path(), &format!("-- {} 4", fixture.display())),
+    );
+    let last_row = |t: &str| t.lines().nth(rows as usize - 1).unwrap_or("").to_string();
+    let first = tmux.wait_for("the status line", |t| {
+        calls_shown(&last_row(t), "mtrace 0:").is_some_and(|n| n > 0)
+    });
+    let n1 = calls_shown(&last_row(&first), "mtrace 0:").unwrap();
+    let later = tmux.wait_for("a rising count", |t| {
+        calls_shown(&last_row(t), "mtrace 0:").is_some_and(|n| n > n1)
+    });
+    assert!(last_row(&later).contains("/s"), "{later}");
+    assert_eq!(wait_exit(dir.path()), 0);
+    let end = tmux.wait_for("the end", |t| t.contains("tracing ended after"));
+    assert!(
+        end.contains("the target exited"),
+        "the end is explained\n{end}"
+    );
+    assert!(
+        !end.contains("mtrace 0:"),
+        "the status line stayed behind\n{end}"
+    );
+    let out = fs::read_to_string(dir.path().join("out")).unwrap();
+    assert!(out.contains("steady_site"), "{out}");
+}
