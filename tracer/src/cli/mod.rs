@@ -60,6 +60,34 @@ pub enum Sub {
     /// Compare two saved profiles; with --fail-if, a CI regression gate.
     #[command(after_help = DIFF_EXAMPLES)]
     Diff(DiffArgs),
+    /// Write the man pages or a shell's completions (`cargo xtask install`
+    /// runs it on the binary it installs, so they describe that binary).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// `mtrace generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(subcommand)]
+    pub what: Generate,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Generate {
+    /// mtrace.1, mtrace-report.1 and mtrace-diff.1, into DIR.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// SHELL's completions into DIR: mtrace.bash, _mtrace (zsh),
+    /// mtrace.fish, ...
+    Completions {
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 const REPORT_EXAMPLES: &str = "\
@@ -115,6 +143,13 @@ pub struct TraceArgs {
     /// whatever it execs).
     #[arg(long)]
     pub no_follow: bool,
+
+    /// Launch mode: run the command as USER (a name or a numeric uid): its
+    /// uid, primary group and supplementary groups, HOME, USER and LOGNAME
+    /// set as `sudo -u` does; mtrace itself stays root. Without it the
+    /// command runs as whoever runs mtrace (root under sudo), as with perf.
+    #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username, conflicts_with = "pid")]
+    pub user: Option<String>,
 
     /// By pid: also trace the processes the target created (its workers,
     /// say), to any depth, and those it creates while traced (each from
