@@ -75,7 +75,7 @@ pub struct GenerateArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum Generate {
-    /// mtrace.1, mtrace-report.1 and mtrace-diff.1, into DIR.
+    /// mtrace.1 and a page per subcommand (mtrace-report.1, ...), into DIR.
     Man {
         #[arg(value_name = "DIR")]
         dir: PathBuf,

@@ -98,9 +98,12 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
     let top = top.about(about).long_about(DESCRIPTION);
     let mut pages = vec![page(top, exit_status_trace(), &names)];
     for sub in subs {
+        // A subcommand that reads profiles, or one that traces (as the
+        // command itself does).
         let status = match sub.get_name() {
             "diff" => exit_status_diff(),
-            _ => exit_status_offline(),
+            "report" => exit_status_offline(),
+            _ => exit_status_trace(),
         };
         let others: Vec<String> = std::iter::once("mtrace".to_string())
             .chain(
