@@ -28,6 +28,7 @@ macro_rules! bpf_tempdir {
 }
 
 mod artifacts;
+mod conventions;
 mod counts;
 mod errors;
 mod exec;

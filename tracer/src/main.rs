@@ -51,6 +51,7 @@ fn main() {
         Some(Sub::Report(args)) => commands::report::run(args),
         Some(Sub::Diff(args)) => commands::diff::run(args),
         Some(Sub::Top(args)) => commands::trace::run(args, true),
+        Some(Sub::Generate(args)) => commands::generate::run(args),
         None => commands::trace::run(cli.trace, false),
     };
     let code = match result {
@@ -96,7 +97,11 @@ fn usage_error(e: clap::Error) -> ! {
     eprintln!("mtrace: {}", message.trim_start_matches("error: "));
     // clap's usage line of the (sub)command, or the main one.
     match text.lines().find_map(|l| l.strip_prefix("Usage: ")) {
-        Some(usage) if usage.contains("report") || usage.contains("diff") => {
+        Some(usage)
+            if ["report", "diff", "generate"]
+                .iter()
+                .any(|s| usage.contains(s)) =>
+        {
             eprintln!("usage: {usage} (--help for all)")
         }
         _ => eprintln!(

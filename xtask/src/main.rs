@@ -16,6 +16,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 mod bench;
+mod install;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -52,11 +53,13 @@ enum Task {
         #[arg(long, default_value = "target/bench/bench.json")]
         json: PathBuf,
     },
-    /// Set up, build, and install mtrace to /usr/local/bin (ahead of glibc's
-    /// /usr/bin/mtrace on root's PATH).
+    /// Set up, build, and install a stripped mtrace to PREFIX/bin (ahead of
+    /// glibc's /usr/bin/mtrace on root's PATH), its man pages to
+    /// PREFIX/share/man/man1 (ahead of glibc's mtrace(1)) and its bash, zsh
+    /// and fish completions under PREFIX/share.
     Install {
-        #[arg(long, default_value = "/usr/local/bin")]
-        dir: PathBuf,
+        #[arg(long, default_value = install::DEFAULT_PREFIX)]
+        prefix: PathBuf,
     },
 }
 
@@ -126,10 +129,10 @@ fn run(task: Task) -> Result<()> {
             build()?;
             bench::run(&root, iterations, runs, &json)
         }
-        Task::Install { dir } => {
+        Task::Install { prefix } => {
             setup()?;
             build()?;
-            install(&root, &dir)
+            install::run(&root, &prefix)
         }
     }
 }
@@ -293,27 +296,4 @@ fn test(args: &[String]) -> Result<()> {
             .args(["test", "--release", "--workspace"])
             .args(args),
     )
-}
-
-fn install(root: &Path, dir: &Path) -> Result<()> {
-    require_root("installing to a system directory")?;
-    std::fs::create_dir_all(dir)?;
-    let dest = dir.join("mtrace");
-    std::fs::copy(root.join("target/release/mtrace"), &dest)
-        .with_context(|| format!("copying to {}", dest.display()))?;
-    eprintln!("xtask: installed {}", dest.display());
-    // glibc ships a perl script /usr/bin/mtrace: make sure ours wins.
-    let path = env::var("PATH").unwrap_or_default();
-    let ours = path.split(':').position(|d| Path::new(d) == dir);
-    let theirs = path.split(':').position(|d| d == "/usr/bin");
-    match (ours, theirs) {
-        (Some(o), Some(t)) if o < t => {}
-        _ => eprintln!(
-            "xtask: note: {} is not ahead of /usr/bin on this PATH; `mtrace` may run glibc's /usr/bin/mtrace. Use {} or put {} first.",
-            dir.display(),
-            dest.display(),
-            dir.display()
-        ),
-    }
-    Ok(())
 }

@@ -41,6 +41,8 @@ pub struct TraceConfig {
     pub bpf_stats: bool,
     /// Launch mode: trace every process the command starts.
     pub follow: bool,
+    /// Launch mode: the user to run the command as (`--user`).
+    pub user: Option<String>,
     /// By pid: trace the target's descendants too.
     pub children: bool,
     /// Most processes traced at once.
@@ -86,6 +88,7 @@ impl TraceConfig {
             live_blocks: args.live_map_size as usize,
             bpf_stats: args.bpf_stats,
             follow: !args.no_follow,
+            user: args.user.clone(),
             children: args.children,
             max_processes: args.max_processes as usize,
             outputs: outputs(&args.out),

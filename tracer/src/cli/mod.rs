@@ -65,6 +65,34 @@ pub enum Sub {
     /// A launched command's output goes to a log file meanwhile.
     #[command(after_help = TOP_EXAMPLES)]
     Top(TraceArgs),
+    /// Write the man pages or a shell's completions (`cargo xtask install`
+    /// runs it on the binary it installs, so they describe that binary).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// `mtrace generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(subcommand)]
+    pub what: Generate,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Generate {
+    /// mtrace.1 and a page per subcommand (mtrace-report.1, ...), into DIR.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// SHELL's completions into DIR: mtrace.bash, _mtrace (zsh),
+    /// mtrace.fish, ...
+    Completions {
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 const TOP_EXAMPLES: &str = "\
@@ -129,6 +157,13 @@ pub struct TraceArgs {
     /// whatever it execs).
     #[arg(long)]
     pub no_follow: bool,
+
+    /// Launch mode: run the command as USER (a name or a numeric uid): its
+    /// uid, primary group and supplementary groups, HOME, USER and LOGNAME
+    /// set as `sudo -u` does; mtrace itself stays root. Without it the
+    /// command runs as whoever runs mtrace (root under sudo), as with perf.
+    #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username, conflicts_with = "pid")]
+    pub user: Option<String>,
 
     /// By pid: also trace the processes the target created (its workers,
     /// say), to any depth, and those it creates while traced (each from

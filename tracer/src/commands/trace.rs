@@ -35,8 +35,13 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
             EXIT_USAGE,
         )));
     };
-    // A typo in an output path must not cost the trace.
+    // A typo in an output path or a user name must not cost the trace.
     config.outputs.check()?;
+    let run_as = config
+        .user
+        .as_deref()
+        .map(target::RunAs::lookup)
+        .transpose()?;
     if !config.snapshot_dir.is_dir() {
         return Err(anyhow::Error::new(UserError::with_code(
             format!(
@@ -142,6 +147,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
             let launched = launch::launch(
                 argv,
                 config.follow,
+                run_as,
                 move |pid, maps| {
                     let space = Arc::new(Mutex::new(AddressSpace::new()));
                     Proc::attach(pid, maps, &settings, space, &template)

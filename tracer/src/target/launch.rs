@@ -26,7 +26,7 @@
 use std::{
     collections::{HashMap, HashSet},
     ffi::CString,
-    os::unix::ffi::OsStrExt,
+    os::unix::ffi::{OsStrExt, OsStringExt},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -41,7 +41,9 @@ use crate::{
     user_error,
 };
 
-use super::{is_dynamic_linker, proc::read_maps, DynamicLinker, Mapping, RT_CONSISTENT};
+use super::{
+    is_dynamic_linker, proc::read_maps, run_as::RunAs, DynamicLinker, Mapping, RT_CONSISTENT,
+};
 
 /// How many system calls we follow, at most, waiting for the allocator to
 /// be mapped.
@@ -153,10 +155,12 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf> {
 /// process it creates): each time a process calls `exec`, the new program
 /// is run in the same way to the point where its allocator is known, and
 /// [`TreeEvent::Exec`] asked there (answered `Some` once the session has
-/// probed the new program's allocator).
+/// probed the new program's allocator). With `run_as`, the command runs
+/// as that user (`--user`).
 pub fn launch<T, F, E>(
     argv: &[String],
     follow: bool,
+    run_as: Option<RunAs>,
     attach: F,
     mut on_event: E,
 ) -> Result<Launched<T>>
@@ -171,6 +175,18 @@ where
         .iter()
         .map(|a| CString::new(a.as_bytes()))
         .collect::<Result<_, _>>()?;
+    let c_env: Vec<CString> = match &run_as {
+        Some(user) => user.environment(),
+        None => std::env::vars_os().collect(),
+    }
+    .into_iter()
+    .filter_map(|(k, v)| {
+        let mut kv = k.into_vec();
+        kv.push(b'=');
+        kv.extend(v.into_vec());
+        CString::new(kv).ok()
+    })
+    .collect();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(u32, T)>>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
 
@@ -179,7 +195,7 @@ where
     std::thread::Builder::new()
         .name("mtrace-launch".into())
         .spawn(move || {
-            let pid = match start_stopped(&c_path, &c_args, follow) {
+            let pid = match start_stopped(&c_path, &c_args, &c_env, run_as.as_ref(), follow) {
                 Ok(pid) => pid,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -251,12 +267,29 @@ fn waitpid(pid: u32) -> std::io::Result<i32> {
     }
 }
 
-/// Forks; the child becomes traced and execs. Returns once the child is
-/// stopped right after a successful exec.
-fn start_stopped(path: &CString, args: &[CString], follow: bool) -> Result<u32> {
-    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    // A close-on-exec pipe reports a failed exec's errno.
+/// What the child failed at, before its exec or in it.
+const FAILED_EXEC: i32 = 0;
+const FAILED_CREDENTIALS: i32 = 1;
+
+/// Forks; the child becomes traced, takes `run_as`'s credentials (if any)
+/// and execs with `env`. Returns once the child is stopped right after a
+/// successful exec.
+fn start_stopped(
+    path: &CString,
+    args: &[CString],
+    env: &[CString],
+    run_as: Option<&RunAs>,
+    follow: bool,
+) -> Result<u32> {
+    let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
+        strings
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let (argv, envp) = (pointers(args), pointers(env));
+    // A close-on-exec pipe reports what failed and its errno.
     let mut fds = [0; 2];
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error().into());
@@ -268,22 +301,40 @@ fn start_stopped(path: &CString, args: &[CString], follow: bool) -> Result<u32> 
     if pid == 0 {
         // Child: only async-signal-safe calls from here on.
         unsafe {
+            let fail = |stage: i32| -> ! {
+                let report = [stage, *libc::__errno_location()];
+                libc::write(fds[1], report.as_ptr().cast(), 8);
+                libc::_exit(127)
+            };
             libc::close(fds[0]);
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
-            libc::execv(path.as_ptr(), argv.as_ptr());
-            let err = *libc::__errno_location();
-            libc::write(fds[1], (&err as *const i32).cast(), 4);
-            libc::_exit(127);
+            // Groups first, the uid last: each needs root, which the
+            // previous one may give up.
+            if let Some(user) = run_as {
+                if libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
+                    || libc::setgid(user.gid) != 0
+                    || libc::setuid(user.uid) != 0
+                {
+                    fail(FAILED_CREDENTIALS);
+                }
+            }
+            libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            fail(FAILED_EXEC);
         }
     }
     unsafe { libc::close(fds[1]) };
-    let mut err = 0i32;
-    let n = unsafe { libc::read(fds[0], (&mut err as *mut i32).cast(), 4) };
+    let mut report = [0i32; 2];
+    let n = unsafe { libc::read(fds[0], report.as_mut_ptr().cast(), 8) };
     unsafe { libc::close(fds[0]) };
     let pid = pid as u32;
-    if n == 4 {
+    if n == 8 {
         let _ = waitpid(pid);
+        let [stage, err] = report;
         let e = std::io::Error::from_raw_os_error(err);
+        if stage == FAILED_CREDENTIALS {
+            let user = run_as.map_or("", |u| u.name.as_str());
+            return Err(user_error!("cannot run the command as {user}: {e}"));
+        }
         let code = if err == libc::ENOENT {
             EXIT_CMD_NOT_FOUND
         } else {

@@ -1,5 +1,5 @@
 //! The target: the traced process as /proc shows it ([`proc`]), starting
-//! it under mtrace ([`launch`]), and the record of its address space that
+//! it under mtrace ([`launch`], as another user: [`RunAs`]), and the record of its address space that
 //! symbolization needs after it is gone ([`AddressSpace`]).
 
 mod address_space;
@@ -7,8 +7,10 @@ mod exit_hold;
 pub mod launch;
 mod linkmap;
 pub mod proc;
+mod run_as;
 
 pub use address_space::AddressSpace;
 pub use exit_hold::ExitHold;
 pub use linkmap::{is_dynamic_linker, DynamicLinker, RT_CONSISTENT};
 pub use proc::*;
+pub use run_as::RunAs;
