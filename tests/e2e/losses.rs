@@ -68,3 +68,78 @@ fn a_full_stack_map_keeps_the_direct_caller_and_is_counted() {
         assert_eq!(names[recs], "main", "{s:?}");
     }
 }
+
+/// Live mode under a storm (tests/fixtures/storm.c: 8 threads on this
+/// machine's CPUs freeing each other's blocks, with rings of one page):
+/// events are lost, yet no freed block is ever reported outstanding. A free
+/// whose event found its ring full is kept aside in the kernel and applied
+/// in its order; only the fixture's 10 leaked blocks stay outstanding.
+#[test]
+fn a_storm_of_cross_thread_frees_leaves_no_freed_block_outstanding() {
+    need_bpf!();
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let storm = BUILT.get_or_init(|| {
+        crate::support::fixtures::compile_c(
+            "storm",
+            "storm",
+            &["-O2", "-fno-omit-frame-pointer", "-g"],
+            &["-pthread"],
+        )
+    });
+    let iter: u64 = 50_000;
+    let (out, p) = run_profiled(&[
+        "--live",
+        "--top",
+        "0",
+        "--event-buffer-size",
+        "4096",
+        "--",
+        storm.to_str().unwrap(),
+        &iter.to_string(),
+    ]);
+    out.assert_exit(0);
+    let d = p.dump();
+    assert!(
+        out.stdout.contains(&format!("passed={}", 8 * iter)),
+        "{}",
+        out.describe()
+    );
+    let live = &p.doc["live"];
+    let n = |k: &str| live[k].as_u64().unwrap_or_else(|| panic!("live.{k}\n{d}"));
+    eprintln!(
+        "storm: events lost {}, frees kept aside {}, frees lost {}, untracked {}, stale {}",
+        n("events_lost"),
+        n("frees_kept"),
+        n("frees_lost"),
+        n("untracked"),
+        n("stale")
+    );
+    // The storm did overflow the rings (else this test proves nothing).
+    assert!(n("events_lost") > 0, "no event was lost\n{d}");
+    assert!(n("frees_kept") > 0, "no free was kept aside\n{d}");
+    assert_eq!(n("frees_lost"), 0, "{d}");
+    // Every storm_pass block was freed: none outstanding.
+    for st in p.stacks_at("malloc", "storm_pass") {
+        let l = st.live.as_ref().expect("live stats");
+        assert_eq!(l["outstanding"], 0, "a freed block is outstanding\n{d}");
+    }
+    // The leaks, made before the storm, are exact.
+    let leaks: Vec<_> = p.stacks_at("malloc", "storm_leak");
+    let sum = |k: &str| -> u64 {
+        leaks
+            .iter()
+            .map(|s| s.live.as_ref().unwrap()[k].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        (sum("outstanding"), sum("outstanding_bytes")),
+        (10, 10_000),
+        "{d}"
+    );
+    // The report states the suspects as facts, and says what was lost.
+    assert!(
+        out.stdout.contains("leak suspects") && !out.stdout.contains("uncertain"),
+        "{}",
+        out.stdout
+    );
+}

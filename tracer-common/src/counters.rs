@@ -41,5 +41,12 @@ pub mod counter {
     /// Of those, walks whose stack copy found the ring full (the call is
     /// counted under the frames walked so far).
     pub const UNWIND_MISSES_LOST: u32 = MAP_FULL + 12;
-    pub const N: u32 = MAP_FULL + 13;
+    /// Live mode: frees (and blocks a resize released) whose event found
+    /// the ring full, kept in `LOST_FREES` for the tracer to apply: not a
+    /// loss.
+    pub const FREES_KEPT: u32 = MAP_FULL + 13;
+    /// Live mode: of those, frees `LOST_FREES` had no room for either: their
+    /// blocks may be reported outstanding though freed.
+    pub const FREES_LOST: u32 = MAP_FULL + 14;
+    pub const N: u32 = MAP_FULL + 15;
 }

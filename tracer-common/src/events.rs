@@ -57,6 +57,21 @@ pub struct AllocEvent {
     pub entry_ts: u64,
 }
 
+/// Live mode: a free (or the block a resize released) whose event found
+/// the ring full, kept in the `LOST_FREES` queue until the tracer applies
+/// it: a lost free must never leave a freed block reported outstanding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostFree {
+    /// The block.
+    pub ptr: u64,
+    /// As [`FreeEvent::ts`].
+    pub ts: u64,
+    /// The block is released only if it was allocated no later than this:
+    /// the free's own stamp, or a resize's [`AllocEvent::entry_ts`].
+    pub born_by: u64,
+}
+
 /// Live mode: a call to `free` with a non-NULL pointer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -27,6 +27,9 @@ pub const RULE_CACHE: &str = "RULE_CACHE";
 pub const UNWIND_MISSES: &str = "UNWIND_MISSES";
 /// One flag, set by the tracer: the map of rules is full.
 pub const UNWIND_FULL: &str = "UNWIND_FULL";
+/// Live mode: frees whose event found the ring full ([`crate::LostFree`]),
+/// a queue the tracer pops and applies.
+pub const LOST_FREES: &str = "LOST_FREES";
 /// One flag, set by the tracer once every probe is attached and cleared
 /// when tracing ends: counting starts and stops for all functions at once.
 pub const ENABLED: &str = "ENABLED";
@@ -34,7 +37,7 @@ pub const ENABLED: &str = "ENABLED";
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 11] = [
+pub const ALL_MAPS: [&str; 12] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -46,6 +49,7 @@ pub const ALL_MAPS: [&str; 11] = [
     UNWIND_MISSES,
     UNWIND_FULL,
     ENABLED,
+    LOST_FREES,
 ];
 
 /// The benchmark's floor: a program that does nothing, attached where the

@@ -25,13 +25,13 @@ use aya_ebpf::{
         bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use tracer_common::{
     counter, miss_stack_id, rule_slot, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
-    CountKey, CountValue, EntryMark, FreeEvent, MissEvent, Pending, Role, StackFrames,
+    CountKey, CountValue, EntryMark, FreeEvent, LostFree, MissEvent, Pending, Role, StackFrames,
     UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
     COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
     STACK_COPY, STACK_HASH_SEED, STACK_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN,
@@ -188,10 +188,15 @@ macro_rules! event_rings {
 }
 event_rings!(EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7);
 
+/// Live mode: frees whose event found the ring full (see `LostFree`), in
+/// order; sized by the tracer.
+#[map]
+static LOST_FREES: Queue<LostFree> = Queue::with_max_entries(1, 0);
+
 /// Sends one event on this CPU's ring; the time stamp is taken once the
-/// space is reserved (see `AllocEvent::ts`).
+/// space is reserved (see `AllocEvent::ts`). False when the ring is full.
 #[inline(always)]
-fn send<T: 'static>(make: impl Fn(u64) -> T) {
+fn send<T: 'static>(make: impl Fn(u64) -> T) -> bool {
     let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } % EVENT_RINGS;
     // One call site per ring: the verifier wants each reservation's map
     // known.
@@ -209,8 +214,32 @@ fn send<T: 'static>(make: impl Fn(u64) -> T) {
         Some(mut entry) => {
             entry.write(make(now_ns()));
             entry.submit(BPF_RB_NO_WAKEUP as u64);
+            true
         }
-        None => bump(counter::EVENTS_LOST, 1),
+        None => {
+            bump(counter::EVENTS_LOST, 1);
+            false
+        }
+    }
+}
+
+/// A free (or the block a resize released, if born by `born_by`) that the
+/// ring had no room for: kept for the tracer, which applies it in its time
+/// order. It is queued before the allocator can hand the block out again,
+/// so the tracer, reading the queue after the rings, never sees the block's
+/// next allocation without it.
+#[inline(always)]
+fn keep_free(ptr: u64, born_by: Option<u64>) {
+    let ts = now_ns();
+    let kept = LostFree {
+        ptr,
+        ts,
+        born_by: born_by.unwrap_or(ts),
+    };
+    if LOST_FREES.push(&kept, 0).is_ok() {
+        bump(counter::FREES_KEPT, 1);
+    } else {
+        bump(counter::FREES_LOST, 1);
     }
 }
 
@@ -867,7 +896,7 @@ fn complete(ctx: &RetProbeContext, role: Role) -> u32 {
     if ptr == 0 && released == 0 {
         return 0;
     }
-    send(|ts| AllocEvent {
+    let sent = send(|ts| AllocEvent {
         kind: EVENT_ALLOC,
         _pad: 0,
         ts,
@@ -877,18 +906,25 @@ fn complete(ctx: &RetProbeContext, role: Role) -> u32 {
         old_ptr: released,
         entry_ts: pending.entry_ts,
     });
+    // The new block goes untracked; the old one must not stay live.
+    if !sent && released != 0 {
+        keep_free(released, Some(pending.entry_ts));
+    }
     0
 }
 
 /// Live mode: `ptr` was freed.
 #[inline(always)]
 fn send_free(ptr: u64) {
-    send(|ts| FreeEvent {
+    let sent = send(|ts| FreeEvent {
         kind: EVENT_FREE,
         _pad: 0,
         ts,
         ptr,
     });
+    if !sent {
+        keep_free(ptr, None);
+    }
 }
 
 #[inline(always)]

@@ -15,7 +15,10 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind, sync::oneshot};
-use tracer_common::maps;
+use tracer_common::{maps, LostFree};
+
+/// Live mode: the kernel's map of lost frees (see [`LostFree`]).
+type LostFrees = aya::maps::Queue<MapData, LostFree>;
 
 use crate::{
     allocators,
@@ -156,6 +159,8 @@ pub struct Proc {
     pub tracker: Option<LiveTracker>,
     /// Live mode: its event rings, one per CPU.
     events: Vec<RingBuf<MapData>>,
+    /// Live mode: the frees its rings had no room for.
+    lost_frees: Option<LostFrees>,
     pub space: Arc<Mutex<AddressSpace>>,
     /// Finishes the walks the BPF side hands over.
     pub unwind: UnwindService,
@@ -215,6 +220,7 @@ impl Proc {
             probes,
             tracker: live.then(|| LiveTracker::new(settings.temporary_ns, settings.live_blocks)),
             events: Vec::new(),
+            lost_frees: None,
             space,
             unwind,
             meta,
@@ -223,6 +229,11 @@ impl Proc {
             name: target::comm(pid),
         };
         proc.events = proc.take_event_rings()?;
+        if proc.tracker.is_some() {
+            if let Some(map) = proc.probes.ebpf.take_map(maps::LOST_FREES) {
+                proc.lost_frees = Some(LostFrees::try_from(map)?);
+            }
+        }
         Ok(proc)
     }
 
@@ -274,7 +285,12 @@ impl Proc {
 
     /// Feeds the events waiting in its rings to its tracker.
     fn drain(&mut self) {
-        drain(&mut self.events, &mut self.tracker, &self.unwind);
+        drain(
+            &mut self.events,
+            self.lost_frees.as_mut(),
+            &mut self.tracker,
+            &self.unwind,
+        );
     }
 
     /// Its counting ends: every function at once, then the walks and
@@ -932,6 +948,7 @@ impl Session {
 /// tracer unwound names it by an id that only they resolve.
 fn drain(
     events: &mut [RingBuf<MapData>],
+    lost_frees: Option<&mut LostFrees>,
     tracker: &mut Option<LiveTracker>,
     unwind: &UnwindService,
 ) {
@@ -945,6 +962,14 @@ fn drain(
     for ring in events.iter_mut() {
         while let Some(item) = ring.next() {
             tracker.on_bytes(&item);
+        }
+    }
+    // After the rings: a free kept there was stored before its block
+    // could be allocated again, so a later allocation drained above never
+    // comes without it.
+    if let Some(queue) = lost_frees {
+        while let Ok(free) = queue.pop(0) {
+            tracker.on_lost_free(free);
         }
     }
     tracker.flush(Some(started));

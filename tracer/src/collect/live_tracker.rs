@@ -14,7 +14,9 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 use hdrhistogram::Histogram;
-use tracer_common::{is_miss_stack_id, AllocEvent, CountKey, FreeEvent, EVENT_ALLOC, EVENT_FREE};
+use tracer_common::{
+    is_miss_stack_id, AllocEvent, CountKey, FreeEvent, LostFree, EVENT_ALLOC, EVENT_FREE,
+};
 
 use crate::profile::{LiveStats, Percentiles};
 
@@ -56,6 +58,8 @@ impl KeyStats {
 enum Event {
     Alloc(AllocEvent),
     Free(FreeEvent),
+    /// A free kept in the kernel's queue of lost frees.
+    Kept(LostFree),
 }
 
 impl Event {
@@ -63,6 +67,7 @@ impl Event {
         match self {
             Event::Alloc(a) => a.ts,
             Event::Free(f) => f.ts,
+            Event::Kept(k) => k.ts,
         }
     }
 }
@@ -181,6 +186,7 @@ impl LiveTracker {
             match ev {
                 Event::Alloc(a) => self.on_alloc(&a),
                 Event::Free(f) => self.on_free(&f),
+                Event::Kept(kept) => self.on_kept_free(&kept),
             }
         }
         self.waiting = waiting;
@@ -246,6 +252,25 @@ impl LiveTracker {
             self.peak_bytes = self.live_bytes;
             self.peak_ts = ev.ts;
             self.peak_pending = true;
+        }
+    }
+
+    /// A free the ring had no room for, kept in the kernel's map of lost
+    /// frees: applied in its time order, as its event would have been.
+    pub fn on_lost_free(&mut self, kept: LostFree) {
+        self.waiting.push(Event::Kept(kept));
+    }
+
+    fn on_kept_free(&mut self, kept: &LostFree) {
+        match self.blocks.get(&kept.ptr) {
+            Some(b) if b.ts <= kept.born_by => {
+                self.release(kept.ptr, kept.ts);
+            }
+            // A resize's old block that is not (or no longer) the one the
+            // call released is no news; a free of an unknown block is.
+            Some(_) => {}
+            None if kept.born_by == kept.ts => self.frees_unknown += 1,
+            None => {}
         }
     }
 
@@ -511,6 +536,27 @@ mod tests {
         assert_eq!(t.key_stats(&key(1)).unwrap().live_blocks, 2);
         t.on_free(&free(0x30, 6)); // the untracked block
         assert_eq!(t.frees_unknown, 2);
+    }
+
+    #[test]
+    fn frees_kept_aside_apply_in_their_order() {
+        let mut t = LiveTracker::new(1000, 100);
+        let kept = |ptr, ts, born_by| LostFree { ptr, ts, born_by };
+        // Drained out of order: the block's next allocation comes from a
+        // ring, its free from the queue of lost frees.
+        t.on_bytes(&bytes(&alloc(1, 0x10, 8, 30)));
+        t.on_bytes(&bytes(&alloc(1, 0x10, 8, 10)));
+        t.on_lost_free(kept(0x10, 20, 20));
+        // A resize's release kept aside: the block at 0x20 was born after
+        // the call began (another thread's), so it stays.
+        t.on_bytes(&bytes(&alloc(1, 0x20, 8, 50)));
+        t.on_lost_free(kept(0x20, 60, 40));
+        // A kept free of a block never seen is unknown, as a free is.
+        t.on_lost_free(kept(0x99, 70, 70));
+        t.flush(None);
+        assert_eq!((t.stale, t.frees_unknown), (0, 1));
+        let st = t.key_stats(&key(1)).unwrap();
+        assert_eq!((st.allocations, st.frees, st.live_blocks), (3, 1, 2));
     }
 
     #[test]

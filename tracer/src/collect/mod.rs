@@ -220,6 +220,8 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
     let live = probes.live.then(|| LiveTotals {
         failed: sums[counter::FAILED as usize],
         events_lost: sums[counter::EVENTS_LOST as usize],
+        frees_kept: sums[counter::FREES_KEPT as usize],
+        frees_lost: sums[counter::FREES_LOST as usize],
         pending_full: sums[counter::PENDING_FULL as usize],
         ..LiveTotals::default()
     });

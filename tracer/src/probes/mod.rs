@@ -231,6 +231,9 @@ pub fn attach<T>(
         .map_max_entries(maps::STACKS, sizes.stacks)
         .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
+        // Room for the frees a full ring lets through between two drains
+        // (24 bytes each).
+        .map_max_entries(maps::LOST_FREES, if mode.live { 32768 } else { 1 })
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
 

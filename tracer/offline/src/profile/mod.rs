@@ -270,6 +270,14 @@ pub struct LiveTotals {
     pub frees_unknown: u64,
     /// Events the kernel-to-tracer buffer had no room for.
     pub events_lost: u64,
+    /// Of those, frees (and blocks a resize released) kept aside in the
+    /// kernel and applied in their order: not a loss.
+    #[serde(default)]
+    pub frees_kept: u64,
+    /// Frees lost outright (the ring and the map of lost frees both full):
+    /// their blocks may be listed outstanding though freed.
+    #[serde(default)]
+    pub frees_lost: u64,
     /// Blocks handed out again while still tracked (a free was missed).
     pub stale: u64,
     /// Allocating calls not followed to their return (no per-thread storage).

@@ -73,12 +73,14 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "live: failed allocations (not blocks) {}, untracked (live map of {} full) {}, frees of blocks allocated before attach or untracked {}, events lost {}, missed frees {}, calls not followed {}",
+        "live: failed allocations (not blocks) {}, untracked (live map of {} full) {}, frees of blocks allocated before attach or untracked {}, events lost {} (of them frees kept aside and applied {}, frees lost {}), missed frees {}, calls not followed {}",
         totals.failed,
         totals.live_map_size,
         totals.untracked,
         totals.frees_unknown,
         totals.events_lost,
+        totals.frees_kept,
+        totals.frees_lost,
         totals.stale,
         totals.pending_full,
     );
@@ -108,12 +110,13 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
         let _ = writeln!(out, "\nleak suspects (outstanding at the end{age}): none");
         return out;
     }
-    // A lost event may have been a free: then its block is listed here
-    // though it was freed. Say so rather than state leaks as facts.
-    let caveat = if totals.events_lost > 0 {
+    // A free lost outright leaves its block listed here though it was
+    // freed. Say so rather than state leaks as facts. (Frees whose event
+    // was lost but that were kept aside were applied.)
+    let caveat = if totals.frees_lost > 0 {
         format!(
-            " (uncertain: {} events were lost, and a lost free leaves its block among these)",
-            totals.events_lost
+            " (uncertain: {} frees were lost, and a lost free leaves its block among these)",
+            totals.frees_lost
         )
     } else {
         String::new()
@@ -190,13 +193,24 @@ mod tests {
         let small = text.find("small_leak").unwrap();
         assert!(big < small, "{text}");
         assert!(text.contains("leak suspects (outstanding at the end): 11 blocks, 4736 bytes\n"));
-        let lost = LiveTotals {
+        // Frees whose events were lost but kept aside were applied: the
+        // suspects stand.
+        let kept = LiveTotals {
             events_lost: 3,
+            frees_kept: 3,
+            ..totals.clone()
+        };
+        let text = summary(&p, &kept, 0);
+        assert!(text.contains("11 blocks, 4736 bytes\n"), "{text}");
+        let lost = LiveTotals {
+            events_lost: 5,
+            frees_kept: 3,
+            frees_lost: 2,
             ..totals.clone()
         };
         let text = summary(&p, &lost, 0);
         assert!(
-            text.contains("4736 bytes (uncertain: 3 events were lost, and a lost free leaves its block among these)"),
+            text.contains("4736 bytes (uncertain: 2 frees were lost, and a lost free leaves its block among these)"),
             "{text}"
         );
     }
