@@ -685,6 +685,7 @@ fn timeline(out: &mut String, profile: &Profile) -> Result<()> {
     };
     // Rates over each point's own interval (the last one may be shorter).
     let mut calls = Vec::with_capacity(points.len());
+    let mut frees = Vec::new();
     let mut bytes = Vec::with_capacity(points.len());
     let mut prev = 0.0;
     for p in points {
@@ -693,17 +694,26 @@ fn timeline(out: &mut String, profile: &Profile) -> Result<()> {
         if dt > 0.0 {
             calls.push((p.t, p.calls as f64 / dt));
             bytes.push((p.t, p.bytes as f64 / dt));
+            if let Some(f) = p.frees {
+                frees.push((p.t, f as f64 / dt));
+            }
         }
     }
+    let series = |name, points| plots::Series { name, points };
+    let mut rates = vec![series("allocation calls/s", calls)];
+    if !frees.is_empty() {
+        rates.push(series("frees/s", frees));
+    }
+    let title = if rates.len() > 1 {
+        "Allocation calls and frees per second"
+    } else {
+        "Allocation calls per second"
+    };
     figure(
         out,
-        &plots::line(
-            "Allocation calls per second",
-            "calls/s",
-            &calls,
-            plots::short,
-        )?,
+        &plots::line(title, "per second", &rates, plots::short)?,
     );
+    let bytes = [series("bytes/s", bytes)];
     figure(
         out,
         &plots::line(
@@ -723,7 +733,7 @@ fn timeline(out: &mut String, profile: &Profile) -> Result<()> {
             &plots::line(
                 "Live heap (allocated, not yet freed, as traced)",
                 "bytes",
-                &live,
+                &[series("live bytes", live)],
                 plots::bytes,
             )?,
         );
@@ -829,7 +839,7 @@ mod tests {
             "<section id=\"leaks\"",
             "<section id=\"distributions\"",
             "<section id=\"timeline\"",
-            "Allocation calls per second",
+            "Allocation calls and frees per second",
             "Bytes requested per second",
             "Live heap",
             "Requested size per stack",

@@ -73,15 +73,26 @@ fn svg(
     Ok(svg)
 }
 
-/// A line chart of `points` (seconds, value); `fmt` labels the y axis.
+/// One line of a [`line`] chart: its name (in the legend when there are
+/// several) and its points (seconds, value).
+pub struct Series<'a> {
+    pub name: &'a str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Colours of the lines, in order.
+const LINES: [RGBColor; 2] = [LINE, RGBColor(0xd6, 0x27, 0x28)];
+
+/// A line chart of `series` over time; `fmt` labels the y axis.
 pub fn line(
     title: &str,
     y_desc: &str,
-    points: &[(f64, f64)],
+    series: &[Series<'_>],
     fmt: fn(f64) -> String,
 ) -> Result<String> {
-    let x_max = points.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-3);
-    let y_max = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.05;
+    let all = || series.iter().flat_map(|s| s.points.iter());
+    let x_max = all().map(|p| p.0).fold(0.0, f64::max).max(1e-3);
+    let y_max = all().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.05;
     svg(SIZE, title, 40, |builder| {
         let mut chart = builder.build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
         chart
@@ -90,13 +101,28 @@ pub fn line(
             .y_desc(y_desc)
             .y_label_formatter(&|v| fmt(*v))
             .draw()?;
-        // From the start of the trace: a step at the first point's end
-        // would hide the first interval.
-        let start = points.first().map(|p| (0.0, p.1));
-        chart.draw_series(LineSeries::new(
-            start.into_iter().chain(points.iter().copied()),
-            LINE.stroke_width(2),
-        ))?;
+        for (s, color) in series.iter().zip(LINES.iter().cycle()) {
+            // From the start of the trace: a step at the first point's
+            // end would hide the first interval.
+            let start = s.points.first().map(|p| (0.0, p.1));
+            chart
+                .draw_series(LineSeries::new(
+                    start.into_iter().chain(s.points.iter().copied()),
+                    color.stroke_width(2),
+                ))?
+                .label(s.name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+        }
+        if series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK.mix(0.3))
+                .draw()?;
+        }
         Ok(())
     })
 }
