@@ -73,6 +73,20 @@ fn svg(
     Ok(svg)
 }
 
+/// The legend of `chart`'s series, at `position`.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    Ok(())
+}
+
 /// One line of a [`line`] chart: its name (in the legend when there are
 /// several) and its points (seconds, value).
 pub struct Series<'a> {
@@ -116,12 +130,7 @@ pub fn line(
                 });
         }
         if series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK.mix(0.3))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         }
         Ok(())
     })
@@ -231,12 +240,7 @@ pub fn spread(
                 .label(name)
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, color.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     })
 }
