@@ -15,6 +15,16 @@ use crate::{
     support::{mtrace_path, run_mtrace, Fixture},
 };
 
+/// Every option that writes a file of the profile.
+const OUTPUT_FLAGS: [&str; 6] = [
+    "-o",
+    "--folded",
+    "--flamegraph",
+    "--pprof",
+    "--speedscope",
+    "--html",
+];
+
 /// A profile to re-render (one real trace).
 fn profile_in(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("base.json");
@@ -28,7 +38,7 @@ fn a_planted_symlink_is_replaced_never_followed() {
     let base = profile_in(dir.path());
     let victim = dir.path().join("victim");
     fs::write(&victim, "precious\n").unwrap();
-    for flag in ["-o", "--folded", "--flamegraph", "--pprof", "--speedscope"] {
+    for flag in OUTPUT_FLAGS {
         let out_path = dir.path().join(format!("out{flag}"));
         std::os::unix::fs::symlink(&victim, &out_path).unwrap();
         let out = run_mtrace(&["report", s(&base), "--top", "1", flag, s(&out_path)]);
@@ -51,7 +61,7 @@ fn a_planted_symlink_is_replaced_never_followed() {
 fn failed_writes_are_one_line_exit_74_and_never_said_written() {
     let dir = bpf_tempdir!();
     let base = profile_in(dir.path());
-    for flag in ["-o", "--folded", "--flamegraph", "--pprof", "--speedscope"] {
+    for flag in OUTPUT_FLAGS {
         let out = run_mtrace(&["report", s(&base), "--top", "1", flag, "/dev/full"]);
         out.assert_exit(74);
         // The table went to stdout; stderr has the one error line.
@@ -94,6 +104,7 @@ fn a_bad_output_path_is_refused_before_tracing() {
     let cases = [
         (["-o", s(&missing)], "no such directory"),
         (["--folded", s(dir.path())], "it is a directory"),
+        (["--html", s(&missing)], "no such directory"),
         (["--snapshot-dir", s(&nope)], "cannot write snapshots"),
     ];
     for (args, needle) in cases {

@@ -8,6 +8,7 @@
 
 mod bad_input;
 mod diff;
+mod html;
 mod pprof;
 mod schema_roundtrip;
 mod snapshots;

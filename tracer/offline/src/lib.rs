@@ -6,7 +6,8 @@
 //! - [`diff`]: matching two profiles stack by stack, and the `--fail-if`
 //!   gate;
 //! - [`render`]: a profile (or a diff) to bytes: table, folded stacks,
-//!   flame graphs, pprof, speedscope, leak summary. Renderers do no I/O.
+//!   flame graphs, pprof, speedscope, leak summary, the HTML report.
+//!   Renderers do no I/O.
 //!
 //! This crate has no aya, tokio or clap in its dependency tree: `mtrace
 //! report` and `mtrace diff` work without root, and the compiler keeps it

@@ -115,6 +115,7 @@ pub fn outputs(out: &OutputArgs) -> Outputs {
         weight: weight(out.stacks.weight),
         pprof: out.pprof.clone(),
         speedscope: out.speedscope.clone(),
+        html: out.html.clone(),
     }
 }
 

@@ -108,7 +108,8 @@ const REPORT_EXAMPLES: &str = "\
 Examples:
   mtrace report run.json
   mtrace report run.json --top 5 --sort bytes
-  mtrace report run.json --flamegraph run.svg --pprof run.pb.gz --speedscope run.speedscope.json";
+  mtrace report run.json --flamegraph run.svg --pprof run.pb.gz --speedscope run.speedscope.json
+  mtrace report run.json --html run.html";
 
 const DIFF_EXAMPLES: &str = "\
 Examples:
@@ -282,6 +283,11 @@ pub struct OutputArgs {
     /// Write a speedscope profile (https://www.speedscope.app).
     #[arg(long, value_name = "FILE.json")]
     pub speedscope: Option<PathBuf>,
+
+    /// Write an HTML report (one self-contained page: summary, sortable
+    /// stacks, flame graphs, leak suspects, distributions, plots over time).
+    #[arg(long, value_name = "FILE.html")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

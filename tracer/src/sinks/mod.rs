@@ -48,6 +48,8 @@ pub struct Outputs {
     pub weight: Weight,
     pub pprof: Option<PathBuf>,
     pub speedscope: Option<PathBuf>,
+    /// The HTML report.
+    pub html: Option<PathBuf>,
 }
 
 impl Outputs {
@@ -59,6 +61,7 @@ impl Outputs {
             &self.flamegraph,
             &self.pprof,
             &self.speedscope,
+            &self.html,
         ]
         .into_iter()
         .flatten()
@@ -102,6 +105,10 @@ impl Sink for Report {
                 "speedscope profile",
                 render::speedscope::render(profile)?.as_bytes(),
             )?;
+        }
+        if let Some(path) = &out.html {
+            let page = render::html::render(profile, &out.table)?;
+            write_file(path, "HTML report", page.as_bytes())?;
         }
         Ok(())
     }

@@ -20,9 +20,19 @@ use super::{is_allocation, Weight};
 /// sorted. With `per_thread`, stacks that carry a thread get a root frame
 /// `NAME-TID`. Every line ends with a newline; no stacks give "".
 pub fn render(profile: &Profile, weight: Weight, per_thread: bool) -> String {
+    render_by(profile, per_thread, |e| weight.of(e.counts))
+}
+
+/// [`render`] with each stack's count given by `count` (the HTML report's
+/// in-use and leaked weights).
+pub fn render_by(
+    profile: &Profile,
+    per_thread: bool,
+    count: impl Fn(&StackEntry) -> u64,
+) -> String {
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-        let count = weight.of(entry.counts);
+        let count = count(entry);
         if count == 0 {
             continue;
         }

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile};
+use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile, StackEntry};
 
 /// `1.3us`, `250ms`, `2.50s`.
 pub fn duration_ns(ns: u64) -> String {
@@ -57,6 +57,23 @@ pub fn row_lines(live: &LiveStats) -> String {
     out
 }
 
+/// The leak suspects: stacks with blocks at least `--min-age` old still
+/// allocated at the end, most bytes first.
+pub fn suspects(profile: &Profile) -> Vec<(&StackEntry, &LiveStats)> {
+    let mut suspects: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter_map(|e| e.live.as_ref().map(|l| (e, l)))
+        .filter(|(_, l)| l.old_outstanding > 0)
+        .collect();
+    suspects.sort_by(|a, b| {
+        b.1.old_outstanding_bytes
+            .cmp(&a.1.old_outstanding_bytes)
+            .then(b.1.old_outstanding.cmp(&a.1.old_outstanding))
+    });
+    suspects
+}
+
 /// Heap summary and leak suspects, after the totals.
 pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
     let mut out = String::new();
@@ -90,17 +107,7 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
         );
     }
 
-    let mut suspects: Vec<_> = profile
-        .stacks
-        .iter()
-        .filter_map(|e| e.live.as_ref().map(|l| (e, l)))
-        .filter(|(_, l)| l.old_outstanding > 0)
-        .collect();
-    suspects.sort_by(|a, b| {
-        b.1.old_outstanding_bytes
-            .cmp(&a.1.old_outstanding_bytes)
-            .then(b.1.old_outstanding.cmp(&a.1.old_outstanding))
-    });
+    let suspects = suspects(profile);
     let age = if totals.min_age_secs > 0.0 {
         format!(", at least {} s old", totals.min_age_secs)
     } else {

@@ -15,6 +15,7 @@ use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, Thread};
 pub mod diff_table;
 pub mod flamegraph;
 pub mod folded;
+pub mod html;
 pub mod leaks;
 pub mod pprof;
 pub mod speedscope;
