@@ -633,16 +633,63 @@ impl Session {
         }
     }
 
-    /// Says what the end of the trace waits for: the probes of processes
-    /// that are gone, detached when the session is dropped.
-    pub fn announce_detach(&self) {
-        let probes: usize = self.graveyard.iter().map(|p| p.attached.len()).sum();
-        if probes > 0 {
-            eprintln!(
-                "mtrace: taking out the {probes} probes of {} exited processes (the kernel takes about 0.1 s a probe)",
-                self.graveyard.len()
+    /// Ends the trace: the probes of processes that still run are taken
+    /// out now (they must not go on paying for them); those of processes
+    /// that are gone (each costs the kernel about 0.1 s a probe, under a
+    /// lock) are left to a process of their own that outlives mtrace, so
+    /// that neither the user nor a CI job waits for them. Their breakpoints
+    /// are in no process any more: nothing is left behind.
+    /// `root_gone`: the root has exited (its exit code may be unknown).
+    pub fn detach(mut self, root_gone: bool) {
+        let root = self.root;
+        let gone = |tree: &Tree, pid: u32| {
+            (pid == root && root_gone)
+                || tree
+                    .processes
+                    .iter()
+                    .rev()
+                    .find(|p| p.pid == pid)
+                    .is_some_and(|p| p.exit_code.is_some())
+        };
+        let (dead, alive): (Vec<u32>, Vec<u32>) =
+            self.procs.keys().partition(|&&pid| gone(&self.tree, pid));
+        let started = Instant::now();
+        let mut n = 0;
+        for pid in alive {
+            if let Some(proc) = self.procs.remove(&pid) {
+                n += proc.probes.attached.len();
+                drop(proc);
+            }
+        }
+        if n > 0 {
+            log::debug!(
+                "{n} probes of running processes detached in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
             );
         }
+        for pid in dead {
+            if let Some(proc) = self.procs.remove(&pid) {
+                let Proc { probes, unwind, .. } = proc;
+                drop(unwind);
+                self.graveyard.push_back(probes);
+            }
+        }
+        let probes: usize = self.graveyard.iter().map(|p| p.attached.len()).sum();
+        if probes == 0 {
+            return;
+        }
+        match reaper() {
+            Ok(true) => log::debug!(
+                "the {probes} probes of {} exited processes are taken out by a process of their own",
+                self.graveyard.len()
+            ),
+            _ => eprintln!(
+                "mtrace: taking out the {probes} probes of {} exited processes (the kernel takes about 0.1 s a probe)",
+                self.graveyard.len()
+            ),
+        }
+        // Here, only references go: the reaper holds the probes.
+        drop(self);
     }
 
     /// Counting ends in every process; the timeline's last point.
@@ -938,6 +985,47 @@ impl Session {
         };
         self.drain_all();
         Ok(end)
+    }
+}
+
+/// Forks a process that holds every descriptor mtrace has, in a session
+/// of its own with standard input, output and error on /dev/null (a pipe
+/// of whoever runs mtrace must see its end), and waits for mtrace to exit:
+/// the last to close a probe's descriptor is the one the kernel makes
+/// wait, and that is then the reaper. Only the probes of processes that are
+/// gone may be open when this is called. True in the parent once forked.
+fn reaper() -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    let null = null.as_raw_fd();
+    // mtrace holds the write end until it exits; the reaper reads the end
+    // of file then.
+    let mut pipe = [0i32; 2];
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: the child calls only async-signal-safe functions, then
+    // _exit.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error().into()),
+        0 => unsafe {
+            libc::setsid();
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            libc::close(pipe[1]);
+            let mut byte = 0u8;
+            while libc::read(pipe[0], (&raw mut byte).cast(), 1) < 0 {}
+            libc::_exit(0)
+        },
+        _ => {
+            unsafe { libc::close(pipe[0]) };
+            // The write end stays open until mtrace exits.
+            Ok(true)
+        }
     }
 }
 

@@ -316,8 +316,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
-    session.announce_detach();
-    drop(session);
+    session.detach(matches!(end, End::TargetExited(_)));
     finished?;
 
     Ok(match end {
