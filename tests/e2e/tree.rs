@@ -238,6 +238,38 @@ fn processes_beyond_the_limit_are_named_not_dropped_silently() {
     );
 }
 
+/// A burst of 5,000 processes that cannot be traced (tests/fixtures/
+/// forkmany.c, `--max-processes 1`): mtrace keeps 4,096 records of the
+/// tree and counts the rest, and the root's count stays exact.
+#[test]
+fn a_burst_of_processes_is_counted_within_bounded_records() {
+    need_bpf!();
+    let forkmany = crate::support::fixtures::compile_c(
+        "forkmany",
+        "forkmany",
+        &["-O2", "-fno-omit-frame-pointer", "-g"],
+        &[],
+    );
+    let n = 5000;
+    let (out, p) = run_profiled(&[
+        "--max-processes",
+        "1",
+        "--top",
+        "0",
+        "--",
+        forkmany.to_str().unwrap(),
+        &n.to_string(),
+    ]);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert!(out.stdout.contains(&format!("forked={n}")), "{d}");
+    assert_eq!(p.site("malloc", "forkmany_site"), (1, 64), "{d}");
+    let listed = p.doc["meta"]["processes"].as_array().unwrap().len() as u64;
+    let unlisted = p.doc["meta"]["processes_unlisted"].as_u64().unwrap_or(0);
+    assert_eq!(listed, 4096, "{d}");
+    assert_eq!(listed + unlisted, n + 1, "every process counted");
+}
+
 /// workers.c's sites: (caller, calls, bytes), the parent's first.
 const WORKER_SITES: &[(&str, u64, u64)] = &[
     ("parent_work", 50, 3300),

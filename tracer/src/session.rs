@@ -400,6 +400,9 @@ pub struct Clock {
 #[derive(Debug, Default)]
 pub struct Tree {
     pub processes: Vec<ProcessMeta>,
+    /// Processes neither traced nor listed (beyond
+    /// [`Meta::MAX_PROCESS_RECORDS`]).
+    pub unlisted: u64,
 }
 
 impl Tree {
@@ -553,6 +556,7 @@ impl Session {
             } else {
                 Vec::new()
             },
+            processes_unlisted: self.tree.unlisted,
             ..self.meta.clone()
         };
         profile.timeline = Some(self.timeline.timeline().clone());
@@ -755,6 +759,13 @@ impl Session {
                 child,
                 vfork,
             } => {
+                // A fork bomb: what cannot be traced is counted, not kept.
+                if self.tree.processes.len() >= Meta::MAX_PROCESS_RECORDS
+                    && self.procs.len() >= self.max_processes
+                {
+                    self.tree.unlisted += 1;
+                    return Ok(true);
+                }
                 self.tree.processes.push(ProcessMeta {
                     pid: child,
                     ppid: parent,

@@ -199,6 +199,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
             pid,
             ..Default::default()
         }],
+        unlisted: 0,
     };
     tree.probed(&root);
     let shadowed = root.shadowed.clone();

@@ -390,6 +390,19 @@ pub struct Meta {
     /// (the root first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<ProcessMeta>,
+    /// Processes of the tree not traced and not listed in `processes`
+    /// either (beyond [`Meta::MAX_PROCESS_RECORDS`]: a fork bomb must not
+    /// grow mtrace without bound).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub processes_unlisted: u64,
+}
+
+impl Meta {
+    pub const MAX_PROCESS_RECORDS: usize = 4096;
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Present in snapshot files: which snapshot, and what changed since the
