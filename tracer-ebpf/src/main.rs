@@ -75,9 +75,12 @@ static WALK: Array<WalkScratch> = Array::with_max_entries(WALK_SLOTS, 0);
 const WALK_SLOTS: u32 = 4096;
 
 /// Unwind rules by return address, filled by the tracer (size set by the
-/// tracer).
+/// tracer). Not preallocated: a process uses a few hundred of its 65,536
+/// entries, and each traced process of a tree has its own (5 MiB each when
+/// preallocated); a lookup costs the same.
 #[map]
-static UNWIND_RULES: HashMap<u64, UnwindRule> = HashMap::with_max_entries(65536, 0);
+static UNWIND_RULES: HashMap<u64, UnwindRule> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// A direct-mapped cache in front of `UNWIND_RULES`, filled by the tracer
 /// (slot [`rule_slot`] of the return address, when free).
@@ -112,7 +115,7 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::N, 0)
 static MARKS: Array<EntryMark> = Array::with_max_entries(TAIL_SLOTS, 0);
 
 #[map]
-static THREAD_NAMES: HashMap<u32, Comm> = HashMap::with_max_entries(16384, 0);
+static THREAD_NAMES: HashMap<u32, Comm> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
 /// Sampled by bytes: bytes left until the next sample, per CPU. The byte
 /// stream of each CPU is sampled as a Poisson process; a thread that moves
