@@ -97,6 +97,9 @@ fn usage_error(e: clap::Error) -> ! {
     eprintln!("mtrace: {}", message.trim_start_matches("error: "));
     // clap's usage line of the (sub)command, or the main one.
     match text.lines().find_map(|l| l.strip_prefix("Usage: ")) {
+        _ if std::env::args().nth(1).as_deref() == Some("top") => eprintln!(
+            "usage: mtrace top [OPTIONS] --pid PID | mtrace top [OPTIONS] -- COMMAND... (--help for all)"
+        ),
         Some(usage)
             if ["report", "diff", "generate"]
                 .iter()
