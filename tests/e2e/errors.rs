@@ -124,3 +124,17 @@ fn usage_errors_are_one_line_and_exit_2() {
     }
     assert_eq!(run_mtrace(&["--version"]).status.code(), Some(0));
 }
+
+/// A command without `--` before it: one line saying how to trace it.
+#[test]
+fn a_command_without_dashes_is_suggested_with_them() {
+    let out = run_mtrace(&["--top", "5", "ls", "-l"]);
+    out.assert_exit(2);
+    assert_eq!(
+        out.stderr,
+        ["mtrace: unknown command 'ls'; to trace it: mtrace --top 5 -- ls -l"],
+        "{}",
+        out.describe()
+    );
+    assert_eq!(out.stdout, "");
+}

@@ -28,6 +28,7 @@ macro_rules! bpf_tempdir {
 }
 
 mod artifacts;
+mod calltree;
 mod conventions;
 mod counts;
 mod errors;
@@ -44,3 +45,4 @@ mod threads;
 mod tree;
 mod unwind;
 mod watch;
+mod weights;

@@ -4,6 +4,8 @@
 //! the table's look should only need changes here and in
 //! support/table.rs.
 
+use tracer_offline::render::text::bytes;
+
 use crate::{
     artifacts::{report, s, trace_counts},
     counts::check_counts_profile,
@@ -11,8 +13,17 @@ use crate::{
     support::{table::live_table, trace_fixture, validate_profile, Finished, Fixture, Profile},
 };
 
-/// (function, frame names, truncated, thread, calls, bytes) of a row.
-type RowKey = (String, Vec<String>, bool, Option<(String, u32)>, u64, u64);
+/// (function, frame names, truncated, thread, calls, bytes, average) of a
+/// row, sizes as shown.
+type RowKey = (
+    String,
+    Vec<String>,
+    bool,
+    Option<(String, u32)>,
+    u64,
+    String,
+    String,
+);
 
 /// Asserts that the table of `out` shows exactly the allocation stacks,
 /// totals and losses of `p` (the profile of the same run, written with
@@ -21,12 +32,20 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
     let r = out.report();
     let d = out.describe();
     assert!(
-        r.header.starts_with(&format!("mtrace: pid {} (", p.pid())),
+        r.header.starts_with(&format!("mtrace: pid {}, ", p.pid())),
         "{}",
         r.header
     );
     let command = p.doc["meta"]["command"].as_str().unwrap();
-    assert!(r.header.contains(command), "{}\n{command:?}", r.header);
+    assert_eq!(r.command.as_deref(), Some(command), "{d}");
+    // Every line but the frames (and the fixture's paths) within 80
+    // columns.
+    for line in out.stdout.lines() {
+        let long_path = line.starts_with("command: ") || line.starts_with("probes: ");
+        if !line.starts_with("    ") && !long_path {
+            assert!(line.chars().count() <= 80, "{line:?}\n{d}");
+        }
+    }
 
     let mut rows: Vec<RowKey> = r
         .rows
@@ -39,7 +58,8 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
                 row.truncated,
                 row.thread.clone(),
                 row.calls,
-                row.bytes,
+                row.bytes.clone(),
+                row.avg.clone(),
             )
         })
         .collect();
@@ -52,7 +72,8 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
                 s.truncated,
                 s.thread.as_ref().map(|t| (t.name.clone(), t.tid)),
                 s.calls,
-                s.bytes,
+                bytes(s.bytes),
+                bytes(s.bytes.checked_div(s.calls).unwrap_or(0)),
             )
         })
         .collect();
@@ -60,7 +81,12 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
     stacks.sort();
     assert_eq!(rows, stacks, "table rows vs profile stacks\n{d}");
 
-    assert_eq!((r.total_calls, r.total_bytes), p.total(), "{d}");
+    let (calls, total_bytes) = p.total();
+    assert_eq!(
+        (r.total_calls, r.total_bytes.clone()),
+        (calls, bytes(total_bytes)),
+        "{d}"
+    );
     assert_eq!(
         r.frees,
         p.totals.frees_counted.then_some(p.totals.frees),
@@ -176,7 +202,20 @@ fn table_sort_and_top_are_the_same_from_report() {
 #[test]
 fn live_summary_names_the_leak_suspects() {
     need_bpf!();
-    let (_, out) = run_live(&[]);
+    let (p, out) = run_live(&[]);
+    // The exact largest size (not the histogram's 2 digits: 16000 is
+    // 16063 there), in the profile and under the row.
+    let max = p
+        .stacks_at("realloc", "grow_site")
+        .iter()
+        .filter_map(|s| s.live.as_ref()?["size"]["max"].as_u64())
+        .max();
+    assert_eq!(max, Some(16000), "{}", out.describe());
+    assert!(
+        out.stdout.contains(&format!(", max {}\n", bytes(16000))),
+        "{}",
+        out.describe()
+    );
     let suspects = out
         .stdout
         .split("leak suspects")
@@ -184,7 +223,9 @@ fn live_summary_names_the_leak_suspects() {
         .unwrap_or_else(|| panic!("no leak summary\n{}", out.describe()));
     let leak_line = suspects
         .lines()
-        .position(|l| l.contains("100 blocks  6400 bytes"))
+        .position(|l| {
+            l.starts_with('#') && l.contains(&format!("  100 blocks  {}  oldest ", bytes(6400)))
+        })
         .unwrap_or_else(|| panic!("leak site missing\n{}", out.describe()));
     let next = suspects.lines().nth(leak_line + 1).unwrap_or("");
     assert!(next.contains("leak_site"), "{}", out.describe());
@@ -230,15 +271,60 @@ fn sampled_header_line() {
         .iter()
         .position(|l| l.starts_with("mtrace: pid "))
         .unwrap_or_else(|| panic!("no header\n{}", out.describe()));
-    let sampled_line = lines
-        .get(header + 1)
-        .unwrap_or_else(|| panic!("nothing under the header\n{}", out.describe()));
-    assert!(
-        sampled_line.starts_with(&format!(
-            "sampled: one call in 100, {samples} samples; calls and bytes are unbiased estimates"
-        )),
-        "{sampled_line:?}"
+    // Under the header: the command, the probes, then how it was sampled.
+    let sampled: Vec<&str> = lines[header..]
+        .iter()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("sampled: "))
+        .copied()
+        .collect();
+    assert_eq!(
+        sampled,
+        [
+            format!("sampled: one call in 100, {samples} samples"),
+            "sampled: calls and bytes are unbiased estimates, frees are not counted".into()
+        ],
+        "{}",
+        out.describe()
     );
     // The rest is a table like any other.
     assert_table_matches(&out, &p);
+}
+
+/// Colour on a terminal (a pseudo-terminal from util-linux's `script`),
+/// none with `NO_COLOR` set, none in a pipe.
+#[test]
+fn colour_on_a_terminal_only() {
+    let dir = bpf_tempdir!();
+    let h = dir.path().join("h.json");
+    let piped = trace_counts(Fixture::Counts, &["--top", "1", "-o", s(&h)]);
+    assert!(!piped.stdout.contains('\u{1b}'), "{}", piped.describe());
+    let on_tty = |no_color: bool| {
+        let cmd = format!(
+            "{} report {} --top 1",
+            crate::support::mtrace_path().display(),
+            s(&h)
+        );
+        let mut script = std::process::Command::new("script");
+        script.args(["-qec", &cmd, "/dev/null"]);
+        script.env_remove("NO_COLOR").env_remove("CLICOLOR_FORCE");
+        script.env("TERM", "xterm");
+        if no_color {
+            script.env("NO_COLOR", "1");
+        }
+        let out = script.output().expect("util-linux's script");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let coloured = on_tty(false);
+    assert!(coloured.contains("\u{1b}[1m#1  "), "{coloured}");
+    let plain = on_tty(true);
+    assert!(!plain.contains('\u{1b}'), "{plain}");
+    assert_eq!(plain.replace("\r\n", "\n"), piped_table(&piped));
+}
+
+/// The table of a piped run, from its header on.
+fn piped_table(out: &Finished) -> String {
+    let at = out.stdout.find("mtrace: pid ").expect("a header");
+    out.stdout[at..].to_string()
 }

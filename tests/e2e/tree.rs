@@ -232,8 +232,9 @@ fn processes_beyond_the_limit_are_named_not_dropped_silently() {
     assert!(procs[0].3 && procs[1..].iter().all(|e| !e.3), "{procs:?}");
     assert!(
         out.stdout.contains("processes: 1 traced")
-            && out.stdout.contains("5 not traced: ")
-            && out.stdout.contains("more than 1 processes at once"),
+            && out.stdout.contains(", 5 not traced\n")
+            && out.stdout.contains("\nnot traced: ")
+            && out.stdout.contains("more than 1 process at once"),
         "{d}"
     );
 }
@@ -268,6 +269,27 @@ fn a_burst_of_processes_is_counted_within_bounded_records() {
     let unlisted = p.doc["meta"]["processes_unlisted"].as_u64().unwrap_or(0);
     assert_eq!(listed, 4096, "{d}");
     assert_eq!(listed + unlisted, n + 1, "every process counted");
+    // The report names a few of the untraced and counts them all.
+    assert!(
+        out.stdout.contains(&format!(
+            "processes: 1 traced (1 exited during the trace), {n} not traced\n"
+        )),
+        "{d}"
+    );
+    let named = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("not traced: forkmany"))
+        .count();
+    assert_eq!(named, 10, "{d}");
+    assert!(
+        out.stdout.contains(&format!(
+            "\nnot traced: {} more ({} listed in the JSON profile)\n",
+            n - 10,
+            listed - 1 - 10
+        )),
+        "{d}"
+    );
 }
 
 /// workers.c's sites: (caller, calls, bytes), the parent's first.

@@ -86,6 +86,14 @@ fn usage_error(e: clap::Error) -> ! {
         let _ = e.print();
         std::process::exit(0);
     }
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some(hint) = cli::unknown::hint(&e, &args) {
+        eprintln!("mtrace: {hint}");
+        std::process::exit(EXIT_USAGE);
+    }
     let text = e.render().to_string();
     // clap's message up to its first blank line, on one line.
     let message: Vec<&str> = text

@@ -711,7 +711,15 @@ impl Session {
     /// allocator is mapped in it yet.
     fn start_proc(&mut self, pid: u32, maps: &[Mapping]) -> Result<bool> {
         if self.procs.len() >= self.max_processes {
-            let why = format!("more than {} processes at once", self.max_processes);
+            let why = format!(
+                "more than {} {} at once",
+                self.max_processes,
+                if self.max_processes == 1 {
+                    "process"
+                } else {
+                    "processes"
+                }
+            );
             self.tree.not_traced(pid, why);
             return Ok(true);
         }

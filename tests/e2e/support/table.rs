@@ -11,7 +11,11 @@ use super::Finished;
 pub struct Row {
     pub func: String,
     pub calls: u64,
-    pub bytes: u64,
+    /// As shown: `46.9 KiB` (tests compare it with the profile's bytes
+    /// formatted by `tracer_offline::render::text::bytes`).
+    pub bytes: String,
+    /// `avg 48 B`: bytes per call, as shown.
+    pub avg: String,
     /// (name, tid) with --per-thread.
     pub thread: Option<(String, u32)>,
     pub truncated: bool,
@@ -27,13 +31,17 @@ impl Row {
 
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// `mtrace: pid N, S s`.
     pub header: String,
+    /// `command: ...`.
+    pub command: Option<String>,
     pub rows: Vec<Row>,
     pub total_calls: u64,
-    pub total_bytes: u64,
+    /// As shown (`64.5 KiB`).
+    pub total_bytes: String,
     /// `None`: "frees not counted".
     pub frees: Option<u64>,
-    /// `(malloc 1005, calloc 250, ...)` of the totals line.
+    /// `by function: malloc 1005, calloc 250, ...` under the totals line.
     pub per_func: BTreeMap<String, u64>,
     pub nested: u64,
     /// `lost: ...` as (what, count).
@@ -72,24 +80,55 @@ fn frame_name(line: &str) -> String {
     s.to_string()
 }
 
-/// `#K  CALLS calls  PCT%  BYTES bytes  avg AVG  FUNC[  thread NAME (tid N)][  [stack truncated]]`
+/// `N call` when N is 1, `N calls` otherwise: N.
+fn counted(s: &str, noun: &str, line: &str) -> Result<u64, String> {
+    let (n, word) = s
+        .split_once(' ')
+        .ok_or_else(|| format!("no count of {noun} in {line:?}"))?;
+    let n = num(n, line)?;
+    let want = if n == 1 {
+        noun.to_string()
+    } else {
+        format!("{noun}s")
+    };
+    if word != want {
+        return Err(format!("{s:?}: {want:?} expected, in {line:?}"));
+    }
+    Ok(n)
+}
+
+/// `SIZE B`, `SIZE.D KiB`, ... : the size as shown, after checking its form.
+fn size(s: &str, line: &str) -> Result<String, String> {
+    let (n, unit) = s
+        .split_once(' ')
+        .ok_or_else(|| format!("bad size {s:?} in {line:?}"))?;
+    let ok = match unit {
+        "B" => n.parse::<u64>().is_ok_and(|v| v < 1024),
+        "KiB" | "MiB" | "GiB" | "TiB" | "PiB" | "EiB" => {
+            n.split_once('.').is_some_and(|(_, d)| d.len() == 1) && n.parse::<f64>().is_ok()
+        }
+        _ => false,
+    };
+    ok.then(|| s.to_string())
+        .ok_or_else(|| format!("bad size {s:?} in {line:?}"))
+}
+
+/// `#K  CALLS call(s)  PCT%  SIZE  avg SIZE  FUNC[  thread NAME (tid N)][  [stack truncated]]`
 fn parse_row_header(line: &str) -> Result<Row, String> {
     let bad = || format!("bad row header {line:?}");
     let parts: Vec<&str> = line.split("  ").collect();
     if parts.len() < 6 || !parts[0].starts_with('#') {
         return Err(bad());
     }
-    let calls = num(parts[1].strip_suffix(" calls").ok_or_else(bad)?, line)?;
+    let calls = counted(parts[1], "call", line)?;
     parts[2].strip_suffix('%').ok_or_else(bad)?;
-    let bytes = num(parts[3].strip_suffix(" bytes").ok_or_else(bad)?, line)?;
-    let avg = num(parts[4].strip_prefix("avg ").ok_or_else(bad)?, line)?;
-    if calls > 0 && avg != bytes / calls {
-        return Err(format!("wrong average in {line:?}"));
-    }
+    let bytes = size(parts[3], line)?;
+    let avg = size(parts[4].strip_prefix("avg ").ok_or_else(bad)?, line)?;
     let mut row = Row {
         func: parts[5].to_string(),
         calls,
         bytes,
+        avg,
         thread: None,
         truncated: false,
         frames: Vec::new(),
@@ -117,8 +156,15 @@ impl Report {
             header: lines.next().ok_or("no `mtrace: pid` header")?.to_string(),
             ..Report::default()
         };
+        // Labelled lists, each over one or more lines: `label: a, b,` ...
+        let mut lists: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let list_labels = [
+            "by function",
+            "stacks: cut short",
+            "single-stepped probes (20 us a call, not 1)",
+            "lost",
+        ];
         let mut seen_total = false;
-        let mut seen_lost = false;
         for line in lines {
             if line.is_empty() {
                 continue;
@@ -129,71 +175,87 @@ impl Report {
                 break;
             }
             // Live mode: statistics under a row.
-            if line.starts_with("    live: ") || line.starts_with("    size ") {
+            if ["    live: ", "    size: ", "    lifetime: "]
+                .iter()
+                .any(|p| line.starts_with(p))
+            {
                 continue;
             }
-            if line.starts_with('#') {
+            if let Some(label) = list_labels
+                .iter()
+                .find(|l| line.starts_with(&format!("{l}: ")))
+            {
+                lists
+                    .entry(label)
+                    .or_default()
+                    .push(&line[label.len() + 2..]);
+            } else if line.starts_with('#') {
                 r.rows.push(parse_row_header(line)?);
             } else if let Some(frame) = line.strip_prefix("    ") {
                 let row = r.rows.last_mut().ok_or("a frame before any row")?;
                 if frame != "[no frames]" {
                     row.frames.push(frame_name(frame));
                 }
+            } else if let Some(c) = line.strip_prefix("command: ") {
+                r.command = Some(c.to_string());
             } else if let Some(t) = line.strip_prefix("total: ") {
                 let bad = || format!("bad totals line {line:?}");
-                let (calls, rest) = t.split_once(" allocation calls, ").ok_or_else(bad)?;
-                let (bytes, rest) = rest.split_once(" bytes requested, ").ok_or_else(bad)?;
-                let (frees, rest) = match rest.strip_prefix("frees not counted") {
-                    Some(rest) => (None, rest),
-                    None => {
-                        let (n, rest) = rest.split_once(" frees").ok_or_else(bad)?;
-                        (Some(n), rest)
-                    }
+                let (calls, rest) = t.split_once(", ").ok_or_else(bad)?;
+                let (bytes, frees) = rest.split_once(" requested, ").ok_or_else(bad)?;
+                r.total_calls = counted(calls, "allocation call", line)?;
+                r.total_bytes = size(bytes, line)?;
+                r.frees = match frees {
+                    "frees not counted" => None,
+                    n => Some(counted(n, "free", line)?),
                 };
-                r.total_calls = num(calls, line)?;
-                r.total_bytes = num(bytes, line)?;
-                r.frees = frees.map(|n| num(n, line)).transpose()?;
-                if let Some(list) = rest.trim().strip_prefix('(') {
-                    for item in list.strip_suffix(')').ok_or_else(bad)?.split(", ") {
-                        let (f, n) = item.rsplit_once(' ').ok_or_else(bad)?;
-                        r.per_func.insert(f.to_string(), num(n, line)?);
-                    }
-                }
                 seen_total = true;
             } else if let Some(n) = line.strip_prefix("nested allocator calls not counted twice: ")
             {
                 r.nested = num(n, line)?;
-            } else if let Some(l) = line.strip_prefix("single-stepped probes (") {
-                let (_, which) = l.split_once("): ").ok_or("bad single-stepped line")?;
-                r.single_stepped = Some(which.to_string());
             } else if let Some(l) = line.strip_prefix("stacks: ") {
-                let bad = || format!("bad stacks line {line:?}");
-                let (pct, rest) = l.split_once("% whole").ok_or_else(bad)?;
+                let (pct, _) = l
+                    .split_once("% whole")
+                    .ok_or_else(|| format!("bad stacks line {line:?}"))?;
                 r.stacks_whole_pct = Some(pct.to_string());
-                if let Some((_, causes)) = rest.split_once("; cut short: ") {
-                    for item in causes.split(", ") {
-                        let (what, n) = item.rsplit_once(' ').ok_or_else(bad)?;
-                        r.cut_short.push((what.to_string(), num(n, line)?));
-                    }
-                }
-            } else if let Some(l) = line.strip_prefix("lost: ") {
-                for item in l.split(", ") {
-                    let (what, n) = item
-                        .rsplit_once(' ')
-                        .ok_or_else(|| format!("bad lost line {line:?}"))?;
-                    r.lost.push((what.to_string(), num(n, line)?));
-                }
-                seen_lost = true;
             } else if line.contains(" hidden by --")
                 || line == "no allocations traced"
-                || line.starts_with("note: ")
-                || line.starts_with("sampled: ")
+                || [
+                    "note: ",
+                    "sampled: ",
+                    "probes: ",
+                    "processes: ",
+                    "not traced: ",
+                ]
+                .iter()
+                .any(|p| line.starts_with(p))
             {
             } else {
                 return Err(format!("unexpected line {line:?}"));
             }
         }
-        if !seen_total || !seen_lost {
+        // `what N` items of a list.
+        let items = |label: &str| -> Result<Vec<(String, u64)>, String> {
+            let Some(parts) = lists.get(label) else {
+                return Ok(Vec::new());
+            };
+            let joined = parts.join(" ");
+            joined
+                .split(", ")
+                .map(|item| {
+                    let (what, n) = item
+                        .rsplit_once(' ')
+                        .ok_or_else(|| format!("bad item {item:?} of {label}"))?;
+                    Ok((what.to_string(), num(n, item)?))
+                })
+                .collect()
+        };
+        r.per_func = items("by function")?.into_iter().collect();
+        r.cut_short = items("stacks: cut short")?;
+        r.lost = items("lost")?;
+        r.single_stepped = lists
+            .get("single-stepped probes (20 us a call, not 1)")
+            .map(|parts| parts.join(" "));
+        if !seen_total || r.lost.is_empty() {
             return Err("no totals or no lost line".into());
         }
         Ok(r)

@@ -6,9 +6,10 @@ use std::{path::PathBuf, time::Duration};
 
 use super::{OutputArgs, SortArg, TraceArgs, WeightArg};
 use crate::{
+    error::{UserError, EXIT_USAGE},
     probes::{MapSizes, Mode, Sampling},
     profile::Weight,
-    render::{ReportOptions, SortKey},
+    render::{ReportOptions, SortKey, StackWeight},
     session::Schedule,
     sinks::Outputs,
 };
@@ -108,6 +109,7 @@ pub fn outputs(out: &OutputArgs) -> Outputs {
             },
             per_thread: out.per_thread,
             per_process: out.per_process,
+            color: stdout_wants_color(),
         },
         profile: out.output.clone(),
         folded: out.stacks.folded.clone(),
@@ -116,12 +118,34 @@ pub fn outputs(out: &OutputArgs) -> Outputs {
         pprof: out.pprof.clone(),
         speedscope: out.speedscope.clone(),
         html: out.html.clone(),
+        tree: out.tree,
+        dot: out.dot.clone(),
     }
 }
 
-pub fn weight(w: WeightArg) -> Weight {
+/// Colour on stdout: only a terminal, and not with `NO_COLOR` set or
+/// `TERM=dumb` (anstream's rules, which also honour `CLICOLOR_FORCE`).
+fn stdout_wants_color() -> bool {
+    anstream::AutoStream::choice(&std::io::stdout()) != anstream::ColorChoice::Never
+}
+
+pub fn weight(w: WeightArg) -> StackWeight {
     match w {
-        WeightArg::Calls => Weight::Calls,
-        WeightArg::Bytes => Weight::Bytes,
+        WeightArg::Calls => StackWeight::Calls,
+        WeightArg::Bytes => StackWeight::Bytes,
+        WeightArg::Inuse => StackWeight::InUse,
+        WeightArg::Leaked => StackWeight::Leaked,
+    }
+}
+
+/// `mtrace diff --weight`: calls or bytes, the counts two profiles share.
+pub fn diff_weight(w: WeightArg) -> Result<Weight, UserError> {
+    match weight(w) {
+        StackWeight::Calls => Ok(Weight::Calls),
+        StackWeight::Bytes => Ok(Weight::Bytes),
+        other => Err(UserError::with_code(
+            format!("--weight {}: diff compares calls or bytes", other.name()),
+            EXIT_USAGE,
+        )),
     }
 }

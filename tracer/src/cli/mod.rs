@@ -2,6 +2,7 @@
 //! arguments mean ([`config`]).
 
 pub mod config;
+pub mod unknown;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -17,8 +18,15 @@ pub enum SortArg {
 /// `--weight`: what folded stacks and flame graphs count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WeightArg {
+    /// Allocating calls.
     Calls,
+    /// Requested bytes.
     Bytes,
+    /// Live mode: bytes still allocated when tracing ended.
+    Inuse,
+    /// Live mode: bytes of the leak suspects (still allocated at the end,
+    /// at least --min-age old).
+    Leaked,
 }
 
 const EXAMPLES: &str = "\
@@ -109,7 +117,9 @@ Examples:
   mtrace report run.json
   mtrace report run.json --top 5 --sort bytes
   mtrace report run.json --flamegraph run.svg --pprof run.pb.gz --speedscope run.speedscope.json
-  mtrace report run.json --html run.html";
+  mtrace report run.json --html run.html
+  mtrace report run.json --tree --dot run.dot --weight bytes
+  mtrace report live.json --flamegraph leaks.svg --weight leaked";
 
 const DIFF_EXAMPLES: &str = "\
 Examples:
@@ -288,6 +298,17 @@ pub struct OutputArgs {
     /// stacks, flame graphs, leak suspects, distributions, plots over time).
     #[arg(long, value_name = "FILE.html")]
     pub html: Option<PathBuf>,
+    /// Also print the call tree, top-down from each thread's first frame:
+    /// total and self calls and bytes per function, children by --sort,
+    /// nodes under --threshold (1% when not given) left out.
+    #[arg(long)]
+    pub tree: bool,
+
+    /// Write the call graph as Graphviz text (`dot -Tsvg FILE`): functions
+    /// shaded by their self share, caller-to-callee edges by --weight;
+    /// functions under --threshold (1% when not given) left out.
+    #[arg(long, value_name = "FILE.dot")]
+    pub dot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -339,7 +360,8 @@ pub struct StackFiles {
     #[arg(long, value_name = "FILE.svg")]
     pub flamegraph: Option<PathBuf>,
 
-    /// What the folded stacks and the flamegraph count.
+    /// What the folded stacks, the flamegraph, the call graph and
+    /// speedscope's opening view count (inuse and leaked: of a live profile).
     #[arg(long, value_enum, default_value_t = WeightArg::Calls)]
     pub weight: WeightArg,
 }

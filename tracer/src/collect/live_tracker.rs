@@ -33,6 +33,10 @@ pub struct KeyStats {
     pub temporaries: u64,
     sizes: Histogram<u64>,
     lifetimes: Histogram<u64>,
+    /// Exact maxima beside the histograms (which only keep two digits: a
+    /// 16384-byte block reads 16511 there).
+    max_size: u64,
+    max_lifetime: u64,
 }
 
 impl KeyStats {
@@ -50,6 +54,8 @@ impl KeyStats {
             // Two significant digits: percentiles within 1%, a few KiB each.
             sizes: Histogram::new(2).expect("valid sigfig"),
             lifetimes: Histogram::new(2).expect("valid sigfig"),
+            max_size: 0,
+            max_lifetime: 0,
         }
     }
 }
@@ -247,6 +253,7 @@ impl LiveTracker {
         st.live_bytes += ev.size;
         st.max_live_bytes = st.max_live_bytes.max(st.live_bytes);
         record(&mut st.sizes, ev.size);
+        st.max_size = st.max_size.max(ev.size);
         self.live_bytes += ev.size;
         if self.live_bytes > self.peak_bytes {
             self.peak_bytes = self.live_bytes;
@@ -296,6 +303,7 @@ impl LiveTracker {
         st.live_bytes -= block.size;
         let lifetime = ts.saturating_sub(block.ts);
         record(&mut st.lifetimes, lifetime);
+        st.max_lifetime = st.max_lifetime.max(lifetime);
         if lifetime < self.temporary_ns {
             st.temporaries += 1;
         }
@@ -363,12 +371,14 @@ impl LiveTracker {
             return None;
         }
         let o = outstanding.copied().unwrap_or_default();
-        let percentiles = |h: &Histogram<u64>| {
+        // The histogram gives the highest value equivalent to a quantile's
+        // (within 1%): never above the exact maximum.
+        let percentiles = |h: &Histogram<u64>, max: u64| {
             (!h.is_empty()).then(|| Percentiles {
-                p50: h.value_at_quantile(0.50),
-                p90: h.value_at_quantile(0.90),
-                p99: h.value_at_quantile(0.99),
-                max: h.max(),
+                p50: h.value_at_quantile(0.50).min(max),
+                p90: h.value_at_quantile(0.90).min(max),
+                p99: h.value_at_quantile(0.99).min(max),
+                max,
             })
         };
         Some(LiveStats {
@@ -387,8 +397,8 @@ impl LiveTracker {
             max_live_bytes: st.map_or(0, |s| s.max_live_bytes),
             live_bytes_at_peak: st.map_or(0, |s| s.live_bytes_at_peak),
             temporaries: st.map_or(0, |s| s.temporaries),
-            size: st.and_then(|s| percentiles(&s.sizes)),
-            lifetime_ns: st.and_then(|s| percentiles(&s.lifetimes)),
+            size: st.and_then(|s| percentiles(&s.sizes, s.max_size)),
+            lifetime_ns: st.and_then(|s| percentiles(&s.lifetimes, s.max_lifetime)),
         })
     }
 }
@@ -502,8 +512,24 @@ mod tests {
         assert_eq!(s.allocations, 2);
         assert_eq!(s.frees, 2);
         let life = s.lifetime_ns.unwrap();
-        assert!(life.max >= 10_000 && life.max <= 10_100, "{life:?}");
+        assert_eq!(life.max, 10_000, "{life:?}");
         assert_eq!(s.size.unwrap().p50, 8);
+    }
+
+    #[test]
+    fn size_maxima_are_exact() {
+        let mut t = LiveTracker::new(1000, 100);
+        // 16384 is 16511 in a two-digit histogram.
+        t.on_alloc(&alloc(1, 0x10, 16384, 10));
+        t.on_alloc(&alloc(1, 0x20, 16384, 20));
+        t.on_alloc(&alloc(2, 0x30, 100, 30));
+        t.on_alloc(&alloc(2, 0x40, 16385, 40));
+        t.finish();
+        let size = |k| t.stats(&key(k), None, 50).unwrap().size.unwrap();
+        let one = size(1);
+        assert_eq!([one.p50, one.p90, one.p99, one.max], [16384; 4]);
+        let two = size(2);
+        assert_eq!((two.p50, two.max), (100, 16385));
     }
 
     #[test]

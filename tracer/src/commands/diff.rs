@@ -19,6 +19,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         .map(|c| gate::parse_condition(c))
         .collect::<Result<Vec<_>, String>>()
         .map_err(|e| anyhow::Error::new(UserError::with_code(e, profile_file::EXIT_BAD_INPUT)))?;
+    let weight = config::diff_weight(args.stacks.weight)?;
     let base = profile_file::read(&args.base)?;
     let new = profile_file::read(&args.new)?;
     let d = diff::diff(&base, &new);
@@ -48,7 +49,6 @@ pub fn run(args: DiffArgs) -> Result<i32> {
 
     let files = &args.stacks;
     if files.folded.is_some() || files.flamegraph.is_some() {
-        let weight = config::weight(files.weight);
         let folded = folded::differential(&d, weight);
         if let Some(path) = &files.folded {
             write_file(path, "differential folded stacks", folded.as_bytes())?;

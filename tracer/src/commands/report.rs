@@ -13,6 +13,7 @@ pub fn run(args: ReportArgs) -> Result<i32> {
     let outputs = config::outputs(&args.out);
     outputs.check()?;
     let profile = profile_file::read(&args.file)?;
+    outputs.check_weight(profile.live.is_some())?;
     Report(outputs).finish(&profile)?;
     Ok(0)
 }

@@ -42,6 +42,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
         .as_deref()
         .map(target::RunAs::lookup)
         .transpose()?;
+    config.outputs.check_weight(config.mode.live)?;
     if !config.snapshot_dir.is_dir() {
         return Err(anyhow::Error::new(UserError::with_code(
             format!(

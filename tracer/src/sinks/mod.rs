@@ -15,11 +15,11 @@ use anyhow::Result;
 
 use crate::{
     error::{UserError, EXIT_IO, EXIT_USAGE},
-    profile::{file as profile_file, snapshot, Profile, Weight},
+    profile::{file as profile_file, snapshot, Profile},
     render::{
         self,
         flamegraph::{self, Kind},
-        ReportOptions,
+        ReportOptions, StackWeight,
     },
 };
 
@@ -45,11 +45,15 @@ pub struct Outputs {
     pub folded: Option<PathBuf>,
     pub flamegraph: Option<PathBuf>,
     /// What folded stacks and the flame graph count.
-    pub weight: Weight,
+    pub weight: StackWeight,
     pub pprof: Option<PathBuf>,
     pub speedscope: Option<PathBuf>,
     /// The HTML report.
     pub html: Option<PathBuf>,
+    /// `--tree`: the call tree after the table.
+    pub tree: bool,
+    /// `--dot`: the call graph.
+    pub dot: Option<PathBuf>,
 }
 
 impl Outputs {
@@ -62,6 +66,7 @@ impl Outputs {
             &self.pprof,
             &self.speedscope,
             &self.html,
+            &self.dot,
         ]
         .into_iter()
         .flatten()
@@ -71,6 +76,21 @@ impl Outputs {
     pub fn check(&self) -> Result<()> {
         self.paths().try_for_each(|p| check_output_path(p))
     }
+
+    /// A usage error when the weight needs a live profile and `live` (the
+    /// trace, or the profile read) is not one.
+    pub fn check_weight(&self, live: bool) -> Result<()> {
+        if self.weight.needs_live() && !live {
+            return Err(anyhow::Error::new(UserError::with_code(
+                format!(
+                    "--weight {} needs a live profile (trace with --live)",
+                    self.weight.name()
+                ),
+                EXIT_USAGE,
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The report: the table on stdout and every requested file.
@@ -79,7 +99,16 @@ pub struct Report(pub Outputs);
 impl Sink for Report {
     fn finish(&mut self, profile: &Profile) -> Result<()> {
         let out = &self.0;
-        print_stdout(&render::table::render(profile, &out.table))?;
+        let mut text = render::table::render(profile, &out.table);
+        if out.tree {
+            text.push('\n');
+            text.push_str(&render::calltree::render_tree(
+                profile,
+                out.table.sort,
+                out.table.threshold_pct,
+            ));
+        }
+        print_stdout(&text)?;
         if let Some(path) = &out.profile {
             write_file(path, "profile", profile_file::to_json(profile).as_bytes())?;
         }
@@ -96,6 +125,10 @@ impl Sink for Report {
                 write_flamegraph(path, "flamegraph", &folded, &title, out.weight, Kind::Plain)?;
             }
         }
+        if let Some(path) = &out.dot {
+            let dot = render::calltree::render_dot(profile, out.weight, out.table.threshold_pct);
+            write_file(path, "call graph", dot.as_bytes())?;
+        }
         if let Some(path) = &out.pprof {
             write_file(path, "pprof profile", &render::pprof::render(profile)?)?;
         }
@@ -103,7 +136,7 @@ impl Sink for Report {
             write_file(
                 path,
                 "speedscope profile",
-                render::speedscope::render(profile)?.as_bytes(),
+                render::speedscope::render(profile, out.weight)?.as_bytes(),
             )?;
         }
         if let Some(path) = &out.html {
@@ -214,7 +247,7 @@ pub fn write_flamegraph(
     what: &str,
     folded: &str,
     title: &str,
-    weight: Weight,
+    weight: impl Into<StackWeight>,
     kind: Kind,
 ) -> Result<()> {
     match flamegraph::render(folded, title, weight, kind) {

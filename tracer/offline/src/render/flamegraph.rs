@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use inferno::flamegraph::{from_lines, Options};
 
-use super::Weight;
+use super::StackWeight;
 
 /// Which flame graph [`render`] draws.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,12 @@ pub enum Kind {
 /// Input without any stack (empty, or only blank lines) is an error rather
 /// than an SVG that only says "no valid input": the caller should tell the
 /// user that nothing was traced instead of writing a useless file.
-pub fn render(folded: &str, title: &str, weight: Weight, kind: Kind) -> anyhow::Result<Vec<u8>> {
+pub fn render(
+    folded: &str,
+    title: &str,
+    weight: impl Into<StackWeight>,
+    kind: Kind,
+) -> anyhow::Result<Vec<u8>> {
     let lines: Vec<&str> = folded.lines().filter(|l| !l.trim().is_empty()).collect();
     if lines.is_empty() {
         bail!("no allocation stacks to draw");
@@ -35,7 +40,7 @@ pub fn render(folded: &str, title: &str, weight: Weight, kind: Kind) -> anyhow::
     // `Options` is non-exhaustive: start from the defaults.
     let mut options = Options::default();
     options.title = title.to_string();
-    options.count_name = weight.unit().to_string();
+    options.count_name = weight.into().unit().to_string();
     // Colors from a hash of the function name: the same input gives the same
     // picture.
     options.hash = true;
@@ -70,7 +75,12 @@ mod tests {
 
     #[test]
     fn draws_an_svg() -> anyhow::Result<()> {
-        let svg = String::from_utf8(render(FOLDED, "mtrace test", Weight::Calls, Kind::Plain)?)?;
+        let svg = String::from_utf8(render(
+            FOLDED,
+            "mtrace test",
+            StackWeight::Calls,
+            Kind::Plain,
+        )?)?;
         assert!(svg.contains("<svg"));
         assert!(svg.contains("make_node"));
         assert!(svg.contains("realloc"));
@@ -84,7 +94,7 @@ mod tests {
         let svg = String::from_utf8(render(
             "main;malloc 4096\n",
             "t",
-            Weight::Bytes,
+            StackWeight::Bytes,
             Kind::Plain,
         )?)?;
         assert!(svg.contains("bytes"));
@@ -94,15 +104,15 @@ mod tests {
     #[test]
     fn same_input_same_svg() -> anyhow::Result<()> {
         assert_eq!(
-            render(FOLDED, "t", Weight::Calls, Kind::Plain)?,
-            render(FOLDED, "t", Weight::Calls, Kind::Plain)?
+            render(FOLDED, "t", StackWeight::Calls, Kind::Plain)?,
+            render(FOLDED, "t", StackWeight::Calls, Kind::Plain)?
         );
         Ok(())
     }
 
     #[test]
     fn empty_input_is_an_error() {
-        assert!(render("", "t", Weight::Calls, Kind::Plain).is_err());
-        assert!(render("\n  \n", "t", Weight::Calls, Kind::Plain).is_err());
+        assert!(render("", "t", StackWeight::Calls, Kind::Plain).is_err());
+        assert!(render("\n  \n", "t", StackWeight::Calls, Kind::Plain).is_err());
     }
 }

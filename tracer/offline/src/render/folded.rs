@@ -13,18 +13,17 @@ use std::fmt::Write as _;
 use crate::diff::Diff;
 use crate::profile::{Profile, StackEntry};
 
-use super::{is_allocation, Weight};
+use super::{is_allocation, StackWeight, Weight};
 
-/// Renders every allocation stack of `profile` weighted by `weight`. Stacks
-/// with a zero count are left out, identical stacks are summed, lines are
+/// Renders every allocation stack of `profile` weighted by `weight` (a
+/// live weight counts nothing outside live mode). Stacks with a zero count are left out, identical stacks are summed, lines are
 /// sorted. With `per_thread`, stacks that carry a thread get a root frame
 /// `NAME-TID`. Every line ends with a newline; no stacks give "".
-pub fn render(profile: &Profile, weight: Weight, per_thread: bool) -> String {
-    render_by(profile, per_thread, |e| weight.of(e.counts))
+pub fn render(profile: &Profile, weight: StackWeight, per_thread: bool) -> String {
+    render_by(profile, per_thread, |e| weight.of(e))
 }
 
-/// [`render`] with each stack's count given by `count` (the HTML report's
-/// in-use and leaked weights).
+/// [`render`] with each stack's count given by `count`.
 pub fn render_by(
     profile: &Profile,
     per_thread: bool,
@@ -128,14 +127,17 @@ mod tests {
     #[test]
     fn root_first_allocator_last() {
         let p = profile(vec![entry("malloc", &["leaf", "mid", "main"], 3, 30)]);
-        assert_eq!(render(&p, Weight::Calls, false), "main;mid;leaf;malloc 3\n");
+        assert_eq!(
+            render(&p, StackWeight::Calls, false),
+            "main;mid;leaf;malloc 3\n"
+        );
     }
 
     #[test]
     fn weight_selects_the_count() {
         let p = profile(vec![entry("calloc", &["a"], 3, 96)]);
-        assert_eq!(render(&p, Weight::Calls, false), "a;calloc 3\n");
-        assert_eq!(render(&p, Weight::Bytes, false), "a;calloc 96\n");
+        assert_eq!(render(&p, StackWeight::Calls, false), "a;calloc 3\n");
+        assert_eq!(render(&p, StackWeight::Bytes, false), "a;calloc 96\n");
     }
 
     #[test]
@@ -149,7 +151,7 @@ mod tests {
             on_thread(entry("malloc", &["a", "main"], 5, 50), 9, "t"),
         ]);
         assert_eq!(
-            render(&p, Weight::Calls, false),
+            render(&p, StackWeight::Calls, false),
             "main;a;malloc 9\nmain;b;malloc 3\n"
         );
     }
@@ -160,8 +162,8 @@ mod tests {
             entry("malloc", &["a"], 2, 0),
             entry("malloc", &["b"], 0, 0),
         ]);
-        assert_eq!(render(&p, Weight::Calls, false), "a;malloc 2\n");
-        assert_eq!(render(&p, Weight::Bytes, false), "");
+        assert_eq!(render(&p, StackWeight::Calls, false), "a;malloc 2\n");
+        assert_eq!(render(&p, StackWeight::Bytes, false), "");
     }
 
     #[test]
@@ -170,7 +172,7 @@ mod tests {
         e.frames[0].inlined = true;
         let p = profile(vec![e]);
         assert_eq!(
-            render(&p, Weight::Calls, false),
+            render(&p, StackWeight::Calls, false),
             "outer;inner_[i];malloc 1\n"
         );
     }
@@ -184,7 +186,7 @@ mod tests {
             1,
         )]);
         assert_eq!(
-            render(&p, Weight::Calls, false),
+            render(&p, StackWeight::Calls, false),
             "[unknown];two lines;<[u8: 8] as Foo>::bar;malloc 1\n"
         );
     }
@@ -197,10 +199,37 @@ mod tests {
             entry("malloc", &["a"], 4, 4),
         ]);
         assert_eq!(
-            render(&p, Weight::Calls, true),
+            render(&p, StackWeight::Calls, true),
             "a;malloc 4\nmain-1;a;malloc 2\nworker-1234;a;malloc 1\n"
         );
-        assert_eq!(render(&p, Weight::Calls, false), "a;malloc 7\n");
+        assert_eq!(render(&p, StackWeight::Calls, false), "a;malloc 7\n");
+    }
+
+    #[test]
+    fn live_weights_count_in_use_and_leaked_bytes() {
+        let live = |inuse, leaked| {
+            Some(crate::profile::LiveStats {
+                outstanding_bytes: inuse,
+                old_outstanding_bytes: leaked,
+                ..Default::default()
+            })
+        };
+        let mut p = profile(vec![
+            entry("malloc", &["leak", "main"], 100, 6400),
+            entry("malloc", &["young", "main"], 5, 500),
+            entry("malloc", &["churn", "main"], 9, 90),
+        ]);
+        p.stacks[0].live = live(6400, 6400);
+        p.stacks[1].live = live(500, 0);
+        p.stacks[2].live = live(0, 0);
+        assert_eq!(
+            render(&p, StackWeight::InUse, false),
+            "main;leak;malloc 6400\nmain;young;malloc 500\n"
+        );
+        assert_eq!(
+            render(&p, StackWeight::Leaked, false),
+            "main;leak;malloc 6400\n"
+        );
     }
 
     #[test]
@@ -209,6 +238,6 @@ mod tests {
             entry("free", &["a"], 5, 0),
             entry("malloc", &["a"], 1, 16),
         ]);
-        assert_eq!(render(&p, Weight::Calls, false), "a;malloc 1\n");
+        assert_eq!(render(&p, StackWeight::Calls, false), "a;malloc 1\n");
     }
 }

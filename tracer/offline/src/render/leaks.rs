@@ -1,9 +1,12 @@
-//! The live-mode parts of the table: a line per stack, the heap summary and
-//! the leak suspects.
+//! The live-mode parts of the table: lines under each stack, the heap
+//! summary and the leak suspects.
 
 use std::fmt::Write;
 
 use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile, StackEntry};
+
+use super::table::frame_text;
+use super::text::{bytes, count, wrap_list, Paint};
 
 /// `1.3us`, `250ms`, `2.50s`.
 pub fn duration_ns(ns: u64) -> String {
@@ -19,9 +22,10 @@ pub fn duration_ns(ns: u64) -> String {
     }
 }
 
+/// `p50 64 B, p90 64 B, p99 64 B, max 64 B`
 fn percentiles(p: &Percentiles, fmt: impl Fn(u64) -> String) -> String {
     format!(
-        "p50 {} p90 {} p99 {} max {}",
+        "p50 {}, p90 {}, p99 {}, max {}",
         fmt(p.p50),
         fmt(p.p90),
         fmt(p.p99),
@@ -29,30 +33,37 @@ fn percentiles(p: &Percentiles, fmt: impl Fn(u64) -> String) -> String {
     )
 }
 
-/// The indented lines under a table row.
+/// The indented lines under a table row:
+///
+/// ```text
+///     live: 100 outstanding (6.2 KiB, oldest 0.01 s), max live 6.2 KiB,
+///     live: 6.2 KiB at the peak, 0 of 100 temporary
+///     size: p50 64 B, p90 64 B, p99 64 B, max 64 B
+///     lifetime: none freed
+/// ```
 pub fn row_lines(live: &LiveStats) -> String {
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "    live: {} outstanding ({} bytes",
-        live.outstanding, live.outstanding_bytes
+    let mut outstanding = format!(
+        "{} outstanding ({}",
+        live.outstanding,
+        bytes(live.outstanding_bytes)
     );
     if live.outstanding > 0 {
-        let _ = write!(out, ", oldest {:.2} s", live.oldest_age_secs);
+        let _ = write!(outstanding, ", oldest {:.2} s", live.oldest_age_secs);
     }
-    let _ = writeln!(
-        out,
-        "), max live {} bytes, {} bytes at the peak, {} of {} temporary",
-        live.max_live_bytes, live.live_bytes_at_peak, live.temporaries, live.allocations
-    );
+    outstanding.push(')');
+    let items = [
+        outstanding,
+        format!("max live {}", bytes(live.max_live_bytes)),
+        format!("{} at the peak", bytes(live.live_bytes_at_peak)),
+        format!("{} of {} temporary", live.temporaries, live.allocations),
+    ];
+    let mut out = wrap_list("    live", &items, "");
     if let Some(size) = &live.size {
-        let _ = write!(out, "    size {}", percentiles(size, |v| v.to_string()));
-        match &live.lifetime_ns {
-            Some(life) => {
-                let _ = writeln!(out, "; lifetime {}", percentiles(life, duration_ns));
-            }
-            None => out.push_str("; none freed\n"),
-        }
+        let _ = writeln!(out, "    size: {}", percentiles(size, bytes));
+        let _ = match &live.lifetime_ns {
+            Some(life) => writeln!(out, "    lifetime: {}", percentiles(life, duration_ns)),
+            None => writeln!(out, "    lifetime: none freed"),
+        };
     }
     out
 }
@@ -75,35 +86,48 @@ pub fn suspects(profile: &Profile) -> Vec<(&StackEntry, &LiveStats)> {
 }
 
 /// Heap summary and leak suspects, after the totals.
-pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "live: peak {} bytes at {:.3} s; at the end {} blocks ({} bytes) outstanding; {} tracked allocations, {} temporary (freed under {})",
-        totals.peak_bytes,
-        totals.peak_secs,
-        totals.outstanding,
-        totals.outstanding_bytes,
-        totals.tracked_allocations,
-        totals.temporaries,
-        duration_ns(totals.temporary_under_ns),
-    );
-    let _ = writeln!(
-        out,
-        "live: failed allocations (not blocks) {}, untracked (live map of {} full) {}, frees of blocks allocated before attach or untracked {}, events lost {} (of them frees kept aside and applied {}, frees lost {}), missed frees {}, calls not followed {}",
-        totals.failed,
-        totals.live_map_size,
-        totals.untracked,
-        totals.frees_unknown,
-        totals.events_lost,
-        totals.frees_kept,
-        totals.frees_lost,
-        totals.stale,
-        totals.pending_full,
-    );
+pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint) -> String {
+    let items = [
+        format!(
+            "peak {} at {:.3} s",
+            bytes(totals.peak_bytes),
+            totals.peak_secs
+        ),
+        format!(
+            "at the end {} ({}) outstanding",
+            count(totals.outstanding, "block"),
+            bytes(totals.outstanding_bytes)
+        ),
+        format!("{} tracked allocations", totals.tracked_allocations),
+        format!(
+            "{} temporary (freed under {})",
+            totals.temporaries,
+            duration_ns(totals.temporary_under_ns)
+        ),
+        format!("failed allocations (not blocks) {}", totals.failed),
+        format!(
+            "untracked (live map of {} full) {}",
+            totals.live_map_size, totals.untracked
+        ),
+        format!(
+            "frees of blocks allocated before attach or untracked {}",
+            totals.frees_unknown
+        ),
+        format!("events lost {}", totals.events_lost),
+        format!(
+            "frees kept aside and applied {}, frees lost {}",
+            totals.frees_kept, totals.frees_lost
+        ),
+        format!("missed frees {}", totals.stale),
+        format!("calls not followed {}", totals.pending_full),
+    ];
+    let mut out = wrap_list("live", &items, "");
     if totals.untracked > 0 || totals.events_lost > 0 {
-        out.push_str(
-            "note: some blocks were not followed (raise --live-map-size or --event-buffer-size); outstanding counts cover tracked blocks only\n",
+        let note = paint.warn("note:");
+        let _ = writeln!(
+            out,
+            "{note} some blocks were not followed: raise --live-map-size, \
+             --event-buffer-size\n{note} outstanding counts cover tracked blocks only"
         );
     }
 
@@ -113,50 +137,53 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize) -> String {
     } else {
         String::new()
     };
+    let title = format!("leak suspects (outstanding at the end{age})");
     if suspects.is_empty() {
-        let _ = writeln!(out, "\nleak suspects (outstanding at the end{age}): none");
+        let _ = writeln!(out, "\n{}: none", paint.strong(&title));
         return out;
     }
+    let _ = writeln!(
+        out,
+        "\n{}: {}, {}",
+        paint.alert(&title),
+        count(totals.old_outstanding, "block"),
+        bytes(totals.old_outstanding_bytes)
+    );
     // A free lost outright leaves its block listed here though it was
     // freed. Say so rather than state leaks as facts. (Frees whose event
     // was lost but that were kept aside were applied.)
-    let caveat = if totals.frees_lost > 0 {
-        format!(
-            " (uncertain: {} frees were lost, and a lost free leaves its block among these)",
-            totals.frees_lost
-        )
-    } else {
-        String::new()
-    };
-    let _ = writeln!(
-        out,
-        "\nleak suspects (outstanding at the end{age}): {} blocks, {} bytes{caveat}",
-        totals.old_outstanding, totals.old_outstanding_bytes
-    );
+    if totals.frees_lost > 0 {
+        let _ = writeln!(
+            out,
+            "{} {} lost; a lost free leaves its block among these",
+            paint.warn("uncertain:"),
+            count(totals.frees_lost, "free"),
+        );
+    }
     let shown = if top == 0 {
         suspects.len()
     } else {
         top.min(suspects.len())
     };
     for (i, (entry, live)) in suspects.iter().take(shown).enumerate() {
-        let _ = writeln!(
-            out,
-            "#{}  {} blocks  {} bytes  oldest {:.2} s  {}",
+        let first = format!(
+            "#{}  {}  {}  oldest {:.2} s  ",
             i + 1,
-            live.old_outstanding,
-            live.old_outstanding_bytes,
+            count(live.old_outstanding, "block"),
+            bytes(live.old_outstanding_bytes),
             live.oldest_age_secs,
-            entry.func
         );
+        let _ = writeln!(out, "{}{}", paint.strong(&first), paint.func(&entry.func));
         for frame in &entry.frames {
-            let _ = writeln!(out, "    {}", frame.describe());
+            let _ = writeln!(out, "    {}", frame_text(frame, paint));
         }
     }
     if suspects.len() > shown {
+        let hidden = suspects.len() - shown;
         let _ = writeln!(
             out,
-            "{} more leak suspects hidden by --top",
-            suspects.len() - shown
+            "{hidden} more leak {} hidden by --top",
+            if hidden == 1 { "suspect" } else { "suspects" }
         );
     }
     out
@@ -195,11 +222,11 @@ mod tests {
             old_outstanding_bytes: 4736,
             ..LiveTotals::default()
         };
-        let text = summary(&p, &totals, 0);
+        let text = summary(&p, &totals, 0, Paint::default());
         let big = text.find("big_leak").unwrap();
         let small = text.find("small_leak").unwrap();
         assert!(big < small, "{text}");
-        assert!(text.contains("leak suspects (outstanding at the end): 11 blocks, 4736 bytes\n"));
+        assert!(text.contains("leak suspects (outstanding at the end): 11 blocks, 4.6 KiB\n"));
         // Frees whose events were lost but kept aside were applied: the
         // suspects stand.
         let kept = LiveTotals {
@@ -207,17 +234,19 @@ mod tests {
             frees_kept: 3,
             ..totals.clone()
         };
-        let text = summary(&p, &kept, 0);
-        assert!(text.contains("11 blocks, 4736 bytes\n"), "{text}");
+        let text = summary(&p, &kept, 0, Paint::default());
+        assert!(text.contains("11 blocks, 4.6 KiB\n#1"), "{text}");
         let lost = LiveTotals {
             events_lost: 5,
             frees_kept: 3,
             frees_lost: 2,
             ..totals.clone()
         };
-        let text = summary(&p, &lost, 0);
+        let text = summary(&p, &lost, 0, Paint::default());
         assert!(
-            text.contains("4736 bytes (uncertain: 2 frees were lost, and a lost free leaves its block among these)"),
+            text.contains(
+                "4.6 KiB\nuncertain: 2 frees lost; a lost free leaves its block among these\n"
+            ),
             "{text}"
         );
     }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 pub use crate::profile::{is_allocation, Weight, FREE_FUNC};
 use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, Thread};
 
+pub mod calltree;
 pub mod diff_table;
 pub mod flamegraph;
 pub mod folded;
@@ -20,6 +21,10 @@ pub mod leaks;
 pub mod pprof;
 pub mod speedscope;
 pub mod table;
+pub mod text;
+pub mod weight;
+
+pub use weight::StackWeight;
 
 /// Which count orders the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +46,8 @@ pub struct ReportOptions {
     pub per_thread: bool,
     /// Rows split per process (they carry it when traced so).
     pub per_process: bool,
+    /// Colour (ANSI styles): only for a terminal that wants them.
+    pub color: bool,
 }
 
 /// One row to show: an allocator function reached through one stack, from
@@ -265,6 +272,7 @@ mod tests {
             sort,
             per_thread,
             per_process: false,
+            color: false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The speedscope file format
-//! (<https://www.speedscope.app/file-format-schema.json>): two sampled
+//! (<https://www.speedscope.app/file-format-schema.json>): sampled
 //! profiles over one frame table, one weighted by allocation calls and one
-//! by allocated bytes. Every allocation stack is a sample, outermost frame
+//! by allocated bytes (in live mode also by in-use and by leaked bytes). Every allocation stack is a sample, outermost frame
 //! first and the allocator function last; inlined functions are frames of
 //! their own.
 
@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::profile::{Counts, Profile};
+use crate::profile::Profile;
 
-use super::is_allocation;
+use super::{is_allocation, StackWeight};
 
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
 
@@ -96,21 +96,37 @@ impl<'a> Frames<'a> {
 }
 
 /// Renders every allocation stack of `profile` as a speedscope file with
-/// an "allocation calls" and an "allocated bytes" profile. `free` entries
-/// and zero weights are left out; each profile's end value is the sum of
-/// its weights.
-pub fn render(profile: &Profile) -> Result<String> {
+/// an "allocation calls" and an "allocated bytes" profile, and in live
+/// mode an "in-use bytes" and a "leaked bytes" one (blocks still allocated
+/// at the end, and those at least `--min-age` old). The profile of
+/// `weight` is the one speedscope opens. `free` entries and zero weights
+/// are left out; each profile's end value is the sum of its weights.
+pub fn render(profile: &Profile, weight: StackWeight) -> Result<String> {
     let meta = &profile.meta;
     let mut frames = Frames::default();
-    let mut calls = SampledProfile::new("allocation calls", "none");
-    let mut bytes = SampledProfile::new("allocated bytes", "bytes");
+    let mut profiles = vec![
+        (
+            StackWeight::Calls,
+            SampledProfile::new("allocation calls", "none"),
+        ),
+        (
+            StackWeight::Bytes,
+            SampledProfile::new("allocated bytes", "bytes"),
+        ),
+    ];
+    if profile.live.is_some() {
+        profiles.push((
+            StackWeight::InUse,
+            SampledProfile::new("in-use bytes (at the end)", "bytes"),
+        ));
+        profiles.push((
+            StackWeight::Leaked,
+            SampledProfile::new("leaked bytes (leak suspects)", "bytes"),
+        ));
+    }
     let mut stack = Vec::new();
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-        let Counts {
-            calls: n_calls,
-            bytes: n_bytes,
-        } = entry.counts;
-        if n_calls == 0 && n_bytes == 0 {
+        if profiles.iter().all(|(w, _)| w.of(entry) == 0) {
             continue;
         }
         stack.clear();
@@ -126,8 +142,9 @@ pub fn render(profile: &Profile) -> Result<String> {
             file: None,
             line: None,
         }));
-        calls.add(&stack, n_calls);
-        bytes.add(&stack, n_bytes);
+        for (w, p) in &mut profiles {
+            p.add(&stack, w.of(entry));
+        }
     }
 
     let version = if meta.mtrace_version.is_empty() {
@@ -135,15 +152,16 @@ pub fn render(profile: &Profile) -> Result<String> {
     } else {
         &meta.mtrace_version
     };
+    let active_profile_index = profiles.iter().position(|(w, _)| *w == weight).unwrap_or(0);
     let file = File {
         schema: SCHEMA,
         shared: Shared {
             frames: frames.frames,
         },
-        profiles: vec![calls, bytes],
+        profiles: profiles.into_iter().map(|(_, p)| p).collect(),
         name: format!("mtrace: {} (pid {})", meta.command, meta.pid),
         exporter: format!("mtrace {version}"),
-        active_profile_index: 0,
+        active_profile_index,
     };
     Ok(serde_json::to_string(&file)?)
 }
@@ -165,7 +183,7 @@ mod tests {
     use super::*;
 
     fn parse(p: &Profile) -> Value {
-        let json = render(p).expect("render");
+        let json = render(p, StackWeight::Calls).expect("render");
         serde_json::from_str(&json).expect("valid JSON")
     }
 
@@ -311,6 +329,36 @@ mod tests {
             .map(|f| f["name"].as_str().expect("name"))
             .collect();
         assert_eq!(names, ["a", "malloc"]);
+    }
+
+    #[test]
+    fn live_profiles_weigh_in_use_and_leaked_bytes() {
+        let mut p = sample();
+        p.live = Some(crate::profile::LiveTotals::default());
+        p.stacks[0].live = Some(crate::profile::LiveStats {
+            outstanding_bytes: 200,
+            old_outstanding_bytes: 100,
+            ..Default::default()
+        });
+        let v: Value =
+            serde_json::from_str(&render(&p, StackWeight::Leaked).expect("render")).expect("JSON");
+        assert_eq!(v["activeProfileIndex"], 3);
+        assert_eq!(v["profiles"][2]["name"], "in-use bytes (at the end)");
+        assert_eq!(v["profiles"][3]["name"], "leaked bytes (leak suspects)");
+        let main = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            stacks(&v, 2),
+            [(main(&["main", "mid", "leaf", "malloc"]), 200)]
+        );
+        assert_eq!(
+            stacks(&v, 3),
+            [(main(&["main", "mid", "leaf", "malloc"]), 100)]
+        );
+        // Outside live mode: calls and bytes only.
+        assert_eq!(
+            parse(&sample())["profiles"].as_array().map(Vec::len),
+            Some(2)
+        );
     }
 
     #[test]

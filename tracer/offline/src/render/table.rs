@@ -1,28 +1,41 @@
-//! The human-readable report.
+//! The human-readable report: lines of at most 80 columns (but for
+//! frames and paths), sizes in binary units, colour when asked for.
 //!
 //! ```text
-//! mtrace: pid 1234 (./fixture arg), 1.23 s, probes in /usr/lib/x86_64-linux-gnu/libc.so.6
+//! mtrace: pid 1234, 1.23 s
+//! command: ./fixture arg
+//! probes: /usr/lib/x86_64-linux-gnu/libc.so.6 (glibc 2.36)
 //!
-//! #1  1000 calls  72.13%  48000 bytes  avg 48  malloc
+//! #1  1000 calls  72.13%  46.9 KiB  avg 48 B  malloc
 //!     make_node (list.c:12)
 //!     main (main.c:30)
 //!
-//! 3 more stacks (136 calls, 2000 bytes) hidden by --threshold
-//! total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, calloc 386)
-//! lost: map full 0, stack walk failed 0, stack collisions 0, stack map full 0, caller unreadable 0, thread names 0
+//! 3 more stacks (136 calls, 2.0 KiB) hidden by --threshold
+//! total: 1386 allocation calls, 64.5 KiB requested, 1200 frees
+//! by function: malloc 1000, calloc 386
+//! lost: map full 0, stack walk failed 0, stack collisions 0, stack map full 0,
+//! lost: caller unreadable 0, thread names 0
 //! ```
+//!
+//! A labelled list too long for one line goes on over several, each with
+//! the label ([`wrap_list`]). Call counts stay exact integers; sizes are
+//! rounded to one decimal of KiB, MiB, ... (the JSON profile keeps bytes).
 
 use std::fmt::Write as _;
 
-use crate::profile::{Losses, Profile, StackQuality};
+use crate::profile::{Frame, Losses, Profile, StackQuality};
 
+use super::text::{bytes, count, wrap_list, Paint};
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
+
+/// Untraced processes the header names one by one; the rest are counted.
+const UNTRACED_SHOWN: usize = 10;
 
 /// Renders the report. Every line ends with a newline.
 pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
+    let paint = Paint::new(opts.color);
     let mut out = String::new();
-    out.push_str(&header(profile));
-    out.push('\n');
+    out.push_str(&header(profile, paint));
 
     let selection = select(profile, opts);
     let total_calls = profile.totals.allocs.calls;
@@ -32,14 +45,13 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
     }
     for (i, row) in selection.rows.iter().enumerate() {
         out.push('\n');
-        write_row(&mut out, i + 1, row, total_calls);
+        write_row(&mut out, i + 1, row, total_calls, paint);
     }
 
     out.push('\n');
     write_hidden(&mut out, selection.hidden_by_threshold, "--threshold");
     write_hidden(&mut out, selection.hidden_by_top, "--top");
-    out.push_str(&totals_line(profile));
-    out.push('\n');
+    out.push_str(&totals_lines(profile, paint));
     if profile.totals.nested > 0 {
         let _ = writeln!(
             out,
@@ -48,44 +60,46 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
         );
     }
     if let Some(q) = &profile.stack_quality {
-        out.push_str(&quality_line(q));
-        out.push('\n');
+        out.push_str(&quality_lines(q));
     }
-    if let Some(line) = single_stepped_line(profile) {
-        out.push_str(&line);
-        out.push('\n');
-    }
-    out.push_str(&losses_line(&profile.losses));
-    out.push('\n');
-    if let Some(note) = losses_note(&profile.losses) {
-        out.push_str(&note);
-        out.push('\n');
+    out.push_str(&single_stepped_lines(profile));
+    out.push_str(&losses_lines(&profile.losses, paint));
+    for note in losses_notes(&profile.losses) {
+        let _ = writeln!(out, "{} {note}", paint.warn("note:"));
     }
     if let Some(live) = &profile.live {
-        out.push_str(&super::leaks::summary(profile, live, opts.top));
+        out.push_str(&super::leaks::summary(profile, live, opts.top, paint));
     }
     out
 }
 
-/// `mtrace: pid 1234 (./fixture arg), 1.23 s, probes in /usr/lib/.../libc.so.6`
-fn header(profile: &Profile) -> String {
+/// `mtrace: pid 1234, 1.23 s`, then `command:`, `probes:`, the processes
+/// of a tree and how it was sampled, each on lines of its own.
+fn header(profile: &Profile, paint: Paint) -> String {
     let meta = &profile.meta;
-    let mut line = format!("mtrace: pid {}", meta.pid);
+    let mut out = format!(
+        "{} {:.2} s\n",
+        paint.strong(&format!("mtrace: pid {},", meta.pid)),
+        meta.duration_secs
+    );
     if !meta.command.is_empty() {
-        let _ = write!(line, " ({})", meta.command);
+        let _ = writeln!(out, "command: {}", meta.command);
     }
-    let _ = write!(line, ", {:.2} s", meta.duration_secs);
     if !meta.allocator_object.is_empty() {
-        let _ = write!(line, ", probes in {}", meta.allocator_object);
-        if !meta.allocator_family.is_empty() && !meta.allocator_version.is_empty() {
-            let _ = write!(
-                line,
-                " ({} {})",
-                meta.allocator_family, meta.allocator_version
-            );
-        } else if !meta.allocator_family.is_empty() {
-            let _ = write!(line, " ({})", meta.allocator_family);
+        let _ = write!(out, "probes: {}", meta.allocator_object);
+        match (
+            meta.allocator_family.as_str(),
+            meta.allocator_version.as_str(),
+        ) {
+            ("", _) => {}
+            (family, "") => {
+                let _ = write!(out, " ({family})");
+            }
+            (family, version) => {
+                let _ = write!(out, " ({family} {version})");
+            }
         }
+        out.push('\n');
     }
     if !meta.processes.is_empty() {
         let traced = meta.processes.iter().filter(|p| p.traced).count();
@@ -94,58 +108,60 @@ fn header(profile: &Profile) -> String {
             .iter()
             .filter(|p| p.traced && p.exit_code.is_some())
             .count();
+        let untraced: Vec<_> = meta.processes.iter().filter(|p| !p.traced).collect();
+        // Processes beyond the profile's records were untraced too.
+        let not_traced = untraced.len() as u64 + meta.processes_unlisted;
         let _ = write!(
-            line,
-            "\nprocesses: {traced} traced ({exited} exited during the trace)"
+            out,
+            "processes: {traced} traced ({exited} exited during the trace)"
         );
-        let untraced: Vec<String> = meta
-            .processes
-            .iter()
-            .filter(|p| !p.traced)
-            .map(|p| {
-                format!(
-                    "{} (pid {}): {}",
-                    p.name,
-                    p.pid,
-                    p.not_traced.as_deref().unwrap_or("not traced")
-                )
-            })
-            .collect();
-        if !untraced.is_empty() {
-            let _ = write!(
-                line,
-                ", {} not traced: {}",
-                untraced.len(),
-                untraced.join("; ")
+        if not_traced > 0 {
+            let _ = write!(out, ", {not_traced} not traced");
+        }
+        out.push('\n');
+        for p in untraced.iter().take(UNTRACED_SHOWN) {
+            let _ = writeln!(
+                out,
+                "not traced: {} (pid {}): {}",
+                p.name,
+                p.pid,
+                p.not_traced.as_deref().unwrap_or("not traced")
+            );
+        }
+        let rest = not_traced - untraced.len().min(UNTRACED_SHOWN) as u64;
+        if rest > 0 {
+            let _ = writeln!(
+                out,
+                "not traced: {rest} more ({} listed in the JSON profile)",
+                untraced.len().saturating_sub(UNTRACED_SHOWN)
             );
         }
     }
     if let Some(s) = &meta.sampling {
         let how = match s.kind.as_str() {
-            "bytes" => format!("one sample per {} bytes on average", s.rate),
+            "bytes" => format!("one sample per {} on average", bytes(s.rate)),
             _ => format!("one call in {}", s.rate),
         };
-        let _ = write!(
-            line,
-            "\nsampled: {how}, {} samples; calls and bytes are unbiased estimates, frees are not counted",
-            s.samples
-        );
+        let _ = writeln!(out, "sampled: {how}, {}", count(s.samples, "sample"));
+        out.push_str("sampled: calls and bytes are unbiased estimates, frees are not counted\n");
     }
-    line
+    out
 }
 
-/// `#1  1000 calls  72.13%  48000 bytes  avg 48  malloc` and the frames.
-fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
+/// `#1  1000 calls  72.13%  46.9 KiB  avg 48 B  malloc` and the frames.
+fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64, paint: Paint) {
     let counts = row.counts;
     let avg = counts.bytes.checked_div(counts.calls).unwrap_or(0);
-    let _ = write!(
-        out,
-        "#{rank}  {} calls  {:.2}%  {} bytes  avg {avg}  {}",
-        counts.calls,
+    let mut first = format!(
+        "#{rank}  {}  {:.2}%  {}  avg {}  ",
+        count(counts.calls, "call"),
         percent(counts.calls, total_calls),
-        counts.bytes,
-        row.func,
+        bytes(counts.bytes),
+        bytes(avg),
     );
+    first = paint.strong(&first);
+    first.push_str(&paint.func(row.func));
+    out.push_str(&first);
     if let Some(process) = row.process {
         let _ = write!(out, "  process {} (pid {})", process.name, process.pid);
     }
@@ -153,7 +169,7 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
         let _ = write!(out, "  thread {} (tid {})", thread.name, thread.tid);
     }
     if row.truncated {
-        out.push_str("  [stack truncated]");
+        out.push_str(&paint.warn("  [stack truncated]"));
     }
     out.push('\n');
     if row.frames.is_empty() {
@@ -161,10 +177,7 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
     }
     for frame in row.frames {
         out.push_str("    ");
-        out.push_str(&frame.describe());
-        if frame.inlined {
-            out.push_str(" [inlined]");
-        }
+        out.push_str(&frame_text(frame, paint));
         out.push('\n');
     }
     if let Some(live) = row.live {
@@ -172,25 +185,38 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64) {
     }
 }
 
-/// `2 more stacks (15 calls, 300 bytes) hidden by --top`
+/// `function (file:line)`, the place faint, ` [inlined]` after an inlined
+/// function.
+pub(crate) fn frame_text(frame: &Frame, paint: Paint) -> String {
+    let described = frame.describe();
+    // `describe` starts with the function's name, then says where.
+    let (name, place) = described.split_at(frame.function.len().min(described.len()));
+    let mut text = format!("{name}{}", paint.faint(place));
+    if frame.inlined {
+        text.push_str(&paint.faint(" [inlined]"));
+    }
+    text
+}
+
+/// `2 more stacks (15 calls, 300 B) hidden by --top`
 fn write_hidden(out: &mut String, hidden: Hidden, option: &str) {
     if hidden.rows == 0 {
         return;
     }
-    let noun = if hidden.rows == 1 { "stack" } else { "stacks" };
     let _ = writeln!(
         out,
-        "{} more {noun} ({} calls, {} bytes) hidden by {option}",
-        hidden.rows, hidden.counts.calls, hidden.counts.bytes
+        "{} more {} ({}, {}) hidden by {option}",
+        hidden.rows,
+        if hidden.rows == 1 { "stack" } else { "stacks" },
+        count(hidden.counts.calls, "call"),
+        bytes(hidden.counts.bytes)
     );
 }
 
-/// `total: N allocation calls, B bytes requested, F frees (malloc 1000, calloc 250)`,
-/// allocation functions with calls listed by calls, most first.
 /// The probed functions the kernel cannot emulate the first instruction
 /// of (it single-steps them, about 20 µs a call instead of 1), with the
-/// calls that paid it; `None` when no call did.
-fn single_stepped_line(profile: &Profile) -> Option<String> {
+/// calls that paid it; nothing when no call did.
+fn single_stepped_lines(profile: &Profile) -> String {
     let mut paid: Vec<String> = Vec::new();
     for p in profile.meta.probes.iter().filter(|p| !p.emulated) {
         let calls = profile
@@ -203,22 +229,25 @@ fn single_stepped_line(profile: &Profile) -> Option<String> {
             paid.push(entry);
         }
     }
-    (!paid.is_empty()).then(|| {
-        format!(
-            "single-stepped probes (about 20 us a call instead of 1): {}",
-            paid.join(", ")
-        )
-    })
+    if paid.is_empty() {
+        return String::new();
+    }
+    wrap_list("single-stepped probes (20 us a call, not 1)", &paid, "")
 }
 
-fn totals_line(profile: &Profile) -> String {
+/// `total: N allocation calls, B requested, F frees`, then `by function:`
+/// the allocation functions with calls, most first.
+fn totals_lines(profile: &Profile, paint: Paint) -> String {
     let totals = &profile.totals;
-    let mut line = format!(
-        "total: {} allocation calls, {} bytes requested, {}",
-        totals.allocs.calls,
-        totals.allocs.bytes,
+    let mut out = format!(
+        "{} {} requested, {}\n",
+        paint.strong(&format!(
+            "total: {},",
+            count(totals.allocs.calls, "allocation call")
+        )),
+        bytes(totals.allocs.bytes),
         if totals.frees_counted {
-            format!("{} frees", totals.frees)
+            count(totals.frees, "free")
         } else {
             "frees not counted".to_string()
         }
@@ -236,74 +265,107 @@ fn totals_line(profile: &Profile) -> String {
             .iter()
             .map(|(name, calls)| format!("{name} {calls}"))
             .collect();
-        let _ = write!(line, " ({})", list.join(", "));
+        out.push_str(&wrap_list("by function", &list, ""));
     }
-    line
+    out
 }
 
 /// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
+/// on one line (for pprof's comment).
 pub fn quality_line(q: &StackQuality) -> String {
-    // Never "100.00%" unless every stack is whole.
-    let pct = q.whole_pct();
-    let shown = if q.whole < q.calls {
-        (pct * 100.0).floor() / 100.0
-    } else {
-        pct
-    };
-    let mut line = format!("stacks: {shown:.2}% whole (to the thread's first frame)");
-    let cut: Vec<String> = q
-        .truncated
-        .iter()
-        .filter(|(_, &n)| n > 0)
-        .map(|(why, n)| format!("{why} {n}"))
-        .collect();
+    let mut line = format!("stacks: {}", whole_text(q));
+    let cut = cut_short(q);
     if !cut.is_empty() {
         let _ = write!(line, "; cut short: {}", cut.join(", "));
     }
     line
 }
 
-/// Printed in every report, even when nothing was lost.
-fn losses_line(l: &Losses) -> String {
-    format!(
-        "lost: map full {}, stack walk failed {}, stack collisions {}, stack map full {}, \
-         caller unreadable {}, thread names {}",
+/// The table's: `stacks: 99.95% whole ...`, then `stacks: cut short: ...`.
+fn quality_lines(q: &StackQuality) -> String {
+    let mut out = format!("stacks: {}\n", whole_text(q));
+    let cut = cut_short(q);
+    if !cut.is_empty() {
+        out.push_str(&wrap_list("stacks: cut short", &cut, ""));
+    }
+    out
+}
+
+/// `99.95% whole (to the thread's first frame)`: never `100.00%` unless
+/// every stack is whole.
+fn whole_text(q: &StackQuality) -> String {
+    let pct = q.whole_pct();
+    let shown = if q.whole < q.calls {
+        (pct * 100.0).floor() / 100.0
+    } else {
+        pct
+    };
+    format!("{shown:.2}% whole (to the thread's first frame)")
+}
+
+/// `no_cfi 12`, ... for every cause with calls.
+fn cut_short(q: &StackQuality) -> Vec<String> {
+    q.truncated
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(why, n)| format!("{why} {n}"))
+        .collect()
+}
+
+/// Printed in every report, even when nothing was lost; yellow when
+/// something was.
+fn losses_lines(l: &Losses, paint: Paint) -> String {
+    let items = [
+        ("map full", l.map_full),
+        ("stack walk failed", l.stack_walk_failed),
+        ("stack collisions", l.stack_collisions),
+        ("stack map full", l.stack_map_full),
+        ("caller unreadable", l.caller_unreadable),
+        ("thread names", l.thread_names_full),
+    ]
+    .map(|(what, n)| format!("{what} {n}"));
+    let text = wrap_list("lost", &items, "");
+    let any = [
         l.map_full,
         l.stack_walk_failed,
         l.stack_collisions,
         l.stack_map_full,
         l.caller_unreadable,
-        l.thread_names_full
-    )
+        l.thread_names_full,
+    ]
+    .iter()
+    .any(|&n| n > 0);
+    if !any {
+        return text;
+    }
+    text.lines()
+        .map(|line| {
+            let rest = line.strip_prefix("lost:").unwrap_or(line);
+            format!("{}{rest}\n", paint.warn("lost:"))
+        })
+        .collect()
 }
 
-/// What the nonzero losses mean and which option helps, or `None` when
-/// nothing was lost.
-fn losses_note(l: &Losses) -> Option<String> {
-    let mut parts = Vec::new();
+/// What the nonzero losses mean and which option helps, one note each
+/// (each within 80 columns after `note: `).
+fn losses_notes(l: &Losses) -> Vec<&'static str> {
+    let mut notes = Vec::new();
     if l.map_full > 0 {
-        parts.push("map full: allocations in the totals but in no stack (raise --count-map-size)");
+        notes.push("map full: calls in the totals, in no stack (raise --count-map-size)");
     }
     if l.stack_walk_failed > 0 {
-        parts.push("stack walk failed: counted under the direct caller only");
+        notes.push("stack walk failed: counted under the direct caller only");
     }
     if l.stack_collisions > 0 || l.stack_map_full > 0 {
-        parts.push(
-            "stack collisions/stack map full: counted under the direct caller only \
-             (raise --stack-map-size)",
-        );
+        notes.push("stack map full or collisions: direct caller only (raise --stack-map-size)");
     }
     if l.caller_unreadable > 0 {
-        parts.push("caller unreadable: the return address could not be read");
+        notes.push("caller unreadable: the return address could not be read");
     }
     if l.thread_names_full > 0 {
-        parts.push("thread names: name map full, names read from /proc instead");
+        notes.push("thread names: name map full, names read from /proc instead");
     }
-    if parts.is_empty() {
-        None
-    } else {
-        Some(format!("note: {}", parts.join("; ")))
-    }
+    notes
 }
 
 #[cfg(test)]
@@ -313,8 +375,9 @@ mod tests {
     use super::*;
     use crate::profile::{Counts, Frame};
 
-    const NO_LOSSES: &str = "lost: map full 0, stack walk failed 0, stack collisions 0, \
-                             stack map full 0, caller unreadable 0, thread names 0";
+    const NO_LOSSES: &str = "\
+lost: map full 0, stack walk failed 0, stack collisions 0, stack map full 0,
+lost: caller unreadable 0, thread names 0";
 
     fn all(per_thread: bool) -> ReportOptions {
         ReportOptions {
@@ -323,6 +386,7 @@ mod tests {
             sort: SortKey::Calls,
             per_thread,
             per_process: false,
+            color: false,
         }
     }
 
@@ -369,21 +433,24 @@ mod tests {
     fn full_report() {
         let out = render(&sample(), &all(false));
         let expected = "\
-mtrace: pid 1234 (./fixture arg), 1.23 s, probes in /usr/lib/x86_64-linux-gnu/libc.so.6
+mtrace: pid 1234, 1.23 s
+command: ./fixture arg
+probes: /usr/lib/x86_64-linux-gnu/libc.so.6
 
-#1  1000 calls  72.15%  48000 bytes  avg 48  malloc
+#1  1000 calls  72.15%  46.9 KiB  avg 48 B  malloc
     make_node (list.c:12) [inlined]
     main (main.c:30)
 
-#2  250 calls  18.04%  2500 bytes  avg 10  calloc
+#2  250 calls  18.04%  2.4 KiB  avg 10 B  calloc
     zeroed
     main
 
-#3  136 calls  9.81%  15500 bytes  avg 113  realloc
+#3  136 calls  9.81%  15.1 KiB  avg 113 B  realloc
     grow
     main
 
-total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, calloc 250, realloc 136)
+total: 1386 allocation calls, 64.5 KiB requested, 1200 frees
+by function: malloc 1000, calloc 250, realloc 136
 "
         .to_string()
             + NO_LOSSES
@@ -398,8 +465,8 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         o.top = 1;
         let out = render(&sample(), &o);
         let l = lines(&out);
-        assert!(l.contains(&"1 more stack (136 calls, 15500 bytes) hidden by --threshold"));
-        assert!(l.contains(&"1 more stack (250 calls, 2500 bytes) hidden by --top"));
+        assert!(l.contains(&"1 more stack (136 calls, 15.1 KiB) hidden by --threshold"));
+        assert!(l.contains(&"1 more stack (250 calls, 2.4 KiB) hidden by --top"));
         assert!(!out.contains("#2"));
     }
 
@@ -411,13 +478,11 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         ]);
         let out = render(&p, &all(true));
         let l = lines(&out);
-        assert!(
-            l.contains(&"#1  3 calls  75.00%  30 bytes  avg 10  malloc  thread worker (tid 42)")
-        );
-        assert!(l.contains(&"#2  1 calls  25.00%  10 bytes  avg 10  malloc  thread main (tid 7)"));
+        assert!(l.contains(&"#1  3 calls  75.00%  30 B  avg 10 B  malloc  thread worker (tid 42)"));
+        assert!(l.contains(&"#2  1 call  25.00%  10 B  avg 10 B  malloc  thread main (tid 7)"));
 
         let out = render(&p, &all(false));
-        assert!(lines(&out).contains(&"#1  4 calls  100.00%  40 bytes  avg 10  malloc"));
+        assert!(lines(&out).contains(&"#1  4 calls  100.00%  40 B  avg 10 B  malloc"));
         assert!(!out.contains("(tid "));
     }
 
@@ -427,7 +492,7 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         e.truncated = true;
         let out = render(&profile(vec![e]), &all(false));
         assert!(lines(&out)
-            .contains(&"#1  2 calls  100.00%  20 bytes  avg 10  malloc  [stack truncated]"));
+            .contains(&"#1  2 calls  100.00%  20 B  avg 10 B  malloc  [stack truncated]"));
     }
 
     #[test]
@@ -435,9 +500,10 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         let out = render(&Profile::default(), &all(false));
         let l = lines(&out);
         assert_eq!(l[0], "mtrace: pid 0, 0.00 s");
+        assert_eq!(l[1], "");
         assert!(l.contains(&"no allocations traced"));
-        assert!(l.contains(&"total: 0 allocation calls, 0 bytes requested, 0 frees"));
-        assert_eq!(l.last(), Some(&NO_LOSSES));
+        assert!(l.contains(&"total: 0 allocation calls, 0 B requested, 0 frees"));
+        assert!(out.ends_with(&format!("{NO_LOSSES}\n")));
     }
 
     #[test]
@@ -449,15 +515,19 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         let out = render(&p, &all(false));
         let l = lines(&out);
         assert!(l.contains(&"nested allocator calls not counted twice: 5"));
-        assert!(l.contains(
-            &"lost: map full 3, stack walk failed 0, stack collisions 2, stack map full 0, \
-              caller unreadable 0, thread names 0"
+        assert!(out.contains(
+            "lost: map full 3, stack walk failed 0, stack collisions 2, stack map full 0,\n\
+             lost: caller unreadable 0, thread names 0\n"
         ));
-        let note = l.last().copied().unwrap_or_default();
-        assert!(note.starts_with("note: "));
-        assert!(note.contains("--count-map-size"));
-        assert!(note.contains("--stack-map-size"));
-        assert!(!note.contains("caller unreadable"));
+        let notes: Vec<&str> = l
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with("note: "))
+            .collect();
+        assert_eq!(notes.len(), 2, "{out}");
+        assert!(notes[0].contains("--count-map-size"));
+        assert!(notes[1].contains("--stack-map-size"));
+        assert!(!out.contains("caller unreadable:"));
     }
 
     #[test]
@@ -481,7 +551,7 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
             },
         );
         let out = render(&p, &all(false));
-        let line = "single-stepped probes (about 20 us a call instead of 1): malloc 1000";
+        let line = "single-stepped probes (20 us a call, not 1): malloc 1000";
         assert!(lines(&out).contains(&line), "{out}");
         p.meta.probes[0].emulated = true;
         assert!(!render(&p, &all(false)).contains("single-stepped"));
@@ -499,7 +569,114 @@ total: 1386 allocation calls, 66000 bytes requested, 1200 frees (malloc 1000, ca
         let mut p = profile(vec![entry("malloc", &["a"], 0, 0)]);
         p.totals.per_func.insert("calloc".into(), Counts::default());
         let out = render(&p, &all(false));
-        assert!(lines(&out).contains(&"#1  0 calls  0.00%  0 bytes  avg 0  malloc"));
-        assert!(lines(&out).contains(&"total: 0 allocation calls, 0 bytes requested, 0 frees"));
+        assert!(lines(&out).contains(&"#1  0 calls  0.00%  0 B  avg 0 B  malloc"));
+        assert!(lines(&out).contains(&"total: 0 allocation calls, 0 B requested, 0 frees"));
+    }
+
+    /// A live profile of a process tree, sampled, with losses: every line
+    /// but the frames within 80 columns.
+    #[test]
+    fn lines_fit_80_columns() {
+        let mut p = sample();
+        p.meta.allocator_family = "glibc".into();
+        p.meta.allocator_version = "2.36".into();
+        p.meta.processes = (0..3)
+            .map(|i| crate::profile::ProcessMeta {
+                pid: 100 + i,
+                name: format!("worker{i}"),
+                traced: i == 0,
+                not_traced: (i > 0).then(|| "more than 1 process at once".to_string()),
+                ..Default::default()
+            })
+            .collect();
+        p.meta.sampling = Some(crate::profile::SamplingInfo {
+            kind: "bytes".into(),
+            rate: 512 * 1024,
+            samples: 1,
+        });
+        for (i, name) in ["posix_memalign", "aligned_alloc", "reallocarray", "valloc"]
+            .iter()
+            .enumerate()
+        {
+            p.totals.per_func.insert(
+                name.to_string(),
+                Counts {
+                    calls: 123_456 + i as u64,
+                    bytes: 1,
+                },
+            );
+        }
+        p.losses = Losses {
+            map_full: 123_456,
+            stack_walk_failed: 123_456,
+            stack_collisions: 123_456,
+            stack_map_full: 123_456,
+            caller_unreadable: 123_456,
+            thread_names_full: 123_456,
+        };
+        p.stack_quality = Some(StackQuality {
+            calls: 10,
+            whole: 5,
+            truncated: [
+                "no_cfi",
+                "max_frames",
+                "bad_frame",
+                "read_failed",
+                "copy_lost",
+            ]
+            .iter()
+            .map(|k| (k.to_string(), 1_000_000))
+            .collect(),
+            finished_by_tracer: 0,
+        });
+        p.live = Some(crate::profile::LiveTotals {
+            peak_bytes: 123 << 30,
+            untracked: 5,
+            events_lost: 1_000_000,
+            live_map_size: 262_144,
+            old_outstanding: 1,
+            old_outstanding_bytes: 16384,
+            ..Default::default()
+        });
+        p.stacks[0].live = Some(crate::profile::LiveStats {
+            allocations: 1_000_000,
+            outstanding: 1_000_000,
+            outstanding_bytes: 1 << 40,
+            oldest_age_secs: 12345.0,
+            old_outstanding: 1,
+            old_outstanding_bytes: 16384,
+            max_live_bytes: 1 << 40,
+            live_bytes_at_peak: 1 << 40,
+            temporaries: 1_000_000,
+            size: Some(crate::profile::Percentiles {
+                p50: 16384,
+                p90: 16384,
+                p99: 1 << 30,
+                max: 1 << 30,
+            }),
+            lifetime_ns: None,
+            ..Default::default()
+        });
+        let out = render(&p, &all(false));
+        let frames = ["    make_node", "    main", "    zeroed", "    grow"];
+        for line in out.lines() {
+            if !frames.iter().any(|f| line.starts_with(f)) {
+                assert!(line.len() <= 80, "{} columns: {line:?}\n{out}", line.len());
+            }
+        }
+        assert!(out.contains("\n#1  1 block  16.0 KiB  oldest "), "{out}");
+        assert!(out.contains("\n    size: p50 16.0 KiB, p90 16.0 KiB, p99 1.0 GiB, max 1.0 GiB\n"));
+        assert!(out.contains("\nsampled: one sample per 512.0 KiB on average, 1 sample\n"));
+        assert!(out.contains("\nnot traced: worker2 (pid 102): more than 1 process at once\n"));
+    }
+
+    #[test]
+    fn colour_only_when_asked() {
+        let mut o = all(false);
+        assert!(!render(&sample(), &o).contains('\u{1b}'));
+        o.color = true;
+        let out = render(&sample(), &o);
+        assert!(out.contains("\u{1b}[1m#1  1000 calls  72.15%  46.9 KiB  avg 48 B  \u{1b}[0m"));
+        assert!(out.contains("main\u{1b}[2m (main.c:30)\u{1b}[0m"), "{out}");
     }
 }

@@ -757,6 +757,7 @@ mod tests {
             sort: super::super::SortKey::Calls,
             per_thread: false,
             per_process: false,
+            color: false,
         }
     }
 
