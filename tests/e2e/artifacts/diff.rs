@@ -306,6 +306,16 @@ fn diff_gate_catches_growth_across_builds() {
     validate_profile(&a);
     let plus20 = Profile::load(&c);
     assert_eq!(plus20.site("malloc", "alloc_small"), (1200, 57600));
+    // Shown when the diff below fails: how whole each run's stacks are.
+    for p in [&a, &c] {
+        let doc = Profile::load(p).doc;
+        eprintln!(
+            "{}: stack quality {}, losses {}",
+            p.display(),
+            doc["stack_quality"],
+            doc["losses"]
+        );
+    }
     check_growth_diff(&a, &c, dir.path());
 }
 

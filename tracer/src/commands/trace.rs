@@ -343,12 +343,13 @@ fn log_unwind(root: &Proc, config: &TraceConfig) {
     let walks = root.unwind.walks();
     let u = &walks.unwinder.stats;
     log::debug!(
-        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
+        "unwind: {} walks finished by the tracer, {} rules from {} objects (loading {:.1} ms, rules {:.1} ms, longest wait in the ring {:.1} ms); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
         u.walks_finished,
         u.rules,
         u.objects,
         u.load_time.as_secs_f64() * 1e3,
         u.lookup_time.as_secs_f64() * 1e3,
+        u.max_wait.as_secs_f64() * 1e3,
         walks.rules_full,
         // A hash-map entry here: key, rule and the table's overhead.
         u.rules * 32 / 1024,

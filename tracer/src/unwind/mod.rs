@@ -83,6 +83,8 @@ pub struct UnwindStats {
     pub walks_finished: u64,
     pub load_time: Duration,
     pub lookup_time: Duration,
+    /// The longest a walk waited in the ring before the tracer took it.
+    pub max_wait: Duration,
 }
 
 /// Rules for the return addresses of one target, from the CFI of the
@@ -195,6 +197,7 @@ impl Unwinder {
         new_rules: &mut Vec<(u64, Rule)>,
     ) -> Finished {
         self.stats.walks_finished += 1;
+        self.stats.max_wait = self.stats.max_wait.max(waited(ev.stack_id));
         let n = (ev.n as usize).min(ev.frames.len());
         let mut frames: Vec<u64> = ev.frames[..n].to_vec();
         let copied = (ev.copied as usize).min(ev.copy.len());
@@ -217,6 +220,22 @@ impl Unwinder {
         let key = stack_key(&frames, stop);
         Finished { frames, stop, key }
     }
+}
+
+/// How long ago the kernel sent the walk `stack_id` names (its id holds
+/// the low 52 bits of the send time, `CLOCK_MONOTONIC` in nanoseconds).
+fn waited(stack_id: u64) -> Duration {
+    const MASK: u64 = (1 << 52) - 1;
+    let sent = (stack_id >> 10) & MASK;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64);
+    Duration::from_nanos(now.wrapping_sub(sent) & MASK)
 }
 
 #[cfg(test)]
