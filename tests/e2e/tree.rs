@@ -328,3 +328,61 @@ fn by_pid_without_children_traces_the_target_alone() {
     }
     assert!(processes(&p).is_empty(), "{d}");
 }
+
+/// Split per process, the folded stacks are rooted at each process (name
+/// and pid), and two runs of the same tree (other pids) diff as equal: the
+/// gate matches processes by name, not pid.
+#[test]
+fn per_process_folded_roots_and_a_diff_across_pids() {
+    let dir = bpf_tempdir!();
+    let mut runs = Vec::new();
+    for name in ["a", "b"] {
+        let json = dir.path().join(format!("{name}.json"));
+        let folded = dir.path().join(format!("{name}.folded"));
+        let mut args = vec!["--per-process", "--folded", folded.to_str().unwrap()];
+        args.extend(["-o", json.to_str().unwrap(), "--top", "0", "--"]);
+        args.extend([
+            Fixture::Tree.path_str(),
+            Fixture::Counts.path_str(),
+            Fixture::CountsStatic.path_str(),
+        ]);
+        let out = crate::support::run_mtrace(&args);
+        out.assert_exit(0);
+        let p = Profile::load(&json);
+        let text = std::fs::read_to_string(&folded).unwrap();
+        // Every line starts at its process; child_work's 1000 calls under
+        // the child's pid.
+        let child = p.stacks_at("malloc", "child_work")[0]
+            .process
+            .clone()
+            .unwrap();
+        let root = format!("{}-{};", child.name, child.pid);
+        let child_calls: u64 = text
+            .lines()
+            .filter(|l| l.starts_with(&root) && l.contains(";child_work;"))
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(child_calls, 1000, "{text}");
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with("tree-") || l.starts_with("counts-")),
+            "{text}"
+        );
+        runs.push((json, child.pid));
+    }
+    assert_ne!(runs[0].1, runs[1].1, "the two runs' children share a pid");
+    let out = crate::support::run_mtrace(&[
+        "diff",
+        runs[0].0.to_str().unwrap(),
+        runs[1].0.to_str().unwrap(),
+        "--per-stack",
+        "--fail-if",
+        "calls>+0%",
+    ]);
+    out.assert_exit(0);
+    assert!(
+        out.stdout.contains("no stack changed"),
+        "{}",
+        out.describe()
+    );
+}
