@@ -51,6 +51,12 @@ fn a_full_stack_map_keeps_the_direct_caller_and_is_counted() {
         .as_u64()
         .unwrap();
     assert_eq!(truncated.len() as u64, p.losses["stack_map_full"], "{d}");
+    // The stack-quality line names the cause.
+    assert_eq!(
+        p.doc["stack_quality"]["truncated"]["stack_map_full"].as_u64(),
+        Some(p.losses["stack_map_full"]),
+        "{d}"
+    );
     assert!(
         p.losses["stack_map_full"] >= CALLS.saturating_sub(16 + by_tracer),
         "{d}"

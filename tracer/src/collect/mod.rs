@@ -189,7 +189,14 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         if stop == stop::END {
             quality.whole += calls;
         } else {
-            *quality.truncated.entry(stop_name(stop).into()).or_default() += calls;
+            // No stack at all: the walk failed, or its stack found the
+            // kernel's stack map full (both counted among the losses).
+            let why = match (&walked, key.stack == STACK_NONE) {
+                (Some(_), _) => stop_name(stop),
+                (None, true) => "stack_walk_failed",
+                (None, false) => "stack_map_full",
+            };
+            *quality.truncated.entry(why.into()).or_default() += calls;
         }
         stacks.push(RawStack {
             func: key.func,
