@@ -317,10 +317,10 @@ impl Proc {
         settings: &ProcSettings,
         clock: &Clock,
         per_thread: bool,
-    ) -> Result<bool> {
+    ) -> Result<Option<Probes>> {
         let pid = self.pid;
         let Some(alloc) = allocators::find_in_process(pid, maps)? else {
-            return Ok(false);
+            return Ok(None);
         };
         // The old program's counts end here, for every function at once.
         self.finish()?;
@@ -331,10 +331,13 @@ impl Proc {
         let mut new = Proc::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
         new.before_exec = vec![old];
         let old = std::mem::replace(self, new);
-        // Detaching takes the kernel about 0.1 s a probe: not while the
-        // target waits.
-        std::thread::spawn(move || drop(old));
-        Ok(true)
+        // The old program's probes, disabled, go with those of the
+        // processes that are gone (detaching them now would hold up the
+        // probes of the processes to come); its unwinder's thread stops
+        // within a poll, away from the session's thread.
+        let Proc { probes, unwind, .. } = old;
+        std::thread::spawn(move || drop(unwind));
+        Ok(Some(probes))
     }
 
     /// Live mode: the event rings, one per CPU.
@@ -452,7 +455,8 @@ pub struct Session {
     pub max_processes: usize,
     /// Processes that are gone, their probes not yet detached (oldest
     /// first).
-    pub graveyard: std::collections::VecDeque<Probes>,
+    /// (With the pid they were for.)
+    pub graveyard: std::collections::VecDeque<(u32, Probes)>,
     /// The trace over time.
     pub timeline: Recorder,
 }
@@ -637,6 +641,18 @@ impl Session {
         }
     }
 
+    /// Keeps the probes of a program that is gone (its process exited or
+    /// exec'd another) in the graveyard; beyond [`GRAVEYARD`], the oldest
+    /// are detached, away from the session's thread.
+    fn bury(&mut self, pid: u32, probes: Probes) {
+        self.graveyard.push_back((pid, probes));
+        if self.graveyard.len() > GRAVEYARD {
+            if let Some((_, oldest)) = self.graveyard.pop_front() {
+                std::thread::spawn(move || drop(oldest));
+            }
+        }
+    }
+
     /// Ends the trace: the probes of processes that still run are taken
     /// out now (they must not go on paying for them); those of processes
     /// that are gone (each costs the kernel about 0.1 s a probe, under a
@@ -675,10 +691,25 @@ impl Session {
             if let Some(proc) = self.procs.remove(&pid) {
                 let Proc { probes, unwind, .. } = proc;
                 drop(unwind);
-                self.graveyard.push_back(probes);
+                self.graveyard.push_back((pid, probes));
             }
         }
-        let probes: usize = self.graveyard.iter().map(|p| p.attached.len()).sum();
+        // The probes of a program a running process exec'd away from still
+        // trap its calls (disabled): they go now, with the running ones.
+        let (old_programs, dead): (Vec<_>, Vec<_>) = std::mem::take(&mut self.graveyard)
+            .into_iter()
+            .partition(|(pid, _)| !gone(&self.tree, *pid));
+        self.graveyard = dead.into();
+        if !old_programs.is_empty() {
+            let started = Instant::now();
+            let n: usize = old_programs.iter().map(|(_, p)| p.attached.len()).sum();
+            drop(old_programs);
+            log::debug!(
+                "{n} probes of programs running processes exec'd away from detached in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        let probes: usize = self.graveyard.iter().map(|(_, p)| p.attached.len()).sum();
         if probes == 0 {
             return;
         }
@@ -794,9 +825,11 @@ impl Session {
             }
             OwnedTreeEvent::Exec { pid, maps } => {
                 let (settings, per_thread) = (self.settings, self.per_thread);
+                let mut replaced = None;
                 let done = match self.procs.get_mut(&pid) {
                     Some(proc) => {
-                        let done = proc.on_exec(&maps, &settings, &self.clock, per_thread)?;
+                        replaced = proc.on_exec(&maps, &settings, &self.clock, per_thread)?;
+                        let done = replaced.is_some();
                         if done {
                             let meta = &proc.meta;
                             let said = format!(
@@ -826,6 +859,9 @@ impl Session {
                     }
                     None => self.start_proc(pid, &maps)?,
                 };
+                if let Some(probes) = replaced {
+                    self.bury(pid, probes);
+                }
                 Ok(done)
             }
             OwnedTreeEvent::Exiting { pid } => {
@@ -853,11 +889,7 @@ impl Session {
                     // within a poll, away from the session's thread).
                     let Proc { probes, unwind, .. } = proc;
                     std::thread::spawn(move || drop(unwind));
-                    self.graveyard.push_back(probes);
-                    if self.graveyard.len() > GRAVEYARD {
-                        let oldest = self.graveyard.pop_front();
-                        std::thread::spawn(move || drop(oldest));
-                    }
+                    self.bury(pid, probes);
                 }
                 Ok(true)
             }
