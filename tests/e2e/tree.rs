@@ -386,3 +386,63 @@ fn per_process_folded_roots_and_a_diff_across_pids() {
         out.describe()
     );
 }
+
+/// A tree of 30 programs one after the other under a soft limit of 256
+/// open files (a shell's usual is 1,024): each traced program holds 20 to
+/// 50 descriptors until the trace ends, so mtrace raises its own soft
+/// limit to the hard one. Every program is traced and counted exactly, and the
+/// command runs with the limit it was given.
+#[test]
+fn a_low_limit_of_open_files_does_not_stop_a_tree() {
+    use std::os::unix::process::CommandExt;
+    need_bpf!();
+    const RUNS: u64 = 30;
+    let script = format!(
+        "ulimit -n; i=0; while [ $i -lt {RUNS} ]; do {}; i=$((i + 1)); done",
+        Fixture::Counts.path_str()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let mut cmd = crate::support::mtrace::mtrace_command(&[
+        "--top",
+        "0",
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+            limit.rlim_cur = 256;
+            if limit.rlim_max < 4096 {
+                limit.rlim_max = 4096;
+            }
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = crate::support::Mtrace::spawn(&mut cmd).finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    assert_eq!(out.stdout.lines().next(), Some("256"), "{d}");
+    let p = Profile::load(&json);
+    let procs = processes(&p);
+    assert_eq!(procs.len() as u64, RUNS + 1, "{procs:?}\n{d}");
+    assert!(procs.iter().all(|e| e.3), "every program traced: {procs:?}");
+    for &(func, caller, calls, bytes) in COUNTS_SITES {
+        assert_eq!(
+            p.site(func, caller),
+            (calls * RUNS, bytes * RUNS),
+            "{func} from {caller}\n{d}"
+        );
+    }
+}

@@ -33,11 +33,13 @@ pub const LOST_FREES: &str = "LOST_FREES";
 /// One flag, set by the tracer once every probe is attached and cleared
 /// when tracing ends: counting starts and stops for all functions at once.
 pub const ENABLED: &str = "ENABLED";
+/// The stack walk's scratch, a slot per thread ([`crate::WalkScratch`]).
+pub const WALK: &str = "WALK";
 /// The global the tracer writes before load ([`crate::Config`]).
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 12] = [
+pub const ALL_MAPS: [&str; 13] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -50,6 +52,7 @@ pub const ALL_MAPS: [&str; 12] = [
     UNWIND_FULL,
     ENABLED,
     LOST_FREES,
+    WALK,
 ];
 
 /// The benchmark's floor: a program that does nothing, attached where the

@@ -48,6 +48,7 @@ static CONFIG: Config = Config {
     sample_mode: SAMPLE_NONE,
     sample_param: 0,
     n_bodies: 0,
+    walk_mask: WALK_SLOTS - 1,
     bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
     exp_table: [0; EXP_TABLE_LEN],
     weight_table: [0; WEIGHT_TABLE_LEN],
@@ -66,7 +67,8 @@ static COUNTS: PerCpuHashMap<CountKey, CountValue> =
 #[map]
 static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
-/// Scratch space of the stack walk, per thread (slot `tid % WALK_SLOTS`).
+/// Scratch space of the stack walk, per thread (slot `tid & walk_mask`;
+/// the tracer sizes it, fewer slots for the processes a tree starts).
 /// Not per CPU: a uprobe program can be preempted mid-walk by another
 /// thread of the target on the same CPU.
 #[map]
@@ -430,7 +432,7 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     // The direct caller's return address is at [rsp]. Read the stack from
     // there a chunk at a time: the same read usually holds the first
     // frames of the walk too.
-    let scratch = WALK.get_ptr_mut(tid % WALK_SLOTS);
+    let scratch = WALK.get_ptr_mut(tid & config_u32(&CONFIG.walk_mask));
     let caller = match scratch {
         Some(w) if load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
         _ => {

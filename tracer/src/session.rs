@@ -457,18 +457,41 @@ pub struct Session {
     /// first).
     /// (With the pid they were for.)
     pub graveyard: std::collections::VecDeque<(u32, Probes)>,
+    /// Kernel memory the graveyard's maps hold, bytes.
+    pub graveyard_bytes: u64,
+    /// Programs whose probes were detached while tracing (the graveyard
+    /// over its budget).
+    pub graveyard_detached: u64,
     /// The trace over time.
     pub timeline: Recorder,
 }
 
-/// Gone processes whose probes wait to be detached. Detaching takes the
-/// kernel a grace period per probe (about 0.1 s here) under a lock that
-/// the probes of a new process wait for: a script that starts programs one
-/// after the other ran 7 times slower when each one's probes were detached
-/// as it exited. So they wait, their memory gone and the probes unable to
-/// fire, until tracing ends; beyond this many (a few tens of MiB of kernel
-/// memory each), the oldest is detached.
-const GRAVEYARD: usize = 16;
+/// Kernel memory the probes of gone programs may hold until tracing ends,
+/// bytes: an eighth of the memory available when tracing starts, between
+/// 256 MiB and 2 GiB.
+///
+/// Detaching a probe takes the kernel 2-3 RCU grace periods (Linux 6.18:
+/// `perf_uprobe_destroy` holds `event_mutex` across
+/// `synchronize_rcu_tasks_trace`), and every new probe needs that mutex: a
+/// shell loop that ran `env sh -c true` 20 times took 51 s under mtrace
+/// when the probes of its gone programs were detached while it ran (a
+/// process's probes took 0.5-4 s to attach instead of 25 ms), 7.9 s when
+/// they waited for the end. So they wait, unable to fire (their address
+/// space is gone), as long as their maps fit in this.
+fn graveyard_budget() -> u64 {
+    static BUDGET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemAvailable:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kib| kib * 1024);
+        (available / 8).clamp(256 << 20, 2 << 30)
+    })
+}
 
 /// A [`TreeEvent`] sent to the session, with where to answer.
 pub struct TreeRequest {
@@ -641,15 +664,37 @@ impl Session {
         }
     }
 
+    /// The root's settings for the root (whatever it execs), smaller maps
+    /// for the processes it starts ([`MapSizes::for_child`]).
+    fn settings_for(&self, pid: u32) -> ProcSettings {
+        let mut settings = self.settings;
+        if pid != self.root {
+            settings.sizes = settings.sizes.for_child();
+        }
+        settings
+    }
+
     /// Keeps the probes of a program that is gone (its process exited or
-    /// exec'd another) in the graveyard; beyond [`GRAVEYARD`], the oldest
-    /// are detached, away from the session's thread.
+    /// exec'd another) in the graveyard until tracing ends; while the
+    /// graveyard holds more than [`graveyard_budget`] bytes of kernel
+    /// memory, its oldest are detached, away from the session's thread
+    /// (and holding up the probes of the processes to come meanwhile).
     fn bury(&mut self, pid: u32, probes: Probes) {
+        self.graveyard_bytes += probes.kernel_bytes;
         self.graveyard.push_back((pid, probes));
-        if self.graveyard.len() > GRAVEYARD {
-            if let Some((_, oldest)) = self.graveyard.pop_front() {
-                std::thread::spawn(move || drop(oldest));
+        while self.graveyard_bytes > graveyard_budget() && self.graveyard.len() > 1 {
+            let Some((_, oldest)) = self.graveyard.pop_front() else {
+                break;
+            };
+            self.graveyard_bytes -= oldest.kernel_bytes;
+            self.graveyard_detached += 1;
+            if self.graveyard_detached == 1 {
+                log::info!(
+                    "the probes of gone programs hold {} MiB of kernel memory: from now on the oldest are detached while tracing, which slows down attaching to new processes",
+                    graveyard_budget() >> 20
+                );
             }
+            std::thread::spawn(move || drop(oldest));
         }
     }
 
@@ -691,6 +736,7 @@ impl Session {
             if let Some(proc) = self.procs.remove(&pid) {
                 let Proc { probes, unwind, .. } = proc;
                 drop(unwind);
+                self.graveyard_bytes += probes.kernel_bytes;
                 self.graveyard.push_back((pid, probes));
             }
         }
@@ -755,7 +801,8 @@ impl Session {
             return Ok(true);
         }
         let space = Arc::new(Mutex::new(AddressSpace::new()));
-        match Proc::attach(pid, maps, &self.settings, space, &self.meta) {
+        let settings = self.settings_for(pid);
+        match Proc::attach(pid, maps, &settings, space, &self.meta) {
             Ok(Some(proc)) => {
                 self.tree.probed(&proc);
                 log::debug!(
@@ -824,7 +871,7 @@ impl Session {
                 self.start_proc(child, &maps)
             }
             OwnedTreeEvent::Exec { pid, maps } => {
-                let (settings, per_thread) = (self.settings, self.per_thread);
+                let (settings, per_thread) = (self.settings_for(pid), self.per_thread);
                 let mut replaced = None;
                 let done = match self.procs.get_mut(&pid) {
                     Some(proc) => {

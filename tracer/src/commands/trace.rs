@@ -56,6 +56,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
         crate::top::check_terminal()?;
     }
     target::check_privileges()?;
+    crate::target::launch::raise_file_limit();
     // Signal handlers before anything else: a Ctrl-C from here on ends the
     // trace with a report (once the probes are in), never kills mtrace.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -221,6 +222,8 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
         per_process: config.outputs.table.per_process,
         max_processes: config.max_processes,
         graveyard: Default::default(),
+        graveyard_bytes: 0,
+        graveyard_detached: 0,
         timeline: Recorder::new(1.0, mode.live || mode.count_frees),
     };
     // The processes it had created are probed before tracing is said to

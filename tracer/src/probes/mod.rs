@@ -100,6 +100,42 @@ pub struct MapSizes {
     pub unwind_rules: u32,
     /// The ring of walks the tracer finishes, bytes (a power of two).
     pub unwind_ring: u32,
+    /// Scratch slots of the stack walk, one per thread (a power of two).
+    pub walk_slots: u32,
+}
+
+impl MapSizes {
+    /// For a process a traced tree starts: the ring and scratch of its
+    /// stack walks at a quarter (a quarter of the first process's, whose
+    /// start is when the unwinder has most to learn), so that wide trees
+    /// and the programs a tree ran (whose probes stay until the end, see
+    /// `Session::bury`) take a few MiB of kernel memory each, not 30.
+    pub fn for_child(self) -> MapSizes {
+        MapSizes {
+            unwind_ring: (self.unwind_ring / 4).max(1 << 20),
+            walk_slots: (self.walk_slots / 4).max(256),
+            ..self
+        }
+    }
+
+    /// Kernel memory the maps of one BPF object take up front, bytes
+    /// (what grows with use, the hash maps, is not counted).
+    pub fn kernel_bytes(&self, live: bool) -> u64 {
+        let cpus = aya::util::nr_cpus().map_or(1, |n| n as u64);
+        let events = if live {
+            cpus.min(tracer_common::EVENT_RINGS as u64) * self.events as u64
+        } else {
+            0
+        };
+        self.unwind_ring as u64
+            + self.walk_slots as u64 * std::mem::size_of::<tracer_common::WalkScratch>() as u64
+            + tracer_common::RULE_CACHE_SLOTS as u64
+                * std::mem::size_of::<tracer_common::CachedRule>() as u64
+            + tracer_common::TAIL_SLOTS as u64
+                * std::mem::size_of::<tracer_common::EntryMark>() as u64
+            + events
+            + if live { 32768 * 24 } else { 0 }
+    }
 }
 
 /// What to attach.
@@ -184,6 +220,8 @@ pub struct Probes {
     /// `free` is probed.
     pub frees_counted: bool,
     pub sampling: Option<Sampling>,
+    /// Kernel memory its maps take up front ([`MapSizes::kernel_bytes`]).
+    pub kernel_bytes: u64,
 }
 
 /// Loads the BPF object, calls `before` with it (for what must run before
@@ -208,6 +246,7 @@ pub fn attach<T>(
         sample_mode,
         sample_param,
         n_bodies: bodies.len() as u32,
+        walk_mask: sizes.walk_slots - 1,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],
         exp_table: exp_table(),
         weight_table: weight_table(),
@@ -231,6 +270,7 @@ pub fn attach<T>(
         .map_max_entries(maps::STACKS, sizes.stacks)
         .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
+        .map_max_entries(maps::WALK, sizes.walk_slots)
         // Room for the frees a full ring lets through between two drains
         // (24 bytes each).
         .map_max_entries(maps::LOST_FREES, if mode.live { 32768 } else { 1 })
@@ -296,6 +336,7 @@ pub fn attach<T>(
         funcs,
         live: mode.live,
         sampling: mode.sampling,
+        kernel_bytes: sizes.kernel_bytes(mode.live),
     };
     // Every probe is in: counting starts now, for all functions at once.
     probes.set_enabled(true)?;

@@ -267,6 +267,42 @@ fn waitpid(pid: u32) -> std::io::Result<i32> {
     }
 }
 
+/// The limit of open files mtrace was started with (soft, hard), before
+/// [`raise_file_limit`]; the command gets it back.
+static FILE_LIMIT: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(u64::MAX),
+    std::sync::atomic::AtomicU64::new(u64::MAX),
+];
+
+/// Raises the soft limit of open files to the hard one: every traced
+/// process takes about 50 descriptors (maps, programs, probes), and a
+/// shell's usual soft limit of 1,024 would stop a tree at about 20. The
+/// command mtrace starts runs with the limit mtrace was given.
+pub fn raise_file_limit() {
+    use std::sync::atomic::Ordering;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    FILE_LIMIT[0].store(limit.rlim_cur, Ordering::Relaxed);
+    FILE_LIMIT[1].store(limit.rlim_max, Ordering::Relaxed);
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            log::debug!(
+                "could not raise the limit of open files: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// What the child failed at, before its exec or in it.
 const FAILED_EXEC: i32 = 0;
 const FAILED_CREDENTIALS: i32 = 1;
@@ -308,6 +344,17 @@ fn start_stopped(
             };
             libc::close(fds[0]);
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            let (soft, hard) = (
+                FILE_LIMIT[0].load(std::sync::atomic::Ordering::Relaxed),
+                FILE_LIMIT[1].load(std::sync::atomic::Ordering::Relaxed),
+            );
+            if soft != u64::MAX || hard != u64::MAX {
+                let limit = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
             // Groups first, the uid last: each needs root, which the
             // previous one may give up.
             if let Some(user) = run_as {
