@@ -169,7 +169,12 @@ struct Longrun {
 
 impl Longrun {
     fn start() -> Longrun {
-        let mut fx = FixtureProc::start(Fixture::Longrun.path(), &[]);
+        Longrun::start_for("2")
+    }
+
+    /// Looping for `seconds` once released.
+    fn start_for(seconds: &str) -> Longrun {
+        let mut fx = FixtureProc::start(Fixture::Longrun.path(), &[seconds]);
         let mut funcs = Vec::new();
         for name in ["malloc", "free", "calloc", "realloc"] {
             let line = fx.stdout.next_line(LINE_TIMEOUT);
@@ -302,10 +307,12 @@ fn sigint_ends_with_a_report_and_a_clean_detach() {
 /// realloc, calloc, then two frees): the probes go in one after the other
 /// while it runs, yet every function's count starts and stops at the same
 /// moment, so the counts agree to within the one iteration in flight.
+/// (The target loops for 5 s: mtrace must attach, and trace for 0.5 s,
+/// while it runs, also on a loaded machine.)
 #[test]
 fn counting_starts_and_stops_together_by_pid() {
     need_bpf!();
-    let mut target = Longrun::start();
+    let mut target = Longrun::start_for("5");
     target.fx.release();
     let pid = target.fx.pid().to_string();
     let mut m = Mtrace::start_profiled(&["--pid", &pid, "--count-frees", "--duration", "0.5"]);
