@@ -25,6 +25,21 @@ use crate::{
     target::AddressSpace,
 };
 
+thread_local! {
+    /// One symbolizer for the whole trace, per thread (blazesym's is not
+    /// `Sync`). It keeps every file it parsed, keyed by device, inode,
+    /// size and modification time (not by path, so the same library
+    /// through each process's `/proc/self/fd/N` is parsed once, and a
+    /// reused descriptor number never finds another file's symbols): in a
+    /// tree of 63 short programs, inflating libc's compressed debug
+    /// sections again for each took a third of mtrace's time.
+    static SYMBOLIZER: Symbolizer = Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build();
+}
+
 pub fn symbolize(
     raw: &RawProfile,
     space: &AddressSpace,
@@ -41,32 +56,30 @@ pub fn symbolize(
             }
         }
     }
-    let symbolizer = Symbolizer::builder()
-        .enable_code_info(true)
-        .enable_inlined_fns(true)
-        .enable_demangling(true)
-        .build();
     let mut resolved: HashMap<u64, Vec<Frame>> = HashMap::new();
-    for (path, mut addrs) in by_file {
-        addrs.sort_unstable();
-        addrs.dedup();
-        // Return addresses point after the call: look up the call itself.
-        let offsets: Vec<u64> = addrs
-            .iter()
-            .map(|&a| space.mapping(a).unwrap().file_offset(a).saturating_sub(1))
-            .collect();
-        let results = space.file(path).and_then(|f| {
-            let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", f.as_raw_fd())));
-            symbolizer.symbolize(&src, Input::FileOffset(&offsets)).ok()
-        });
-        for (i, &addr) in addrs.iter().enumerate() {
-            let frames = match results.as_ref().and_then(|r| r.get(i)) {
-                Some(Symbolized::Sym(sym)) => sym_frames(sym, path, addr),
-                _ => vec![unknown_frame(Some(path), addr, offsets[i] + 1)],
-            };
-            resolved.insert(addr, frames);
+    SYMBOLIZER.with(|symbolizer| {
+        for (path, mut addrs) in by_file {
+            addrs.sort_unstable();
+            addrs.dedup();
+            // Return addresses point after the call: look up the call
+            // itself.
+            let offsets: Vec<u64> = addrs
+                .iter()
+                .map(|&a| space.mapping(a).unwrap().file_offset(a).saturating_sub(1))
+                .collect();
+            let results = space.file(path).and_then(|f| {
+                let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", f.as_raw_fd())));
+                symbolizer.symbolize(&src, Input::FileOffset(&offsets)).ok()
+            });
+            for (i, &addr) in addrs.iter().enumerate() {
+                let frames = match results.as_ref().and_then(|r| r.get(i)) {
+                    Some(Symbolized::Sym(sym)) => sym_frames(sym, path, addr),
+                    _ => vec![unknown_frame(Some(path), addr, offsets[i] + 1)],
+                };
+                resolved.insert(addr, frames);
+            }
         }
-    }
+    });
 
     let mut stacks = Vec::new();
     for st in &raw.stacks {
