@@ -169,7 +169,10 @@ fn mtrace_top_shows_the_stacks_live_and_q_prints_the_report() {
     let start = Instant::now();
     let out = loop {
         let out = fs::read_to_string(dir.path().join("out")).unwrap_or_default();
-        if out.contains("steady_site") || start.elapsed() > Duration::from_secs(20) {
+        // The profile is written after the report is printed (renamed
+        // into place whole).
+        let done = out.contains("steady_site") && json.exists();
+        if done || start.elapsed() > Duration::from_secs(20) {
             break out;
         }
         std::thread::sleep(Duration::from_millis(100));

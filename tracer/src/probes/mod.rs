@@ -87,6 +87,22 @@ fn bpf_object() -> Result<std::borrow::Cow<'static, [u8]>> {
     }
 }
 
+/// One loader for every BPF object mtrace loads: aya's `EbpfLoader::new`
+/// parses the kernel's BTF (`/sys/kernel/btf/vmlinux`, several MiB) each
+/// time, which was a quarter of mtrace's time in a tree of short
+/// programs. Every setting is made again before each load.
+struct SharedLoader {
+    loader: EbpfLoader<'static>,
+    /// The config the loader's global points at: leaked for it, freed
+    /// when the next load replaces it.
+    config: Option<std::ptr::NonNull<Config>>,
+}
+
+// SAFETY: the config pointer is only used under the mutex.
+unsafe impl Send for SharedLoader {}
+
+static LOADER: std::sync::Mutex<Option<SharedLoader>> = std::sync::Mutex::new(None);
+
 /// Sizes of the kernel maps.
 #[derive(Clone, Copy, Debug)]
 pub struct MapSizes {
@@ -256,16 +272,31 @@ pub fn attach<T>(
     // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
     // share them); rings no CPU uses, and all in count mode, get a page.
     let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let mut loader = EbpfLoader::new();
+    let load_started = std::time::Instant::now();
+    let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
+    let shared = guard.get_or_insert_with(|| SharedLoader {
+        loader: EbpfLoader::new(),
+        config: None,
+    });
+    let new_config = std::ptr::NonNull::from(Box::leak(config));
+    // SAFETY: the loader holds this reference until a later load replaces
+    // it, and it is freed only then (below).
+    shared
+        .loader
+        .override_global(maps::CONFIG, unsafe { new_config.as_ref() }, true);
+    if let Some(old) = shared.config.replace(new_config) {
+        // SAFETY: leaked by an earlier load, and the override above
+        // replaced the loader's one reference to it.
+        drop(unsafe { Box::from_raw(old.as_ptr()) });
+    }
+    let loader = &mut shared.loader;
     for (i, name) in maps::EVENTS.iter().enumerate() {
         let used = mode.live && (i as u32) < cpus;
         loader.map_max_entries(name, if used { sizes.events } else { 4096 });
     }
-    let load_started = std::time::Instant::now();
     let mut ebpf = loader
         // PENDING is task storage, which aya cannot read (mtrace never does).
         .allow_unsupported_maps()
-        .override_global(maps::CONFIG, &*config, true)
         .map_max_entries(maps::COUNTS, sizes.counts)
         .map_max_entries(maps::STACKS, sizes.stacks)
         .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
@@ -276,6 +307,7 @@ pub fn attach<T>(
         .map_max_entries(maps::LOST_FREES, if mode.live { 32768 } else { 1 })
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
+    drop(guard);
 
     if let Some(Sampling::Bytes(rate)) = mode.sampling {
         seed_countdowns(&mut ebpf, rate)?;
