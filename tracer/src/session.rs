@@ -907,7 +907,19 @@ impl Session {
                     None => self.start_proc(pid, &maps)?,
                 };
                 if let Some(probes) = replaced {
-                    self.bury(pid, probes);
+                    // The old program's probes sit on the same places when
+                    // the new one maps the same allocator, and still run
+                    // (disabled: about 60 ns a call). The root's new program
+                    // is most often the one that matters (`env`, `nice`,
+                    // `sh -c 'exec ...'` before it), so its old probes go
+                    // at once, away from the session's thread; those of
+                    // other processes wait with the gone ones, as taking
+                    // probes out holds up the probes of new processes.
+                    if pid == self.root {
+                        std::thread::spawn(move || drop(probes));
+                    } else {
+                        self.bury(pid, probes);
+                    }
                 }
                 Ok(done)
             }
