@@ -255,6 +255,18 @@ fn code_without_cfi_is_counted_as_cut_short() {
     let d = p.dump();
     assert_eq!(p.site("malloc", "through_nocfi_leaf"), (9, 360), "{d}");
     assert_eq!(p.site("malloc", "direct_leaf"), (4, 320), "{d}");
+    assert_eq!(p.site("malloc", "through_fp_leaf"), (6, 144), "{d}");
+    // Code without CFI that keeps a frame pointer is passed by it, to
+    // the thread's first frame.
+    for st in p.stacks_at("malloc", "through_fp_leaf") {
+        assert_eq!(
+            st.names()[..3],
+            ["through_fp_leaf", "nocfi_fp_call", "main"],
+            "{d}"
+        );
+        assert_eq!(st.names().last().copied(), Some("_start"), "{d}");
+        assert!(!st.truncated, "{d}");
+    }
     let q = &p.doc["stack_quality"];
     assert_eq!(q["truncated"]["no_cfi"], 9, "{q}");
     assert_eq!(

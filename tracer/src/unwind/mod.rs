@@ -15,7 +15,7 @@
 //!
 //! A walk that meets an address with no rule yet hands the tracer a copy of
 //! the stack from there ([`tracer_common::MissEvent`]); the [`Unwinder`]
-//! finishes it with [`unwind()`], the same walk in user space, and returns
+//! finishes it with [`unwind_with_fp()`], the same walk in user space, and returns
 //! the rules it used so the session can add them to the map. After a short
 //! warm-up every walk runs in the kernel.
 //!
@@ -40,7 +40,7 @@ use tracer_common::{stack_hash_finish, stack_hash_step, stop, MissEvent, STACK_H
 
 pub use object_cfi::ObjectCfi;
 pub use tracer_common::UnwindRule as Rule;
-pub use walk::{unwind, Stop};
+pub use walk::{unwind_with_fp, Stop, FRAME_POINTER};
 
 use crate::target::AddressSpace;
 
@@ -85,6 +85,47 @@ pub struct UnwindStats {
     pub lookup_time: Duration,
     /// The longest a walk waited in the ring before the tracer took it.
     pub max_wait: Duration,
+    /// Return addresses in code without call-frame information where the
+    /// frame pointer is followed.
+    pub frame_pointer_rules: usize,
+}
+
+/// Does `ra` follow a call instruction in code the target maps from a file?
+/// (What a return address that a frame pointer leads to must be.) The
+/// bytes are read from the file, which outlives a short-lived target.
+fn is_call_site(ra: u64, space: &AddressSpace) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Some(m) = space.mapping(ra) else {
+        return false;
+    };
+    if !m.perms.contains('x') {
+        return false;
+    }
+    let Some(file) = space.file(&m.path) else {
+        return false;
+    };
+    let off = m.file_offset(ra);
+    const BEFORE: u64 = 7;
+    if off < BEFORE {
+        return false;
+    }
+    let mut bytes = [0u8; BEFORE as usize];
+    if file.read_exact_at(&mut bytes, off - BEFORE).is_err() {
+        return false;
+    }
+    // A call is 2 to 7 bytes long: one of them must end exactly at `ra`.
+    (2..=BEFORE as usize).any(|len| {
+        let code = &bytes[BEFORE as usize - len..];
+        let mut decoder =
+            iced_x86::Decoder::with_ip(64, code, ra - len as u64, iced_x86::DecoderOptions::NONE);
+        let insn = decoder.decode();
+        !insn.is_invalid()
+            && insn.len() == len
+            && matches!(
+                insn.flow_control(),
+                iced_x86::FlowControl::Call | iced_x86::FlowControl::IndirectCall
+            )
+    })
 }
 
 /// Rules for the return addresses of one target, from the CFI of the
@@ -202,13 +243,30 @@ impl Unwinder {
         let mut frames: Vec<u64> = ev.frames[..n].to_vec();
         let copied = (ev.copied as usize).min(ev.copy.len());
         let bp = (ev.bp_ok != 0).then_some(ev.bp);
-        let (walked, why) = unwind(ev.ra, ev.sp.wrapping_sub(8), bp, &ev.copy[..copied], |ra| {
-            let (rule, new) = self.rule_for(ra, space);
-            if new {
-                new_rules.push((ra, rule));
-            }
-            rule
-        });
+        let space_cell = std::cell::RefCell::new(space);
+        let (walked, why, by_fp) = unwind_with_fp(
+            ev.ra,
+            ev.sp.wrapping_sub(8),
+            bp,
+            &ev.copy[..copied],
+            |ra| {
+                let (rule, new) = self.rule_for(ra, &mut space_cell.borrow_mut());
+                if new {
+                    new_rules.push((ra, rule));
+                }
+                rule
+            },
+            |ra| is_call_site(ra, &space_cell.borrow()),
+        );
+        // Code without call-frame information whose frame pointer checked
+        // out: the kernel's walk follows it there from now on (the rule of
+        // a return address never changes).
+        for ra in by_fp {
+            self.rules.insert(ra, FRAME_POINTER);
+            self.stats.frame_pointer_rules += 1;
+            new_rules.retain(|&(r, _)| r != ra);
+            new_rules.push((ra, FRAME_POINTER));
+        }
         // `walked[0]` is `ev.ra`: the last frame already walked, or the
         // caller itself.
         frames.extend(walked.iter().skip(1));

@@ -56,49 +56,110 @@ fn read(stack: &[u8], base: u64, addr: u64) -> Result<u64, Stop> {
 /// address of the probed function itself is not included), and why the walk
 /// stopped. The last address is included even when its rule stops the walk,
 /// because it is a genuine frame (the caller cannot be found, not the frame).
+#[cfg(test)]
 pub fn unwind(
     start_ra: u64,
     rsp: u64,
     rbp: Option<u64>,
     stack: &[u8],
-    mut rule_for: impl FnMut(u64) -> Rule,
+    rule_for: impl FnMut(u64) -> Rule,
 ) -> (Vec<u64>, Stop) {
+    let (frames, stop, _) = unwind_with_fp(start_ra, rsp, rbp, stack, rule_for, |_| false);
+    (frames, stop)
+}
+
+/// The rule of a frame that keeps its caller's rbp at `[rbp]` and its
+/// return address at `[rbp + 8]`.
+pub const FRAME_POINTER: Rule = Rule {
+    kind: Rule::CFA_RBP,
+    rbp: Rule::RBP_AT,
+    rbp_off: -16,
+    cfa_off: 16,
+};
+
+/// As [`unwind`]; where no call-frame information covers a frame's code
+/// (JIT code, assembly or code built without unwind tables, such as
+/// Chromium's), the frame pointer is followed if it checks out: rbp lies
+/// above the frame's stack pointer, and the return address it leads to is
+/// one `is_call_site` accepts (code right after a call instruction). Also
+/// returns the return addresses where the frame pointer was followed.
+pub fn unwind_with_fp(
+    start_ra: u64,
+    rsp: u64,
+    rbp: Option<u64>,
+    stack: &[u8],
+    mut rule_for: impl FnMut(u64) -> Rule,
+    mut is_call_site: impl FnMut(u64) -> bool,
+) -> (Vec<u64>, Stop, Vec<u64>) {
     let mut frames = Vec::new();
+    let mut by_fp = Vec::new();
+    let mut walk_rule = |ra: u64, cfa: u64, rbp: Option<u64>| -> Rule {
+        let rule = rule_for(ra);
+        if rule.kind != Rule::UNSUPPORTED {
+            return rule;
+        }
+        let Some(bp) = rbp else {
+            return rule;
+        };
+        let new_cfa = bp.wrapping_add(16);
+        if new_cfa <= cfa || !bp.is_multiple_of(8) {
+            return rule;
+        }
+        match read(stack, rsp, bp.wrapping_add(8)) {
+            Ok(next) if is_call_site(next) => {
+                by_fp.push(ra);
+                FRAME_POINTER
+            }
+            _ => rule,
+        }
+    };
+    let stop = walk(start_ra, rsp, rbp, stack, &mut frames, &mut walk_rule);
+    (frames, stop, by_fp)
+}
+
+fn walk(
+    start_ra: u64,
+    rsp: u64,
+    rbp: Option<u64>,
+    stack: &[u8],
+    frames: &mut Vec<u64>,
+    rule_for: &mut impl FnMut(u64, u64, Option<u64>) -> Rule,
+) -> Stop {
     let mut ra = start_ra;
     // CFA of the frame below = rsp of the frame owning `ra`, at `ra`.
     let Some(mut cfa) = rsp.checked_add(8) else {
-        return (frames, Stop::BadRead);
+        return Stop::BadRead;
     };
     let mut rbp = rbp;
     loop {
         if ra == 0 {
-            return (frames, Stop::End);
+            return Stop::End;
         }
         if frames.len() == MAX_FRAMES {
-            return (frames, Stop::MaxFrames);
+            return Stop::MaxFrames;
         }
         frames.push(ra);
-        let rule = rule_for(ra);
+        let rule = rule_for(ra, cfa, rbp);
         let base = match rule.kind {
             Rule::CFA_RSP => cfa,
             Rule::CFA_RBP => match rbp {
                 Some(rbp) => rbp,
-                None => return (frames, Stop::Unsupported),
+                None => return Stop::Unsupported,
             },
-            Rule::END => return (frames, Stop::End),
-            Rule::NOT_CODE => return (frames, Stop::BadRead),
+            Rule::END => return Stop::End,
+            Rule::NOT_CODE => return Stop::BadRead,
             // Signal frames too: the BPF walk does not follow them.
-            _ => return (frames, Stop::Unsupported),
+            _ => return Stop::Unsupported,
         };
         let new_cfa = base.wrapping_add_signed(i64::from(rule.cfa_off));
         // Each caller's frame lies strictly above its callee's: this is what
         // guarantees termination on garbage.
         if new_cfa <= cfa || !new_cfa.is_multiple_of(8) {
-            return (frames, Stop::BadRead);
+            return Stop::BadRead;
         }
         let next_ra = match read(stack, rsp, new_cfa.wrapping_sub(8)) {
             Ok(v) => v,
-            Err(stop) => return (frames, stop),
+            Err(stop) => return stop,
         };
         rbp = match rule.rbp {
             Rule::RBP_SAME => rbp,
@@ -109,7 +170,7 @@ pub fn unwind(
                     new_cfa.wrapping_add_signed(i64::from(rule.rbp_off)),
                 ) {
                     Ok(v) => Some(v),
-                    Err(stop) => return (frames, stop),
+                    Err(stop) => return stop,
                 }
             }
             _ => None,
