@@ -395,4 +395,20 @@ fn pprof_of_live_mode_has_inuse_values() {
         .map(|(k, [c, b])| (k, vec![c, b, 0, 0]))
         .collect();
     assert_eq!(got, expected);
+
+    // live.c leaks 100 blocks of 64 bytes and keeps the 16,000-byte
+    // buffer it grew by 1,000 reallocs; its churn and the blocks another
+    // thread freed are not in use.
+    let pb = dir.path().join("leaks.pb.gz");
+    trace_counts(Fixture::Live, &["--live", "--pprof", s(&pb)]);
+    let got = Pprof::decode(&pb).by_site();
+    let site = |f: &str, caller: &str| {
+        got.get(&(f.to_string(), caller.to_string()))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {f} from {caller}: {got:?}"))
+    };
+    assert_eq!(site("malloc", "leak_site"), [100, 6400, 100, 6400]);
+    assert_eq!(site("realloc", "grow_site"), [1000, 8_008_000, 1, 16000]);
+    assert_eq!(site("malloc", "churn_site"), [10000, 320_000, 0, 0]);
+    assert_eq!(site("malloc", "producer"), [500, 64000, 0, 0]);
 }
