@@ -295,7 +295,8 @@ fn check_growth_diff(base: &Path, new: &Path, dir: &Path) {
 }
 
 /// Two builds of one program at different paths (tests/fixtures/counts.c
-/// built as `counts` and as `counts-plus20`): stacks must line up.
+/// built as `counts` and as `counts-plus20`, whose functions lie 4 KiB
+/// further on): stacks must line up by name.
 #[test]
 fn diff_gate_catches_growth_across_builds() {
     let dir = bpf_tempdir!();
@@ -306,6 +307,23 @@ fn diff_gate_catches_growth_across_builds() {
     validate_profile(&a);
     let plus20 = Profile::load(&c);
     assert_eq!(plus20.site("malloc", "alloc_small"), (1200, 57600));
+    // The two builds' alloc_small frames lie at other offsets in their
+    // files.
+    let offset = |p: &Profile| -> std::collections::BTreeSet<u64> {
+        p.doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|st| &st["frames"][0])
+            .filter(|f| f["function"] == "alloc_small")
+            .map(|f| f["file_offset"].as_u64().unwrap())
+            .collect()
+    };
+    let (old, new) = (offset(&Profile::load(&a)), offset(&plus20));
+    assert!(
+        !old.is_empty() && old.is_disjoint(&new),
+        "alloc_small at {old:x?} and {new:x?}"
+    );
     // Shown when the diff below fails: how whole each run's stacks are.
     for p in [&a, &c] {
         let doc = Profile::load(p).doc;

@@ -66,7 +66,7 @@ impl Fixture {
     fn flags(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
             Fixture::Threads | Fixture::Live => (FRAME_FLAGS, &["-pthread"]),
-            Fixture::CountsPlus20 => (FRAME_FLAGS, &["-DSMALL_N=1200"]),
+            Fixture::CountsPlus20 => (FRAME_FLAGS, &["-DSMALL_N=1200", "-DPAD_FUNCTIONS"]),
             Fixture::NoMalloc => (&["-O2", "-static", "-nostdlib"], &[]),
             Fixture::CountsStatic => (FRAME_FLAGS, &["-static"]),
             _ => (FRAME_FLAGS, &[]),
