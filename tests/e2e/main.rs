@@ -31,6 +31,7 @@ mod artifacts;
 mod calltree;
 mod conventions;
 mod counts;
+mod edge;
 mod errors;
 mod exec;
 mod families;
