@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::support::{trace_fixture, Fixture};
+use crate::support::{trace_by_pid, trace_fixture, Fixture, FixtureProc, Profile};
 
 /// Thread name -> calls from thread_alloc; every call is malloc(32).
 const PER_THREAD: &[(&str, u64)] = &[
@@ -16,6 +16,21 @@ const PER_THREAD: &[(&str, u64)] = &[
 fn per_thread_split_by_name_and_tid() {
     need_bpf!();
     let (_, p) = trace_fixture(Fixture::Threads, &["--per-thread", "--top", "0"]);
+    check_per_thread(&p);
+}
+
+/// By pid, the threads are named as they named themselves too.
+#[test]
+fn per_thread_by_pid() {
+    need_bpf!();
+    let mut fx = FixtureProc::start(Fixture::Threads.path(), &["--wait"]);
+    let (_, p) = trace_by_pid(&mut fx, &["--per-thread", "--top", "0"]);
+    check_per_thread(&p);
+}
+
+/// thread_alloc's calls split by thread: each worker under its own name
+/// and tid, with its exact count.
+fn check_per_thread(p: &Profile) {
     let pid = p.pid();
     let dump = p.dump();
 
