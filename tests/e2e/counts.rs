@@ -69,6 +69,11 @@ pub fn check_counts_profile(p: &Profile) {
             }
         }
     }
+    // The allocator's calls to itself, each counted once under the outer
+    // call and counted here: glibc's reallocarray calls realloc (4 times),
+    // and a realloc of NULL calls malloc (grow_buffer's first realloc and
+    // array_allocs' first reallocarray).
+    assert_eq!(p.totals.nested, 4 + 2, "nested calls\n{dump}");
     // No other allocation site.
     let mut expected: Vec<(String, String)> = COUNTS_SITES
         .iter()
