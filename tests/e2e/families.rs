@@ -7,7 +7,10 @@
 use crate::{
     counts::assert_counts_sites,
     exec::trace_through_env,
-    support::{fixtures::compile_c, run_profiled, trace_by_pid, Fixture, FixtureProc},
+    support::{
+        fixtures::{compile_c, fixtures_dir},
+        run_profiled, trace_by_pid, Fixture, FixtureProc, Profile,
+    },
 };
 
 /// Debian's allocators (installed by `cargo xtask setup`).
@@ -116,4 +119,92 @@ fn a_prefixed_allocator_does_not_hide_libc() {
     let d = out.describe();
     assert_eq!(p.site("malloc", "c_site"), (7, 168), "{d}");
     assert_eq!(p.doc["meta"]["allocator_family"], "glibc", "{d}");
+}
+
+/// tests/fixtures/rustjem (a cargo project: tikv-jemallocator from
+/// crates.io, pinned by its Cargo.lock), built once in release mode with
+/// the cargo that runs the tests.
+fn rustjem() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rustjem");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .args(["build", "--release", "--locked", "--manifest-path"])
+            .arg(fixtures_dir().join("rustjem/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .output()
+            .expect("running cargo");
+        assert!(
+            out.status.success(),
+            "building tests/fixtures/rustjem failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        target.join("release/rustjem")
+    })
+}
+
+/// Calls and bytes of `func` whose stack passes through `site`.
+fn through(p: &Profile, func: &str, site: &str) -> (u64, u64) {
+    p.allocs()
+        .filter(|s| s.function == func && s.names().contains(&site))
+        .fold((0, 0), |(c, b), s| (c + s.calls, b + s.bytes))
+}
+
+/// A Rust program whose global allocator is tikv-jemallocator: jemalloc
+/// linked into the executable with its API prefixed `_rjem_`, beside
+/// glibc's malloc (which C code and the Rust runtime's libc calls still
+/// reach). Every call of the program's three sites is counted under the
+/// jemalloc entry it reaches (Rust inlines `__rust_alloc` into its
+/// callers), by pid and in launch mode, and the header names both.
+#[test]
+fn a_rust_program_with_jemalloc_from_crates_io() {
+    need_bpf!();
+    let program = rustjem();
+    for by_pid in [false, true] {
+        let (out, p) = if by_pid {
+            let mut fx = FixtureProc::start(program, &["--wait"]);
+            trace_by_pid(&mut fx, &["--top", "0"])
+        } else {
+            run_profiled(&["--top", "0", "--", program.to_str().unwrap()])
+        };
+        out.assert_exit(0);
+        let d = format!("by pid: {by_pid}\n{}", out.describe());
+        assert_eq!(
+            through(&p, "_rjem_malloc", "rustjem::box_site"),
+            (100, 4000),
+            "{d}"
+        );
+        assert_eq!(
+            through(&p, "_rjem_malloc", "rustjem::vec_site"),
+            (50, 50_000),
+            "{d}"
+        );
+        assert_eq!(
+            through(&p, "_rjem_calloc", "rustjem::zeroed_site"),
+            (20, 6000),
+            "{d}"
+        );
+        assert_eq!(p.doc["meta"]["allocator_family"], "glibc", "{d}");
+        let real = std::fs::canonicalize(program).unwrap();
+        assert_eq!(
+            p.doc["meta"]["allocator_beside"].as_str(),
+            Some(format!("jemalloc (_rjem_) in {}", real.display()).as_str()),
+            "{d}"
+        );
+        assert!(
+            out.stdout.contains("probes: also jemalloc (_rjem_) in "),
+            "{d}"
+        );
+        // Count mode: no release function probed, jemalloc's included.
+        let probes = p.doc["meta"]["probes"].as_array().unwrap();
+        assert!(
+            !probes.iter().any(|pr| {
+                let f = pr["function"].as_str().unwrap();
+                f.contains("free") || f.contains("dallocx") || f.contains("dealloc")
+            }),
+            "{d}"
+        );
+    }
 }

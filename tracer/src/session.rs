@@ -214,6 +214,7 @@ impl Proc {
         meta.allocator_object = alloc.path.clone();
         meta.allocator_family = alloc.family.to_string();
         meta.allocator_version = alloc.version.clone().unwrap_or_default();
+        meta.allocator_beside = alloc.beside.clone().unwrap_or_default();
         meta.probes = probes.attached.clone();
         let mut proc = Proc {
             pid,

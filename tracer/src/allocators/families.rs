@@ -178,6 +178,16 @@ pub fn lookup(symbol: &str) -> Option<(usize, &'static Entry)> {
     })
 }
 
+/// The prefix of [`PREFIXES`] `symbol` carries in front of `entry`'s name,
+/// if any.
+pub fn prefix_of(symbol: &str, entry: &Entry) -> Option<&'static str> {
+    let name = plain_name(symbol);
+    PREFIXES
+        .iter()
+        .copied()
+        .find(|p| name.strip_prefix(p) == Some(entry.symbol))
+}
+
 /// `symbol` without a version suffix (`@@GLIBC_2.2.5`), and a Rust
 /// shim's name without the v0 mangling rustc gives it
 /// (`_RNvCs..._7___rustc12___rust_alloc` is `__rust_alloc`).

@@ -51,6 +51,9 @@ pub struct ProbeSite {
     pub args: u64,
     /// The probed instruction, for `--verbose` and the report's metadata.
     pub instruction: String,
+    /// The prefix of an allocator API defined beside the C library's
+    /// (`_rjem_`): part of the name reports show.
+    pub prefix: Option<&'static str>,
 }
 
 impl ProbeSite {
@@ -65,10 +68,14 @@ impl ProbeSite {
             .filter(|f| !own(f))
             .map(|f| f.display)
             .collect();
-        if standard.is_empty() {
+        let name = if standard.is_empty() {
             self.funcs[0].display.to_string()
         } else {
             standard.join("/")
+        };
+        match self.prefix {
+            Some(prefix) => format!("{prefix}{name}"),
+            None => name,
         }
     }
 
@@ -112,6 +119,9 @@ pub struct AllocatorObject {
     /// Other objects that define allocator entry points the target does
     /// not bind to (for the "nothing traced" note).
     pub shadowed: Vec<String>,
+    /// A prefixed allocator API probed beside the bound one
+    /// (`jemalloc (_rjem_) in PATH`).
+    pub beside: Option<String>,
 }
 
 impl AllocatorObject {
@@ -184,6 +194,8 @@ fn objects(pid: u32, maps: &[Mapping]) -> Vec<String> {
 /// the first object that defines it, as the dynamic linker binds it.
 pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObject>> {
     let mut chosen: Vec<Option<(usize, Def)>> = vec![None; families::ENTRIES.len()];
+    // Prefixed definitions beside the bound ones (each probed as well).
+    let mut beside: Vec<(usize, Def)> = Vec::new();
     let mut internals = Vec::new();
     let mut defining: Vec<String> = Vec::new();
     let mut files: Vec<(String, PathBuf, memmap2::Mmap)> = Vec::new();
@@ -211,13 +223,16 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
             // The first definition in the link map, but a prefixed one
             // (tikv-jemallocator's `_rjem_malloc` in a Rust program) gives
             // way to the real `malloc` of a later object: C code still
-            // calls that.
-            let take = match &chosen[d.order] {
-                None => true,
-                Some((_, c)) => c.prefixed && !d.prefixed,
-            };
-            if take {
-                chosen[d.order] = Some((index, d));
+            // calls that. It is probed too: the program's own allocations
+            // (Rust's global allocator) call it.
+            match &chosen[d.order] {
+                None => chosen[d.order] = Some((index, d)),
+                Some((_, c)) if c.prefix.is_some() && d.prefix.is_none() => {
+                    let displaced = chosen[d.order].replace((index, d));
+                    beside.extend(displaced);
+                }
+                Some(_) if d.prefix.is_some() => beside.push((index, d)),
+                Some(_) => {}
             }
         }
         for (file_offset, size) in ints {
@@ -233,7 +248,17 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
         return Ok(None);
     };
     let mut sites: Vec<ProbeSite> = Vec::new();
-    for (index, d) in chosen.into_iter().flatten() {
+    // Only a prefixed API beside a C library's allocator (with the prefix
+    // of the same object as the bound one: `je_` names in libjemalloc
+    // itself are aliases).
+    beside.retain(|(i, d)| {
+        chosen
+            .iter()
+            .flatten()
+            .all(|(ci, c)| !(ci == i && c.order == d.order))
+    });
+    beside.sort_by_key(|(_, d)| d.order);
+    for (index, d) in chosen.into_iter().flatten().chain(beside) {
         let (path, open_path, data) = &files[index];
         if let Some(site) = sites
             .iter_mut()
@@ -260,6 +285,7 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
             emulated: placement.emulated,
             args: placement.args,
             instruction: placement.instruction,
+            prefix: d.prefix,
         });
     }
     let primary_path = files[primary].0.clone();
@@ -273,6 +299,19 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
         )
     };
     let version = families::version(family, &files[primary].2);
+    let beside = sites
+        .iter()
+        .find(|s| s.prefix.is_some() && s.path != primary_path)
+        .and_then(|s| {
+            let (_, _, data) = files.iter().find(|(p, _, _)| *p == s.path)?;
+            let names = defined_names(data);
+            let family = families::family(
+                |n| names.iter().any(|d| d == n),
+                |bytes| memchr::memmem::find(&data[..], bytes).is_some(),
+                &s.path,
+            );
+            Some(format!("{family} ({}) in {}", s.prefix?, s.path))
+        });
     let bound: Vec<&str> = sites.iter().map(|s| s.path.as_str()).collect();
     let shadowed = defining
         .iter()
@@ -286,6 +325,7 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
         sites,
         internals,
         shadowed,
+        beside,
     }))
 }
 
@@ -311,7 +351,7 @@ struct Def {
     file_offset: u64,
     /// Defined under a prefix (`_rjem_malloc`): the API of an allocator
     /// linked in beside the C library's, which it does not replace.
-    prefixed: bool,
+    prefix: Option<&'static str>,
 }
 
 /// The entry points an ELF object defines, and the (file offset, size) of
@@ -340,7 +380,7 @@ fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
                     vaddr: sym.address(),
                     size: sym.size(),
                     file_offset,
-                    prefixed: families::plain_name(name) != entry.symbol,
+                    prefix: families::prefix_of(name, entry),
                 });
             }
         } else if families::is_internal(name) {

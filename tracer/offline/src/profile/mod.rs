@@ -385,6 +385,11 @@ pub struct Meta {
     /// Its version, when the object says it (empty otherwise).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub allocator_version: String,
+    /// An allocator whose prefixed API is probed beside it, as `FAMILY
+    /// (PREFIX) in OBJECT` (tikv-jemallocator in a Rust program: `jemalloc
+    /// (_rjem_) in /usr/bin/server`); empty when there is none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub allocator_beside: String,
     pub probes: Vec<Probe>,
     /// Every process of the traced tree when there were more than one
     /// (the root first).

@@ -100,6 +100,9 @@ fn header(profile: &Profile, paint: Paint) -> String {
             }
         }
         out.push('\n');
+        if !meta.allocator_beside.is_empty() {
+            let _ = writeln!(out, "probes: also {}", meta.allocator_beside);
+        }
     }
     if !meta.processes.is_empty() {
         let traced = meta.processes.iter().filter(|p| p.traced).count();
