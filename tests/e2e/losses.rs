@@ -83,15 +83,7 @@ fn a_full_stack_map_keeps_the_direct_caller_and_is_counted() {
 #[test]
 fn a_storm_of_cross_thread_frees_leaves_no_freed_block_outstanding() {
     need_bpf!();
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    let storm = BUILT.get_or_init(|| {
-        crate::support::fixtures::compile_c(
-            "storm",
-            "storm",
-            &["-O2", "-fno-omit-frame-pointer", "-g"],
-            &["-pthread"],
-        )
-    });
+    let storm = storm();
     let iter: u64 = 50_000;
     let (out, p) = run_profiled(&[
         "--live",
@@ -148,4 +140,74 @@ fn a_storm_of_cross_thread_frees_leaves_no_freed_block_outstanding() {
         "{}",
         out.stdout
     );
+}
+
+/// tests/fixtures/storm.c, built once (the tests run in parallel).
+fn storm() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        crate::support::fixtures::compile_c(
+            "storm",
+            "storm",
+            &["-O2", "-fno-omit-frame-pointer", "-g"],
+            &["-pthread"],
+        )
+    })
+}
+
+/// The stress test of live mode: 8 threads passing blocks to each other
+/// for a minute under mtrace's default buffers. Every call is counted,
+/// every passed block is freed and none is outstanding, and the 10 leaks
+/// are outstanding to the byte.
+#[test]
+fn a_minute_of_cross_thread_frees_in_live_mode_is_exact() {
+    need_bpf!();
+    let mut m = crate::support::Mtrace::start_profiled(&[
+        "--live",
+        "--top",
+        "0",
+        "--",
+        storm().to_str().unwrap(),
+        "0",
+        "60",
+    ]);
+    // Longer than the usual wait for an exit: the minute, then the report.
+    m.proc.wait_timeout(std::time::Duration::from_secs(180));
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let d = p.dump();
+    let passed: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("passed="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no passed=N\n{}", out.describe()));
+    let live = &p.doc["live"];
+    let n = |k: &str| live[k].as_u64().unwrap_or_else(|| panic!("live.{k}\n{d}"));
+    eprintln!(
+        "a minute of storm: {passed} blocks passed; events lost {}, frees kept aside {}, frees lost {}, untracked {}",
+        n("events_lost"),
+        n("frees_kept"),
+        n("frees_lost"),
+        n("untracked")
+    );
+    assert!(passed > 100_000, "{passed} blocks passed in a minute\n{d}");
+    assert_eq!(p.site("malloc", "storm_pass").0, passed, "{d}");
+    assert_eq!(n("frees_lost"), 0, "{d}");
+    assert_eq!(n("untracked"), 0, "{d}");
+    // Outstanding per site: none of the passed blocks, the 10 leaks to
+    // the byte (the rest is the C library's own: stdio's buffer, the
+    // threads' structures).
+    let outstanding = |caller: &str| -> (u64, u64) {
+        p.stacks_at("malloc", caller)
+            .iter()
+            .map(|s| {
+                let l = s.live.as_ref().unwrap();
+                let n = |k: &str| l[k].as_u64().unwrap();
+                (n("outstanding"), n("outstanding_bytes"))
+            })
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    assert_eq!(outstanding("storm_pass"), (0, 0), "{d}");
+    assert_eq!(outstanding("storm_leak"), (10, 10_000), "{d}");
 }
