@@ -291,9 +291,53 @@ fn test(args: &[String]) -> Result<()> {
     if unsafe_geteuid() != 0 {
         eprintln!("xtask: warning: not root; the end-to-end tests need BPF and will skip (or fail under CI)");
     }
+    if !args.is_empty() {
+        return status(
+            Command::new(cargo())
+                .args(["test", "--release", "--workspace"])
+                .args(args),
+        );
+    }
+    // The Rust fixture with jemalloc from crates.io compiles jemalloc's C
+    // sources (a minute on 2 CPUs): built here, before the tests, where
+    // its test finds it built (same cargo, same target directory).
+    let root = workspace_root();
     status(
         Command::new(cargo())
-            .args(["test", "--release", "--workspace"])
-            .args(args),
-    )
+            .args([
+                "build",
+                "--release",
+                "--locked",
+                "--quiet",
+                "--manifest-path",
+            ])
+            .arg(root.join("tests/fixtures/rustjem/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(root.join("target/tmp/rustjem")),
+    )?;
+    // The stress test keeps both CPUs of a small machine busy for a
+    // minute: it runs alone, after the rest, so that no other test's
+    // waits run out beside it.
+    status(Command::new(cargo()).args([
+        "test",
+        "--release",
+        "--workspace",
+        "--",
+        "--skip",
+        STRESS,
+    ]))?;
+    status(Command::new(cargo()).args([
+        "test",
+        "--release",
+        "-p",
+        "tracer",
+        "--test",
+        "e2e",
+        "--",
+        "--exact",
+        STRESS,
+    ]))
 }
+
+/// The end-to-end stress test of live mode (a minute).
+const STRESS: &str = "losses::a_minute_of_cross_thread_frees_in_live_mode_is_exact";
