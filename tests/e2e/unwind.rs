@@ -28,6 +28,7 @@ const RUST: Program = Program("rust");
 const NO_CFI: Program = Program("nocfi");
 const MIXED: Program = Program("mixed");
 const DLOPEN: Program = Program("dlopen");
+const JIT: Program = Program("jit");
 
 const NO_FP: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
 
@@ -84,6 +85,7 @@ impl Program {
                     "-Wl,-rpath,$ORIGIN",
                 ]),
             ],
+            JIT => vec![cc(&["-o", "jit", "jit.c"])],
             DLOPEN => vec![
                 cc(&["-shared", "-fPIC", "-o", "plugin.so", "plugin.c"]),
                 cc(&["-o", "dlopen", "dlopen.c", "-ldl"]),
@@ -241,6 +243,60 @@ fn library_dlopened_after_attach_by_pid() {
     assert_like_gdb(&p, &gdb, &objects, |frames| {
         frames.iter().any(|f| f == "plugin_work")
     });
+}
+
+/// Code a program wrote at run time into anonymous memory (as a JIT
+/// compiler does), two frames deep, each keeping a frame pointer: the walk
+/// passes both by their frame pointers (the call before each return
+/// address is read from the target's memory) and reaches `_start`; the
+/// frames are named as anonymous code, not as the file that was once
+/// mapped at that address (the dynamic linker's `ld.so.cache`, here).
+/// gdb's backtrace is no oracle here (it shows two junk frames between
+/// them); the fixture's code is: the return addresses lie 0xc into each
+/// of two trampolines 0x40 apart.
+#[test]
+fn jit_code_in_anonymous_memory_is_passed_by_its_frame_pointer() {
+    need_bpf!();
+    let objects = JIT.objects();
+    let (out, p) = run_profiled(&["--top", "0", "--", objects[0].to_str().unwrap()]);
+    out.assert_exit(0);
+    let d = p.dump();
+    assert_eq!(p.site("malloc", "jit_leaf"), (5, 240), "{d}");
+    let stacks = p.stacks_at("malloc", "jit_leaf");
+    assert_eq!(stacks.len(), 1, "{d}");
+    let st = stacks[0];
+    let names = st.names();
+    assert_eq!(
+        names.len(),
+        7,
+        "jit_leaf, 2 JIT frames, main and libc's start: {d}"
+    );
+    let jit_addr = |name: &str| {
+        name.strip_prefix("[anonymous code 0x")
+            .and_then(|a| a.strip_suffix(']'))
+            .and_then(|a| u64::from_str_radix(a, 16).ok())
+            .unwrap_or_else(|| panic!("not anonymous code: {name}\n{d}"))
+    };
+    let (inner, outer) = (jit_addr(names[1]), jit_addr(names[2]));
+    assert_eq!(outer & 0xfff, 0xc, "{d}");
+    assert_eq!(inner, outer + 0x40, "{d}");
+    assert_eq!(
+        names[3..],
+        [
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ],
+        "{d}"
+    );
+    assert!(!st.truncated, "{d}");
+    assert!(
+        st.frames[1..3].iter().all(|f| f.module.is_none()),
+        "no file named for JIT code: {d}"
+    );
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q["calls"], q["whole"], "{q}");
 }
 
 /// A function with no CFI (assembly) stops the walk: exactly its 9 calls

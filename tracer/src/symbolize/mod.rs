@@ -51,7 +51,7 @@ pub fn symbolize(
     let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
     for st in &raw.stacks {
         for &addr in &st.addrs {
-            if let Some(m) = space.mapping(addr) {
+            if let Some(m) = space.mapping(addr).filter(|m| m.is_file()) {
                 by_file.entry(m.path.as_str()).or_default().push(addr);
             }
         }
@@ -87,7 +87,10 @@ pub fn symbolize(
         for &addr in &st.addrs {
             match resolved.get(&addr) {
                 Some(f) => frames.extend(f.iter().cloned()),
-                None => frames.push(unknown_frame(None, addr, addr)),
+                None => match space.mapping(addr).filter(|m| m.is_anonymous_code()) {
+                    Some(m) => frames.push(anonymous_code_frame(&m.path, addr)),
+                    None => frames.push(unknown_frame(None, addr, addr)),
+                },
             }
         }
         for frame in &mut frames {
@@ -176,6 +179,17 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
         .collect();
     frames.push(frame(&sym.name, sym.code_info.as_deref(), false));
     frames
+}
+
+/// A frame in code no file backs (a JIT's): its address, and the
+/// mapping's name where the runtime gave it one (`[anon:...]`).
+fn anonymous_code_frame(name: &str, addr: u64) -> Frame {
+    Frame {
+        function: format!("[anonymous code {addr:#x}]"),
+        module: (!name.is_empty()).then(|| name.to_string()),
+        addr,
+        ..Frame::default()
+    }
 }
 
 fn unknown_frame(module: Option<&str>, addr: u64, offset: u64) -> Frame {

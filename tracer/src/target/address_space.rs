@@ -1,5 +1,6 @@
-//! The target's address space as last seen: its file mappings and an open
-//! descriptor to every file it maps, kept while it lives so that stacks can
+//! The target's address space as last seen: its file mappings (and its
+//! anonymous executable ones, JIT code) and an open descriptor to every
+//! file it maps, kept while it lives so that stacks can
 //! be symbolized after it has exited, its binary was deleted, or from
 //! another mount namespace. Filled while tracing (attach, launch, the
 //! session's refresh), read by the symbolizer.
@@ -13,7 +14,9 @@ use super::proc::{path_in_target, read_maps, Mapping};
 /// The target's mappings as last seen, and the files behind them.
 #[derive(Default)]
 pub struct AddressSpace {
-    /// Every file mapping ever seen, newest last.
+    /// Every file mapping and anonymous code mapping ever seen, newest
+    /// last (an address the target maps anew, as a JIT's code may reuse
+    /// the range of an unmapped file, is found in its newest mapping).
     mappings: Vec<Mapping>,
     /// Open file per mapped path.
     files: HashMap<String, File>,
@@ -35,7 +38,16 @@ impl AddressSpace {
         if maps.is_empty() {
             return false;
         }
-        for m in maps.into_iter().filter(|m| m.is_file()) {
+        for m in maps {
+            if m.is_anonymous_code() {
+                if !self.mappings.contains(&m) {
+                    self.mappings.push(m);
+                }
+                continue;
+            }
+            if !m.is_file() {
+                continue;
+            }
             if !self.files.contains_key(&m.path) {
                 // map_files reaches the very file mapped (even deleted or in
                 // another mount namespace); the root path is the fallback.
@@ -76,7 +88,7 @@ impl AddressSpace {
         let mut seen = std::collections::HashSet::new();
         self.mappings
             .iter()
-            .filter(|m| m.perms.contains('x'))
+            .filter(|m| m.is_file() && m.perms.contains('x'))
             .map(|m| m.path.as_str())
             .filter(move |p| seen.insert(*p))
     }
@@ -88,7 +100,7 @@ impl AddressSpace {
 
     /// Fills in where a frame's address lies: object file offset and build id.
     pub fn locate(&self, frame: &mut Frame) {
-        if let Some(m) = self.mapping(frame.addr) {
+        if let Some(m) = self.mapping(frame.addr).filter(|m| m.is_file()) {
             frame.file_offset = Some(m.file_offset(frame.addr));
             frame.build_id = self.build_ids.get(&m.path).cloned();
         }

@@ -25,6 +25,12 @@ impl Mapping {
         self.inode != 0 && self.path.starts_with('/')
     }
 
+    /// Executable memory that no file backs: code a JIT compiler wrote
+    /// (V8, the JVM, LuaJIT), or the vDSO.
+    pub fn is_anonymous_code(&self) -> bool {
+        !self.is_file() && self.perms.contains('x')
+    }
+
     pub fn contains(&self, addr: u64) -> bool {
         addr >= self.start && addr < self.end
     }

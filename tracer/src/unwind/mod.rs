@@ -90,10 +90,12 @@ pub struct UnwindStats {
     pub frame_pointer_rules: usize,
 }
 
-/// Does `ra` follow a call instruction in code the target maps from a file?
-/// (What a return address that a frame pointer leads to must be.) The
-/// bytes are read from the file, which outlives a short-lived target.
-fn is_call_site(ra: u64, space: &AddressSpace) -> bool {
+/// Does `ra` follow a call instruction in the target's code? (What a
+/// return address that a frame pointer leads to must be.) The bytes are
+/// read from the file the code is mapped from, which outlives a
+/// short-lived target, or, for code no file backs (a JIT's), from the
+/// target's memory.
+fn is_call_site(ra: u64, space: &AddressSpace, pid: u32) -> bool {
     use std::os::unix::fs::FileExt;
     let Some(m) = space.mapping(ra) else {
         return false;
@@ -101,17 +103,31 @@ fn is_call_site(ra: u64, space: &AddressSpace) -> bool {
     if !m.perms.contains('x') {
         return false;
     }
-    let Some(file) = space.file(&m.path) else {
-        return false;
-    };
-    let off = m.file_offset(ra);
     const BEFORE: u64 = 7;
-    if off < BEFORE {
-        return false;
-    }
     let mut bytes = [0u8; BEFORE as usize];
-    if file.read_exact_at(&mut bytes, off - BEFORE).is_err() {
-        return false;
+    if m.is_anonymous_code() {
+        // The call may lie at the very start of the mapping only if the
+        // mapping below is code too: keep to this one.
+        if ra - m.start < BEFORE {
+            return false;
+        }
+        let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+            return false;
+        };
+        if mem.read_exact_at(&mut bytes, ra - BEFORE).is_err() {
+            return false;
+        }
+    } else {
+        let Some(file) = space.file(&m.path) else {
+            return false;
+        };
+        let off = m.file_offset(ra);
+        if off < BEFORE {
+            return false;
+        }
+        if file.read_exact_at(&mut bytes, off - BEFORE).is_err() {
+            return false;
+        }
     }
     // A call is 2 to 7 bytes long: one of them must end exactly at `ra`.
     (2..=BEFORE as usize).any(|len| {
@@ -211,11 +227,16 @@ impl Unwinder {
             space.refresh(self.pid);
         }
         let Some(m) = space.mapping(ra).cloned() else {
-            // No file mapping: anonymous code (a JIT) or not code at all.
-            return Rule::unsupported();
+            // In no mapping of code: not a return address.
+            return Rule::not_code();
         };
         if !m.perms.contains('x') {
             return Rule::not_code();
+        }
+        if m.is_anonymous_code() {
+            // A JIT's code has no call-frame information: the walk goes on
+            // by the frame pointer where it checks out.
+            return Rule::unsupported();
         }
         if !self.objects.contains_key(&m.path) {
             self.load(&m.path, space);
@@ -244,6 +265,7 @@ impl Unwinder {
         let copied = (ev.copied as usize).min(ev.copy.len());
         let bp = (ev.bp_ok != 0).then_some(ev.bp);
         let space_cell = std::cell::RefCell::new(space);
+        let pid = self.pid;
         let (walked, why, by_fp) = unwind_with_fp(
             ev.ra,
             ev.sp.wrapping_sub(8),
@@ -256,7 +278,7 @@ impl Unwinder {
                 }
                 rule
             },
-            |ra| is_call_site(ra, &space_cell.borrow()),
+            |ra| is_call_site(ra, &space_cell.borrow(), pid),
         );
         // Code without call-frame information whose frame pointer checked
         // out: the kernel's walk follows it there from now on (the rule of
