@@ -34,7 +34,7 @@ use tracer_common::{
     CountKey, CountValue, EntryMark, FreeEvent, LostFree, MissEvent, Pending, Role, StackFrames,
     UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
     COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
-    STACK_COPY, STACK_HASH_SEED, STACK_NONE, TAIL_SLOTS, WEIGHT_ONE, WEIGHT_TABLE_LEN,
+    STACK_COPY, STACK_HASH_SEED, STACK_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN,
     WEIGHT_TABLE_START,
 };
 
@@ -113,8 +113,6 @@ fn enabled() -> bool {
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::N, 0);
 
-#[map]
-static MARKS: Array<EntryMark> = Array::with_max_entries(TAIL_SLOTS, 0);
 
 #[map]
 static THREAD_NAMES: HashMap<u32, Comm> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
@@ -380,13 +378,13 @@ fn weighted_bytes(size: u64, weight: u64) -> u64 {
 /// just counted? It arrives with the same stack pointer and return address
 /// (glibc's reallocarray -> realloc -> malloc; operator delete -> free).
 /// The mark stays, so a chain of tail calls is counted once; the next
-/// counted call replaces it.
+/// counted call replaces it. The mark lives in the thread's walk slot.
 #[inline(always)]
-fn tail_called(tid: u32, sp: u64, ret: u64, func: u32) -> bool {
-    let Some(mark) = MARKS.get_ptr_mut(tid % TAIL_SLOTS) else {
+fn tail_called(scratch: Option<*mut WalkScratch>, tid: u32, sp: u64, ret: u64, func: u32) -> bool {
+    let Some(w) = scratch else {
         return false;
     };
-    let mark = unsafe { &mut *mark };
+    let mark = unsafe { &mut (*w).mark };
     if mark.tid == tid && mark.sp == sp && mark.ret == ret && mark.func != func {
         return true;
     }
@@ -412,7 +410,8 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
         let tid = bpf_get_current_pid_tgid() as u32;
         let sp = unsafe { (*ctx.regs).rsp };
         let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-        if tail_called(tid, sp, ret, func) {
+        let scratch = WALK.get_ptr_mut(tid & config_u32(&CONFIG.walk_mask));
+        if tail_called(scratch, tid, sp, ret, func) {
             bump(counter::NESTED, 1);
             return 0;
         }
@@ -459,7 +458,7 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
             Some(_) => {}
             None => bump(counter::PENDING_FULL, 1),
         }
-    } else if tail_called(tid, sp, caller, func) {
+    } else if tail_called(scratch, tid, sp, caller, func) {
         bump(counter::NESTED, 1);
         return 0;
     }

@@ -149,8 +149,6 @@ impl MapSizes {
             + self.walk_slots as u64 * std::mem::size_of::<tracer_common::WalkScratch>() as u64
             + tracer_common::RULE_CACHE_SLOTS as u64
                 * std::mem::size_of::<tracer_common::CachedRule>() as u64
-            + tracer_common::TAIL_SLOTS as u64
-                * std::mem::size_of::<tracer_common::EntryMark>() as u64
             + events
             + if live { 32768 * 24 } else { 0 }
     }
