@@ -44,7 +44,7 @@ enum Task {
     /// benchmark against the uprobe floor (needs root).
     Bench {
         /// Iterations of malloc+free per thread and run.
-        #[arg(long, default_value_t = 200_000)]
+        #[arg(long, default_value_t = 1_000_000)]
         iterations: u64,
         /// Runs of every mode (they alternate).
         #[arg(long, default_value_t = 5)]
