@@ -4,7 +4,7 @@
 //! host test checks the built object against this list); the tracer looks
 //! them up only through these constants.
 
-/// Per (stack, caller, function, thread): calls, bytes, samples.
+/// Per (stack, caller, function, thread): calls and bytes.
 pub const COUNTS: &str = "COUNTS";
 /// Walked stacks by hash.
 pub const STACKS: &str = "STACKS";

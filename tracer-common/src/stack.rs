@@ -73,8 +73,6 @@ pub struct CountKey {
 pub struct CountValue {
     pub calls: u64,
     pub bytes: u64,
-    /// Calls recorded (all of them unless sampled).
-    pub samples: u64,
 }
 
 /// Thread name as `bpf_get_current_comm` returns it.

@@ -836,7 +836,6 @@ fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bo
     let first = CountValue {
         calls,
         bytes,
-        samples: 1,
     };
     match COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
         Ok(()) => {
@@ -938,7 +937,6 @@ fn add_to(key: &CountKey, calls: u64, bytes: u64) -> bool {
             unsafe {
                 atomic_add(&raw mut (*v).calls, calls);
                 atomic_add(&raw mut (*v).bytes, bytes);
-                atomic_add(&raw mut (*v).samples, 1);
             }
             true
         }

@@ -35,7 +35,6 @@ impl UserWalks {
         let v = self.counts.entry(key).or_default();
         v.calls += calls;
         v.bytes += bytes;
-        v.samples += 1;
         self.stacks.entry(key.stack).or_insert((frames, stop));
     }
 }
@@ -157,14 +156,12 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         for v in per_cpu.iter() {
             sum.calls += v.calls;
             sum.bytes += v.bytes;
-            sum.samples += v.samples;
         }
     }
     for (key, v) in &walks.counts {
         let sum = merged.entry(*key).or_default();
         sum.calls += v.calls;
         sum.bytes += v.bytes;
-        sum.samples += v.samples;
     }
     let mut quality = StackQuality::default();
     for (key, value) in merged {
