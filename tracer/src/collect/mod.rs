@@ -56,10 +56,12 @@ fn stop_name(code: u32) -> &'static str {
 fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
+    // The plain half and the atomic half (see the BPF side).
     let mut sums = vec![0u64; counter::N as usize];
     for (i, sum) in sums.iter_mut().enumerate() {
-        let values = counters.get(&(i as u32), 0)?;
-        *sum = values.iter().sum();
+        for index in [i as u32, i as u32 + counter::N] {
+            *sum += counters.get(&index, 0)?.iter().sum::<u64>();
+        }
     }
     Ok(sums)
 }
@@ -154,8 +156,8 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         let (key, per_cpu) = item?;
         let sum = merged.entry(key).or_default();
         for v in per_cpu.iter() {
-            sum.calls += v.calls;
-            sum.bytes += v.bytes;
+            sum.calls += v.calls + v.calls_shared;
+            sum.bytes += v.bytes + v.bytes_shared;
         }
     }
     for (key, v) in &walks.counts {
