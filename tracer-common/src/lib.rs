@@ -29,7 +29,6 @@ mod pod {
     unsafe impl aya::Pod for CountKey {}
     unsafe impl aya::Pod for CountValue {}
     unsafe impl aya::Pod for BodyRange {}
-    unsafe impl aya::Pod for EntryMark {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for Pending {}
     unsafe impl aya::Pod for StackFrames {}

@@ -141,6 +141,19 @@ fn release_cpu(owner: Option<*mut u32>) {
     }
 }
 
+/// Counts a call of `func` in the per-function totals and, given its key,
+/// in the aggregation map (false when the key has no entry yet), under
+/// this CPU's flag when it can take it.
+#[inline(always)]
+fn count_call(func: u32, calls: u64, bytes: u64, key: Option<&CountKey>) -> bool {
+    let owner = own_cpu();
+    bump_owned(counter::CALLS + func, calls, owner);
+    bump_owned(counter::BYTES + func, bytes, owner);
+    let found = key.is_none_or(|k| add_to(k, calls, bytes, owner));
+    release_cpu(owner);
+    found
+}
+
 /// Adds to counter `index`: plainly when this program owns the CPU.
 #[inline(always)]
 fn bump_owned(index: u32, by: u64, owner: Option<*mut u32>) {
@@ -517,10 +530,7 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
         Some(w) if unsafe { (*w).stack.stop } == stop::MISS => {
             match send_miss(unsafe { &mut *w }, func, key_tid, caller, calls_inc, bytes_inc) {
                 Some(id) => {
-                    let owner = own_cpu();
-                    bump_owned(counter::CALLS + func, calls_inc, owner);
-                    bump_owned(counter::BYTES + func, bytes_inc, owner);
-                    release_cpu(owner);
+                    count_call(func, calls_inc, bytes_inc, None);
                     if let Some(p) = pending {
                         set_pending(p, caller, id, func, key_tid, size, extra, sp);
                     }
@@ -546,12 +556,7 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     if let Some(p) = pending {
         set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
-    let owner = own_cpu();
-    bump_owned(counter::CALLS + func, calls_inc, owner);
-    bump_owned(counter::BYTES + func, bytes_inc, owner);
-    let found = add_to(&key, calls_inc, bytes_inc, owner);
-    release_cpu(owner);
-    if !found && insert_count(&key, calls_inc, bytes_inc, tid, per_thread) {
+    if !count_call(func, calls_inc, bytes_inc, Some(&key)) && insert_count(&key, calls_inc, bytes_inc, tid, per_thread) {
         // A new key: make sure its stack is stored (once per stack).
         if let Some(w) = walk {
             if let Err(e) = STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {

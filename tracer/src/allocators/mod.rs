@@ -289,27 +289,14 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
         });
     }
     let primary_path = files[primary].0.clone();
-    let family = {
-        let data = &files[primary].2;
-        let names = defined_names(data);
-        families::family(
-            |n| names.iter().any(|d| d == n),
-            |bytes| memchr::memmem::find(&data[..], bytes).is_some(),
-            &primary_path,
-        )
-    };
+    let family = family_of(&primary_path, &files[primary].2);
     let version = families::version(family, &files[primary].2);
     let beside = sites
         .iter()
         .find(|s| s.prefix.is_some() && s.path != primary_path)
         .and_then(|s| {
             let (_, _, data) = files.iter().find(|(p, _, _)| *p == s.path)?;
-            let names = defined_names(data);
-            let family = families::family(
-                |n| names.iter().any(|d| d == n),
-                |bytes| memchr::memmem::find(&data[..], bytes).is_some(),
-                &s.path,
-            );
+            let family = family_of(&s.path, data);
             Some(format!("{family} ({}) in {}", s.prefix?, s.path))
         });
     let bound: Vec<&str> = sites.iter().map(|s| s.path.as_str()).collect();
@@ -391,6 +378,16 @@ fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
 }
 
 /// Every text symbol an object defines (for telling families apart).
+/// The allocator family of the object at `path`, whose bytes are `data`.
+fn family_of(path: &str, data: &[u8]) -> &'static str {
+    let names = defined_names(data);
+    families::family(
+        |n| names.iter().any(|d| d == n),
+        |bytes| memchr::memmem::find(data, bytes).is_some(),
+        path,
+    )
+}
+
 fn defined_names(data: &[u8]) -> Vec<String> {
     let Ok(file) = object::File::parse(data) else {
         return Vec::new();

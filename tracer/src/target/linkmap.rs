@@ -117,8 +117,13 @@ impl Mem {
 
     pub fn u64(&self, addr: u64) -> Option<u64> {
         let mut b = [0u8; 8];
-        self.0.read_exact_at(&mut b, addr).ok()?;
+        self.read(addr, &mut b)?;
         Some(u64::from_le_bytes(b))
+    }
+
+    /// Fills `buf` from the target's memory at `addr`.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Option<()> {
+        self.0.read_exact_at(buf, addr).ok()
     }
 }
 

@@ -11,6 +11,6 @@ mod run_as;
 
 pub use address_space::AddressSpace;
 pub use exit_hold::ExitHold;
-pub use linkmap::{is_dynamic_linker, DynamicLinker, RT_CONSISTENT};
+pub use linkmap::{is_dynamic_linker, DynamicLinker, Mem, RT_CONSISTENT};
 pub use proc::*;
 pub use run_as::RunAs;

@@ -42,7 +42,7 @@ pub use object_cfi::ObjectCfi;
 pub use tracer_common::UnwindRule as Rule;
 pub use walk::{unwind_with_fp, Stop, FRAME_POINTER};
 
-use crate::target::AddressSpace;
+use crate::target::{AddressSpace, Mem};
 
 /// The stop code of a user-space walk (as the BPF walk records it).
 pub fn stop_code(stop: Stop) -> u32 {
@@ -111,10 +111,8 @@ fn is_call_site(ra: u64, space: &AddressSpace, pid: u32) -> bool {
         if ra - m.start < BEFORE {
             return false;
         }
-        let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
-            return false;
-        };
-        if mem.read_exact_at(&mut bytes, ra - BEFORE).is_err() {
+        let read = Mem::open(pid).and_then(|mem| mem.read(ra - BEFORE, &mut bytes));
+        if read.is_none() {
             return false;
         }
     } else {
