@@ -26,6 +26,10 @@ pub struct Config {
     pub sample_mode: u32,
     /// Mean bytes between samples, or N of one-in-N.
     pub sample_param: u64,
+    /// One-in-N: `-1 / ln(1 - 1/N)` in 16.16, the scale that turns an
+    /// exponential draw `E` into the geometric gap `floor(scale * E) + 1`
+    /// between sampled calls (0 for N = 1: every call).
+    pub sample_scale: u64,
     /// How many entries of `bodies` are valid.
     pub n_bodies: u32,
     /// Slots of the stack walk's scratch map, less one (a power of two

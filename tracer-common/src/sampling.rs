@@ -8,10 +8,13 @@ pub const SAMPLE_NONE: u32 = 0;
 /// On average one sample per `sample_param` allocated bytes (exponential
 /// intervals, as jemalloc and tcmalloc draw them).
 pub const SAMPLE_BYTES: u32 = 1;
-/// Each call sampled with probability 1 / `sample_param`.
+/// Each call sampled with probability 1 / `sample_param`: the calls of a
+/// CPU count down geometric gaps (a Bernoulli process, drawn per sample
+/// instead of per call).
 pub const SAMPLE_EVERY: u32 = 2;
 
 /// Entries of the exponential-interval table: `-ln((i + 0.5) / N)` in 16.16.
+/// Exponential draws for both sampling modes.
 pub const EXP_TABLE_LEN: usize = 1024;
 /// Entries of the bytes-sampling weight table, for `x = size / rate` from
 /// 0.5 in steps of 1/256: `1 / (1 - exp(-x))` in 16.16.

@@ -47,6 +47,7 @@ static CONFIG: Config = Config {
     live: 0,
     sample_mode: SAMPLE_NONE,
     sample_param: 0,
+    sample_scale: 0,
     n_bodies: 0,
     walk_mask: WALK_SLOTS - 1,
     bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
@@ -360,8 +361,7 @@ struct Extra {
 }
 
 /// Sampling: `None` to skip this call, else its weight in 16.16 (one
-/// without sampling). Unsampled calls cost a countdown or one random
-/// number, nothing more.
+/// without sampling). An unsampled call costs a countdown, nothing more.
 #[inline(always)]
 fn sample_weight(size: u64) -> Option<u64> {
     let mode = config_u32(&CONFIG.sample_mode);
@@ -372,26 +372,28 @@ fn sample_weight(size: u64) -> Option<u64> {
     if rate == 0 {
         return Some(WEIGHT_ONE);
     }
-    if mode == SAMPLE_EVERY {
-        let r = unsafe { bpf_get_prandom_u32() } as u64;
-        return if r.checked_rem(rate) == Some(0) {
-            Some(rate << 16)
-        } else {
-            None
-        };
-    }
-    if mode != SAMPLE_BYTES {
+    if mode != SAMPLE_EVERY && mode != SAMPLE_BYTES {
         return Some(WEIGHT_ONE);
     }
+    // What is left until the next sample on this CPU: calls (one-in-N) or
+    // bytes. A countdown costs an unsampled call a load and a store; a
+    // random number and a division per call cost more.
     let left = COUNTDOWN.get_ptr_mut(0)?;
-    let remaining = unsafe { *left } - size as i64;
+    let used = if mode == SAMPLE_EVERY { 1 } else { size as i64 };
+    let remaining = unsafe { *left } - used;
     if remaining > 0 {
         unsafe { *left = remaining };
         return None;
     }
-    // Sampled: draw the next exponential interval.
     let i = (unsafe { bpf_get_prandom_u32() } as usize) & (EXP_TABLE_LEN - 1);
     let e = unsafe { core::ptr::read_volatile(&CONFIG.exp_table[i]) } as u64;
+    if mode == SAMPLE_EVERY {
+        // The next geometric gap: floor(scale * E) + 1 calls.
+        let scale = unsafe { core::ptr::read_volatile(&CONFIG.sample_scale) };
+        unsafe { *left = (weighted_bytes(scale, e) >> 16) as i64 + 1 };
+        return Some(rate << 16);
+    }
+    // Sampled: the next exponential interval of bytes.
     unsafe { *left = ((rate.wrapping_mul(e)) >> 16) as i64 + 1 };
     Some(bytes_weight(size, rate))
 }

@@ -176,9 +176,10 @@ pub enum Sampling {
     Every(u64),
 }
 
-/// Bytes sampling: every CPU's countdown starts at an exponential draw, so
-/// the first allocation is no more likely to be sampled than any other.
-fn seed_countdowns(ebpf: &mut Ebpf, rate: u64) -> Result<()> {
+/// Sampling: every CPU's countdown starts at a draw of the gap it counts
+/// down (exponential in bytes, geometric in calls), so the first
+/// allocation is no more likely to be sampled than any other.
+fn seed_countdowns(ebpf: &mut Ebpf, sampling: Sampling) -> Result<()> {
     use aya::maps::{PerCpuArray, PerCpuValues};
     let n = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
     let mut state = std::time::SystemTime::now()
@@ -195,13 +196,26 @@ fn seed_countdowns(ebpf: &mut Ebpf, rate: u64) -> Result<()> {
             state ^= state >> 27;
             let r = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
             let u = ((r >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            (-u.ln() * rate as f64) as i64 + 1
+            match sampling {
+                Sampling::Bytes(rate) => (-u.ln() * rate as f64) as i64 + 1,
+                Sampling::Every(n) => (-u.ln() * geometric_scale(n)) as i64 + 1,
+            }
         })
         .collect();
     let mut map: PerCpuArray<_, i64> =
         PerCpuArray::try_from(ebpf.map_mut(maps::COUNTDOWN).context("COUNTDOWN map")?)?;
     map.set(0, PerCpuValues::try_from(draws)?, 0)?;
     Ok(())
+}
+
+/// One-in-N sampling: with `E` exponential, `floor(scale * E) + 1` is a
+/// geometric gap of mean N (each call sampled with probability 1/N, apart
+/// from the others) when `scale = -1 / ln(1 - 1/N)`.
+fn geometric_scale(n: u64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    -1.0 / (-1.0 / n as f64).ln_1p()
 }
 
 /// `-ln((i + 0.5) / len)` in 16.16: exponential intervals by table lookup.
@@ -261,6 +275,17 @@ pub fn attach<T>(
         live: mode.live as u32,
         sample_mode,
         sample_param,
+        sample_scale: match mode.sampling {
+            // Over the table's mean, which its cut-off tail puts 0.03%
+            // below 1: the gaps' mean is then N, not N less 0.03%.
+            Some(Sampling::Every(n)) => {
+                let table = exp_table();
+                let mean = table.iter().map(|&e| e as f64).sum::<f64>()
+                    / (table.len() as f64 * WEIGHT_ONE as f64);
+                (geometric_scale(n) / mean * WEIGHT_ONE as f64).round() as u64
+            }
+            _ => 0,
+        },
         n_bodies: bodies.len() as u32,
         walk_mask: sizes.walk_slots - 1,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],
@@ -309,8 +334,8 @@ pub fn attach<T>(
         .context("loading the BPF programs")?;
     drop(guard);
 
-    if let Some(Sampling::Bytes(rate)) = mode.sampling {
-        seed_countdowns(&mut ebpf, rate)?;
+    if let Some(sampling) = mode.sampling {
+        seed_countdowns(&mut ebpf, sampling)?;
     }
     let before = before(&mut ebpf)?;
     let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
