@@ -628,7 +628,9 @@ fn rule_of(ra: u64) -> Option<UnwindRule> {
         // so a slot that names `ra` holds its whole rule.
         let cached = unsafe { core::ptr::read_volatile(&slot.ra) };
         if cached == ra {
-            return Some(unsafe { core::ptr::read_volatile(&slot.rule) });
+            // One 8-byte load (a volatile struct read is one per field).
+            let bits = unsafe { core::ptr::read_volatile(&slot.rule as *const UnwindRule as *const u64) };
+            return Some(unsafe { core::mem::transmute::<u64, UnwindRule>(bits) });
         }
     }
     unsafe { UNWIND_RULES.get(&ra) }.copied()
