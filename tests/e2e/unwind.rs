@@ -338,3 +338,82 @@ fn code_without_cfi_is_counted_as_cut_short() {
         out.describe()
     );
 }
+
+/// `--max-stack N` keeps the direct caller and N frames above it: gdb's
+/// stacks cut there, their calls added up, in the kernel's walks and in
+/// those the tracer finishes for want of a rule alike (one row per cut
+/// stack). The stacks cut are counted as `max_frames`, and the quality
+/// line names the limit; 0 is the caller alone.
+#[test]
+fn max_stack_keeps_the_first_frames_of_gdbs_stacks() {
+    need_bpf!();
+    let objects = CHAINS.objects();
+    let gdb = stacks_under_gdb(&paths(&objects), &[], "");
+    for n in [3usize, 0] {
+        let mut cut = Stacks::new();
+        let mut deeper = 0;
+        for ((func, frames), calls) in &gdb {
+            if frames.len() > n + 1 {
+                deeper += calls;
+            }
+            let kept = frames[..frames.len().min(n + 1)].to_vec();
+            *cut.entry((func.clone(), kept)).or_default() += calls;
+        }
+        assert!(deeper > 0, "no stack deeper than {n} frames: {gdb:?}");
+        let limit = n.to_string();
+        let (out, p) = run_profiled(&[
+            "--max-stack",
+            &limit,
+            "--top",
+            "0",
+            "--",
+            objects[0].to_str().unwrap(),
+        ]);
+        out.assert_exit(0);
+        let d = p.dump();
+        let ours = stacks_in_profile(&p, &paths(&objects));
+        assert_eq!(
+            ours, cut,
+            "--max-stack {n}: mtrace's stacks (left) against gdb's cut (right)\n{d}"
+        );
+        // A walk the tracer finished and one the kernel made of the same
+        // stack are one row: no two rows with the same return addresses.
+        let rows = p.doc["stacks"].as_array().expect("stacks");
+        let distinct: std::collections::BTreeSet<String> = rows
+            .iter()
+            .map(|r| {
+                let addrs: Vec<String> = r["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| f["address"].to_string())
+                    .collect();
+                format!("{} {}", r["function"], addrs.join(" "))
+            })
+            .collect();
+        assert_eq!(
+            distinct.len(),
+            rows.len(),
+            "--max-stack {n}: a stack in two rows\n{d}"
+        );
+        let q = &p.doc["stack_quality"];
+        assert_eq!(q["frame_limit"].as_u64(), Some(n as u64), "{q}");
+        assert_eq!(q["truncated"]["max_frames"].as_u64(), Some(deeper), "{q}");
+        assert_eq!(
+            q["calls"].as_u64().unwrap() - q["whole"].as_u64().unwrap(),
+            deeper,
+            "{q}"
+        );
+        if n > 0 {
+            // The first walks meet return addresses without rules and are
+            // finished by the tracer, which must cut them at the same place.
+            assert!(q["finished_by_tracer"].as_u64().unwrap() > 0, "{q}");
+        }
+        let line = if n == 0 {
+            "the direct caller only (--max-stack 0)".to_string()
+        } else {
+            format!("at most {n} frames above the caller (--max-stack {n})")
+        };
+        assert_eq!(out.report().stack_limit, Some(line), "{}", out.describe());
+    }
+}

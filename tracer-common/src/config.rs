@@ -24,6 +24,9 @@ pub struct Config {
     pub live: u32,
     /// `SAMPLE_NONE`, `SAMPLE_BYTES` or `SAMPLE_EVERY`.
     pub sample_mode: u32,
+    /// Most frames a walk keeps above the direct caller (`--max-stack`,
+    /// at most `MAX_FRAMES`); 0: the direct caller only, no walk.
+    pub max_frames: u32,
     /// Mean bytes between samples, or N of one-in-N.
     pub sample_param: u64,
     /// One-in-N: `-1 / ln(1 - 1/N)` in 16.16, the scale that turns an

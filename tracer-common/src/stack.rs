@@ -45,6 +45,8 @@ pub struct WalkScratch {
     /// its bytes are valid (0: none).
     pub base: u64,
     pub valid: u64,
+    /// Most frames this walk keeps (`Config::max_frames`).
+    pub limit: u64,
     /// The thread's last counted allocator entry (tail-call check).
     pub mark: EntryMark,
 }

@@ -46,6 +46,7 @@ static CONFIG: Config = Config {
     per_thread: 0,
     live: 0,
     sample_mode: SAMPLE_NONE,
+    max_frames: MAX_FRAMES as u32,
     sample_param: 0,
     sample_scale: 0,
     n_bodies: 0,
@@ -484,15 +485,17 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     let tid = bpf_get_current_pid_tgid() as u32;
     // The direct caller's return address is at [rsp]. Read the stack from
     // there a chunk at a time: the same read usually holds the first
-    // frames of the walk too.
+    // frames of the walk too (without a walk, the caller alone).
     let scratch = WALK.get_ptr_mut(tid & config_u32(&CONFIG.walk_mask));
+    let walks = config_u32(&CONFIG.max_frames) != 0;
     let caller = match scratch {
-        Some(w) if load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
-        _ => {
-            bump(counter::CALLER_READ_FAILED, 1);
-            0
-        }
+        Some(w) if walks && load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
+        Some(_) if !walks => unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0),
+        _ => 0,
     };
+    if caller == 0 {
+        bump(counter::CALLER_READ_FAILED, 1);
+    }
     // In live mode the pending entry below is the nesting check.
     if !live && caller != 0 && in_allocator_body(caller) {
         bump(counter::NESTED, 1);
@@ -693,7 +696,7 @@ fn unwind_frame(w: &mut WalkScratch) -> i64 {
     // The count is read afresh and masked, so that the verifier sees the
     // slot's bounds.
     let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
-    if n >= MAX_FRAMES {
+    if n >= MAX_FRAMES || n as u64 >= w.limit {
         return end(w, stop::MAX_FRAMES);
     }
     w.stack.frames[n] = next;
@@ -767,8 +770,11 @@ fn walk_stack(
         (*w).hash = STACK_HASH_SEED;
         (*w).stack.len = 0;
         (*w).stack.stop = stop::MAX_FRAMES;
+        (*w).limit = config_u32(&CONFIG.max_frames) as u64;
         if caller == 0 {
             (*w).stack.stop = stop::READ_FAILED;
+        } else if (*w).limit == 0 {
+            // --max-stack 0: the direct caller only.
         } else {
             aya_ebpf::helpers::generated::bpf_loop(
                 (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,

@@ -203,9 +203,10 @@ impl Proc {
     ) -> Result<Proc> {
         space.lock().unwrap().refresh(pid);
         let live = settings.mode.live;
+        let max_frames = settings.mode.max_frames;
         let (probes, unwind) =
             probes::attach(pid, &alloc, maps, settings.mode, settings.sizes, |ebpf| {
-                UnwindService::start(ebpf, pid, space.clone(), live)
+                UnwindService::start(ebpf, pid, space.clone(), live, max_frames)
             })?;
         let mut meta = meta.clone();
         meta.pid = pid;

@@ -60,6 +60,11 @@ const MODES: &[Mode] = &[
         floor: Some("floor"),
     },
     Mode {
+        name: "count caller only",
+        args: &["--max-stack", "0"],
+        floor: Some("floor"),
+    },
+    Mode {
         name: "sampled 512KiB",
         args: &["--sample-bytes", "512KiB"],
         floor: Some("floor"),

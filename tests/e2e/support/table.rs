@@ -50,6 +50,9 @@ pub struct Report {
     /// and the causes as (what, count).
     pub stacks_whole_pct: Option<String>,
     pub cut_short: Vec<(String, u64)>,
+    /// `stacks: at most 3 frames above the caller (--max-stack 3)`: what
+    /// follows `stacks: `.
+    pub stack_limit: Option<String>,
     /// `single-stepped probes (...): reallocarray 4`: what follows the
     /// colon.
     pub single_stepped: Option<String>,
@@ -212,6 +215,11 @@ impl Report {
             } else if let Some(n) = line.strip_prefix("nested allocator calls not counted twice: ")
             {
                 r.nested = num(n, line)?;
+            } else if let Some(l) = line
+                .strip_prefix("stacks: ")
+                .filter(|l| l.ends_with(")") && l.contains("(--max-stack "))
+            {
+                r.stack_limit = Some(l.to_string());
             } else if let Some(l) = line.strip_prefix("stacks: ") {
                 let (pct, _) = l
                     .split_once("% whole")

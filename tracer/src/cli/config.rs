@@ -73,6 +73,7 @@ impl TraceConfig {
                     _ => None,
                 },
                 floor: args.bench_floor,
+                max_frames: args.max_stack,
             },
             sizes: MapSizes {
                 counts: args.count_map_size,

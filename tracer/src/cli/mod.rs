@@ -199,6 +199,15 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "live")]
     pub sample_every: Option<u64>,
 
+    /// Keep at most N frames of each stack above the direct caller (0: the
+    /// caller only, no stack walk). Walking costs the target a few
+    /// nanoseconds a frame on every counted call: a lower limit makes deep
+    /// stacks cheaper, and the report counts the stacks it cut
+    /// (`max_frames`). Default: the most, 127.
+    #[arg(long, value_name = "N", default_value_t = tracer_common::MAX_FRAMES as u32,
+          value_parser = clap::value_parser!(u32).range(0..=tracer_common::MAX_FRAMES as i64))]
+    pub max_stack: u32,
+
     /// Benchmark floor: attach programs that do nothing where the real
     /// probes go (used by `cargo xtask bench`).
     #[arg(long, hide = true)]

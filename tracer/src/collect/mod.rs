@@ -210,6 +210,8 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
             live: None,
         });
     }
+    quality.frame_limit =
+        (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
     quality.finished_by_tracer =
         sums[counter::UNWIND_MISSES as usize] - sums[counter::UNWIND_MISSES_LOST as usize];
 

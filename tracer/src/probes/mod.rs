@@ -165,6 +165,8 @@ pub struct Mode {
     pub sampling: Option<Sampling>,
     /// Benchmark floor: programs that do nothing, at the same places.
     pub floor: bool,
+    /// Most frames a stack keeps above the direct caller (`--max-stack`).
+    pub max_frames: u32,
 }
 
 /// Count mode, sampled.
@@ -250,6 +252,8 @@ pub struct Probes {
     /// `free` is probed.
     pub frees_counted: bool,
     pub sampling: Option<Sampling>,
+    /// Most frames a stack keeps above the direct caller.
+    pub max_frames: u32,
     /// Kernel memory its maps take up front ([`MapSizes::kernel_bytes`]).
     pub kernel_bytes: u64,
 }
@@ -274,6 +278,7 @@ pub fn attach<T>(
         per_thread: mode.per_thread as u32,
         live: mode.live as u32,
         sample_mode,
+        max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
         sample_param,
         sample_scale: match mode.sampling {
             // Over the table's mean, which its cut-off tail puts 0.03%
@@ -393,6 +398,7 @@ pub fn attach<T>(
         funcs,
         live: mode.live,
         sampling: mode.sampling,
+        max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
         kernel_bytes: sizes.kernel_bytes(mode.live),
     };
     // Every probe is in: counting starts now, for all functions at once.

@@ -151,6 +151,9 @@ pub struct Unwinder {
     /// Every rule computed so far, by return address.
     rules: HashMap<u64, Rule>,
     pub stats: UnwindStats,
+    /// Most frames a stack keeps above the direct caller (`--max-stack`),
+    /// as the BPF walk does.
+    pub max_frames: usize,
 }
 
 impl Unwinder {
@@ -160,6 +163,7 @@ impl Unwinder {
             objects: HashMap::new(),
             rules: HashMap::new(),
             stats: UnwindStats::default(),
+            max_frames: tracer_common::MAX_FRAMES,
         }
     }
 
@@ -291,8 +295,10 @@ impl Unwinder {
         // caller itself.
         frames.extend(walked.iter().skip(1));
         let mut stop = stop_code(why);
-        if frames.len() > tracer_common::MAX_FRAMES {
-            frames.truncate(tracer_common::MAX_FRAMES);
+        // The BPF walk stops when it has its frames and finds one more.
+        let limit = self.max_frames.min(tracer_common::MAX_FRAMES);
+        if frames.len() > limit {
+            frames.truncate(limit);
             stop = stop::MAX_FRAMES;
         }
         let key = stack_key(&frames, stop);

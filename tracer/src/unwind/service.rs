@@ -149,6 +149,7 @@ impl UnwindService {
         pid: u32,
         space: Arc<Mutex<AddressSpace>>,
         live: bool,
+        max_frames: u32,
     ) -> Result<UnwindService> {
         let ring = RingBuf::try_from(
             ebpf.take_map(maps::UNWIND_MISSES)
@@ -165,6 +166,7 @@ impl UnwindService {
         let cache =
             aya::maps::Array::try_from(ebpf.take_map(maps::RULE_CACHE).context("RULE_CACHE map")?)?;
         let mut unwinder = Unwinder::new(pid);
+        unwinder.max_frames = max_frames as usize;
         unwinder.preload(&space.lock().unwrap());
         let fd = ring.as_raw_fd();
         let walks = Arc::new(Mutex::new(Walks {

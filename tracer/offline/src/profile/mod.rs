@@ -78,6 +78,11 @@ pub struct StackQuality {
     /// (finished there, not a loss).
     #[serde(default)]
     pub finished_by_tracer: u64,
+    /// `--max-stack N`: the walk kept at most N frames above the direct
+    /// caller (0: the caller only); a stack cut there counts under
+    /// `max_frames`. Absent without a limit (or in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame_limit: Option<u32>,
 }
 
 impl StackQuality {

@@ -277,6 +277,9 @@ fn totals_lines(profile: &Profile, paint: Paint) -> String {
 /// on one line (for pprof's comment).
 pub fn quality_line(q: &StackQuality) -> String {
     let mut line = format!("stacks: {}", whole_text(q));
+    if let Some(limit) = limit_text(q) {
+        let _ = write!(line, "; {limit}");
+    }
     let cut = cut_short(q);
     if !cut.is_empty() {
         let _ = write!(line, "; cut short: {}", cut.join(", "));
@@ -287,6 +290,9 @@ pub fn quality_line(q: &StackQuality) -> String {
 /// The table's: `stacks: 99.95% whole ...`, then `stacks: cut short: ...`.
 fn quality_lines(q: &StackQuality) -> String {
     let mut out = format!("stacks: {}\n", whole_text(q));
+    if let Some(limit) = limit_text(q) {
+        let _ = writeln!(out, "stacks: {limit}");
+    }
     let cut = cut_short(q);
     if !cut.is_empty() {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
@@ -304,6 +310,14 @@ fn whole_text(q: &StackQuality) -> String {
         pct
     };
     format!("{shown:.2}% whole (to the thread's first frame)")
+}
+
+/// `--max-stack N`: `at most N frames above the caller (--max-stack N)`.
+fn limit_text(q: &StackQuality) -> Option<String> {
+    Some(match q.frame_limit? {
+        0 => "the direct caller only (--max-stack 0)".to_string(),
+        n => format!("at most {n} frames above the caller (--max-stack {n})"),
+    })
 }
 
 /// `no_cfi 12`, ... for every cause with calls.
@@ -631,6 +645,7 @@ by function: malloc 1000, calloc 250, realloc 136
             .map(|k| (k.to_string(), 1_000_000))
             .collect(),
             finished_by_tracer: 0,
+            frame_limit: Some(126),
         });
         p.live = Some(crate::profile::LiveTotals {
             peak_bytes: 123 << 30,
