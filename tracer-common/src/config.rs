@@ -33,6 +33,11 @@ pub struct Config {
     /// exponential draw `E` into the geometric gap `floor(scale * E) + 1`
     /// between sampled calls (0 for N = 1: every call).
     pub sample_scale: u64,
+    /// The main thread's stack pointer at exec (its frames lie below it;
+    /// above are its arguments, environment and a random gap of up to 8
+    /// KiB): where a walk's copy of the main thread's stack may end. 0:
+    /// unknown.
+    pub stack_start: u64,
     /// How many entries of `bodies` are valid.
     pub n_bodies: u32,
     /// Slots of the stack walk's scratch map, less one (a power of two

@@ -169,14 +169,19 @@ pub const fn is_miss_stack_id(stack: u64) -> bool {
 /// holds a 16 KiB buffer. A deeper walk that runs out of copy is cut short
 /// once (`read_failed`); the rules it added let the next one go on in the
 /// kernel.
-pub const STACK_COPY: usize = 32768;
+pub const STACK_COPY: usize = 65536;
 
 /// A walk the BPF side could not finish for want of a rule, with a copy of
 /// the stack from there up. The tracer finishes the walk, adds the rules,
 /// and counts the call under its whole stack.
+///
+/// The BPF side sends the smallest of [`MISS_COPY_SIZES`] that holds the
+/// stack up to the end of its mapping (`MissEvent<N>`): a record is the
+/// header, the same for every `N`, and `N` bytes of copy. The tracer reads
+/// any of them into the largest.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MissEvent {
+pub struct MissEvent<const N: usize = STACK_COPY> {
     /// [`miss_stack_id`]: what live mode's events carry as the stack.
     pub stack_id: u64,
     pub func: u32,
@@ -201,5 +206,19 @@ pub struct MissEvent {
     pub bp_ok: u64,
     pub frames: [u64; MAX_FRAMES],
     /// The target's stack from `sp - 8` (where `ra` itself is) up.
-    pub copy: [u8; STACK_COPY],
+    pub copy: [u8; N],
 }
+
+/// The sizes of stack copy a [`MissEvent`] comes in: most stacks at a
+/// malloc fit in a few KiB, and a ring of 32 KiB records held ~120 walks
+/// a MiB.
+pub const MISS_COPY_SIZES: [usize; 6] = [2048, 4096, 8192, 16384, 32768, STACK_COPY];
+
+/// Bytes of a [`MissEvent`] before its copy.
+pub const MISS_HEADER_BYTES: usize = core::mem::offset_of!(MissEvent, copy);
+
+const _: () = assert!(MISS_HEADER_BYTES & 7 == 0);
+const _: () = assert!(
+    core::mem::size_of::<MissEvent<2048>>() == MISS_HEADER_BYTES + 2048
+        && core::mem::offset_of!(MissEvent<2048>, copy) == MISS_HEADER_BYTES
+);

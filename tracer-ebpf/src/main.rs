@@ -30,7 +30,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use tracer_common::{
-    counter, miss_stack_id, rule_slot, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
+    counter, miss_stack_id, rule_slot, MISS_COPY_SIZES, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
     CountKey, CountValue, EntryMark, FreeEvent, LostFree, MissEvent, Pending, Role, StackFrames,
     UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
     COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
@@ -49,6 +49,7 @@ static CONFIG: Config = Config {
     max_frames: MAX_FRAMES as u32,
     sample_param: 0,
     sample_scale: 0,
+    stack_start: 0,
     n_bodies: 0,
     walk_mask: WALK_SLOTS - 1,
     bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
@@ -721,14 +722,28 @@ fn finish_hash(w: &mut WalkScratch, why: u32) -> u64 {
 }
 
 /// Reads the target's stack at `addr` into the scratch: `STACK_CHUNK`
-/// bytes, or near the top of the stack (where that read fails) 16. False
-/// when nothing could be read.
+/// bytes, up to the main thread's first frame when that is nearer, or
+/// near the top of another stack (where that read fails) 16. False when
+/// nothing could be read.
 #[inline(always)]
 fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
-    let bytes =
-        unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK) };
-    if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, bytes) }.is_ok() {
-        w.valid = STACK_CHUNK as u64;
+    // Near the top of the main thread's stack, up to where its frames end
+    // (a read past the stack's mapping fails, and costs a fault).
+    let start = unsafe { core::ptr::read_volatile(&CONFIG.stack_start) };
+    let len = if start > addr && start - addr < (STACK_CHUNK - 64) as u64 {
+        ((start - addr + 64) as u32) & (STACK_CHUNK as u32 - 8)
+    } else {
+        STACK_CHUNK as u32
+    };
+    if unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            w.chunk.as_mut_ptr() as *mut core::ffi::c_void,
+            len,
+            addr as *const core::ffi::c_void,
+        )
+    } == 0
+    {
+        w.valid = len as u64;
     } else {
         // Near the top of the stack: one frame's 16 bytes, or the last 8.
         let frame = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
@@ -815,14 +830,84 @@ fn send_miss(
             let _ = THREAD_NAMES.insert(&tid, &comm, BPF_NOEXIST as u64);
         }
     }
-    let Some(mut entry) = UNWIND_MISSES.reserve::<MissEvent>(0) else {
-        bump(counter::UNWIND_MISSES_LOST, 1);
-        return None;
-    };
     // Unique: a CPU copies one stack at a time, each taking microseconds.
     // (The BPF target here has no fetch-and-add for a counter.)
     let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } as u64;
     let id = miss_stack_id(((now_ns() & ((1 << 52) - 1)) << 8) | (cpu & 0xff));
+    // The copy goes from the return address's slot to the end of the
+    // stack's mapping (the thread's outermost frame lies below it), in the
+    // smallest record that holds it.
+    let from = w.sp - 8;
+    let end = mapping_end(from);
+    let mut need = if end > from { end - from } else { STACK_COPY as u64 };
+    // On the main thread's stack, the frames end where the stack began.
+    let start = unsafe { core::ptr::read_volatile(&CONFIG.stack_start) };
+    if start > from && start < end {
+        need = start + 64 - from;
+    }
+    let head = (id, func, tid, caller, calls, bytes);
+    let sent = if need <= MISS_COPY_SIZES[0] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, from, need)
+    } else if need <= MISS_COPY_SIZES[1] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[1] }>(w, head, from, need)
+    } else if need <= MISS_COPY_SIZES[2] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[2] }>(w, head, from, need)
+    } else if need <= MISS_COPY_SIZES[3] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[3] }>(w, head, from, need)
+    } else if need <= MISS_COPY_SIZES[4] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[4] }>(w, head, from, need)
+    } else {
+        send_copy::<STACK_COPY>(w, head, from, need)
+    };
+    if !sent {
+        bump(counter::UNWIND_MISSES_LOST, 1);
+        return None;
+    }
+    Some(id)
+}
+
+/// The end of the target's mapping that holds `addr`, 0 when it cannot be
+/// found (another thread holds the address space's lock, say).
+#[inline(always)]
+fn mapping_end(addr: u64) -> u64 {
+    let mut end: u64 = 0;
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_find_vma(
+            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+            addr,
+            vma_end as *mut core::ffi::c_void,
+            &mut end as *mut u64 as *mut core::ffi::c_void,
+            0,
+        );
+    }
+    end
+}
+
+/// `bpf_find_vma`'s callback: the mapping's `vm_end` (the second word of
+/// `struct vm_area_struct`, after `vm_start`).
+#[inline(never)]
+extern "C" fn vma_end(
+    _task: *mut core::ffi::c_void,
+    vma: *mut core::ffi::c_void,
+    end: *mut core::ffi::c_void,
+) -> i64 {
+    unsafe { *(end as *mut u64) = core::ptr::read_volatile((vma as *const u64).add(1)) };
+    0
+}
+
+/// One [`MissEvent`] with `N` bytes of copy: the walk so far and the
+/// target's stack from `from`, `need` bytes of it (its mapping's end) in
+/// one read, else as much as can be read. False when the ring is full.
+#[inline(always)]
+fn send_copy<const N: usize>(
+    w: &mut WalkScratch,
+    (id, func, tid, caller, calls, bytes): (u64, u32, u32, u64, u64, u64),
+    from: u64,
+    need: u64,
+) -> bool {
+    let Some(mut entry) = UNWIND_MISSES.reserve::<MissEvent<N>>(0) else {
+        return false;
+    };
     let ev = entry.as_mut_ptr();
     unsafe {
         (*ev).stack_id = id;
@@ -841,11 +926,21 @@ fn send_miss(
             (MAX_FRAMES * 8) as u32,
             w.stack.frames.as_ptr() as *const core::ffi::c_void,
         );
-        (*ev).copied = copy_stack(&mut (*ev).copy, w.sp - 8);
+        let len = if need < N as u64 { need as u32 } else { N as u32 };
+        (*ev).copied = if aya_ebpf::helpers::generated::bpf_probe_read_user(
+            (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
+            len,
+            from as *const core::ffi::c_void,
+        ) == 0
+        {
+            len
+        } else {
+            copy_stack(&mut (*ev).copy, from)
+        };
     }
     // Wake the tracer: the sooner it adds the rules, the fewer copies.
     entry.submit(0);
-    Some(id)
+    true
 }
 
 /// Copies the target's stack from `from` into `dst`: all of it when it
@@ -854,23 +949,23 @@ fn send_miss(
 /// least 3/4 of what there is; more pieces made the verifier's work grow
 /// fortyfold). Returns the bytes copied.
 #[inline(always)]
-fn copy_stack(dst: &mut [u8; STACK_COPY], from: u64) -> u32 {
+fn copy_stack<const N: usize>(dst: &mut [u8; N], from: u64) -> u32 {
     let first = copy_piece(dst, 0, from);
-    if first == STACK_COPY || first == 0 {
+    if first == N || first == 0 {
         return first as u32;
     }
     // Past the first piece, which is less than the whole copy.
-    first as u32 + copy_piece(dst, first & (STACK_COPY - 1), from + first as u64) as u32
+    first as u32 + copy_piece(dst, first & (N - 1), from + first as u64) as u32
 }
 
 /// The largest of 32, 16, ... KiB down to 8 bytes that can be read from
 /// `from` into `dst[at..]` (bytes copied, 0 when none).
 #[inline(always)]
-fn copy_piece(dst: &mut [u8; STACK_COPY], at: usize, from: u64) -> usize {
+fn copy_piece<const N: usize>(dst: &mut [u8; N], at: usize, from: u64) -> usize {
     macro_rules! try_len {
         ($($len:expr),*) => {
             $(
-                if at + $len <= STACK_COPY
+                if at + $len <= N
                     && unsafe {
                         aya_ebpf::helpers::generated::bpf_probe_read_user(
                             dst.as_mut_ptr().add(at) as *mut core::ffi::c_void,
@@ -884,7 +979,7 @@ fn copy_piece(dst: &mut [u8; STACK_COPY], at: usize, from: u64) -> usize {
             )*
         };
     }
-    try_len!(32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8);
+    try_len!(65536, 32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8);
     0
 }
 

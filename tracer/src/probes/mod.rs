@@ -122,16 +122,18 @@ pub struct MapSizes {
 
 impl MapSizes {
     /// For a process a traced tree starts: a quarter of the walk scratch
-    /// (a slot per thread; a tree's programs have few threads), so that
-    /// wide trees and the programs a tree ran (whose probes stay until the
-    /// end, see `Session::bury`) take less kernel memory. The ring of walks
-    /// keeps its size: a program that starts with a tight loop at a new
-    /// call site sends a 33 KiB walk per call until the tracer has added
-    /// the rules, and with a quarter of the ring (about 120 walks) a child
-    /// lost 896 of 1,000 stacks on a loaded machine.
+    /// (a slot per thread; a tree's programs have few threads) and of the
+    /// ring of walks, so that wide trees and the programs a tree ran (whose
+    /// probes stay until the end, see `Session::bury`) take less kernel
+    /// memory. A program that starts with a tight loop at a new call site
+    /// sends a walk per call until the tracer has added the rules: a 4 MiB
+    /// ring holds about 800 walks of a small program's stack (a 5 KiB
+    /// record), and held 120 when every record was 33 KiB (a child then
+    /// lost 896 of 1,000 stacks on a loaded machine).
     pub fn for_child(self) -> MapSizes {
         MapSizes {
             walk_slots: (self.walk_slots / 4).max(256),
+            unwind_ring: (self.unwind_ring / 4).max(1 << 20),
             ..self
         }
     }
@@ -291,6 +293,7 @@ pub fn attach<T>(
             }
             _ => 0,
         },
+        stack_start: crate::target::start_stack(pid),
         n_bodies: bodies.len() as u32,
         walk_mask: sizes.walk_slots - 1,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],
@@ -298,6 +301,10 @@ pub fn attach<T>(
         weight_table: weight_table(),
     });
     config.bodies[..bodies.len()].copy_from_slice(&bodies);
+    log::debug!(
+        "pid {pid}: main thread's stack starts at {:#x}",
+        config.stack_start
+    );
 
     // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
     // share them); rings no CPU uses, and all in count mode, get a page.

@@ -79,6 +79,21 @@ pub fn path_in_target(pid: u32, path: &str) -> PathBuf {
 
 const PF_KTHREAD: u64 = 0x0020_0000;
 
+/// The main thread's stack pointer at exec (`startstack` in
+/// `/proc/PID/stat`: where `argc` is; the thread's frames all lie below
+/// it), 0 when unknown.
+pub fn start_stack(pid: u32) -> u64 {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Field 28; the fields after the command name start at field 3.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    rest.split_whitespace()
+        .nth(28 - 3)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Checks that `pid` is a live user-space process we may trace.
 pub fn check_pid(pid: u32) -> Result<()> {
     if pid == 0 {

@@ -88,6 +88,8 @@ pub struct UnwindStats {
     /// Return addresses in code without call-frame information where the
     /// frame pointer is followed.
     pub frame_pointer_rules: usize,
+    /// Bytes of the walks' ring records (their size follows the stack's).
+    pub record_bytes: u64,
 }
 
 /// Does `ra` follow a call instruction in the target's code? (What a
@@ -300,6 +302,14 @@ impl Unwinder {
         if frames.len() > limit {
             frames.truncate(limit);
             stop = stop::MAX_FRAMES;
+        }
+        if stop == stop::READ_FAILED {
+            log::debug!(
+                "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}) after {} frames, at {:#x}",
+                ev.sp.wrapping_sub(8),
+                frames.len(),
+                frames.last().copied().unwrap_or(ev.ra)
+            );
         }
         let key = stack_key(&frames, stop);
         Finished { frames, stop, key }

@@ -23,7 +23,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
     Ebpf,
 };
-use tracer_common::{maps, rule_slot, CachedRule, CountKey, MissEvent};
+use tracer_common::{maps, rule_slot, CachedRule, CountKey, MissEvent, MISS_HEADER_BYTES};
 
 use super::{Rule, Unwinder};
 use crate::{collect::UserWalks, target::AddressSpace};
@@ -57,6 +57,7 @@ impl Walks {
             let Some(ev) = read_miss(&item) else {
                 continue;
             };
+            self.unwinder.stats.record_bytes += item.len() as u64;
             drop(item);
             let done = self.unwinder.finish(&ev, &mut space, &mut new_rules);
             let key = CountKey {
@@ -98,23 +99,24 @@ impl Walks {
     }
 }
 
-/// A [`MissEvent`] out of its ring record (read unaligned), `None` for a
-/// record of another size.
+/// A [`MissEvent`] out of its ring record (read unaligned), whatever its
+/// size of copy ([`MISS_COPY_SIZES`]); `None` for a record too short to
+/// hold the header.
 fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
-    if bytes.len() < std::mem::size_of::<MissEvent>() {
+    if bytes.len() < MISS_HEADER_BYTES {
         return None;
     }
-    let mut ev = Box::<MissEvent>::new_uninit();
+    let len = bytes.len().min(std::mem::size_of::<MissEvent>());
+    let mut ev = Box::<MissEvent>::new_zeroed();
     // SAFETY: MissEvent is plain data (integers and arrays of them): every
-    // bit pattern is valid, and `bytes` holds at least one.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            ev.as_mut_ptr() as *mut u8,
-            std::mem::size_of::<MissEvent>(),
-        );
-        Some(ev.assume_init())
-    }
+    // bit pattern is valid, zeroes included, and `len` bytes fit in both.
+    let mut ev = unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), ev.as_mut_ptr() as *mut u8, len);
+        ev.assume_init()
+    };
+    // What the record holds of the copy, whatever the header says.
+    ev.copied = ev.copied.min((len - MISS_HEADER_BYTES) as u32);
+    Some(ev)
 }
 
 /// Runs the calling thread at the lowest real-time priority: a walk waiting
