@@ -195,8 +195,15 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// Frames walked so far (above the caller), the last being `ra`, or
     /// none when `ra` is the caller.
     pub n: u32,
-    /// Bytes of `copy` that were read.
+    /// Bytes of `copy` that hold the stack (from the start of the page of
+    /// `sp - 8`), holes included.
     pub copied: u32,
+    /// Where `sp - 8` is in `copy`: the copy starts at the beginning of its
+    /// page, so that it can be read a page at a time.
+    pub skip: u32,
+    /// Bit `i`: page `i` of the copy could not be read (a page of the stack
+    /// never touched, under a large local buffer; zeroes in `copy`).
+    pub holes: u32,
     /// The return address without a rule, the CFA of the frame below it
     /// (the stack pointer of `ra`'s frame) and rbp there.
     pub ra: u64,
@@ -205,20 +212,21 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// Non-zero when `bp` is known.
     pub bp_ok: u64,
     pub frames: [u64; MAX_FRAMES],
-    /// The target's stack from `sp - 8` (where `ra` itself is) up.
+    /// The target's stack from the page of `sp - 8` (where `ra` itself is,
+    /// `skip` bytes in) up.
     pub copy: [u8; N],
 }
 
 /// The sizes of stack copy a [`MissEvent`] comes in: most stacks at a
 /// malloc fit in a few KiB, and a ring of 32 KiB records held ~120 walks
 /// a MiB.
-pub const MISS_COPY_SIZES: [usize; 6] = [2048, 4096, 8192, 16384, 32768, STACK_COPY];
+pub const MISS_COPY_SIZES: [usize; 5] = [4096, 8192, 16384, 32768, STACK_COPY];
 
 /// Bytes of a [`MissEvent`] before its copy.
 pub const MISS_HEADER_BYTES: usize = core::mem::offset_of!(MissEvent, copy);
 
 const _: () = assert!(MISS_HEADER_BYTES & 7 == 0);
 const _: () = assert!(
-    core::mem::size_of::<MissEvent<2048>>() == MISS_HEADER_BYTES + 2048
-        && core::mem::offset_of!(MissEvent<2048>, copy) == MISS_HEADER_BYTES
+    core::mem::size_of::<MissEvent<4096>>() == MISS_HEADER_BYTES + 4096
+        && core::mem::offset_of!(MissEvent<4096>, copy) == MISS_HEADER_BYTES
 );

@@ -834,30 +834,30 @@ fn send_miss(
     // (The BPF target here has no fetch-and-add for a counter.)
     let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } as u64;
     let id = miss_stack_id(((now_ns() & ((1 << 52) - 1)) << 8) | (cpu & 0xff));
-    // The copy goes from the return address's slot to the end of the
-    // stack's mapping (the thread's outermost frame lies below it), in the
-    // smallest record that holds it.
+    // The copy goes from the page of the return address's slot to the end
+    // of the stack's mapping (the thread's outermost frame lies below it),
+    // or on the main thread to where its frames end, in the smallest
+    // record that holds it.
     let from = w.sp - 8;
+    let base = from & !4095;
     let end = mapping_end(from);
-    let mut need = if end > from { end - from } else { STACK_COPY as u64 };
-    // On the main thread's stack, the frames end where the stack began.
+    let mut top = if end > from { end } else { base + STACK_COPY as u64 };
     let start = unsafe { core::ptr::read_volatile(&CONFIG.stack_start) };
-    if start > from && start < end {
-        need = start + 64 - from;
+    if start > from && start < top {
+        top = start + 64;
     }
+    let total = top - base;
     let head = (id, func, tid, caller, calls, bytes);
-    let sent = if need <= MISS_COPY_SIZES[0] as u64 {
-        send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, from, need)
-    } else if need <= MISS_COPY_SIZES[1] as u64 {
-        send_copy::<{ MISS_COPY_SIZES[1] }>(w, head, from, need)
-    } else if need <= MISS_COPY_SIZES[2] as u64 {
-        send_copy::<{ MISS_COPY_SIZES[2] }>(w, head, from, need)
-    } else if need <= MISS_COPY_SIZES[3] as u64 {
-        send_copy::<{ MISS_COPY_SIZES[3] }>(w, head, from, need)
-    } else if need <= MISS_COPY_SIZES[4] as u64 {
-        send_copy::<{ MISS_COPY_SIZES[4] }>(w, head, from, need)
+    let sent = if total <= MISS_COPY_SIZES[0] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[1] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[1] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[2] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[2] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[3] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[3] }>(w, head, base, total)
     } else {
-        send_copy::<STACK_COPY>(w, head, from, need)
+        send_copy::<STACK_COPY>(w, head, base, total)
     };
     if !sent {
         bump(counter::UNWIND_MISSES_LOST, 1);
@@ -896,14 +896,16 @@ extern "C" fn vma_end(
 }
 
 /// One [`MissEvent`] with `N` bytes of copy: the walk so far and the
-/// target's stack from `from`, `need` bytes of it (its mapping's end) in
-/// one read, else as much as can be read. False when the ring is full.
+/// target's stack from `base` (a page boundary), `total` bytes of it (at
+/// most `N`) in one read; where that fails (a page never touched under a
+/// large local buffer), a page at a time, the pages that cannot be read
+/// marked as holes. False when the ring is full.
 #[inline(always)]
 fn send_copy<const N: usize>(
     w: &mut WalkScratch,
     (id, func, tid, caller, calls, bytes): (u64, u32, u32, u64, u64, u64),
-    from: u64,
-    need: u64,
+    base: u64,
+    total: u64,
 ) -> bool {
     let Some(mut entry) = UNWIND_MISSES.reserve::<MissEvent<N>>(0) else {
         return false;
@@ -921,66 +923,45 @@ fn send_copy<const N: usize>(
         (*ev).sp = w.sp;
         (*ev).bp = w.bp;
         (*ev).bp_ok = w.bp_ok;
+        (*ev).skip = ((w.sp - 8) & 4095) as u32;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).frames.as_mut_ptr() as *mut core::ffi::c_void,
             (MAX_FRAMES * 8) as u32,
             w.stack.frames.as_ptr() as *const core::ffi::c_void,
         );
-        let len = if need < N as u64 { need as u32 } else { N as u32 };
-        (*ev).copied = if aya_ebpf::helpers::generated::bpf_probe_read_user(
+        let len = if total < N as u64 { total as u32 } else { N as u32 };
+        (*ev).copied = len;
+        (*ev).holes = 0;
+        if aya_ebpf::helpers::generated::bpf_probe_read_user(
             (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
             len,
-            from as *const core::ffi::c_void,
-        ) == 0
+            base as *const core::ffi::c_void,
+        ) != 0
         {
-            len
-        } else {
-            copy_stack(&mut (*ev).copy, from)
-        };
+            // A page that cannot be read is zeroed by the helper.
+            let mut holes = 0u32;
+            let mut page = 0usize;
+            while page < N / 4096 {
+                let at = page * 4096;
+                if at as u32 >= len {
+                    break;
+                }
+                if aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    (*ev).copy.as_mut_ptr().add(at) as *mut core::ffi::c_void,
+                    4096,
+                    (base + at as u64) as *const core::ffi::c_void,
+                ) != 0
+                {
+                    holes |= 1 << page;
+                }
+                page += 1;
+            }
+            (*ev).holes = holes;
+        }
     }
     // Wake the tracer: the sooner it adds the rules, the fewer copies.
     entry.submit(0);
     true
-}
-
-/// Copies the target's stack from `from` into `dst`: all of it when it
-/// can, else (near the top of the stack) the largest power-of-two prefix
-/// that can be read and, after it, the largest piece of the rest (at
-/// least 3/4 of what there is; more pieces made the verifier's work grow
-/// fortyfold). Returns the bytes copied.
-#[inline(always)]
-fn copy_stack<const N: usize>(dst: &mut [u8; N], from: u64) -> u32 {
-    let first = copy_piece(dst, 0, from);
-    if first == N || first == 0 {
-        return first as u32;
-    }
-    // Past the first piece, which is less than the whole copy.
-    first as u32 + copy_piece(dst, first & (N - 1), from + first as u64) as u32
-}
-
-/// The largest of 32, 16, ... KiB down to 8 bytes that can be read from
-/// `from` into `dst[at..]` (bytes copied, 0 when none).
-#[inline(always)]
-fn copy_piece<const N: usize>(dst: &mut [u8; N], at: usize, from: u64) -> usize {
-    macro_rules! try_len {
-        ($($len:expr),*) => {
-            $(
-                if at + $len <= N
-                    && unsafe {
-                        aya_ebpf::helpers::generated::bpf_probe_read_user(
-                            dst.as_mut_ptr().add(at) as *mut core::ffi::c_void,
-                            $len,
-                            from as *const core::ffi::c_void,
-                        )
-                    } == 0
-                {
-                    return $len;
-                }
-            )*
-        };
-    }
-    try_len!(65536, 32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8);
-    0
 }
 
 /// Inserts a new aggregation key; true when this call created it.

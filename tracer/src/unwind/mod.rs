@@ -40,7 +40,7 @@ use tracer_common::{stack_hash_finish, stack_hash_step, stop, MissEvent, STACK_H
 
 pub use object_cfi::ObjectCfi;
 pub use tracer_common::UnwindRule as Rule;
-pub use walk::{unwind_with_fp, Stop, FRAME_POINTER};
+pub use walk::{unwind_with_fp, StackCopy, Stop, FRAME_POINTER};
 
 use crate::target::{AddressSpace, Mem};
 
@@ -90,6 +90,8 @@ pub struct UnwindStats {
     pub frame_pointer_rules: usize,
     /// Bytes of the walks' ring records (their size follows the stack's).
     pub record_bytes: u64,
+    /// Walks whose copy had pages that could not be read.
+    pub copies_with_holes: u64,
 }
 
 /// Does `ra` follow a call instruction in the target's code? (What a
@@ -266,7 +268,17 @@ impl Unwinder {
         self.stats.max_wait = self.stats.max_wait.max(waited(ev.stack_id));
         let n = (ev.n as usize).min(ev.frames.len());
         let mut frames: Vec<u64> = ev.frames[..n].to_vec();
+        // The copy starts at the page of `sp - 8`, `skip` bytes before it.
         let copied = (ev.copied as usize).min(ev.copy.len());
+        let skip = (ev.skip as usize).min(copied);
+        if ev.holes != 0 {
+            self.stats.copies_with_holes += 1;
+        }
+        let stack = StackCopy {
+            bytes: &ev.copy[skip..copied],
+            holes: ev.holes,
+            page_base: ev.sp.wrapping_sub(8).wrapping_sub(skip as u64),
+        };
         let bp = (ev.bp_ok != 0).then_some(ev.bp);
         let space_cell = std::cell::RefCell::new(space);
         let pid = self.pid;
@@ -274,7 +286,7 @@ impl Unwinder {
             ev.ra,
             ev.sp.wrapping_sub(8),
             bp,
-            &ev.copy[..copied],
+            stack,
             |ra| {
                 let (rule, new) = self.rule_for(ra, &mut space_cell.borrow_mut());
                 if new {
@@ -305,8 +317,9 @@ impl Unwinder {
         }
         if stop == stop::READ_FAILED {
             log::debug!(
-                "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}) after {} frames, at {:#x}",
-                ev.sp.wrapping_sub(8),
+                "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}, holes {:#x}) after {} frames, at {:#x}",
+                ev.sp.wrapping_sub(8).wrapping_sub(skip as u64),
+                ev.holes,
                 frames.len(),
                 frames.last().copied().unwrap_or(ev.ra)
             );

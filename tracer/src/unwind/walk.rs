@@ -31,14 +31,45 @@ pub enum Stop {
     MaxFrames,
 }
 
+/// A copy of the target's stack: its bytes, and the pages of them that
+/// could not be read (a page never touched, under a large local buffer).
+#[derive(Clone, Copy, Debug)]
+pub struct StackCopy<'a> {
+    pub bytes: &'a [u8],
+    /// Bit `i`: the page at `page_base + i * 4096` is a hole (zeroes in
+    /// `bytes`).
+    pub holes: u32,
+    pub page_base: u64,
+}
+
+impl<'a> From<&'a [u8]> for StackCopy<'a> {
+    fn from(bytes: &'a [u8]) -> Self {
+        StackCopy {
+            bytes,
+            holes: 0,
+            page_base: 0,
+        }
+    }
+}
+
+impl StackCopy<'_> {
+    fn in_hole(&self, addr: u64) -> bool {
+        let page = addr.wrapping_sub(self.page_base) >> 12;
+        page < 32 && self.holes >> page & 1 != 0
+    }
+}
+
 /// Read the 8-byte word at `addr` from `stack`, which holds the bytes copied
-/// from address `base`.
-fn read(stack: &[u8], base: u64, addr: u64) -> Result<u64, Stop> {
+/// from address `base`. A word in a hole of the copy is out of it.
+fn read(stack: StackCopy, base: u64, addr: u64) -> Result<u64, Stop> {
     if addr < base || !addr.is_multiple_of(8) {
         return Err(Stop::BadRead);
     }
+    if stack.in_hole(addr) {
+        return Err(Stop::OutOfCopy);
+    }
     let off = usize::try_from(addr - base).map_err(|_| Stop::OutOfCopy)?;
-    match stack.get(off..off.saturating_add(8)) {
+    match stack.bytes.get(off..off.saturating_add(8)) {
         Some(b) => Ok(u64::from_le_bytes(b.try_into().expect("8 bytes"))),
         None => Err(Stop::OutOfCopy),
     }
@@ -64,7 +95,7 @@ pub fn unwind(
     stack: &[u8],
     rule_for: impl FnMut(u64) -> Rule,
 ) -> (Vec<u64>, Stop) {
-    let (frames, stop, _) = unwind_with_fp(start_ra, rsp, rbp, stack, rule_for, |_| false);
+    let (frames, stop, _) = unwind_with_fp(start_ra, rsp, rbp, stack.into(), rule_for, |_| false);
     (frames, stop)
 }
 
@@ -87,7 +118,7 @@ pub fn unwind_with_fp(
     start_ra: u64,
     rsp: u64,
     rbp: Option<u64>,
-    stack: &[u8],
+    stack: StackCopy,
     mut rule_for: impl FnMut(u64) -> Rule,
     mut is_call_site: impl FnMut(u64) -> bool,
 ) -> (Vec<u64>, Stop, Vec<u64>) {
@@ -121,7 +152,7 @@ fn walk(
     start_ra: u64,
     rsp: u64,
     rbp: Option<u64>,
-    stack: &[u8],
+    stack: StackCopy,
     frames: &mut Vec<u64>,
     rule_for: &mut impl FnMut(u64, u64, Option<u64>) -> Rule,
 ) -> Stop {
