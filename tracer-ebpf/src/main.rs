@@ -722,28 +722,14 @@ fn finish_hash(w: &mut WalkScratch, why: u32) -> u64 {
 }
 
 /// Reads the target's stack at `addr` into the scratch: `STACK_CHUNK`
-/// bytes, up to the main thread's first frame when that is nearer, or
-/// near the top of another stack (where that read fails) 16. False when
-/// nothing could be read.
+/// bytes, or near the top of the stack (where that read fails) 16. False
+/// when nothing could be read.
 #[inline(always)]
 fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
-    // Near the top of the main thread's stack, up to where its frames end
-    // (a read past the stack's mapping fails, and costs a fault).
-    let start = unsafe { core::ptr::read_volatile(&CONFIG.stack_start) };
-    let len = if start > addr && start - addr < (STACK_CHUNK - 64) as u64 {
-        ((start - addr + 64) as u32) & (STACK_CHUNK as u32 - 8)
-    } else {
-        STACK_CHUNK as u32
-    };
-    if unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            w.chunk.as_mut_ptr() as *mut core::ffi::c_void,
-            len,
-            addr as *const core::ffi::c_void,
-        )
-    } == 0
-    {
-        w.valid = len as u64;
+    let bytes =
+        unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, STACK_CHUNK) };
+    if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, bytes) }.is_ok() {
+        w.valid = STACK_CHUNK as u64;
     } else {
         // Near the top of the stack: one frame's 16 bytes, or the last 8.
         let frame = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
