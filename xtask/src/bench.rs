@@ -163,6 +163,29 @@ struct Target<'a> {
     preload: Option<&'static str>,
 }
 
+/// Waits (at most two minutes) until no process of mtrace's is left: the
+/// process that takes out an exited run's probes (`reaper` in
+/// tracer/src/session.rs) holds the kernel's uprobe lock for seconds and
+/// takes CPU time from the next run, which then measured the machine's
+/// business rather than its own mode (on 2 CPUs, a 2-thread run has none
+/// to spare).
+fn wait_for_reapers() {
+    let running = || {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_to_string(e.path().join("comm"))
+                    .is_ok_and(|c| c.trim_end() == "mtrace")
+            })
+    };
+    let started = std::time::Instant::now();
+    while running() && started.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 fn run_once(
     root: &Path,
     target: &Target,
@@ -190,6 +213,7 @@ fn run_once(
         .arg(threads.to_string())
         .stdin(Stdio::null());
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    wait_for_reapers();
     if !out.status.success() {
         bail!(
             "{} failed: {}",
