@@ -731,9 +731,22 @@ fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
     if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, bytes) }.is_ok() {
         w.valid = STACK_CHUNK as u64;
     } else {
-        // Near the top of the stack: one frame's 16 bytes, or the last 8.
+        // The chunk ran into a page that cannot be read (past the top of
+        // the stack, or never touched under a large local buffer): the
+        // rest of this page, else one frame's 16 bytes, or the last 8.
+        let rest = (4096 - (addr & 4095)) & (STACK_CHUNK as u64 - 8);
         let frame = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 16) };
-        if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, frame) }.is_ok() {
+        if rest > 16
+            && unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    w.chunk.as_mut_ptr() as *mut core::ffi::c_void,
+                    rest as u32,
+                    addr as *const core::ffi::c_void,
+                )
+            } == 0
+        {
+            w.valid = rest;
+        } else if unsafe { aya_ebpf::helpers::bpf_probe_read_user_buf(addr as *const u8, frame) }.is_ok() {
             w.valid = 16;
         } else {
             let word = unsafe { core::slice::from_raw_parts_mut(w.chunk.as_mut_ptr() as *mut u8, 8) };
