@@ -122,18 +122,16 @@ pub struct MapSizes {
 
 impl MapSizes {
     /// For a process a traced tree starts: a quarter of the walk scratch
-    /// (a slot per thread; a tree's programs have few threads) and of the
-    /// ring of walks, so that wide trees and the programs a tree ran (whose
-    /// probes stay until the end, see `Session::bury`) take less kernel
-    /// memory. A program that starts with a tight loop at a new call site
-    /// sends a walk per call until the tracer has added the rules: a 4 MiB
-    /// ring holds about 800 walks of a small program's stack (a 5 KiB
-    /// record), and held 120 when every record was 33 KiB (a child then
-    /// lost 896 of 1,000 stacks on a loaded machine).
+    /// (a slot per thread; a tree's programs have few threads), so that
+    /// wide trees and the programs a tree ran (whose probes stay until the
+    /// end, see `Session::bury`) take less kernel memory. The ring of walks
+    /// keeps its size: a program starting up sends a walk per call at each
+    /// new call site until the tracer has added the rules, and CPython's
+    /// start in pyenv's shim lost 15 walks (`copy_lost`) with a quarter of
+    /// the ring, even with records sized to the stack.
     pub fn for_child(self) -> MapSizes {
         MapSizes {
             walk_slots: (self.walk_slots / 4).max(256),
-            unwind_ring: (self.unwind_ring / 4).max(1 << 20),
             ..self
         }
     }
@@ -282,17 +280,7 @@ pub fn attach<T>(
         sample_mode,
         max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
         sample_param,
-        sample_scale: match mode.sampling {
-            // Over the table's mean, which its cut-off tail puts 0.03%
-            // below 1: the gaps' mean is then N, not N less 0.03%.
-            Some(Sampling::Every(n)) => {
-                let table = exp_table();
-                let mean = table.iter().map(|&e| e as f64).sum::<f64>()
-                    / (table.len() as f64 * WEIGHT_ONE as f64);
-                (geometric_scale(n) / mean * WEIGHT_ONE as f64).round() as u64
-            }
-            _ => 0,
-        },
+        sample_scale: 0,
         stack_start: crate::target::start_stack(pid),
         n_bodies: bodies.len() as u32,
         walk_mask: sizes.walk_slots - 1,
@@ -301,10 +289,14 @@ pub fn attach<T>(
         weight_table: weight_table(),
     });
     config.bodies[..bodies.len()].copy_from_slice(&bodies);
-    log::debug!(
-        "pid {pid}: main thread's stack starts at {:#x}",
-        config.stack_start
-    );
+    if let Some(Sampling::Every(n)) = mode.sampling {
+        // Over the exponential table's mean, which its cut-off tail puts
+        // 0.03% below 1: the gaps' mean is then N, not N less 0.03%.
+        let table = &config.exp_table;
+        let mean =
+            table.iter().map(|&e| e as f64).sum::<f64>() / (table.len() as f64 * WEIGHT_ONE as f64);
+        config.sample_scale = (geometric_scale(n) / mean * WEIGHT_ONE as f64).round() as u64;
+    }
 
     // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
     // share them); rings no CPU uses, and all in count mode, get a page.

@@ -86,12 +86,17 @@ pub fn start_stack(pid: u32) -> u64 {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0;
     };
-    // Field 28; the fields after the command name start at field 3.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    rest.split_whitespace()
-        .nth(28 - 3)
+    stat_fields(&stat)
+        .get(28 - 3)
         .and_then(|f| f.parse().ok())
         .unwrap_or(0)
+}
+
+/// The fields of `/proc/PID/stat` after the parenthesised command name
+/// (which may hold spaces): field 3 (the state) first.
+fn stat_fields(stat: &str) -> Vec<&str> {
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    rest.split_whitespace().collect()
 }
 
 /// Checks that `pid` is a live user-space process we may trace.
@@ -106,10 +111,8 @@ pub fn check_pid(pid: u32) -> Result<()> {
         }
         Err(e) => return Err(user_error!("cannot read /proc/{pid}/stat: {e}")),
     };
-    // Fields after the parenthesised command name: state is field 3, flags
-    // field 9.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // State is field 3, flags field 9.
+    let fields = stat_fields(&stat);
     let state = fields.first().copied().unwrap_or("?");
     if state == "Z" || state == "X" {
         return Err(user_error!("pid {pid} has already exited (zombie)"));
