@@ -29,6 +29,7 @@ const NO_CFI: Program = Program("nocfi");
 const MIXED: Program = Program("mixed");
 const DLOPEN: Program = Program("dlopen");
 const JIT: Program = Program("jit");
+const MEMO: Program = Program("memo");
 
 const NO_FP: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
 
@@ -92,6 +93,7 @@ impl Program {
                 ]),
             ],
             JIT => vec![cc(&["-o", "jit", "jit.c"])],
+            MEMO => vec![cc(&["-o", "memo", "memo.c"])],
             DLOPEN => vec![
                 cc(&["-shared", "-fPIC", "-o", "plugin.so", "plugin.c"]),
                 cc(&["-o", "dlopen", "dlopen.c", "-ldl"]),
@@ -190,6 +192,11 @@ fn assert_like_gdb(
 
 /// Launch mode with `args`, every stack against gdb's; mtrace's output.
 fn check_launch(program: Program, args: &[&str]) -> Finished {
+    check_launch_profiled(program, args).0
+}
+
+/// [`check_launch`], and the profile.
+fn check_launch_profiled(program: Program, args: &[&str]) -> (Finished, Profile) {
     let objects = program.objects();
     let gdb = stacks_under_gdb(&paths(&objects), &[], "");
     let mut all = args.to_vec();
@@ -197,7 +204,7 @@ fn check_launch(program: Program, args: &[&str]) -> Finished {
     let (out, p) = run_profiled(&all);
     out.assert_exit(0);
     assert_like_gdb(&p, &gdb, &objects, |_| true);
-    out
+    (out, p)
 }
 
 #[test]
@@ -216,6 +223,27 @@ fn c_chains_recursion_libc_and_threads_count_mode() {
         "no copy with holes: {holes:?}\n{}",
         out.describe()
     );
+}
+
+/// Calls from one place whose stacks differ further up (memo.c): each
+/// keeps its own stack, as gdb shows, although most reuse a remembered
+/// walk instead of walking.
+#[test]
+fn remembered_walks_keep_stacks_that_differ_further_up() {
+    need_bpf!();
+    for mode in [&["-v"][..], &["-v", "--live"][..]] {
+        let (out, p) = check_launch_profiled(MEMO, mode);
+        // 33 calls from 6 places: the stack of some was a remembered
+        // walk's.
+        let q = &p.doc["stack_quality"];
+        let walked = q["walked_in_kernel"].as_u64().unwrap();
+        assert_eq!(q["calls"], 33, "{mode:?}: {q}\n{}", out.describe());
+        assert!(
+            (6..33).contains(&walked),
+            "{mode:?}: {q}\n{}",
+            out.describe()
+        );
+    }
 }
 
 #[test]

@@ -48,5 +48,8 @@ pub mod counter {
     /// Live mode: of those, frees `LOST_FREES` had no room for either: their
     /// blocks may be reported outstanding though freed.
     pub const FREES_LOST: u32 = MAP_FULL + 14;
-    pub const N: u32 = MAP_FULL + 15;
+    /// Stacks the kernel walked frame by frame (the others came from a
+    /// remembered walk, `WalkMemo`): not a loss.
+    pub const WALKS: u32 = MAP_FULL + 15;
+    pub const N: u32 = MAP_FULL + 16;
 }

@@ -35,11 +35,13 @@ pub const LOST_FREES: &str = "LOST_FREES";
 pub const ENABLED: &str = "ENABLED";
 /// The stack walk's scratch, a slot per thread ([`crate::WalkScratch`]).
 pub const WALK: &str = "WALK";
+/// Remembered walks, per CPU ([`crate::WalkMemo`]).
+pub const MEMO: &str = "MEMO";
 /// The global the tracer writes before load ([`crate::Config`]).
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 13] = [
+pub const ALL_MAPS: [&str; 14] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -53,6 +55,7 @@ pub const ALL_MAPS: [&str; 13] = [
     ENABLED,
     LOST_FREES,
     WALK,
+    MEMO,
 ];
 
 /// The benchmark's floor: a program that does nothing, attached where the

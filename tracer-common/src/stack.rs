@@ -49,6 +49,61 @@ pub struct WalkScratch {
     pub limit: u64,
     /// The thread's last counted allocator entry (tail-call check).
     pub mark: EntryMark,
+    /// What the walk's result depends on, for [`WalkMemo`]: the stack
+    /// pointer at entry (`origin`), the stack words it read and used
+    /// (`memo`, packed as [`WalkMemo::words`], `memo_n` of them;
+    /// `memo_over` when they did not fit), where the current rbp was read
+    /// from (0: the entry's register) and whether the entry's rbp was used.
+    pub origin: u64,
+    pub memo_n: u64,
+    pub memo_over: u64,
+    pub memo_bp_at: u64,
+    pub memo_uses_bp: u64,
+    /// The walk's result came from a [`WalkMemo`]: `stack` was not filled.
+    pub memo_hit: u64,
+    /// The check of a [`WalkMemo`] against the stack (kept here, where the
+    /// verifier does not follow the values): the entry, how many of its
+    /// words are compared so far, its count of words, and whether all
+    /// matched.
+    pub check_slot: u64,
+    pub check_i: u64,
+    pub check_n: u64,
+    pub check_same: u64,
+    pub memo: [u64; MEMO_WORDS],
+}
+
+/// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller
+/// and stack pointer.
+pub const MEMO_ENTRIES: u32 = 64;
+
+/// Most stack words a remembered walk depends on.
+pub const MEMO_WORDS: usize = 128;
+
+/// A finished walk remembered with everything its result depends on: the
+/// walk is a function of the direct caller, the stack pointer, (sometimes)
+/// rbp at entry and the stack words it read, the rules being fixed. A call
+/// with the same caller, stack pointer and rbp whose stack holds the same
+/// words at the same places has the same stack, found by comparing the
+/// words instead of walking again.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WalkMemo {
+    /// Even when the entry is whole; odd while it is written (a uprobe
+    /// program can be preempted on its CPU by another).
+    pub seq: u64,
+    pub caller: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The walk used rbp as it was at entry: `bp` must match too.
+    pub uses_bp: u64,
+    /// The stack's key (its hash) and why the walk ended.
+    pub key: u64,
+    pub stop: u64,
+    pub n: u64,
+    /// `frame << 63 | offset << 48 | value`: the stack word `offset` words
+    /// above `sp` held `value` (below 2^48, as user addresses are); `frame`
+    /// when the value is a return address, the stack's next frame.
+    pub words: [u64; MEMO_WORDS],
 }
 
 /// Key of the in-kernel aggregation map: one entry per distinct

@@ -32,7 +32,7 @@ use aya_ebpf::{
 use tracer_common::{
     counter, miss_stack_id, rule_slot, MISS_COPY_SIZES, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
     CountKey, CountValue, EntryMark, FreeEvent, LostFree, MissEvent, Pending, Role, StackFrames,
-    UnwindRule, WalkScratch, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
+    UnwindRule, WalkMemo, WalkScratch, EVENT_ALLOC, MEMO_ENTRIES, MEMO_WORDS, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
     COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
     STACK_COPY, STACK_HASH_SEED, STACK_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN,
     WEIGHT_TABLE_START,
@@ -78,6 +78,11 @@ static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_
 static WALK: Array<WalkScratch> = Array::with_max_entries(WALK_SLOTS, 0);
 
 const WALK_SLOTS: u32 = 4096;
+
+/// Remembered walks ([`WalkMemo`]), per CPU: a call whose stack holds the
+/// words an earlier walk from the same place read is not walked again.
+#[map]
+static MEMO: PerCpuArray<WalkMemo> = PerCpuArray::with_max_entries(MEMO_ENTRIES, 0);
 
 /// Unwind rules by return address, filled by the tracer (size set by the
 /// tracer). Not preallocated: a process uses a few hundred of its 65,536
@@ -563,7 +568,19 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
         set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
     if !count_call(func, calls_inc, bytes_inc, Some(&key)) && insert_count(&key, calls_inc, bytes_inc, tid, per_thread) {
-        // A new key: make sure its stack is stored (once per stack).
+        // A new key: make sure its stack is stored (once per stack). A
+        // remembered walk has no frames: walk again for them.
+        let walk = match walk {
+            Some(w) if unsafe { (*w).memo_hit } != 0 => {
+                if memo_frames(w) {
+                    Some(w)
+                } else {
+                    bump(counter::STACK_WALK_FAILED, 1);
+                    None
+                }
+            }
+            other => other,
+        };
         if let Some(w) = walk {
             if let Err(e) = STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
                 if e != -EEXIST {
@@ -654,7 +671,16 @@ fn unwind_frame(w: &mut WalkScratch) -> i64 {
     };
     let base = match rule.kind {
         UnwindRule::CFA_RSP => w.sp,
-        UnwindRule::CFA_RBP if w.bp_ok != 0 => w.bp,
+        UnwindRule::CFA_RBP if w.bp_ok != 0 => {
+            // The walk depends on rbp: on the entry's register, or on the
+            // stack word it was read from.
+            if w.memo_bp_at == 0 {
+                w.memo_uses_bp = 1;
+            } else {
+                memo_note(w, w.memo_bp_at, w.bp, 0);
+            }
+            w.bp
+        }
         UnwindRule::END => return end(w, stop::END),
         UnwindRule::NOT_CODE => return end(w, stop::BAD_FRAME),
         _ => return end(w, stop::NO_CFI),
@@ -681,6 +707,7 @@ fn unwind_frame(w: &mut WalkScratch) -> i64 {
         return end(w, stop::READ_FAILED);
     }
     let next = w.chunk[(((cfa - 8 - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
+    memo_note(w, cfa - 8, next, 1);
     if saves_bp {
         let at = cfa.wrapping_add(rbp_off as u64);
         if at < base || at & 7 != 0 || at + 8 > base + valid {
@@ -688,6 +715,7 @@ fn unwind_frame(w: &mut WalkScratch) -> i64 {
         }
         w.bp = w.chunk[(((at - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
         w.bp_ok = 1;
+        w.memo_bp_at = at;
     } else if rule.rbp != UnwindRule::RBP_SAME {
         w.bp_ok = 0;
     }
@@ -772,37 +800,262 @@ fn walk_stack(
     scratch: Option<*mut WalkScratch>,
     caller: u64,
 ) -> (u64, Option<*mut WalkScratch>) {
-    let Some(mut w) = scratch else {
+    let Some(w) = scratch else {
         bump(counter::STACK_WALK_FAILED, 1);
         return (STACK_NONE, None);
     };
     unsafe {
-        (*w).ra = caller;
-        (*w).sp = (*ctx.regs).rsp + 8;
-        (*w).bp = (*ctx.regs).rbp;
-        (*w).bp_ok = 1;
-        (*w).hash = STACK_HASH_SEED;
-        (*w).stack.len = 0;
-        (*w).stack.stop = stop::MAX_FRAMES;
-        (*w).limit = config_u32(&CONFIG.max_frames) as u64;
-        if caller == 0 {
-            (*w).stack.stop = stop::READ_FAILED;
-        } else if (*w).limit == 0 {
-            // --max-stack 0: the direct caller only.
-        } else {
-            aya_ebpf::helpers::generated::bpf_loop(
-                (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,
-                unwind_step as *mut core::ffi::c_void,
-                &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
-                0,
-            );
+        let sp = (*ctx.regs).rsp;
+        let bp = (*ctx.regs).rbp;
+        start_walk(&mut *w, caller, sp, bp);
+        if caller != 0 && (*w).limit != 0 {
+            if let Some(key) = memo_find(w, caller, sp, bp) {
+                (*w).memo_hit = 1;
+                return (key, Some(w));
+            }
+            bump(counter::WALKS, 1);
+            run_walk(w);
+            let why = (*w).stack.stop;
+            if why == stop::MISS {
+                return (0, Some(w));
+            }
+            let key = finish_hash(&mut *w, why);
+            // A walk that could not read the stack may do better next time.
+            if why != stop::READ_FAILED {
+                memo_store(&*w, caller, sp, bp, key);
+            }
+            return (key, Some(w));
         }
         let why = (*w).stack.stop;
-        if why == stop::MISS {
-            return (0, Some(w));
-        }
         (finish_hash(&mut *w, why), Some(w))
     }
+}
+
+/// Sets the walk off from the probe: `[rsp]` is the direct caller, rbp the
+/// caller's.
+#[inline(always)]
+fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64) {
+    w.ra = caller;
+    w.sp = sp + 8;
+    w.bp = bp;
+    w.bp_ok = 1;
+    w.hash = STACK_HASH_SEED;
+    w.stack.len = 0;
+    w.stack.stop = if caller == 0 { stop::READ_FAILED } else { stop::MAX_FRAMES };
+    // 0 (--max-stack 0): the direct caller only.
+    w.limit = config_u32(&CONFIG.max_frames) as u64;
+    w.memo_hit = 0;
+    w.origin = sp;
+    w.memo_n = 0;
+    w.memo_over = 0;
+    w.memo_bp_at = 0;
+    w.memo_uses_bp = 0;
+}
+
+/// Walks frame by frame until the walk ends (`stack.stop` says why).
+#[inline(always)]
+fn run_walk(mut w: *mut WalkScratch) {
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,
+            unwind_step as *mut core::ffi::c_void,
+            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
+            0,
+        );
+    }
+}
+
+/// After a remembered walk, its frames (a new aggregation key stores its
+/// stack): the return addresses among the words the entry holds. False
+/// when the entry changed meanwhile (the call then goes under no stack).
+#[inline(always)]
+fn memo_frames(mut w: *mut WalkScratch) -> bool {
+    unsafe {
+        let Some(e) = MEMO.get_ptr((*w).check_slot as u32) else {
+            return false;
+        };
+        let seq = core::ptr::read_volatile(&(*e).seq);
+        (*w).stack.len = 0;
+        (*w).stack.stop = core::ptr::read_volatile(&(*e).stop) as u32;
+        (*w).check_i = 0;
+        aya_ebpf::helpers::generated::bpf_loop(
+            (MEMO_WORDS / MEMO_PER_STEP + 1) as u32,
+            memo_frames_step as *mut core::ffi::c_void,
+            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
+            0,
+        );
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        core::ptr::read_volatile(&(*e).seq) == seq
+    }
+}
+
+/// One `bpf_loop` step of [`memo_frames`].
+#[inline(never)]
+extern "C" fn memo_frames_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+    let Some(e) = MEMO.get_ptr(w.check_slot as u32) else {
+        return 1;
+    };
+    let mut k = 0;
+    while k < MEMO_PER_STEP {
+        let i = w.check_i;
+        if i >= w.check_n {
+            return 1;
+        }
+        let word = unsafe { core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]) };
+        if word >> 63 != 0 {
+            let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
+            if n >= MAX_FRAMES {
+                return 1;
+            }
+            w.stack.frames[n] = word & ((1 << 48) - 1);
+            unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 1) };
+        }
+        w.check_i = i + 1;
+        k += 1;
+    }
+    0
+}
+
+/// The [`MEMO`] entry of a call from `caller` with stack pointer `sp`.
+#[inline(always)]
+fn memo_slot(caller: u64, sp: u64) -> u32 {
+    ((caller ^ sp.rotate_left(20)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as u32 & (MEMO_ENTRIES - 1)
+}
+
+/// Notes that the walk read `value` from the stack word at `addr` (a
+/// return address, the next frame, when `frame` is 1).
+#[inline(always)]
+fn memo_note(w: &mut WalkScratch, addr: u64, value: u64, frame: u64) {
+    let off = addr.wrapping_sub(w.origin) / 8;
+    let n = unsafe { core::ptr::read_volatile(&w.memo_n) };
+    if n >= MEMO_WORDS as u64 || off >= 1 << 15 || value >= 1 << 48 {
+        w.memo_over = 1;
+        return;
+    }
+    w.memo[(n as usize) & (MEMO_WORDS - 1)] = (frame << 63) | (off << 48) | value;
+    w.memo_n = n + 1;
+}
+
+/// Remembers a finished walk (unless it read more words than fit, or
+/// another program on this CPU is writing the entry). Not inlined: the
+/// verifier would follow the rest of the program once per way out of the
+/// copy.
+#[inline(never)]
+fn memo_store(w: &WalkScratch, caller: u64, sp: u64, bp: u64, key: u64) {
+    if w.memo_over != 0 || sp & 7 != 0 {
+        return;
+    }
+    let Some(e) = MEMO.get_ptr_mut(memo_slot(caller, sp)) else {
+        return;
+    };
+    unsafe {
+        let seq = core::ptr::read_volatile(&(*e).seq);
+        if seq & 1 != 0 {
+            return;
+        }
+        // Odd while written; only the program that made it odd writes.
+        let (_, won) = core::intrinsics::atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            &mut (*e).seq,
+            seq,
+            seq + 1,
+        );
+        if !won {
+            return;
+        }
+        (*e).caller = caller;
+        (*e).sp = sp;
+        (*e).bp = bp;
+        (*e).uses_bp = w.memo_uses_bp;
+        (*e).key = key;
+        (*e).stop = w.stack.stop as u64;
+        let n = w.memo_n & (MEMO_WORDS as u64 * 2 - 1);
+        (*e).n = n;
+        // Sixteen words at a time, as many as the walk read.
+        let mut block = 0usize;
+        while block < MEMO_WORDS / 16 {
+            if (block * 16) as u64 >= n {
+                break;
+            }
+            let mut k = 0;
+            while k < 16 {
+                (*e).words[block * 16 + k] = w.memo[block * 16 + k];
+                k += 1;
+            }
+            block += 1;
+        }
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        core::ptr::write_volatile(&mut (*e).seq, seq + 2);
+    }
+}
+
+/// The key of the remembered walk from `caller` at `sp`, if the stack still
+/// holds every word that walk read (so that walking would give the same).
+#[inline(always)]
+fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> {
+    let e = MEMO.get_ptr(memo_slot(caller, sp))?;
+    unsafe {
+        let seq = core::ptr::read_volatile(&(*e).seq);
+        if seq & 1 != 0
+            || core::ptr::read_volatile(&(*e).caller) != caller
+            || core::ptr::read_volatile(&(*e).sp) != sp
+            || (core::ptr::read_volatile(&(*e).uses_bp) != 0 && core::ptr::read_volatile(&(*e).bp) != bp)
+        {
+            return None;
+        }
+        let key = core::ptr::read_volatile(&(*e).key);
+        (*w).origin = sp;
+        (*w).check_slot = memo_slot(caller, sp) as u64;
+        (*w).check_i = 0;
+        (*w).check_n = core::ptr::read_volatile(&(*e).n);
+        (*w).check_same = 0;
+        let mut wp = w;
+        aya_ebpf::helpers::generated::bpf_loop(
+            (MEMO_WORDS / MEMO_PER_STEP + 1) as u32,
+            memo_step as *mut core::ffi::c_void,
+            &mut wp as *mut *mut WalkScratch as *mut core::ffi::c_void,
+            0,
+        );
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+        if core::ptr::read_volatile(&(*w).check_same) == 0 || core::ptr::read_volatile(&(*e).seq) != seq {
+            return None;
+        }
+        Some(key)
+    }
+}
+
+const MEMO_PER_STEP: usize = 8;
+
+/// One `bpf_loop` step of [`memo_find`]: compares up to `MEMO_PER_STEP`
+/// remembered words with the stack, reading chunks of it as needed.
+#[inline(never)]
+extern "C" fn memo_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+    let Some(e) = MEMO.get_ptr(w.check_slot as u32) else {
+        return 1;
+    };
+    let mut k = 0;
+    while k < MEMO_PER_STEP {
+        let i = w.check_i;
+        if i >= w.check_n {
+            w.check_same = 1;
+            return 1;
+        }
+        let word = unsafe { core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]) };
+        let addr = w.origin + ((word >> 48) & 0x7fff) * 8;
+        if addr < w.base || addr + 8 > w.base + w.valid {
+            if !load_chunk(w, addr) {
+                return 1;
+            }
+        }
+        let value = w.chunk[(((addr - w.base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
+        if value != word & ((1 << 48) - 1) {
+            return 1;
+        }
+        w.check_i = i + 1;
+        k += 1;
+    }
+    0
 }
 
 /// Hands a walk that met an address without a rule to the tracer: where it

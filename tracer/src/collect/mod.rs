@@ -214,6 +214,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
     quality.finished_by_tracer =
         sums[counter::UNWIND_MISSES as usize] - sums[counter::UNWIND_MISSES_LOST as usize];
+    quality.walked_in_kernel = sums[counter::WALKS as usize];
 
     let mut thread_names = BTreeMap::new();
     if let Some(map) = ebpf.map(maps::THREAD_NAMES) {

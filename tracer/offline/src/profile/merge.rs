@@ -122,7 +122,7 @@ pub fn merge(mut parts: Vec<Profile>) -> Profile {
 }
 
 fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
-    add_fields!(a, b; calls, whole, finished_by_tracer);
+    add_fields!(a, b; calls, whole, finished_by_tracer, walked_in_kernel);
     a.frame_limit = a.frame_limit.or(b.frame_limit);
     for (cause, n) in b.truncated {
         *a.truncated.entry(cause).or_default() += n;

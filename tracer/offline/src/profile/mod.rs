@@ -78,6 +78,12 @@ pub struct StackQuality {
     /// (finished there, not a loss).
     #[serde(default)]
     pub finished_by_tracer: u64,
+    /// Stacks the BPF side walked frame by frame; the other calls' stacks
+    /// came from a remembered walk from the same place whose stack words
+    /// were all still there (or from the tracer). Not a loss: how much
+    /// walking the kernel did. Absent in older profiles.
+    #[serde(default)]
+    pub walked_in_kernel: u64,
     /// `--max-stack N`: the walk kept at most N frames above the direct
     /// caller (0: the caller only); a stack cut there counts under
     /// `max_frames`. Absent without a limit (or in older profiles).

@@ -645,6 +645,7 @@ by function: malloc 1000, calloc 250, realloc 136
             .map(|k| (k.to_string(), 1_000_000))
             .collect(),
             finished_by_tracer: 0,
+            walked_in_kernel: 0,
             frame_limit: Some(126),
         });
         p.live = Some(crate::profile::LiveTotals {

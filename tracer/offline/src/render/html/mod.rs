@@ -277,6 +277,11 @@ fn summary(out: &mut String, profile: &Profile) {
                 "walks finished by the tracer",
                 &q.finished_by_tracer.to_string(),
             );
+            kv(
+                out,
+                "stacks walked in the kernel (the rest reused a remembered walk)",
+                &q.walked_in_kernel.to_string(),
+            );
         }
         None => kv(out, "whole stacks", "not recorded in this profile"),
     }
