@@ -50,15 +50,18 @@ pub struct WalkScratch {
     /// The thread's last counted allocator entry (tail-call check).
     pub mark: EntryMark,
     /// What the walk's result depends on, for [`WalkMemo`]: the stack
-    /// pointer at entry (`origin`), the stack words it read and used
-    /// (`memo`, packed as [`WalkMemo::words`], `memo_n` of them;
-    /// `memo_over` when they did not fit), where the current rbp was read
-    /// from (0: the entry's register) and whether the entry's rbp was used.
+    /// pointer at entry (`origin`); the count of stack words it read and
+    /// used, which go straight into the entry it claimed (`noting`: entry
+    /// `check_slot`, whose `seq` was `claim_seq`), `memo_over` when they did
+    /// not fit; where the current rbp was read from (0: the entry's
+    /// register) and whether the entry's rbp was used.
     pub origin: u64,
     pub memo_n: u64,
     pub memo_over: u64,
     pub memo_bp_at: u64,
     pub memo_uses_bp: u64,
+    pub noting: u64,
+    pub claim_seq: u64,
     /// The walk's result came from a [`WalkMemo`]: `stack` was not filled.
     pub memo_hit: u64,
     /// The check of a [`WalkMemo`] against the stack (kept here, where the
@@ -69,7 +72,6 @@ pub struct WalkScratch {
     pub check_i: u64,
     pub check_n: u64,
     pub check_same: u64,
-    pub memo: [u64; MEMO_WORDS],
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

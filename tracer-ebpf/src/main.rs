@@ -82,7 +82,11 @@ const WALK_SLOTS: u32 = 4096;
 /// Remembered walks ([`WalkMemo`]), per CPU: a call whose stack holds the
 /// words an earlier walk from the same place read is not walked again.
 #[map]
-static MEMO: PerCpuArray<WalkMemo> = PerCpuArray::with_max_entries(MEMO_ENTRIES, 0);
+static MEMO: PerCpuArray<WalkMemo> = PerCpuArray::with_max_entries(MEMO_ENTRIES + 1, 0);
+
+/// The [`MEMO`] entry a walk that remembers nothing writes its notes in
+/// (never read).
+const MEMO_NOWHERE: u32 = MEMO_ENTRIES;
 
 /// Unwind rules by return address, filled by the tracer (size set by the
 /// tracer). Not preallocated: a process uses a few hundred of its 65,536
@@ -627,9 +631,13 @@ fn set_pending(
 #[inline(never)]
 extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+    // The entry the walk notes its stack words in (looked up once a step).
+    let Some(e) = MEMO.get_ptr_mut(w.check_slot as u32) else {
+        return 1;
+    };
     let mut k = 0;
     while k < FRAMES_PER_STEP {
-        if unwind_frame(w) != 0 {
+        if unwind_frame(w, e) != 0 {
             return 1;
         }
         k += 1;
@@ -663,7 +671,7 @@ fn rule_of(ra: u64) -> Option<UnwindRule> {
 /// chunk when the frame lies outside it. Returns 1 when the walk is over
 /// (`stack.stop` says why), 0 to go on.
 #[inline(always)]
-fn unwind_frame(w: &mut WalkScratch) -> i64 {
+fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
     let ra = w.ra;
     let Some(rule) = rule_of(ra) else {
         w.stack.stop = stop::MISS;
@@ -677,7 +685,7 @@ fn unwind_frame(w: &mut WalkScratch) -> i64 {
             if w.memo_bp_at == 0 {
                 w.memo_uses_bp = 1;
             } else {
-                memo_note(w, w.memo_bp_at, w.bp, 0);
+                memo_note(w, e, w.memo_bp_at, w.bp, 0);
             }
             w.bp
         }
@@ -707,7 +715,7 @@ fn unwind_frame(w: &mut WalkScratch) -> i64 {
         return end(w, stop::READ_FAILED);
     }
     let next = w.chunk[(((cfa - 8 - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
-    memo_note(w, cfa - 8, next, 1);
+    memo_note(w, e, cfa - 8, next, 1);
     if saves_bp {
         let at = cfa.wrapping_add(rbp_off as u64);
         if at < base || at & 7 != 0 || at + 8 > base + valid {
@@ -814,16 +822,17 @@ fn walk_stack(
                 return (key, Some(w));
             }
             bump(counter::WALKS, 1);
+            memo_claim(&mut *w, caller, sp);
             run_walk(w);
             let why = (*w).stack.stop;
             if why == stop::MISS {
+                memo_release(&mut *w, None);
                 return (0, Some(w));
             }
             let key = finish_hash(&mut *w, why);
             // A walk that could not read the stack may do better next time.
-            if why != stop::READ_FAILED {
-                memo_store(&*w, caller, sp, bp, key);
-            }
+            let done = (why != stop::READ_FAILED).then_some((caller, sp, bp, key));
+            memo_release(&mut *w, done);
             return (key, Some(w));
         }
         let why = (*w).stack.stop;
@@ -850,6 +859,8 @@ fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64) {
     w.memo_over = 0;
     w.memo_bp_at = 0;
     w.memo_uses_bp = 0;
+    w.noting = 0;
+    w.check_slot = MEMO_NOWHERE as u64;
 }
 
 /// Walks frame by frame until the walk ends (`stack.stop` says why).
@@ -923,69 +934,84 @@ fn memo_slot(caller: u64, sp: u64) -> u32 {
     ((caller ^ sp.rotate_left(20)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as u32 & (MEMO_ENTRIES - 1)
 }
 
-/// Notes that the walk read `value` from the stack word at `addr` (a
-/// return address, the next frame, when `frame` is 1).
+/// Takes the [`MEMO`] entry of a walk from `caller` at `sp` for the walk
+/// about to run, which writes the stack words it reads into it (unless
+/// another program on this CPU is writing the entry: then the walk is not
+/// remembered). Not inlined: the verifier would follow the walk once per
+/// way through.
+#[inline(never)]
+fn memo_claim(w: &mut WalkScratch, caller: u64, sp: u64) {
+    if sp & 7 != 0 {
+        return;
+    }
+    let slot = memo_slot(caller, sp);
+    let Some(e) = MEMO.get_ptr_mut(slot) else {
+        return;
+    };
+    let seq = unsafe { core::ptr::read_volatile(&(*e).seq) };
+    if seq & 1 != 0 {
+        return;
+    }
+    // Odd while written; only the program that made it odd writes.
+    let (_, won) = unsafe {
+        core::intrinsics::atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            &mut (*e).seq,
+            seq,
+            seq + 1,
+        )
+    };
+    if won {
+        w.check_slot = slot as u64;
+        w.claim_seq = seq;
+        w.noting = 1;
+    }
+}
+
+/// Notes in the claimed entry that the walk read `value` from the stack
+/// word at `addr` (a return address, the next frame, when `frame` is 1).
 #[inline(always)]
-fn memo_note(w: &mut WalkScratch, addr: u64, value: u64, frame: u64) {
+fn memo_note(w: &mut WalkScratch, e: *mut WalkMemo, addr: u64, value: u64, frame: u64) {
     let off = addr.wrapping_sub(w.origin) / 8;
     let n = unsafe { core::ptr::read_volatile(&w.memo_n) };
     if n >= MEMO_WORDS as u64 || off >= 1 << 15 || value >= 1 << 48 {
         w.memo_over = 1;
         return;
     }
-    w.memo[(n as usize) & (MEMO_WORDS - 1)] = (frame << 63) | (off << 48) | value;
+    unsafe { (*e).words[(n as usize) & (MEMO_WORDS - 1)] = (frame << 63) | (off << 48) | value };
     w.memo_n = n + 1;
 }
 
-/// Remembers a finished walk (unless it read more words than fit, or
-/// another program on this CPU is writing the entry). Not inlined: the
-/// verifier would follow the rest of the program once per way out of the
-/// copy.
+/// Gives the claimed entry back: remembering the walk, given `done`
+/// (caller, stack pointer, rbp, key) and that its words fit, else empty.
+/// Not inlined: the verifier would follow the rest of the program once per
+/// way through.
 #[inline(never)]
-fn memo_store(w: &WalkScratch, caller: u64, sp: u64, bp: u64, key: u64) {
-    if w.memo_over != 0 || sp & 7 != 0 {
+fn memo_release(w: &mut WalkScratch, done: Option<(u64, u64, u64, u64)>) {
+    if w.noting == 0 {
         return;
     }
-    let Some(e) = MEMO.get_ptr_mut(memo_slot(caller, sp)) else {
+    w.noting = 0;
+    let Some(e) = MEMO.get_ptr_mut(w.check_slot as u32) else {
         return;
     };
     unsafe {
-        let seq = core::ptr::read_volatile(&(*e).seq);
-        if seq & 1 != 0 {
-            return;
-        }
-        // Odd while written; only the program that made it odd writes.
-        let (_, won) = core::intrinsics::atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
-            &mut (*e).seq,
-            seq,
-            seq + 1,
-        );
-        if !won {
-            return;
-        }
-        (*e).caller = caller;
-        (*e).sp = sp;
-        (*e).bp = bp;
-        (*e).uses_bp = w.memo_uses_bp;
-        (*e).key = key;
-        (*e).stop = w.stack.stop as u64;
-        let n = w.memo_n & (MEMO_WORDS as u64 * 2 - 1);
-        (*e).n = n;
-        // Sixteen words at a time, as many as the walk read.
-        let mut block = 0usize;
-        while block < MEMO_WORDS / 16 {
-            if (block * 16) as u64 >= n {
-                break;
+        match done {
+            Some((caller, sp, bp, key)) if w.memo_over == 0 => {
+                (*e).caller = caller;
+                (*e).sp = sp;
+                (*e).bp = bp;
+                (*e).uses_bp = w.memo_uses_bp;
+                (*e).key = key;
+                (*e).stop = w.stack.stop as u64;
+                (*e).n = w.memo_n;
             }
-            let mut k = 0;
-            while k < 16 {
-                (*e).words[block * 16 + k] = w.memo[block * 16 + k];
-                k += 1;
+            _ => {
+                (*e).caller = 0;
+                (*e).n = 0;
             }
-            block += 1;
         }
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
-        core::ptr::write_volatile(&mut (*e).seq, seq + 2);
+        core::ptr::write_volatile(&mut (*e).seq, w.claim_seq + 2);
     }
 }
 

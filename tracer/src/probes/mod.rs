@@ -149,6 +149,9 @@ impl MapSizes {
             + self.walk_slots as u64 * std::mem::size_of::<tracer_common::WalkScratch>() as u64
             + tracer_common::RULE_CACHE_SLOTS as u64
                 * std::mem::size_of::<tracer_common::CachedRule>() as u64
+            + cpus
+                * (tracer_common::MEMO_ENTRIES as u64 + 1)
+                * std::mem::size_of::<tracer_common::WalkMemo>() as u64
             + events
             + if live { 32768 * 24 } else { 0 }
     }
