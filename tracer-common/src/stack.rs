@@ -62,8 +62,10 @@ pub struct WalkScratch {
     pub memo_uses_bp: u64,
     pub noting: u64,
     pub claim_seq: u64,
-    /// The walk's result came from a [`WalkMemo`]: `stack` was not filled.
+    /// The walk's result came from a [`WalkMemo`] (entry `check_slot`
+    /// while its `seq` was `hit_seq`): `stack` was not filled.
     pub memo_hit: u64,
+    pub hit_seq: u64,
     /// The check of a [`WalkMemo`] against the stack (kept here, where the
     /// verifier does not follow the values): the entry, how many of its
     /// words are compared so far, its count of words, and whether all

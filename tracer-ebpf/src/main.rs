@@ -885,7 +885,11 @@ fn memo_frames(mut w: *mut WalkScratch) -> bool {
         let Some(e) = MEMO.get_ptr((*w).check_slot as u32) else {
             return false;
         };
-        let seq = core::ptr::read_volatile(&(*e).seq);
+        // The entry the call's key came from, unchanged since.
+        let seq = (*w).hit_seq;
+        if core::ptr::read_volatile(&(*e).seq) != seq {
+            return false;
+        }
         (*w).stack.len = 0;
         (*w).stack.stop = core::ptr::read_volatile(&(*e).stop) as u32;
         (*w).check_i = 0;
@@ -1046,6 +1050,7 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
         if core::ptr::read_volatile(&(*w).check_same) == 0 || core::ptr::read_volatile(&(*e).seq) != seq {
             return None;
         }
+        (*w).hit_seq = seq;
         Some(key)
     }
 }
