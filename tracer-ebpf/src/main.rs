@@ -853,14 +853,18 @@ fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64) {
     w.stack.stop = if caller == 0 { stop::READ_FAILED } else { stop::MAX_FRAMES };
     // 0 (--max-stack 0): the direct caller only.
     w.limit = config_u32(&CONFIG.max_frames) as u64;
-    w.memo_hit = 0;
     w.origin = sp;
-    w.memo_n = 0;
-    w.memo_over = 0;
-    w.memo_bp_at = 0;
-    w.memo_uses_bp = 0;
-    w.noting = 0;
     w.check_slot = MEMO_NOWHERE as u64;
+    // Volatile: LLVM would merge the zeroes into a call of a memset that
+    // goes a byte at a time.
+    unsafe {
+        core::ptr::write_volatile(&mut w.memo_hit, 0);
+        core::ptr::write_volatile(&mut w.memo_n, 0);
+        core::ptr::write_volatile(&mut w.memo_over, 0);
+        core::ptr::write_volatile(&mut w.memo_bp_at, 0);
+        core::ptr::write_volatile(&mut w.memo_uses_bp, 0);
+        core::ptr::write_volatile(&mut w.noting, 0);
+    }
 }
 
 /// Walks frame by frame until the walk ends (`stack.stop` says why).
@@ -1065,27 +1069,33 @@ extern "C" fn memo_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let Some(e) = MEMO.get_ptr(w.check_slot as u32) else {
         return 1;
     };
+    // In registers for the step (the scratch is written only on a read).
+    let (n, origin) = (w.check_n, w.origin);
+    let mut i = w.check_i;
+    let mut base = w.base;
+    let mut end = base + w.valid;
     let mut k = 0;
     while k < MEMO_PER_STEP {
-        let i = w.check_i;
-        if i >= w.check_n {
+        if i >= n {
             w.check_same = 1;
             return 1;
         }
         let word = unsafe { core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]) };
-        let addr = w.origin + ((word >> 48) & 0x7fff) * 8;
-        if addr < w.base || addr + 8 > w.base + w.valid {
+        let addr = origin + ((word >> 45) & (0x7fff << 3));
+        if addr < base || addr + 8 > end {
             if !load_chunk(w, addr) {
                 return 1;
             }
+            base = w.base;
+            end = base + w.valid;
         }
-        let value = w.chunk[(((addr - w.base) / 8) as usize) & (STACK_CHUNK / 8 - 1)];
-        if value != word & ((1 << 48) - 1) {
+        if w.chunk[(((addr - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)] != word & ((1 << 48) - 1) {
             return 1;
         }
-        w.check_i = i + 1;
+        i += 1;
         k += 1;
     }
+    w.check_i = i;
     0
 }
 
