@@ -51,5 +51,9 @@ pub mod counter {
     /// Stacks the kernel walked frame by frame (the others came from a
     /// remembered walk, `WalkMemo`): not a loss.
     pub const WALKS: u32 = MAP_FULL + 15;
-    pub const N: u32 = MAP_FULL + 16;
+    /// Remembered walks' counts moved into the aggregation map (see
+    /// `WalkMemo::calls`): not a loss; the tracer reads it to know that
+    /// its read of both was not torn by a move.
+    pub const MEMO_FLUSHES: u32 = MAP_FULL + 16;
+    pub const N: u32 = MAP_FULL + 17;
 }

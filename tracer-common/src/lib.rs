@@ -36,4 +36,5 @@ mod pod {
     unsafe impl aya::Pod for CachedRule {}
     unsafe impl aya::Pod for MissEvent {}
     unsafe impl aya::Pod for LostFree {}
+    unsafe impl aya::Pod for WalkMemo {}
 }

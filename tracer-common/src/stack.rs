@@ -104,6 +104,20 @@ pub struct WalkMemo {
     pub key: u64,
     pub stop: u64,
     pub n: u64,
+    /// The allocator function and thread (0 unless split by thread) of the
+    /// call that walked: with `caller` and `key`, the aggregation key
+    /// ([`CountKey`]) of the calls that take this walk.
+    pub func: u64,
+    pub tid: u64,
+    /// Calls of that key counted here since the walk (plain adds, by the
+    /// program that owns the CPU) instead of in the aggregation map, whose
+    /// lookup was the largest cost of a counted call after the stack read.
+    /// Moved to the map when the entry is taken for another walk; the
+    /// tracer adds what is still here. `hits` is their number (`calls`
+    /// is weighted when sampling).
+    pub hits: u64,
+    pub calls: u64,
+    pub bytes: u64,
     /// `frame << 63 | offset << 48 | value`: the stack word `offset` words
     /// above `sp` held `value` (below 2^48, as user addresses are); `frame`
     /// when the value is a return address, the stack's next frame.

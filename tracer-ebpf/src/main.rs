@@ -154,16 +154,13 @@ fn release_cpu(owner: Option<*mut u32>) {
 }
 
 /// Counts a call of `func` in the per-function totals and, given its key,
-/// in the aggregation map (false when the key has no entry yet), under
-/// this CPU's flag when it can take it.
+/// in the aggregation map (false when the key has no entry yet), with
+/// plain adds when the program owns the CPU ([`own_cpu`]).
 #[inline(always)]
-fn count_call(func: u32, calls: u64, bytes: u64, key: Option<&CountKey>) -> bool {
-    let owner = own_cpu();
+fn count_call(func: u32, calls: u64, bytes: u64, key: Option<&CountKey>, owner: Option<*mut u32>) -> bool {
     bump_owned(counter::CALLS + func, calls, owner);
     bump_owned(counter::BYTES + func, bytes, owner);
-    let found = key.is_none_or(|k| add_to(k, calls, bytes, owner));
-    release_cpu(owner);
-    found
+    key.is_none_or(|k| add_to(k, calls, bytes, owner.is_some()))
 }
 
 /// Adds to counter `index`: plainly when this program owns the CPU.
@@ -537,7 +534,10 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     };
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
     let key_tid = if per_thread { tid } else { 0 };
-    let (stack, walk) = walk_stack(ctx, scratch, caller);
+    // Owned from the walk on: only the CPU's owner takes a remembered walk
+    // for a new one, and only it counts into one (plain adds).
+    let owner = own_cpu();
+    let (stack, walk) = walk_stack(ctx, scratch, caller, owner.is_some(), func, key_tid);
     // A walk that met a return address without a rule goes to the tracer
     // with a copy of the stack; the tracer counts the call (under the same
     // key the walk would have made) and adds the missing rules.
@@ -545,7 +545,8 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
         Some(w) if unsafe { (*w).stack.stop } == stop::MISS => {
             match send_miss(unsafe { &mut *w }, func, key_tid, caller, calls_inc, bytes_inc) {
                 Some(id) => {
-                    count_call(func, calls_inc, bytes_inc, None);
+                    count_call(func, calls_inc, bytes_inc, None, owner);
+                    release_cpu(owner);
                     if let Some(p) = pending {
                         set_pending(p, caller, id, func, key_tid, size, extra, sp);
                     }
@@ -571,7 +572,15 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     if let Some(p) = pending {
         set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
-    if !count_call(func, calls_inc, bytes_inc, Some(&key)) && insert_count(&key, calls_inc, bytes_inc, tid, per_thread) {
+    // A remembered walk of this key counts the call itself.
+    let in_memo = owner.is_some()
+        && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0 && memo_count(w, func, key_tid, calls_inc, bytes_inc));
+    if in_memo {
+        count_call(func, calls_inc, bytes_inc, None, owner);
+    }
+    let counted = in_memo || count_call(func, calls_inc, bytes_inc, Some(&key), owner);
+    release_cpu(owner);
+    if !counted && insert_count(&key, calls_inc, bytes_inc, tid, per_thread) {
         // A new key: make sure its stack is stored (once per stack). A
         // remembered walk has no frames: walk again for them.
         let walk = match walk {
@@ -807,6 +816,9 @@ fn walk_stack(
     ctx: &ProbeContext,
     scratch: Option<*mut WalkScratch>,
     caller: u64,
+    owned: bool,
+    func: u32,
+    tid: u32,
 ) -> (u64, Option<*mut WalkScratch>) {
     let Some(w) = scratch else {
         bump(counter::STACK_WALK_FAILED, 1);
@@ -822,7 +834,9 @@ fn walk_stack(
                 return (key, Some(w));
             }
             bump(counter::WALKS, 1);
-            memo_claim(&mut *w, caller, sp);
+            if owned {
+                memo_claim(&mut *w, caller, sp, ((func as u64) << 32) | tid as u64);
+            }
             run_walk(w);
             let why = (*w).stack.stop;
             if why == stop::MISS {
@@ -948,7 +962,7 @@ fn memo_slot(caller: u64, sp: u64) -> u32 {
 /// remembered). Not inlined: the verifier would follow the walk once per
 /// way through.
 #[inline(never)]
-fn memo_claim(w: &mut WalkScratch, caller: u64, sp: u64) {
+fn memo_claim(w: &mut WalkScratch, caller: u64, sp: u64, func_tid: u64) {
     if sp & 7 != 0 {
         return;
     }
@@ -969,9 +983,75 @@ fn memo_claim(w: &mut WalkScratch, caller: u64, sp: u64) {
         )
     };
     if won {
+        memo_flush(e);
+        unsafe {
+            (*e).func = func_tid >> 32;
+            (*e).tid = func_tid & 0xffff_ffff;
+        }
         w.check_slot = slot as u64;
         w.claim_seq = seq;
         w.noting = 1;
+    }
+}
+
+/// Moves the calls a remembered walk counted into the aggregation map.
+/// The entry is claimed (its sequence is odd): the tracer, which adds what
+/// entries hold to the map's counts, reads again when it finds a claimed
+/// entry that holds calls.
+#[inline(always)]
+fn memo_flush(e: *mut WalkMemo) {
+    let (hits, calls, bytes) = unsafe { ((*e).hits, (*e).calls, (*e).bytes) };
+    if hits == 0 {
+        return;
+    }
+    let key = unsafe {
+        CountKey {
+            stack: (*e).key,
+            func: (*e).func as u32,
+            tid: (*e).tid as u32,
+            caller: (*e).caller,
+        }
+    };
+    if !add_to(&key, calls, bytes, true) {
+        let first = CountValue {
+            calls,
+            bytes,
+            calls_shared: 0,
+            bytes_shared: 0,
+        };
+        match COUNTS.insert(&key, &first, BPF_NOEXIST as u64) {
+            Ok(()) => {}
+            Err(e) if e == -EEXIST && add_to(&key, calls, bytes, false) => {}
+            Err(_) => bump(counter::MAP_FULL, hits),
+        }
+    }
+    // Counted between the move and the zeroing: a read of the map and
+    // then of the entries that a move tore either sees the number change
+    // or finds the entry still holding its calls while claimed.
+    bump(counter::MEMO_FLUSHES, 1);
+    unsafe {
+        core::ptr::write_volatile(&mut (*e).hits, 0);
+        core::ptr::write_volatile(&mut (*e).calls, 0);
+        core::ptr::write_volatile(&mut (*e).bytes, 0);
+    }
+}
+
+/// Counts a call that took a remembered walk in the walk's entry, if the
+/// entry (still the one the walk came from) is of the same function and
+/// thread. Only the CPU's owner calls this.
+#[inline(always)]
+fn memo_count(w: *mut WalkScratch, func: u32, tid: u32, calls: u64, bytes: u64) -> bool {
+    unsafe {
+        let Some(e) = MEMO.get_ptr_mut((*w).check_slot as u32) else {
+            return false;
+        };
+        if core::ptr::read_volatile(&(*e).seq) != (*w).hit_seq || (*e).func != func as u64 || (*e).tid != tid as u64 {
+            return false;
+        }
+        (*e).hits += 1;
+        (*e).calls += calls;
+        (*e).bytes += bytes;
+        true
     }
 }
 
@@ -1038,28 +1118,59 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
             return None;
         }
         let key = core::ptr::read_volatile(&(*e).key);
-        (*w).origin = sp;
-        (*w).check_slot = memo_slot(caller, sp) as u64;
-        (*w).check_i = 0;
-        (*w).check_n = core::ptr::read_volatile(&(*e).n);
-        (*w).check_same = 0;
-        let mut wp = w;
-        aya_ebpf::helpers::generated::bpf_loop(
-            (MEMO_WORDS / MEMO_PER_STEP + 1) as u32,
-            memo_step as *mut core::ffi::c_void,
-            &mut wp as *mut *mut WalkScratch as *mut core::ffi::c_void,
-            0,
-        );
+        let n = core::ptr::read_volatile(&(*e).n);
+        // The first words here, within the chunk already read: `bpf_loop`
+        // is a helper call and each of its steps an indirect call, which
+        // retpolines and safe returns make dear (AMD Zen 4 host: the bench
+        // loop's deepest site took four calls).
+        let (base, valid) = ((*w).base, (*w).valid);
+        let mut i = 0u64;
+        while i < MEMO_INLINE {
+            if i >= n {
+                break;
+            }
+            let word = core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]);
+            let addr = sp + ((word >> 45) & (0x7fff << 3));
+            if addr < base || addr + 8 > base + valid {
+                break;
+            }
+            if (*w).chunk[(((addr - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)] != word & ((1 << 48) - 1) {
+                return None;
+            }
+            i += 1;
+        }
+        if i < n {
+            // The rest a step at a time, reading the stack as needed.
+            (*w).origin = sp;
+            (*w).check_slot = memo_slot(caller, sp) as u64;
+            (*w).check_i = i;
+            (*w).check_n = n;
+            (*w).check_same = 0;
+            let mut wp = w;
+            aya_ebpf::helpers::generated::bpf_loop(
+                (MEMO_WORDS / MEMO_PER_STEP + 1) as u32,
+                memo_step as *mut core::ffi::c_void,
+                &mut wp as *mut *mut WalkScratch as *mut core::ffi::c_void,
+                0,
+            );
+            if core::ptr::read_volatile(&(*w).check_same) == 0 {
+                return None;
+            }
+        }
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
-        if core::ptr::read_volatile(&(*w).check_same) == 0 || core::ptr::read_volatile(&(*e).seq) != seq {
+        if core::ptr::read_volatile(&(*e).seq) != seq {
             return None;
         }
+        (*w).check_slot = memo_slot(caller, sp) as u64;
         (*w).hit_seq = seq;
         Some(key)
     }
 }
 
 const MEMO_PER_STEP: usize = 8;
+
+/// Remembered words [`memo_find`] compares without `bpf_loop`.
+const MEMO_INLINE: u64 = 32;
 
 /// One `bpf_loop` step of [`memo_find`]: compares up to `MEMO_PER_STEP`
 /// remembered words with the stack, reading chunks of it as needed.
@@ -1279,7 +1390,7 @@ fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bo
         }
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
-            if !add_to(key, calls, bytes, None) {
+            if !add_to(key, calls, bytes, false) {
                 bump(counter::MAP_FULL, 1);
             }
             false
@@ -1362,11 +1473,11 @@ fn send_free(ptr: u64) {
 /// Adds a call to the count of `key`, if it has one: plainly when this
 /// program owns the CPU, else atomically to the value's second half.
 #[inline(always)]
-fn add_to(key: &CountKey, calls: u64, bytes: u64, owner: Option<*mut u32>) -> bool {
+fn add_to(key: &CountKey, calls: u64, bytes: u64, owned: bool) -> bool {
     match COUNTS.get_ptr_mut(key) {
         Some(v) => {
             unsafe {
-                if owner.is_some() {
+                if owned {
                     (*v).calls += calls;
                     (*v).bytes += bytes;
                 } else {

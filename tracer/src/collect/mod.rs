@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use tracer_common::{
-    counter, maps, stop, Comm, CountKey, CountValue, StackFrames, STACK_NONE, WEIGHT_ONE,
+    counter, maps, stop, Comm, CountKey, CountValue, StackFrames, WalkMemo, MEMO_ENTRIES,
+    STACK_NONE, WEIGHT_ONE,
 };
 
 use self::raw::{RawProfile, RawStack};
@@ -64,6 +65,65 @@ fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
         }
     }
     Ok(sums)
+}
+
+/// How many times the kernel has moved a remembered walk's counts into
+/// the aggregation map (see `WalkMemo::calls`).
+fn memo_flushes(probes: &Probes) -> Result<u64> {
+    let counters: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
+    let mut sum = 0;
+    for index in [counter::MEMO_FLUSHES, counter::MEMO_FLUSHES + counter::N] {
+        sum += counters.get(&index, 0)?.iter().sum::<u64>();
+    }
+    Ok(sum)
+}
+
+/// The kernel's counts by key: the aggregation map plus what remembered
+/// walks still hold. The kernel moves an entry's counts into the map while
+/// tracing; a read that a move may have torn (the number of moves changed,
+/// or an entry was being written) is read again, a few times at most.
+fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
+    let ebpf = &probes.ebpf;
+    let counts: PerCpuHashMap<&MapData, CountKey, CountValue> =
+        PerCpuHashMap::try_from(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
+    let memo: PerCpuArray<&MapData, WalkMemo> =
+        PerCpuArray::try_from(ebpf.map(maps::MEMO).context("MEMO map")?)?;
+    let mut merged = HashMap::new();
+    for _ in 0..8 {
+        merged.clear();
+        let before = memo_flushes(probes)?;
+        for item in counts.iter() {
+            let (key, per_cpu) = item?;
+            let sum: &mut CountValue = merged.entry(key).or_default();
+            for v in per_cpu.iter() {
+                sum.calls += v.calls + v.calls_shared;
+                sum.bytes += v.bytes + v.bytes_shared;
+            }
+        }
+        let mut torn = false;
+        for slot in 0..=MEMO_ENTRIES {
+            for e in memo.get(&slot, 0)?.iter() {
+                if e.hits == 0 {
+                    continue;
+                }
+                torn |= e.seq & 1 != 0;
+                let key = CountKey {
+                    stack: e.key,
+                    func: e.func as u32,
+                    tid: e.tid as u32,
+                    caller: e.caller,
+                };
+                let sum = merged.entry(key).or_default();
+                sum.calls += e.calls;
+                sum.bytes += e.bytes;
+            }
+        }
+        if !torn && memo_flushes(probes)? == before {
+            break;
+        }
+    }
+    Ok(merged)
 }
 
 /// Calls from the kernel's count: sampled counts are estimates, in 16.16
@@ -145,21 +205,11 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
 
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map(maps::STACKS).context("STACKS map")?)?;
-    let counts: PerCpuHashMap<&MapData, CountKey, CountValue> =
-        PerCpuHashMap::try_from(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
     let mut frames_by_hash: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
     // The kernel's keys, then the ones only the tracer's walks have.
-    let mut merged: HashMap<CountKey, CountValue> = HashMap::new();
-    for item in counts.iter() {
-        let (key, per_cpu) = item?;
-        let sum = merged.entry(key).or_default();
-        for v in per_cpu.iter() {
-            sum.calls += v.calls + v.calls_shared;
-            sum.bytes += v.bytes + v.bytes_shared;
-        }
-    }
+    let mut merged = kernel_counts(probes)?;
     for (key, v) in &walks.counts {
         let sum = merged.entry(*key).or_default();
         sum.calls += v.calls;
