@@ -74,6 +74,11 @@ pub struct WalkScratch {
     pub check_i: u64,
     pub check_n: u64,
     pub check_same: u64,
+    /// 1 when the counting program owns its CPU's plain-add counts: kept
+    /// here, where the verifier does not follow values, rather than in a
+    /// register across the walk (with the compare of `memo_compare`: 44,000
+    /// instructions verified instead of 30,000).
+    pub owned: u64,
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

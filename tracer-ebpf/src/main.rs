@@ -146,6 +146,16 @@ fn own_cpu() -> Option<*mut u32> {
     (was == 0).then_some(flag)
 }
 
+/// The flag [`own_cpu`] took for the walk in `scratch`, if it did.
+#[inline(always)]
+fn held_cpu(scratch: Option<*mut WalkScratch>) -> Option<*mut u32> {
+    let w = scratch?;
+    if unsafe { core::ptr::read_volatile(&(*w).owned) } == 0 {
+        return None;
+    }
+    OWNER.get_ptr_mut(0)
+}
+
 #[inline(always)]
 fn release_cpu(owner: Option<*mut u32>) {
     if let Some(flag) = owner {
@@ -535,9 +545,14 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
     let key_tid = if per_thread { tid } else { 0 };
     // Owned from the walk on: only the CPU's owner takes a remembered walk
-    // for a new one, and only it counts into one (plain adds).
-    let owner = own_cpu();
-    let (stack, walk) = walk_stack(ctx, scratch, caller, owner.is_some(), func, key_tid);
+    // for a new one, and only it counts into one (plain adds). Without a
+    // walk slot, nothing is owned.
+    if let Some(w) = scratch {
+        let owned = own_cpu().is_some() as u64;
+        unsafe { core::ptr::write_volatile(&mut (*w).owned, owned) };
+    }
+    let (stack, walk) = walk_stack(ctx, scratch, caller, func, key_tid);
+    let owner = held_cpu(walk);
     // A walk that met a return address without a rule goes to the tracer
     // with a copy of the stack; the tracer counts the call (under the same
     // key the walk would have made) and adds the missing rules.
@@ -816,7 +831,6 @@ fn walk_stack(
     ctx: &ProbeContext,
     scratch: Option<*mut WalkScratch>,
     caller: u64,
-    owned: bool,
     func: u32,
     tid: u32,
 ) -> (u64, Option<*mut WalkScratch>) {
@@ -834,7 +848,7 @@ fn walk_stack(
                 return (key, Some(w));
             }
             bump(counter::WALKS, 1);
-            if owned {
+            if core::ptr::read_volatile(&(*w).owned) != 0 {
                 memo_claim(&mut *w, caller, sp, ((func as u64) << 32) | tid as u64);
             }
             run_walk(w);
@@ -1119,25 +1133,9 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
         }
         let key = core::ptr::read_volatile(&(*e).key);
         let n = core::ptr::read_volatile(&(*e).n);
-        // The first words here, within the chunk already read: `bpf_loop`
-        // is a helper call and each of its steps an indirect call, which
-        // retpolines and safe returns make dear (AMD Zen 4 host: the bench
-        // loop's deepest site took four calls).
-        let (base, valid) = ((*w).base, (*w).valid);
-        let mut i = 0u64;
-        while i < MEMO_INLINE {
-            if i >= n {
-                break;
-            }
-            let word = core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]);
-            let addr = sp + ((word >> 45) & (0x7fff << 3));
-            if addr < base || addr + 8 > base + valid {
-                break;
-            }
-            if (*w).chunk[(((addr - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)] != word & ((1 << 48) - 1) {
-                return None;
-            }
-            i += 1;
+        let i = memo_compare(w, e, sp, n);
+        if i > n {
+            return None;
         }
         if i < n {
             // The rest a step at a time, reading the stack as needed.
@@ -1168,6 +1166,36 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
 }
 
 const MEMO_PER_STEP: usize = 8;
+
+/// Compares the first remembered words of `e` that lie in the chunk
+/// already read with the stack there, without `bpf_loop`: a helper call,
+/// and each of its steps an indirect call, which retpolines and safe
+/// returns make dear (AMD Zen 4 host: the bench loop's deepest site took
+/// four). Returns how many matched before a word beyond the chunk or
+/// beyond the first `MEMO_INLINE`, or more than `n` at a mismatch. Not
+/// inlined: the verifier follows the loop once per way to it.
+#[inline(never)]
+fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64 {
+    unsafe {
+        let (base, valid) = ((*w).base, (*w).valid);
+        let mut i = 0u64;
+        while i < MEMO_INLINE {
+            if i >= n {
+                break;
+            }
+            let word = core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]);
+            let addr = sp + ((word >> 45) & (0x7fff << 3));
+            if addr < base || addr + 8 > base + valid {
+                break;
+            }
+            if (*w).chunk[(((addr - base) / 8) as usize) & (STACK_CHUNK / 8 - 1)] != word & ((1 << 48) - 1) {
+                return u64::MAX;
+            }
+            i += 1;
+        }
+        i
+    }
+}
 
 /// Remembered words [`memo_find`] compares without `bpf_loop`.
 const MEMO_INLINE: u64 = 32;
