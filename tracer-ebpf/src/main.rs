@@ -587,15 +587,15 @@ fn record(ctx: &ProbeContext, cookie: u64, role: Role, size: u64, extra: Extra) 
     if let Some(p) = pending {
         set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
-    // A remembered walk of this key counts the call itself.
+    // A remembered walk of this key counts the call itself; else the map.
     let in_memo = owner.is_some()
         && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0 && memo_count(w, func, key_tid, calls_inc, bytes_inc));
-    if in_memo {
-        count_call(func, calls_inc, bytes_inc, None, owner);
-    }
-    let counted = in_memo || count_call(func, calls_inc, bytes_inc, Some(&key), owner);
+    let counted = count_call(func, calls_inc, bytes_inc, (!in_memo).then_some(&key), owner);
     release_cpu(owner);
-    if !counted && insert_count(&key, calls_inc, bytes_inc, tid, per_thread) {
+    if !counted && insert_count(&key, calls_inc, bytes_inc, 1) {
+        if per_thread {
+            name_thread(tid);
+        }
         // A new key: make sure its stack is stored (once per stack). A
         // remembered walk has no frames: walk again for them.
         let walk = match walk {
@@ -1027,17 +1027,7 @@ fn memo_flush(e: *mut WalkMemo) {
         }
     };
     if !add_to(&key, calls, bytes, true) {
-        let first = CountValue {
-            calls,
-            bytes,
-            calls_shared: 0,
-            bytes_shared: 0,
-        };
-        match COUNTS.insert(&key, &first, BPF_NOEXIST as u64) {
-            Ok(()) => {}
-            Err(e) if e == -EEXIST && add_to(&key, calls, bytes, false) => {}
-            Err(_) => bump(counter::MAP_FULL, hits),
-        }
+        insert_count(&key, calls, bytes, hits);
     }
     // Counted between the move and the zeroing: a read of the map and
     // then of the entries that a move tore either sees the number change
@@ -1121,7 +1111,8 @@ fn memo_release(w: &mut WalkScratch, done: Option<(u64, u64, u64, u64)>) {
 /// holds every word that walk read (so that walking would give the same).
 #[inline(always)]
 fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> {
-    let e = MEMO.get_ptr(memo_slot(caller, sp))?;
+    let slot = memo_slot(caller, sp);
+    let e = MEMO.get_ptr(slot)?;
     unsafe {
         let seq = core::ptr::read_volatile(&(*e).seq);
         if seq & 1 != 0
@@ -1133,6 +1124,7 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
         }
         let key = core::ptr::read_volatile(&(*e).key);
         let n = core::ptr::read_volatile(&(*e).n);
+        (*w).check_slot = slot as u64;
         let i = memo_compare(w, e, sp, n);
         if i > n {
             return None;
@@ -1140,7 +1132,6 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
         if i < n {
             // The rest a step at a time, reading the stack as needed.
             (*w).origin = sp;
-            (*w).check_slot = memo_slot(caller, sp) as u64;
             (*w).check_i = i;
             (*w).check_n = n;
             (*w).check_same = 0;
@@ -1159,7 +1150,6 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64) -> Option<u64> 
         if core::ptr::read_volatile(&(*e).seq) != seq {
             return None;
         }
-        (*w).check_slot = memo_slot(caller, sp) as u64;
         (*w).hit_seq = seq;
         Some(key)
     }
@@ -1396,9 +1386,11 @@ fn send_copy<const N: usize>(
     true
 }
 
-/// Inserts a new aggregation key; true when this call created it.
+/// Inserts a new aggregation key with its first counts; true when this
+/// call created it. `hits` is the number of calls the counts stand for,
+/// lost (and counted so) when the map is full.
 #[inline(always)]
-fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bool) -> bool {
+fn insert_count(key: &CountKey, calls: u64, bytes: u64, hits: u64) -> bool {
     let first = CountValue {
         calls,
         bytes,
@@ -1406,26 +1398,27 @@ fn insert_count(key: &CountKey, calls: u64, bytes: u64, tid: u32, per_thread: bo
         bytes_shared: 0,
     };
     match COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
-        Ok(()) => {
-            if per_thread {
-                if let Ok(comm) = bpf_get_current_comm() {
-                    if THREAD_NAMES.insert(&tid, &comm, 0).is_err() {
-                        bump(counter::THREAD_NAMES_FULL, 1);
-                    }
-                }
-            }
-            true
-        }
+        Ok(()) => true,
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
             if !add_to(key, calls, bytes, false) {
-                bump(counter::MAP_FULL, 1);
+                bump(counter::MAP_FULL, hits);
             }
             false
         }
         Err(_) => {
-            bump(counter::MAP_FULL, 1);
+            bump(counter::MAP_FULL, hits);
             false
+        }
+    }
+}
+
+/// Per-thread mode: the name of a thread with a new key.
+#[inline(always)]
+fn name_thread(tid: u32) {
+    if let Ok(comm) = bpf_get_current_comm() {
+        if THREAD_NAMES.insert(&tid, &comm, 0).is_err() {
+            bump(counter::THREAD_NAMES_FULL, 1);
         }
     }
 }

@@ -53,30 +53,26 @@ fn stop_name(code: u32) -> &'static str {
     }
 }
 
-/// The kernel's counters, summed over the CPUs.
-fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
-    // The plain half and the atomic half (see the BPF side).
-    let mut sums = vec![0u64; counter::N as usize];
-    for (i, sum) in sums.iter_mut().enumerate() {
-        for index in [i as u32, i as u32 + counter::N] {
-            *sum += counters.get(&index, 0)?.iter().sum::<u64>();
-        }
-    }
-    Ok(sums)
+fn counters(probes: &Probes) -> Result<PerCpuArray<&MapData, u64>> {
+    Ok(PerCpuArray::try_from(
+        probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?,
+    )?)
 }
 
-/// How many times the kernel has moved a remembered walk's counts into
-/// the aggregation map (see `WalkMemo::calls`).
-fn memo_flushes(probes: &Probes) -> Result<u64> {
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
+/// Counter `i` summed over the CPUs: its plain half and its atomic half
+/// (see the BPF side).
+fn counter_sum(counters: &PerCpuArray<&MapData, u64>, i: u32) -> Result<u64> {
     let mut sum = 0;
-    for index in [counter::MEMO_FLUSHES, counter::MEMO_FLUSHES + counter::N] {
+    for index in [i, i + counter::N] {
         sum += counters.get(&index, 0)?.iter().sum::<u64>();
     }
     Ok(sum)
+}
+
+/// The kernel's counters, summed over the CPUs.
+fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
+    let counters = counters(probes)?;
+    (0..counter::N).map(|i| counter_sum(&counters, i)).collect()
 }
 
 /// The kernel's counts by key: the aggregation map plus what remembered
@@ -89,10 +85,13 @@ fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
         PerCpuHashMap::try_from(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
     let memo: PerCpuArray<&MapData, WalkMemo> =
         PerCpuArray::try_from(ebpf.map(maps::MEMO).context("MEMO map")?)?;
+    let counters = counters(probes)?;
+    // How many times the kernel has moved an entry's counts into the map.
+    let flushes = || counter_sum(&counters, counter::MEMO_FLUSHES);
     let mut merged = HashMap::new();
     for _ in 0..8 {
         merged.clear();
-        let before = memo_flushes(probes)?;
+        let before = flushes()?;
         for item in counts.iter() {
             let (key, per_cpu) = item?;
             let sum: &mut CountValue = merged.entry(key).or_default();
@@ -119,7 +118,7 @@ fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
                 sum.bytes += e.bytes;
             }
         }
-        if !torn && memo_flushes(probes)? == before {
+        if !torn && flushes()? == before {
             break;
         }
     }
