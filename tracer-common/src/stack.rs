@@ -74,6 +74,8 @@ pub struct WalkScratch {
     pub check_i: u64,
     pub check_n: u64,
     pub check_same: u64,
+    /// Where the call's probe is (the instruction pointer at the probe).
+    pub ip: u64,
     /// 1 when the counting program owns its CPU's plain-add counts: kept
     /// here, where the verifier does not follow values, rather than in a
     /// register across the walk (with the compare of `memo_compare`: 44,000
@@ -114,6 +116,12 @@ pub struct WalkMemo {
     /// ([`CountKey`]) of the calls that take this walk.
     pub func: u64,
     pub tid: u64,
+    /// Where that call's probe is and its attach cookie (the function, its
+    /// role and where its arguments are): a call from the same place
+    /// through the same probe takes the cookie from here instead of a
+    /// helper call.
+    pub ip: u64,
+    pub cookie: u64,
     /// Calls of that key counted here since the walk (plain adds, by the
     /// program that owns the CPU) instead of in the aggregation map, whose
     /// lookup was the largest cost of a counted call after the stack read.
@@ -170,7 +178,9 @@ pub type Comm = [u8; 16];
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EntryMark {
     pub tid: u32,
-    pub func: u32,
+    pub _pad: u32,
+    /// Where the entry's probe is (one place per function).
+    pub ip: u64,
     pub sp: u64,
     pub ret: u64,
 }
