@@ -40,9 +40,7 @@ pub struct Config {
     pub stack_start: u64,
     /// How many entries of `bodies` are valid.
     pub n_bodies: u32,
-    /// Slots of the stack walk's scratch map, less one (a power of two
-    /// less one: a thread's slot is `tid & walk_mask`).
-    pub walk_mask: u32,
+    pub _pad: u32,
     /// Bodies of the probed allocator functions in the target's address
     /// space: a call whose return address lies in one is the allocator
     /// calling itself (realloc -> malloc) and is not counted again.

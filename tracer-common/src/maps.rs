@@ -33,7 +33,7 @@ pub const LOST_FREES: &str = "LOST_FREES";
 /// One flag, set by the tracer once every probe is attached and cleared
 /// when tracing ends: counting starts and stops for all functions at once.
 pub const ENABLED: &str = "ENABLED";
-/// The stack walk's scratch, a slot per thread ([`crate::WalkScratch`]).
+/// The stack walk's scratch, per CPU and level ([`crate::WalkScratch`]).
 pub const WALK: &str = "WALK";
 /// Remembered walks, per CPU ([`crate::WalkMemo`]).
 pub const MEMO: &str = "MEMO";

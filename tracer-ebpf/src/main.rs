@@ -32,7 +32,7 @@ use aya_ebpf::{
 use tracer_common::{
     counter, miss_stack_id, rule_slot, MISS_COPY_SIZES, CachedRule, RULE_CACHE_SLOTS, stack_hash_finish, stack_hash_step, stop, AllocEvent, Comm, Config,
     CountKey, CountValue, EntryMark, FreeEvent, LostFree, MissEvent, Pending, Role, StackFrames,
-    UnwindRule, WalkMemo, WalkScratch, EVENT_ALLOC, MEMO_ENTRIES, MEMO_WORDS, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
+    UnwindRule, WalkMemo, WalkScratch, MARK_SLOTS, WALK_LEVELS, EVENT_ALLOC, MEMO_ENTRIES, MEMO_WORDS, EVENT_FREE, EVENT_RINGS, EXP_TABLE_LEN,
     COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FRAMES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, STACK_CHUNK,
     STACK_COPY, STACK_HASH_SEED, STACK_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN,
     WEIGHT_TABLE_START,
@@ -51,7 +51,7 @@ static CONFIG: Config = Config {
     sample_scale: 0,
     stack_start: 0,
     n_bodies: 0,
-    walk_mask: WALK_SLOTS - 1,
+    _pad: 0,
     bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
     exp_table: [0; EXP_TABLE_LEN],
     weight_table: [0; WEIGHT_TABLE_LEN],
@@ -70,14 +70,23 @@ static COUNTS: PerCpuHashMap<CountKey, CountValue> =
 #[map]
 static STACKS: HashMap<u64, StackFrames> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
-/// Scratch space of the stack walk, per thread (slot `tid & walk_mask`;
-/// the tracer sizes it, fewer slots for the processes a tree starts).
-/// Not per CPU: a uprobe program can be preempted mid-walk by another
-/// thread of the target on the same CPU.
+/// Scratch space of the stack walk, per CPU: a program takes the first
+/// level whose flag in [`OWNER`] is free (a uprobe program can be
+/// preempted mid-walk by another thread's on the same CPU) and holds it
+/// until it returns.
 #[map]
-static WALK: Array<WalkScratch> = Array::with_max_entries(WALK_SLOTS, 0);
+static WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(WALK_LEVELS, 0);
 
-const WALK_SLOTS: u32 = 4096;
+/// The threads' last counted allocator entries ([`EntryMark`]), slot by a
+/// hash of the thread. Two threads whose hashes meet share a slot; each
+/// CPU's last mark ([`CPU_MARK`]) covers the thread that finds its slot
+/// taken, unless it also moved to another CPU in between.
+#[map]
+static MARKS: Array<EntryMark> = Array::with_max_entries(MARK_SLOTS, 0);
+
+/// The last entry mark made on each CPU.
+#[map]
+static CPU_MARK: PerCpuArray<EntryMark> = PerCpuArray::with_max_entries(1, 0);
 
 /// Remembered walks ([`WalkMemo`]), per CPU: a call whose stack holds the
 /// words an earlier walk from the same place read is not walked again.
@@ -123,30 +132,76 @@ fn enabled() -> bool {
 }
 
 /// Two halves: `[0, N)` updated with plain adds by the program that owns
-/// its CPU (see [`own_cpu`]), `[N, 2N)` with atomic adds by everything
+/// its CPU (see [`OWNER`]), `[N, 2N)` with atomic adds by everything
 /// else; the tracer adds the halves.
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2 * counter::N, 0);
 
-/// Per CPU: 1 while a program updates its CPU's counts with plain adds.
-/// A uprobe program can be preempted, by another thread that runs the same
-/// program on the same CPU: that one finds the flag taken and adds
-/// atomically to counts of its own, so no plain read-modify-write is ever
-/// interleaved with another on the same word. (An atomic add cost ~3 ns
-/// with one thread and ~18 ns with two on this VM; a hot call made four.)
+/// Per CPU and level of [`WALK`]: 1 while a program holds the level. The
+/// program at level 0 owns its CPU's counts and updates them with plain
+/// adds. A uprobe program can be preempted, by another thread that runs
+/// the same program on the same CPU: that one takes a higher level and
+/// adds atomically to counts of its own, so no plain read-modify-write is
+/// ever interleaved with another on the same word. (An atomic add cost ~3
+/// ns with one thread and ~18 ns with two on this VM; a hot call made
+/// four.)
 #[map]
-static OWNER: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static OWNER: PerCpuArray<u32> = PerCpuArray::with_max_entries(WALK_LEVELS, 0);
 
-/// Takes this CPU's plain-add counts: true when no other program had them
-/// (then [`release_cpu`] must follow).
+/// Takes the first free level of this CPU's walk scratch for a call from
+/// the thread whose context is `ctx` ([`give_back`] must follow).
 #[inline(always)]
-fn own_cpu() -> Option<*mut u32> {
-    let flag = OWNER.get_ptr_mut(0)?;
-    let was = unsafe { atomic_xchg::<u32, { AtomicOrdering::Relaxed }>(flag, 1) };
-    (was == 0).then_some(flag)
+fn take_scratch(ctx: &ProbeContext) -> Option<*mut WalkScratch> {
+    let level = if take_level(0) { 0 } else { take_higher_level() };
+    let w = WALK.get_ptr_mut(level)?;
+    unsafe {
+        core::ptr::write_volatile(&mut (*w).level, level as u64);
+        core::ptr::write_volatile(&mut (*w).owned, (level == 0) as u64);
+        // The context's address as a number: stored and read back (the
+        // verifier allows no arithmetic on it).
+        core::ptr::write_volatile(&mut (*w).me, ctx.regs as u64);
+        // The thread id where the keys are split by thread, else 0 (a
+        // helper call less).
+        let tid = if config_u32(&CONFIG.per_thread) != 0 { bpf_get_current_pid_tgid() as u32 } else { 0 };
+        core::ptr::write_volatile(&mut (*w).tid, tid as u64);
+    }
+    Some(w)
 }
 
-/// The flag [`own_cpu`] took for the walk in `scratch`, if it did.
+/// Takes level `level` of this CPU's walk scratch if it is free.
+#[inline(always)]
+fn take_level(level: u32) -> bool {
+    OWNER
+        .get_ptr_mut(level)
+        .is_some_and(|flag| unsafe { atomic_xchg::<u32, { AtomicOrdering::Relaxed }>(flag, 1) } == 0)
+}
+
+/// The first free level above 0 (the program that holds level 0 was
+/// preempted on this CPU), `WALK_LEVELS` when none is.
+#[inline(never)]
+fn take_higher_level() -> u32 {
+    let mut level = 1;
+    while level < WALK_LEVELS {
+        if take_level(level) {
+            return level;
+        }
+        level += 1;
+    }
+    WALK_LEVELS
+}
+
+/// Gives back the level [`take_scratch`] took.
+#[inline(always)]
+fn give_back(scratch: Option<*mut WalkScratch>) {
+    if let Some(w) = scratch {
+        let level = unsafe { core::ptr::read_volatile(&(*w).level) } as u32;
+        if let Some(flag) = OWNER.get_ptr_mut(level) {
+            unsafe { core::ptr::write_volatile(flag, 0) };
+        }
+    }
+}
+
+/// The flag of level 0 when the walk in `scratch` holds it (owns the CPU).
 #[inline(always)]
 fn held_cpu(scratch: Option<*mut WalkScratch>) -> Option<*mut u32> {
     let w = scratch?;
@@ -156,16 +211,10 @@ fn held_cpu(scratch: Option<*mut WalkScratch>) -> Option<*mut u32> {
     OWNER.get_ptr_mut(0)
 }
 
-#[inline(always)]
-fn release_cpu(owner: Option<*mut u32>) {
-    if let Some(flag) = owner {
-        unsafe { core::ptr::write_volatile(flag, 0) };
-    }
-}
 
 /// Counts a call of `func` in the per-function totals and, given its key,
 /// in the aggregation map (false when the key has no entry yet), with
-/// plain adds when the program owns the CPU ([`own_cpu`]).
+/// plain adds when the program owns the CPU ([`OWNER`]).
 #[inline(always)]
 fn count_call(func: u32, calls: u64, bytes: u64, key: Option<&CountKey>, owner: Option<*mut u32>) -> bool {
     bump_owned(counter::CALLS + func, calls, owner);
@@ -450,23 +499,34 @@ fn weighted_bytes(size: u64, weight: u64) -> u64 {
 /// just counted? It arrives with the same stack pointer and return address
 /// (glibc's reallocarray -> realloc -> malloc; operator delete -> free).
 /// The mark stays, so a chain of tail calls is counted once; the next
-/// counted call replaces it. The mark lives in the thread's walk slot.
+/// counted call replaces it. The thread's mark is in its slot of
+/// [`MARKS`] unless another thread took the slot since: then in its CPU's
+/// last mark, unless another thread counted a call there since too.
 #[inline(always)]
-fn tail_called(scratch: Option<*mut WalkScratch>, tid: u32, sp: u64, ret: u64, ip: u64) -> bool {
+fn tail_called(scratch: Option<*mut WalkScratch>, sp: u64, ret: u64, ip: u64) -> bool {
     let Some(w) = scratch else {
         return false;
     };
-    let mark = unsafe { &mut (*w).mark };
-    if mark.tid == tid && mark.sp == sp && mark.ret == ret && mark.ip != ip {
+    let me = unsafe { core::ptr::read_volatile(&(*w).me) };
+    let slot = ((me >> 14).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32 & (MARK_SLOTS - 1);
+    let (Some(mine), Some(cpu)) = (MARKS.get_ptr_mut(slot), CPU_MARK.get_ptr_mut(0)) else {
+        return false;
+    };
+    let last = unsafe {
+        if (*mine).me == me {
+            *mine
+        } else {
+            *cpu
+        }
+    };
+    if last.me == me && last.sp == sp && last.ret == ret && last.ip != ip {
         return true;
     }
-    *mark = EntryMark {
-        tid,
-        _pad: 0,
-        ip,
-        sp,
-        ret,
-    };
+    let mark = EntryMark { me, ip, sp, ret };
+    unsafe {
+        *mine = mark;
+        *cpu = mark;
+    }
     false
 }
 
@@ -482,11 +542,14 @@ fn record_free(ctx: &ProbeContext, cookie: u64, ptr: u64) -> u32 {
         return 0;
     }
     let func = (cookie as u32) & (MAX_FUNCS - 1);
-    let tid = bpf_get_current_pid_tgid() as u32;
     let (sp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rip) };
     let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-    let scratch = WALK.get_ptr_mut(tid & config_u32(&CONFIG.walk_mask));
-    if tail_called(scratch, tid, sp, ret, ip) {
+    // (Without a scratch level, all four taken on this CPU, the tail-call
+    // check cannot run.)
+    let scratch = take_scratch(ctx);
+    let tail = tail_called(scratch, sp, ret, ip);
+    give_back(scratch);
+    if tail {
         bump(counter::NESTED, 1);
         return 0;
     }
@@ -510,20 +573,29 @@ fn record(ctx: &ProbeContext) -> u32 {
     }
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
     let live = config_u32(&CONFIG.live) != 0;
-    let (mut early, mut weight) = (None, WEIGHT_ONE);
+    let (mut early, mut weight) = (NO_COOKIE, WEIGHT_ONE);
     if sampled {
         let cookie = attach_cookie(ctx);
         let Some(w) = sample_weight(call_args(ctx, cookie).0) else {
             return 0;
         };
-        (early, weight) = (Some(cookie), w);
+        (early, weight) = (cookie, w);
     }
+    let scratch = take_scratch(ctx);
+    record_in(ctx, scratch, early, weight);
+    give_back(scratch);
+    0
+}
+
+/// [`record`] with a scratch level taken.
+#[inline(always)]
+fn record_in(ctx: &ProbeContext, scratch: Option<*mut WalkScratch>, early: u64, weight: u64) {
+    let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
+    let live = config_u32(&CONFIG.live) != 0;
     let (sp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rip) };
-    let tid = bpf_get_current_pid_tgid() as u32;
     // The direct caller's return address is at [rsp]. Read the stack from
     // there a chunk at a time: the same read usually holds the first
     // frames of the walk too (without a walk, the caller alone).
-    let scratch = WALK.get_ptr_mut(tid & config_u32(&CONFIG.walk_mask));
     let walks = config_u32(&CONFIG.max_frames) != 0;
     let caller = match scratch {
         Some(w) if walks && load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
@@ -536,7 +608,7 @@ fn record(ctx: &ProbeContext) -> u32 {
     // In live mode the pending entry below is the nesting check.
     if !live && caller != 0 && in_allocator_body(caller) {
         bump(counter::NESTED, 1);
-        return 0;
+        return;
     }
     let mut pending = None;
     if live {
@@ -547,24 +619,22 @@ fn record(ctx: &ProbeContext) -> u32 {
         match &pending {
             Some(p) if p.active != 0 && sp <= p.sp => {
                 bump(counter::NESTED, 1);
-                return 0;
+                return;
             }
             Some(_) => {}
             None => bump(counter::PENDING_FULL, 1),
         }
-    } else if tail_called(scratch, tid, sp, caller, ip) {
+    } else if tail_called(scratch, sp, caller, ip) {
         bump(counter::NESTED, 1);
-        return 0;
+        return;
     }
     let per_thread = config_u32(&CONFIG.per_thread) != 0;
-    let key_tid = if per_thread { tid } else { 0 };
-    // Owned from the walk on: only the CPU's owner takes a remembered walk
-    // for a new one, and only it counts into one (plain adds). Without a
-    // walk slot, nothing is owned.
-    if let Some(w) = scratch {
-        let owned = own_cpu().is_some() as u64;
-        unsafe { core::ptr::write_volatile(&mut (*w).owned, owned) };
-    }
+    let tid = match scratch {
+        Some(w) => unsafe { core::ptr::read_volatile(&(*w).tid) as u32 },
+        None if per_thread => bpf_get_current_pid_tgid() as u32,
+        None => 0,
+    };
+    let key_tid = tid;
     let (stack, walk, cookie) = walk_stack(ctx, scratch, caller, key_tid, early);
     let func = (cookie as u32) & (MAX_FUNCS - 1);
     let (size, extra) = call_args(ctx, cookie);
@@ -583,11 +653,10 @@ fn record(ctx: &ProbeContext) -> u32 {
             match send_miss(unsafe { &mut *w }, func, key_tid, caller, calls_inc, bytes_inc) {
                 Some(id) => {
                     count_call(func, calls_inc, bytes_inc, None, owner);
-                    release_cpu(owner);
                     if let Some(p) = pending {
                         set_pending(p, caller, id, func, key_tid, size, extra, sp);
                     }
-                    return 0;
+                    return;
                 }
                 None => {
                     let why = match unsafe { (*w).stack.stop } {
@@ -613,7 +682,6 @@ fn record(ctx: &ProbeContext) -> u32 {
     let in_memo = owner.is_some()
         && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0 && memo_count(w, func, key_tid, calls_inc, bytes_inc));
     let counted = count_call(func, calls_inc, bytes_inc, (!in_memo).then_some(&key), owner);
-    release_cpu(owner);
     if !counted && insert_count(&key, calls_inc, bytes_inc, 1) {
         if per_thread {
             name_thread(tid);
@@ -639,7 +707,6 @@ fn record(ctx: &ProbeContext) -> u32 {
             }
         }
     }
-    0
 }
 
 /// Live mode: the call is in flight until its return probe.
@@ -854,22 +921,22 @@ fn walk_stack(
     scratch: Option<*mut WalkScratch>,
     caller: u64,
     tid: u32,
-    cookie: Option<u64>,
+    cookie: u64,
 ) -> (u64, Option<*mut WalkScratch>, u64) {
     let Some(w) = scratch else {
         bump(counter::STACK_WALK_FAILED, 1);
-        return (STACK_NONE, None, cookie.unwrap_or_else(|| attach_cookie(ctx)));
+        return (STACK_NONE, None, cookie_or(cookie, ctx));
     };
     unsafe {
         let (sp, bp, ip) = ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip);
         start_walk(&mut *w, caller, sp, bp, ip);
         if caller != 0 && (*w).limit != 0 {
-            if let Some((key, remembered)) = memo_find(w, caller, sp, bp, ip) {
+            if let Some(key) = memo_find(w, caller, sp, bp, ip) {
                 (*w).memo_hit = 1;
-                let cookie = cookie.or(remembered).unwrap_or_else(|| attach_cookie(ctx));
+                let cookie = if cookie != NO_COOKIE { cookie } else { cookie_or((*w).cookie, ctx) };
                 return (key, Some(w), cookie);
             }
-            let cookie = cookie.unwrap_or_else(|| attach_cookie(ctx));
+            let cookie = cookie_or(cookie, ctx);
             bump(counter::WALKS, 1);
             if core::ptr::read_volatile(&(*w).owned) != 0 {
                 memo_claim(&mut *w, caller, sp, cookie, tid as u64);
@@ -887,7 +954,7 @@ fn walk_stack(
             return (key, Some(w), cookie);
         }
         let why = (*w).stack.stop;
-        (finish_hash(&mut *w, why), Some(w), cookie.unwrap_or_else(|| attach_cookie(ctx)))
+        (finish_hash(&mut *w, why), Some(w), cookie_or(cookie, ctx))
     }
 }
 
@@ -1136,7 +1203,7 @@ fn memo_release(w: &mut WalkScratch, done: Option<(u64, u64, u64, u64)>) {
 /// The key of the remembered walk from `caller` at `sp`, if the stack still
 /// holds every word that walk read (so that walking would give the same).
 #[inline(always)]
-fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Option<(u64, Option<u64>)> {
+fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Option<u64> {
     let slot = memo_slot(caller, sp);
     let e = MEMO.get_ptr(slot)?;
     unsafe {
@@ -1152,7 +1219,7 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Opt
         let n = core::ptr::read_volatile(&(*e).n);
         // The cookie of the walk's call, when this call is through the
         // same probe.
-        let cookie = (core::ptr::read_volatile(&(*e).ip) == ip).then(|| core::ptr::read_volatile(&(*e).cookie));
+        let cookie = if core::ptr::read_volatile(&(*e).ip) == ip { core::ptr::read_volatile(&(*e).cookie) } else { NO_COOKIE };
         (*w).check_slot = slot as u64;
         let i = memo_compare(w, e, sp, n);
         if i > n {
@@ -1180,7 +1247,8 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Opt
             return None;
         }
         (*w).hit_seq = seq;
-        Some((key, cookie))
+        (*w).cookie = cookie;
+        Some(key)
     }
 }
 
@@ -1195,7 +1263,9 @@ const MEMO_PER_STEP: usize = 8;
 /// Inlined: a BPF subprogram call cost ~25 ns there (its return goes
 /// through the safe-RET thunk). The verifier follows the loop once per way
 /// to it: since the cookie is taken after the walk, the roles no longer
-/// make ways of their own (+4,700 instructions verified, not +12,500).
+/// make ways of their own (+4,700 instructions verified for 32 words, not
+/// +12,500; 64 words, which the walks of frame-pointer code need, another
+/// 1,900).
 #[inline(always)]
 fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64 {
     unsafe {
@@ -1220,7 +1290,7 @@ fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64
 }
 
 /// Remembered words [`memo_find`] compares without `bpf_loop`.
-const MEMO_INLINE: u64 = 32;
+const MEMO_INLINE: u64 = 64;
 
 /// One `bpf_loop` step of [`memo_find`]: compares up to `MEMO_PER_STEP`
 /// remembered words with the stack, reading chunks of it as needed.
@@ -1578,6 +1648,19 @@ fn arg(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
 #[inline(always)]
 fn attach_cookie(ctx: &ProbeContext) -> u64 {
     unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
+/// No cookie taken yet (a real one is far smaller).
+const NO_COOKIE: u64 = u64::MAX;
+
+/// `cookie`, or the probe's when that is [`NO_COOKIE`].
+#[inline(always)]
+fn cookie_or(cookie: u64, ctx: &ProbeContext) -> u64 {
+    if cookie != NO_COOKIE {
+        cookie
+    } else {
+        attach_cookie(ctx)
+    }
 }
 
 /// The size an allocating call asks for and what it passes on to its

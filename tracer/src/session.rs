@@ -666,16 +666,6 @@ impl Session {
         }
     }
 
-    /// The root's settings for the root (whatever it execs), smaller maps
-    /// for the processes it starts ([`MapSizes::for_child`]).
-    fn settings_for(&self, pid: u32) -> ProcSettings {
-        let mut settings = self.settings;
-        if pid != self.root {
-            settings.sizes = settings.sizes.for_child();
-        }
-        settings
-    }
-
     /// Keeps the probes of a program that is gone (its process exited or
     /// exec'd another) in the graveyard until tracing ends; while the
     /// graveyard holds more than [`graveyard_budget`] bytes of kernel
@@ -803,7 +793,7 @@ impl Session {
             return Ok(true);
         }
         let space = Arc::new(Mutex::new(AddressSpace::new()));
-        let settings = self.settings_for(pid);
+        let settings = self.settings;
         match Proc::attach(pid, maps, &settings, space, &self.meta) {
             Ok(Some(proc)) => {
                 self.tree.probed(&proc);
@@ -873,7 +863,7 @@ impl Session {
                 self.start_proc(child, &maps)
             }
             OwnedTreeEvent::Exec { pid, maps } => {
-                let (settings, per_thread) = (self.settings_for(pid), self.per_thread);
+                let (settings, per_thread) = (self.settings, self.per_thread);
                 let mut replaced = None;
                 let done = match self.procs.get_mut(&pid) {
                     Some(proc) => {

@@ -18,8 +18,6 @@ use crate::{
 /// stacks (a 33 KiB record each), about 3,000 of a small program's (5
 /// KiB), in flight while the unwind rules fill in.
 const UNWIND_RING_BYTES: u32 = 16 << 20;
-/// Scratch slots of the stack walk (2 KiB each, a slot per thread by tid).
-const WALK_SLOTS: u32 = 4096;
 
 /// What to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,7 +80,6 @@ impl TraceConfig {
                 events: args.event_buffer_size,
                 unwind_rules: args.unwind_rules_size,
                 unwind_ring: UNWIND_RING_BYTES,
-                walk_slots: WALK_SLOTS,
             },
             schedule: Schedule {
                 duration: args.duration.map(Duration::from_secs_f64),

@@ -116,26 +116,9 @@ pub struct MapSizes {
     pub unwind_rules: u32,
     /// The ring of walks the tracer finishes, bytes (a power of two).
     pub unwind_ring: u32,
-    /// Scratch slots of the stack walk, one per thread (a power of two).
-    pub walk_slots: u32,
 }
 
 impl MapSizes {
-    /// For a process a traced tree starts: a quarter of the walk scratch
-    /// (a slot per thread; a tree's programs have few threads), so that
-    /// wide trees and the programs a tree ran (whose probes stay until the
-    /// end, see `Session::bury`) take less kernel memory. The ring of walks
-    /// keeps its size: a program starting up sends a walk per call at each
-    /// new call site until the tracer has added the rules, and CPython's
-    /// start in pyenv's shim lost 15 walks (`copy_lost`) with a quarter of
-    /// the ring, even with records sized to the stack.
-    pub fn for_child(self) -> MapSizes {
-        MapSizes {
-            walk_slots: (self.walk_slots / 4).max(256),
-            ..self
-        }
-    }
-
     /// Kernel memory the maps of one BPF object take up front, bytes
     /// (what grows with use, the hash maps, is not counted).
     pub fn kernel_bytes(&self, live: bool) -> u64 {
@@ -146,7 +129,11 @@ impl MapSizes {
             0
         };
         self.unwind_ring as u64
-            + self.walk_slots as u64 * std::mem::size_of::<tracer_common::WalkScratch>() as u64
+            + cpus
+                * tracer_common::WALK_LEVELS as u64
+                * std::mem::size_of::<tracer_common::WalkScratch>() as u64
+            + tracer_common::MARK_SLOTS as u64
+                * std::mem::size_of::<tracer_common::EntryMark>() as u64
             + tracer_common::RULE_CACHE_SLOTS as u64
                 * std::mem::size_of::<tracer_common::CachedRule>() as u64
             + cpus
@@ -286,7 +273,7 @@ pub fn attach<T>(
         sample_scale: 0,
         stack_start: crate::target::start_stack(pid),
         n_bodies: bodies.len() as u32,
-        walk_mask: sizes.walk_slots - 1,
+        _pad: 0,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],
         exp_table: exp_table(),
         weight_table: weight_table(),
@@ -333,7 +320,6 @@ pub fn attach<T>(
         .map_max_entries(maps::STACKS, sizes.stacks)
         .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
-        .map_max_entries(maps::WALK, sizes.walk_slots)
         // Room for the frees a full ring lets through between two drains
         // (24 bytes each).
         .map_max_entries(maps::LOST_FREES, if mode.live { 32768 } else { 1 })
