@@ -66,12 +66,16 @@ pub struct WalkScratch {
     pub memo_over: u64,
     pub memo_bp_at: u64,
     pub memo_uses_bp: u64,
+    /// Words above the entry's stack pointer that hold the noted ones.
+    pub memo_span: u64,
     pub noting: u64,
     pub claim_seq: u64,
     /// The walk's result came from a [`WalkMemo`] (entry `check_slot`
     /// while its `seq` was `hit_seq`): `stack` was not filled.
     pub memo_hit: u64,
     pub hit_seq: u64,
+    /// The remembered walk's key.
+    pub hit_key: u64,
     /// The check of a [`WalkMemo`] against the stack (kept here, where the
     /// verifier does not follow the values): the entry, how many of its
     /// words are compared so far, its count of words, and whether all
@@ -117,6 +121,9 @@ pub struct WalkMemo {
     pub key: u64,
     pub stop: u64,
     pub n: u64,
+    /// How many words above `sp` hold the `n` words (the highest offset
+    /// plus one).
+    pub span: u64,
     /// The allocator function and thread (0 unless split by thread) of the
     /// call that walked: with `caller` and `key`, the aggregation key
     /// ([`CountKey`]) of the calls that take this walk.

@@ -605,8 +605,18 @@ fn record_in(ctx: &ProbeContext, scratch: Option<*mut WalkScratch>, early: u64, 
     if caller == 0 {
         bump(counter::CALLER_READ_FAILED, 1);
     }
+    // A remembered walk from here, looked for first: a call from the same
+    // place passed the nesting check before.
+    let remembered = match scratch {
+        Some(w) => unsafe {
+            let bp = (*ctx.regs).rbp;
+            start_walk(&mut *w, caller, sp, bp, ip);
+            caller != 0 && (*w).limit != 0 && memo_find(w, caller, sp, bp, ip)
+        },
+        None => false,
+    };
     // In live mode the pending entry below is the nesting check.
-    if !live && caller != 0 && in_allocator_body(caller) {
+    if !live && caller != 0 && !remembered && in_allocator_body(caller) {
         bump(counter::NESTED, 1);
         return;
     }
@@ -928,13 +938,12 @@ fn walk_stack(
         return (STACK_NONE, None, cookie_or(cookie, ctx));
     };
     unsafe {
-        let (sp, bp, ip) = ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip);
-        start_walk(&mut *w, caller, sp, bp, ip);
+        // Set off (and checked against the memo) by `record_in`.
+        let (sp, bp) = ((*ctx.regs).rsp, (*ctx.regs).rbp);
         if caller != 0 && (*w).limit != 0 {
-            if let Some(key) = memo_find(w, caller, sp, bp, ip) {
-                (*w).memo_hit = 1;
+            if (*w).memo_hit != 0 {
                 let cookie = if cookie != NO_COOKIE { cookie } else { cookie_or((*w).cookie, ctx) };
-                return (key, Some(w), cookie);
+                return ((*w).hit_key, Some(w), cookie);
             }
             let cookie = cookie_or(cookie, ctx);
             bump(counter::WALKS, 1);
@@ -979,6 +988,7 @@ fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) {
     unsafe {
         core::ptr::write_volatile(&mut w.memo_hit, 0);
         core::ptr::write_volatile(&mut w.memo_n, 0);
+        core::ptr::write_volatile(&mut w.memo_span, 0);
         core::ptr::write_volatile(&mut w.memo_over, 0);
         core::ptr::write_volatile(&mut w.memo_bp_at, 0);
         core::ptr::write_volatile(&mut w.memo_uses_bp, 0);
@@ -1164,6 +1174,9 @@ fn memo_note(w: &mut WalkScratch, e: *mut WalkMemo, addr: u64, value: u64, frame
     }
     unsafe { (*e).words[(n as usize) & (MEMO_WORDS - 1)] = (frame << 63) | (off << 48) | value };
     w.memo_n = n + 1;
+    if off >= w.memo_span {
+        w.memo_span = off + 1;
+    }
 }
 
 /// Gives the claimed entry back: remembering the walk, given `done`
@@ -1189,6 +1202,7 @@ fn memo_release(w: &mut WalkScratch, done: Option<(u64, u64, u64, u64)>) {
                 (*e).key = key;
                 (*e).stop = w.stack.stop as u64;
                 (*e).n = w.memo_n;
+                (*e).span = w.memo_span;
             }
             _ => {
                 (*e).caller = 0;
@@ -1200,10 +1214,31 @@ fn memo_release(w: &mut WalkScratch, done: Option<(u64, u64, u64, u64)>) {
     }
 }
 
-/// The key of the remembered walk from `caller` at `sp`, if the stack still
-/// holds every word that walk read (so that walking would give the same).
+/// Whether a walk from `caller` at `sp` is remembered and the stack still
+/// holds every word that walk read (so that walking would give the same):
+/// then the scratch has its key (`hit_key`), entry (`check_slot`, with
+/// `hit_seq`) and, for a call through the same probe, cookie.
 #[inline(always)]
-fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Option<u64> {
+fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> bool {
+    let found = memo_lookup(w, caller, sp, bp, ip);
+    unsafe {
+        match found {
+            Some(key) => {
+                (*w).hit_key = key;
+                (*w).memo_hit = 1;
+            }
+            // The walk that follows notes nowhere unless it claims an
+            // entry (a walk whose program does not own the CPU must not
+            // write into the entry the check looked at).
+            None => (*w).check_slot = MEMO_NOWHERE as u64,
+        }
+    }
+    found.is_some()
+}
+
+/// [`memo_find`]'s check: the remembered key, if any.
+#[inline(always)]
+fn memo_lookup(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Option<u64> {
     let slot = memo_slot(caller, sp);
     let e = MEMO.get_ptr(slot)?;
     unsafe {
@@ -1221,7 +1256,18 @@ fn memo_find(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> Opt
         // same probe.
         let cookie = if core::ptr::read_volatile(&(*e).ip) == ip { core::ptr::read_volatile(&(*e).cookie) } else { NO_COOKIE };
         (*w).check_slot = slot as u64;
-        let i = memo_compare(w, e, sp, n);
+        // Every word in the chunk read at `sp` (the usual case): compared
+        // without a bounds check per word.
+        let span = core::ptr::read_volatile(&(*e).span);
+        let i = if n <= MEMO_INLINE && (*w).base == sp && span * 8 <= (*w).valid {
+            if memo_compare_chunk(w, e, n) {
+                n
+            } else {
+                u64::MAX
+            }
+        } else {
+            memo_compare(w, e, sp, n)
+        };
         if i > n {
             return None;
         }
@@ -1259,14 +1305,12 @@ const MEMO_PER_STEP: usize = 8;
 /// and each of its steps an indirect call, which retpolines and safe
 /// returns make dear (AMD Zen 4 host: the bench loop's deepest site took
 /// four). Returns how many matched before a word beyond the chunk or
-/// beyond the first `MEMO_INLINE`, or more than `n` at a mismatch.
-/// Inlined: a BPF subprogram call cost ~25 ns there (its return goes
-/// through the safe-RET thunk). The verifier follows the loop once per way
-/// to it: since the cookie is taken after the walk, the roles no longer
-/// make ways of their own (+4,700 instructions verified for 32 words, not
-/// +12,500; 64 words, which the walks of frame-pointer code need, another
-/// 1,900).
-#[inline(always)]
+/// beyond the first `MEMO_INLINE`, or more than `n` at a mismatch. For a
+/// walk whose words are not all in the first chunk (a walk that fits takes
+/// [`memo_compare_chunk`]). Not inlined: the verifier would follow the
+/// loop once per way to it (39,500 instructions verified as a subprogram,
+/// 54,800 inline).
+#[inline(never)]
 fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64 {
     unsafe {
         let (base, valid) = ((*w).base, (*w).valid);
@@ -1286,6 +1330,29 @@ fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64
             i += 1;
         }
         i
+    }
+}
+
+/// Compares the `n` (at most `MEMO_INLINE`) remembered words of `e` with
+/// the chunk, which holds all of them (read at the entry's stack pointer,
+/// and as long as the entry's span): no bounds check per word, and inline
+/// (a BPF subprogram call costs ~25 ns on the AMD host: its return goes
+/// through the safe-RET thunk).
+#[inline(always)]
+fn memo_compare_chunk(w: *mut WalkScratch, e: *const WalkMemo, n: u64) -> bool {
+    unsafe {
+        let mut i = 0u64;
+        while i < MEMO_INLINE {
+            if i >= n {
+                return true;
+            }
+            let word = core::ptr::read_volatile(&(*e).words[(i as usize) & (MEMO_WORDS - 1)]);
+            if (*w).chunk[((word >> 48) as usize) & (STACK_CHUNK / 8 - 1)] != word & ((1 << 48) - 1) {
+                return false;
+            }
+            i += 1;
+        }
+        true
     }
 }
 
