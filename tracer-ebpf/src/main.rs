@@ -201,31 +201,26 @@ fn give_back(scratch: Option<*mut WalkScratch>) {
     }
 }
 
-/// The flag of level 0 when the walk in `scratch` holds it (owns the CPU).
+/// Whether the walk in `scratch` holds level 0 (owns the CPU's counts).
 #[inline(always)]
-fn held_cpu(scratch: Option<*mut WalkScratch>) -> Option<*mut u32> {
-    let w = scratch?;
-    if unsafe { core::ptr::read_volatile(&(*w).owned) } == 0 {
-        return None;
-    }
-    OWNER.get_ptr_mut(0)
+fn owns_cpu(scratch: Option<*mut WalkScratch>) -> bool {
+    scratch.is_some_and(|w| unsafe { core::ptr::read_volatile(&(*w).owned) } != 0)
 }
-
 
 /// Counts a call of `func` in the per-function totals and, given its key,
 /// in the aggregation map (false when the key has no entry yet), with
 /// plain adds when the program owns the CPU ([`OWNER`]).
 #[inline(always)]
-fn count_call(func: u32, calls: u64, bytes: u64, key: Option<&CountKey>, owner: Option<*mut u32>) -> bool {
-    bump_owned(counter::CALLS + func, calls, owner);
-    bump_owned(counter::BYTES + func, bytes, owner);
-    key.is_none_or(|k| add_to(k, calls, bytes, owner.is_some()))
+fn count_call(func: u32, calls: u64, bytes: u64, key: Option<&CountKey>, owned: bool) -> bool {
+    bump_owned(counter::CALLS + func, calls, owned);
+    bump_owned(counter::BYTES + func, bytes, owned);
+    key.is_none_or(|k| add_to(k, calls, bytes, owned))
 }
 
 /// Adds to counter `index`: plainly when this program owns the CPU.
 #[inline(always)]
-fn bump_owned(index: u32, by: u64, owner: Option<*mut u32>) {
-    if owner.is_none() {
+fn bump_owned(index: u32, by: u64, owned: bool) {
+    if !owned {
         return bump(index, by);
     }
     if let Some(p) = COUNTERS.get_ptr_mut(index) {
@@ -572,7 +567,6 @@ fn record(ctx: &ProbeContext) -> u32 {
         return 0;
     }
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
-    let live = config_u32(&CONFIG.live) != 0;
     let (mut early, mut weight) = (NO_COOKIE, WEIGHT_ONE);
     if sampled {
         let cookie = attach_cookie(ctx);
@@ -654,7 +648,7 @@ fn record_in(ctx: &ProbeContext, scratch: Option<*mut WalkScratch>, early: u64, 
     } else {
         (1, size)
     };
-    let owner = held_cpu(walk);
+    let owned = owns_cpu(walk);
     // A walk that met a return address without a rule goes to the tracer
     // with a copy of the stack; the tracer counts the call (under the same
     // key the walk would have made) and adds the missing rules.
@@ -662,7 +656,7 @@ fn record_in(ctx: &ProbeContext, scratch: Option<*mut WalkScratch>, early: u64, 
         Some(w) if unsafe { (*w).stack.stop } == stop::MISS => {
             match send_miss(unsafe { &mut *w }, func, key_tid, caller, calls_inc, bytes_inc) {
                 Some(id) => {
-                    count_call(func, calls_inc, bytes_inc, None, owner);
+                    count_call(func, calls_inc, bytes_inc, None, owned);
                     if let Some(p) = pending {
                         set_pending(p, caller, id, func, key_tid, size, extra, sp);
                     }
@@ -689,9 +683,9 @@ fn record_in(ctx: &ProbeContext, scratch: Option<*mut WalkScratch>, early: u64, 
         set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
     // A remembered walk of this key counts the call itself; else the map.
-    let in_memo = owner.is_some()
+    let in_memo = owned
         && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0 && memo_count(w, func, key_tid, calls_inc, bytes_inc));
-    let counted = count_call(func, calls_inc, bytes_inc, (!in_memo).then_some(&key), owner);
+    let counted = count_call(func, calls_inc, bytes_inc, (!in_memo).then_some(&key), owned);
     if !counted && insert_count(&key, calls_inc, bytes_inc, 1) {
         if per_thread {
             name_thread(tid);
@@ -942,7 +936,8 @@ fn walk_stack(
         let (sp, bp) = ((*ctx.regs).rsp, (*ctx.regs).rbp);
         if caller != 0 && (*w).limit != 0 {
             if (*w).memo_hit != 0 {
-                let cookie = if cookie != NO_COOKIE { cookie } else { cookie_or((*w).cookie, ctx) };
+                // Taken before (sampled), else the entry's, else the probe's.
+                let cookie = cookie_or(if cookie != NO_COOKIE { cookie } else { (*w).cookie }, ctx);
                 return ((*w).hit_key, Some(w), cookie);
             }
             let cookie = cookie_or(cookie, ctx);
