@@ -1,23 +1,35 @@
 //! mtrace: an out-of-process malloc tracer on eBPF.
 //!
-//! Data flows one way: kernel maps -> [`collect::raw`] (addresses) ->
-//! [`profile`] (symbols, made by [`symbolize`]) -> [`render`] -> [`sinks`].
+//! Data flows one way: kernel maps -> [`collect`] (raw profile,
+//! addresses) -> [`symbolize`] (profile, symbols) -> [`render`] -> [`sinks`];
+//! [`pipeline`] is that path for one traced program.
 
-// The stages, in the order data flows through them; each uses only the
-// ones before it. Only `probes`, `collect` and `session` touch the kernel.
+// The modules, roughly in the order data flows. `tracee`, `allocators`,
+// `probes`, `unwind` and `collect` prepare and read the kernel's side;
+// only `probes`, `unwind`, `collect`, `session` and `commands::trace` touch
+// the kernel (aya).
+mod tracee; // the traced process: /proc, launch under ptrace, its address space
+
 mod allocators; // which object allocates, its entry points, probe placement
+
+mod probes; // load the BPF object and attach the probes
+
+mod unwind; // unwind rules from call-frame information; walks the tracer finishes
+
 mod collect; // kernel maps and event rings -> raw profile (addresses)
-mod probes; // load and attach the BPF programs
-mod session; // the tick loop of a trace under way
-mod sinks; // where profiles go: the report and its files, snapshots
-mod status; // the status line while tracing
+
 mod symbolize; // raw profile -> profile (functions, files, lines)
-mod target; // the traced process: /proc, launch, its address space
-mod top; // mtrace top: the full-screen live view
-mod unwind; // unwind rules from the target's call-frame information
+
+mod pipeline; // collect -> live -> symbolize: one program's profile
+
+mod session; // a trace under way: its processes, tree, loop and end
+
+mod watch; // the status line and mtrace top, fed every second
+
+mod sinks; // where profiles go: the report and its files, snapshots
 
 mod cli; // arguments (clap) and what they mean (config)
-mod commands; // trace, report, diff
+mod commands; // trace (and top), report, diff, generate
 
 // The offline half (model, file format, diff, renderers) is its own crate,
 // with no kernel in its dependency tree.

@@ -21,7 +21,7 @@ use self::families::Entry;
 use self::placement::place_probe;
 
 use crate::{
-    target::{is_dynamic_linker, path_in_target, DynamicLinker, Mapping},
+    tracee::{is_dynamic_linker, path_in_target, DynamicLinker, Mapping},
     user_error,
 };
 

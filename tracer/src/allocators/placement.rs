@@ -1,7 +1,8 @@
 //! Probe placement: where in an allocator function the uprobe goes.
 //!
-//! A uprobe costs about 0.65 µs a hit here when the kernel emulates the
-//! probed instruction and about 20 µs when it must single-step it. Each
+//! A uprobe costs a trap when the kernel emulates the probed instruction
+//! and many times that when it must single-step it out of line
+//! (docs/placement.md). Each
 //! entry point is probed at its first instruction when that is a push,
 //! jump, call or nop, else at the first such instruction reached after only
 //! flag-setting or scratch-register instructions, so every call still

@@ -214,7 +214,7 @@ pub struct TraceArgs {
     pub bench_floor: bool,
 
     /// Benchmark: have the kernel time every BPF program run and log the
-    /// mean time per program with -v (the timing itself costs ~40 ns a run).
+    /// mean time per program with -v (the timing itself adds to every run).
     #[arg(long, hide = true)]
     pub bpf_stats: bool,
 

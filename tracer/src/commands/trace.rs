@@ -3,11 +3,14 @@
 //! profile to the sinks, detach.
 
 use std::{
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Instant, SystemTime},
 };
 
 use anyhow::{Context, Result};
+use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
 
 use crate::{
     allocators,
@@ -15,48 +18,20 @@ use crate::{
         config::{Target, TraceConfig},
         TraceArgs,
     },
-    collect::{live_tracker, timeline::Recorder},
     error::{UserError, EXIT_USAGE},
-    profile::{Meta, Probe, ProcessMeta},
-    session::{
-        self, Clock, End, Inputs, Proc, ProcSettings, Session, Signals, TreeRequest, Watcher,
-    },
+    profile::{Meta, Probe},
+    session::{self, End, Inputs, ProcSettings, Session, Signals, TracedProcess, TreeRequest},
     sinks::{Report, Sink, Snapshots},
-    status::StatusLine,
-    target::{self, launch, launch::TreeEvent, AddressSpace},
+    tracee::{self, launch, launch::TreeEvent, AddressSpace, ExitHold, RunAs},
     user_error,
+    watch::{self, StatusLine, Watcher},
 };
 
 /// A trace; with `top`, under the full-screen live view.
 pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
-    let Some(config) = TraceConfig::from_args(&args) else {
-        return Err(anyhow::Error::new(UserError::with_code(
-            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)",
-            EXIT_USAGE,
-        )));
-    };
-    // A typo in an output path or a user name must not cost the trace.
-    config.outputs.check()?;
-    let run_as = config
-        .user
-        .as_deref()
-        .map(target::RunAs::lookup)
-        .transpose()?;
-    config.outputs.check_weight(config.mode.live)?;
-    if !config.snapshot_dir.is_dir() {
-        return Err(anyhow::Error::new(UserError::with_code(
-            format!(
-                "cannot write snapshots to {}: no such directory",
-                config.snapshot_dir.display()
-            ),
-            EXIT_USAGE,
-        )));
-    }
-    if top {
-        crate::top::check_terminal()?;
-    }
-    target::check_privileges()?;
-    crate::target::launch::raise_file_limit();
+    let (config, run_as) = checked_config(&args, top)?;
+    tracee::check_privileges()?;
+    launch::raise_file_limit();
     // Signal handlers before anything else: a Ctrl-C from here on ends the
     // trace with a report (once the probes are in), never kills mtrace.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -76,156 +51,35 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
         None
     };
     let attach_started = Instant::now();
-    let settings = ProcSettings {
-        mode: config.mode,
-        sizes: config.sizes,
-        temporary_ns: config.temporary_ns,
-        live_blocks: config.live_blocks,
-    };
-    let mode = config.mode;
-    // What every process's profile shares.
-    let template = Meta {
-        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
-        start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        kernel_release: kernel_release(),
-        mode: if mode.live { "live" } else { "count" }.into(),
-        ..Default::default()
-    };
-
-    // The thread that traces the target (launch mode's, or the exit hold
-    // by pid) tells the session what happens in the process tree: a new
-    // process to probe before it runs, an exec, an exit. It holds the
-    // process concerned stopped until the session answers.
-    let (tree_tx, tree_rx) = tokio::sync::mpsc::unbounded_channel::<TreeRequest>();
-    let on_event = move |event: TreeEvent| -> Result<Option<()>> {
-        let wait = !matches!(event, TreeEvent::Gone { .. });
-        let (reply, done) = std::sync::mpsc::channel();
-        let request = TreeRequest {
-            event: event.into(),
-            reply: wait.then_some(reply),
-        };
-        if tree_tx.send(request).is_err() || !wait {
-            // The trace has ended, or nothing to wait for.
-            return Ok(Some(()));
-        }
-        match done.recv() {
-            Ok(Ok(true)) | Err(_) => Ok(Some(())),
-            Ok(Ok(false)) => Ok(None),
-            Ok(Err(e)) => Err(anyhow::anyhow!(e)),
-        }
-    };
-    // By pid: the target is held at its exit for a last look at its
-    // mappings (launch mode's ptrace does the same).
-    let mut exit_hold = None;
-    // By pid with --children: the processes it had created.
-    let mut descendants = Vec::new();
-    // mtrace top, launch mode: where the command's output went.
-    let mut command_log = None;
-    let (root, exit_rx) = match &config.target {
-        Target::Pid(pid) => {
-            let pid = *pid;
-            target::check_pid(pid)?;
-            let pidfd = session::pidfd_open(pid)?;
-            let (hold, found) = target::ExitHold::start(pid, config.children, on_event);
-            exit_hold = Some(hold);
-            descendants = found;
-            let maps = target::read_maps(pid)
-                .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
-            let alloc = allocators::require_in_process(pid, &maps)?;
-            let space = Arc::new(Mutex::new(AddressSpace::new()));
-            let root = Proc::attach_to(pid, alloc, &maps, &settings, space, &template)?;
-            (root, Err(pidfd))
-        }
-        Target::Command(argv) => {
-            // The live view has the terminal: the command's output goes
-            // to a log meanwhile (mtrace's own is back once it started).
-            let redirect = if top {
-                Some(crate::top::Redirect::start().context("redirecting the command's output")?)
-            } else {
-                None
-            };
-            command_log = redirect.as_ref().map(|r| r.log.clone());
-            let template = template.clone();
-            let launched = launch::launch(
-                argv,
-                config.follow,
-                run_as,
-                move |pid, maps| {
-                    let space = Arc::new(Mutex::new(AddressSpace::new()));
-                    Proc::attach(pid, maps, &settings, space, &template)
-                },
-                on_event,
-            );
-            drop(redirect);
-            let launched = launched?;
-            (launched.attached, Ok(launched.exit))
-        }
-    };
+    let Attached {
+        root,
+        exit,
+        tree_rx,
+        mut exit_hold,
+        descendants,
+        command_log,
+    } = attach(&config, top, run_as)?;
     let pid = root.pid;
     log::debug!(
         "attached in {:.1} ms",
         attach_started.elapsed().as_secs_f64() * 1e3
     );
     log_probes(&root.probes.attached);
-    for (name, prog) in root.probes.ebpf.programs() {
-        if let Some(n) = prog
-            .info()
-            .ok()
-            .and_then(|i| i.verified_instruction_count())
-        {
-            log::debug!("bpf program {name}: {n} instructions verified");
-        }
-    }
+    log_verified(&root.probes.ebpf);
     let mut meta = root.meta.clone();
     if let Target::Command(argv) = &config.target {
         meta.command = argv.join(" ");
     }
-    let tracing = format!(
-        "mtrace: tracing pid {pid} ({}): {} probes in {}{}{}",
-        target::comm(pid),
-        root.probes.attached.len(),
-        meta.allocator_object,
-        match &config.target {
-            Target::Command(_) if config.follow => ", and every process it starts",
-            Target::Pid(_) if config.children => ", and its children, present and to come",
-            _ => "",
-        },
-        if config.schedule.duration.is_some() {
-            String::new()
-        } else {
-            ", Ctrl-C to stop".into()
-        }
-    );
-    let mut tree = session::Tree {
-        processes: vec![ProcessMeta {
-            pid,
-            ..Default::default()
-        }],
-        unlisted: 0,
-    };
-    tree.probed(&root);
+    let tracing = tracing_line(&config, &root, &meta);
     let shadowed = root.shadowed.clone();
     let family = meta.allocator_family.clone();
-    let mut session = Session {
-        root: pid,
-        procs: [(pid, root)].into(),
-        ended: None,
-        tree,
-        meta,
-        clock: Clock {
-            started: Instant::now(),
-            started_ns: live_tracker::monotonic_ns(),
-            min_age_ns: config.min_age_ns,
-        },
-        settings,
-        per_thread: mode.per_thread,
+    let options = session::Options {
+        settings: settings(&config),
         per_process: config.outputs.table.per_process,
         max_processes: config.max_processes,
-        graveyard: Default::default(),
-        graveyard_bytes: 0,
-        graveyard_detached: 0,
-        timeline: Recorder::new(1.0, mode.live || mode.count_frees),
+        min_age_ns: config.min_age_ns,
     };
+    let mut session = Session::new(root, meta, options);
     // The processes it had created are probed before tracing is said to
     // begin; from then on the hold tells the session of the tree.
     for (parent, child) in descendants {
@@ -239,30 +93,11 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
         Box::new(Report(config.outputs.clone())),
     ];
-
-    // How the target's end is learnt: from the launch thread, or a pidfd.
-    let (exit_rx, pidfd) = match exit_rx {
-        Ok(rx) => (Some(rx), None),
-        Err(fd) => (None, Some(fd)),
+    let (exit_rx, pidfd) = match exit {
+        TargetExit::Launched(rx) => (Some(rx), None),
+        TargetExit::Pidfd(fd) => (None, Some(fd)),
     };
-    let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
-    let mut stop = None;
-    if top {
-        let title = format!(
-            "mtrace top: pid {pid} ({}), {} mode{}",
-            target::comm(pid),
-            session.meta.mode,
-            match &command_log {
-                Some(log) => format!(", the command's output in {}", log.display()),
-                None => String::new(),
-            }
-        );
-        let (view, stop_rx) = crate::top::TopView::start(title, mode.live)?;
-        watchers.push(Box::new(view));
-        stop = Some(stop_rx);
-    } else if let Some(line) = StatusLine::new() {
-        watchers.push(Box::new(line));
-    }
+    let (mut watchers, stop) = watchers(&config, top, pid, command_log.as_deref())?;
     let inputs = Inputs {
         exit_rx,
         pidfd,
@@ -276,7 +111,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     let (end, exit_rx) = ran?;
     eprintln!(
         "mtrace: tracing ended after {:.1} s: {}",
-        session.clock.started.elapsed().as_secs_f64(),
+        session.elapsed().as_secs_f64(),
         end.describe(config.schedule.duration)
     );
     if let Some(log) = &command_log {
@@ -285,16 +120,13 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
 
     // Counting stops for all functions at once, before the maps are read.
     session.finish()?;
-    if let (End::TargetExited(Some(code)), Some(root)) = (&end, session.tree.processes.first_mut())
-    {
-        root.exit_code = Some(*code);
+    if let End::TargetExited(Some(code)) = end {
+        session.root_exited(code);
     }
-    if stats_fd.is_some() {
-        if let Some(root) = session.procs.get(&pid) {
+    if let Some(root) = session.root() {
+        if stats_fd.is_some() {
             log_program_times(&root.probes.ebpf);
         }
-    }
-    if let Some(root) = session.procs.get(&pid) {
         log_unwind(root, &config);
     }
     drop(stats_fd);
@@ -316,33 +148,259 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
         );
     }
     drop(exit_hold);
-    // Report first: detaching takes the kernel about 0.1 s per probe (an
-    // RCU grace period each), and the counts are already read.
+    // Report first: detaching waits for the kernel, and the counts are
+    // already read.
     let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
     session.detach(matches!(end, End::TargetExited(_)));
     finished?;
+    Ok(exit_code(end, exit_rx, &config.target, &rt))
+}
 
-    Ok(match end {
+/// The configuration, checked before anything is attached: a typo in an
+/// output path or a user name must not cost the trace.
+fn checked_config(args: &TraceArgs, top: bool) -> Result<(TraceConfig, Option<RunAs>)> {
+    let Some(config) = TraceConfig::from_args(args) else {
+        return Err(anyhow::Error::new(UserError::with_code(
+            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)",
+            EXIT_USAGE,
+        )));
+    };
+    config.outputs.check()?;
+    let run_as = config.user.as_deref().map(RunAs::lookup).transpose()?;
+    config.outputs.check_weight(config.mode.live)?;
+    if !config.snapshot_dir.is_dir() {
+        return Err(anyhow::Error::new(UserError::with_code(
+            format!(
+                "cannot write snapshots to {}: no such directory",
+                config.snapshot_dir.display()
+            ),
+            EXIT_USAGE,
+        )));
+    }
+    if top {
+        watch::top::check_terminal()?;
+    }
+    Ok((config, run_as))
+}
+
+/// What every process's probes and tracker are set up with.
+fn settings(config: &TraceConfig) -> ProcSettings {
+    ProcSettings {
+        mode: config.mode,
+        sizes: config.sizes,
+        temporary_ns: config.temporary_ns,
+        live_blocks: config.live_blocks,
+    }
+}
+
+/// How the target's end is learnt.
+enum TargetExit {
+    /// Launch mode: the launch thread sends the command's exit code.
+    Launched(oneshot::Receiver<i32>),
+    /// By pid: a pidfd becomes readable.
+    Pidfd(OwnedFd),
+}
+
+/// The root process, probed, and what the trace listens to.
+struct Attached {
+    root: TracedProcess,
+    exit: TargetExit,
+    /// What the thread that traces the tree tells the session.
+    tree_rx: UnboundedReceiver<TreeRequest>,
+    /// By pid: the target is held at its exit for a last look at its
+    /// mappings (launch mode's ptrace does the same).
+    exit_hold: Option<ExitHold>,
+    /// By pid with --children: the processes it had created.
+    descendants: Vec<(u32, u32)>,
+    /// mtrace top, launch mode: where the command's output went.
+    command_log: Option<PathBuf>,
+}
+
+/// Probes the target: by pid, or by launching the command.
+fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<Attached> {
+    let settings = settings(config);
+    // What every process's profile shares.
+    let template = Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        kernel_release: kernel_release(),
+        mode: if config.mode.live { "live" } else { "count" }.into(),
+        ..Default::default()
+    };
+    let (on_event, tree_rx) = tree_channel();
+    match &config.target {
+        Target::Pid(pid) => {
+            let pid = *pid;
+            tracee::check_pid(pid)?;
+            let pidfd = session::pidfd_open(pid)?;
+            let (hold, descendants) = ExitHold::start(pid, config.children, on_event);
+            let maps = tracee::read_maps(pid)
+                .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
+            let alloc = allocators::require_in_process(pid, &maps)?;
+            let space = Arc::new(Mutex::new(AddressSpace::new()));
+            let root = TracedProcess::attach_to(pid, alloc, &maps, &settings, space, &template)?;
+            Ok(Attached {
+                root,
+                exit: TargetExit::Pidfd(pidfd),
+                tree_rx,
+                exit_hold: Some(hold),
+                descendants,
+                command_log: None,
+            })
+        }
+        Target::Command(argv) => {
+            // The live view has the terminal: the command's output goes
+            // to a log meanwhile (mtrace's own is back once it started).
+            let redirect = if top {
+                Some(watch::top::Redirect::start().context("redirecting the command's output")?)
+            } else {
+                None
+            };
+            let command_log = redirect.as_ref().map(|r| r.log.clone());
+            let launched = launch::launch(
+                argv,
+                config.follow,
+                run_as,
+                move |pid, maps| {
+                    let space = Arc::new(Mutex::new(AddressSpace::new()));
+                    TracedProcess::attach(pid, maps, &settings, space, &template)
+                },
+                on_event,
+            );
+            drop(redirect);
+            let launched = launched?;
+            Ok(Attached {
+                root: launched.attached,
+                exit: TargetExit::Launched(launched.exit),
+                tree_rx,
+                exit_hold: None,
+                descendants: Vec::new(),
+                command_log,
+            })
+        }
+    }
+}
+
+/// The thread that traces the target (launch mode's, or the exit hold by
+/// pid) tells the session what happens in the process tree: a new process
+/// to probe before it runs, an exec, an exit. It holds the process
+/// concerned stopped until the session answers.
+fn tree_channel() -> (
+    impl FnMut(TreeEvent) -> Result<Option<()>> + Send + 'static,
+    UnboundedReceiver<TreeRequest>,
+) {
+    let (tree_tx, tree_rx) = tokio::sync::mpsc::unbounded_channel::<TreeRequest>();
+    let on_event = move |event: TreeEvent| -> Result<Option<()>> {
+        let wait = !matches!(event, TreeEvent::Gone { .. });
+        let (reply, done) = std::sync::mpsc::channel();
+        let request = TreeRequest {
+            event: event.into(),
+            reply: wait.then_some(reply),
+        };
+        if tree_tx.send(request).is_err() || !wait {
+            // The trace has ended, or nothing to wait for.
+            return Ok(Some(()));
+        }
+        match done.recv() {
+            Ok(Ok(true)) | Err(_) => Ok(Some(())),
+            Ok(Ok(false)) => Ok(None),
+            Ok(Err(e)) => Err(anyhow::anyhow!(e)),
+        }
+    };
+    (on_event, tree_rx)
+}
+
+/// `mtrace: tracing pid 1234 (name): 8 probes in libc.so.6, ...`
+fn tracing_line(config: &TraceConfig, root: &TracedProcess, meta: &Meta) -> String {
+    format!(
+        "mtrace: tracing pid {} ({}): {} probes in {}{}{}",
+        root.pid,
+        tracee::comm(root.pid),
+        root.probes.attached.len(),
+        meta.allocator_object,
+        match &config.target {
+            Target::Command(_) if config.follow => ", and every process it starts",
+            Target::Pid(_) if config.children => ", and its children, present and to come",
+            _ => "",
+        },
+        if config.schedule.duration.is_some() {
+            String::new()
+        } else {
+            ", Ctrl-C to stop".into()
+        }
+    )
+}
+
+/// The live view (`top`) and the receiver of its `q`, or the status line.
+type Watchers = (Vec<Box<dyn Watcher>>, Option<oneshot::Receiver<()>>);
+
+fn watchers(
+    config: &TraceConfig,
+    top: bool,
+    pid: u32,
+    command_log: Option<&Path>,
+) -> Result<Watchers> {
+    let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
+    let mut stop = None;
+    if top {
+        let title = format!(
+            "mtrace top: pid {pid} ({}), {} mode{}",
+            tracee::comm(pid),
+            if config.mode.live { "live" } else { "count" },
+            match command_log {
+                Some(log) => format!(", the command's output in {}", log.display()),
+                None => String::new(),
+            }
+        );
+        let (view, stop_rx) = watch::top::TopView::start(title, config.mode.live)?;
+        watchers.push(Box::new(view));
+        stop = Some(stop_rx);
+    } else if let Some(line) = StatusLine::new() {
+        watchers.push(Box::new(line));
+    }
+    Ok((watchers, stop))
+}
+
+/// mtrace's exit status: the command's in launch mode, 0 when a trace by
+/// pid ends as it normally does.
+fn exit_code(
+    end: End,
+    exit_rx: Option<oneshot::Receiver<i32>>,
+    target: &Target,
+    rt: &tokio::runtime::Runtime,
+) -> i32 {
+    // Launch mode, the trace ended first: the command runs on; pass its
+    // status through.
+    let command_status = |rx: Option<oneshot::Receiver<i32>>| match rx {
+        Some(rx) => rt.block_on(rx).unwrap_or(0),
+        None => 0,
+    };
+    match end {
         End::TargetExited(code) => code.unwrap_or(0),
-        End::Duration => match exit_rx {
-            // Launch mode: the command runs on; pass its status through.
-            Some(rx) => rt.block_on(rx).unwrap_or(0),
-            None => 0,
-        },
+        End::Duration | End::Stopped => command_status(exit_rx),
         // Ctrl-C is how a trace by pid normally ends.
-        End::Interrupted(_) if matches!(config.target, Target::Pid(_)) => 0,
+        End::Interrupted(_) if matches!(target, Target::Pid(_)) => 0,
         End::Interrupted(sig) => 128 + sig,
-        End::Stopped => match exit_rx {
-            Some(rx) => rt.block_on(rx).unwrap_or(0),
-            None => 0,
-        },
-    })
+    }
+}
+
+/// The verifier's work on each program (`-v`).
+fn log_verified(ebpf: &aya::Ebpf) {
+    for (name, prog) in ebpf.programs() {
+        if let Some(n) = prog
+            .info()
+            .ok()
+            .and_then(|i| i.verified_instruction_count())
+        {
+            log::debug!("bpf program {name}: {n} instructions verified");
+        }
+    }
 }
 
 /// The root's unwinder at work (`-v`).
-fn log_unwind(root: &Proc, config: &TraceConfig) {
+fn log_unwind(root: &TracedProcess, config: &TraceConfig) {
     let walks = root.unwind.walks();
     let u = &walks.unwinder.stats;
     log::debug!(

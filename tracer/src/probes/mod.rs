@@ -20,7 +20,7 @@ use tracer_common::{
 
 use crate::{
     allocators::{AllocatorObject, FuncInfo, ProbeSite},
-    target::Mapping,
+    tracee::Mapping,
     user_error,
 };
 
@@ -271,7 +271,7 @@ pub fn attach<T>(
         max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
         sample_param,
         sample_scale: 0,
-        stack_start: crate::target::start_stack(pid),
+        stack_start: crate::tracee::start_stack(pid),
         n_bodies: bodies.len() as u32,
         _pad: 0,
         bodies: [BodyRange::default(); MAX_BODY_RANGES],

@@ -22,7 +22,7 @@ use crate::{
     allocators::FuncInfo,
     collect::raw::RawProfile,
     profile::{Frame, Meta, Profile, StackEntry, Thread, Totals},
-    target::AddressSpace,
+    tracee::AddressSpace,
 };
 
 thread_local! {

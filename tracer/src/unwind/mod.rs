@@ -42,7 +42,7 @@ pub use object_cfi::ObjectCfi;
 pub use tracer_common::UnwindRule as Rule;
 pub use walk::{unwind_with_fp, StackCopy, Stop, FRAME_POINTER};
 
-use crate::target::{AddressSpace, Mem};
+use crate::tracee::{AddressSpace, Mem};
 
 /// The stop code of a user-space walk (as the BPF walk records it).
 pub fn stop_code(stop: Stop) -> u32 {

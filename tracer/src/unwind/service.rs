@@ -26,7 +26,7 @@ use aya::{
 use tracer_common::{maps, rule_slot, CachedRule, CountKey, MissEvent, MISS_HEADER_BYTES};
 
 use super::{Rule, Unwinder};
-use crate::{collect::UserWalks, target::AddressSpace};
+use crate::{collect::UserWalks, tracee::AddressSpace};
 
 /// What the service has done, shared with the session.
 pub struct Walks {

@@ -41,8 +41,10 @@ use tokio::sync::oneshot;
 use crate::{
     error::{UserError, EXIT_USAGE},
     profile::{is_allocation, Profile, StackEntry},
-    session::{Session, Watcher},
-    status::{bytes, short_count, summary, thousands, Tick},
+    watch::{
+        status_line::{bytes, short_count, summary, thousands},
+        Tick, Watcher,
+    },
 };
 
 /// What orders the rows.
@@ -504,8 +506,8 @@ fn read_keys(screen: Arc<Mutex<Screen>>, done: Arc<AtomicBool>, stop: oneshot::S
 }
 
 impl Watcher for TopView {
-    fn tick(&mut self, session: &Session, tick: &Tick) -> Result<()> {
-        let profile = session.profile()?;
+    fn tick(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()> {
+        let profile = profile()?;
         let mut s = self.screen.lock().unwrap();
         s.model.update(&profile, tick);
         s.redraw();

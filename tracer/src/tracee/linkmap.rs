@@ -130,7 +130,7 @@ impl Mem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::read_maps;
+    use crate::tracee::read_maps;
 
     /// This test process's own link map: the test binary first, libc in
     /// it, the dynamic linker in it, every entry a mapped file.

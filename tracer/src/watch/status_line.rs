@@ -12,6 +12,7 @@
 
 use std::io::{IsTerminal, Write};
 
+use super::Tick;
 use crate::collect::Running;
 
 /// The status line, when standard error is a terminal.
@@ -22,17 +23,6 @@ pub struct StatusLine {
     last_t: f64,
     /// Shown so far (for the end to clear).
     active: bool,
-}
-
-/// What one tick shows.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Tick {
-    pub elapsed: f64,
-    pub running: Running,
-    /// Live mode: bytes allocated and not yet freed, as traced.
-    pub live_bytes: Option<u64>,
-    /// Processes traced now (shown when more than one).
-    pub processes: usize,
 }
 
 impl StatusLine {

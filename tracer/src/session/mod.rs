@@ -1,0 +1,226 @@
+//! A trace under way: every traced process (one BPF object each), the
+//! process tree, the timeline, and the loop that runs until the trace ends.
+//! Each concern has a file: how tracing ends ([`end`]), one traced process
+//! ([`traced`]), the tree ([`tree`]), letting go of probes ([`detach`]), the
+//! loop ([`run`]).
+
+mod detach;
+mod end;
+mod run;
+mod traced;
+mod tree;
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+
+pub use end::{pidfd_open, End, Signals};
+pub use run::{Inputs, Schedule};
+pub use traced::{ProcSettings, TracedProcess};
+pub use tree::{Tree, TreeRequest};
+
+use detach::Graveyard;
+
+use crate::{
+    collect::{self, live_tracker, timeline::Recorder, Running},
+    pipeline::Clock,
+    profile::{merge, Meta, ProcessMeta, ProcessRef, Profile},
+    sinks::Sink,
+    watch::Tick,
+};
+
+/// How a trace treats its processes and its rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub settings: ProcSettings,
+    /// Rows split per process.
+    pub per_process: bool,
+    /// Most processes probed at once; a process created beyond it is
+    /// counted as not traced.
+    pub max_processes: usize,
+    /// Live mode: blocks at least this old are leak suspects.
+    pub min_age_ns: u64,
+}
+
+/// Everything needed to turn the kernel maps into a profile at any time.
+pub struct Session {
+    /// The process traced by pid, or the command launched.
+    root: u32,
+    /// Every process with probes in, by pid.
+    procs: BTreeMap<u32, TracedProcess>,
+    /// What processes that are gone counted, joined.
+    ended: Option<Profile>,
+    tree: Tree,
+    /// The root's metadata (its last program's after an `exec`).
+    meta: Meta,
+    clock: Clock,
+    options: Options,
+    graveyard: Graveyard,
+    /// The trace over time.
+    timeline: Recorder,
+}
+
+impl Session {
+    /// A trace of `root`, probed already, whose profile says `meta`;
+    /// tracing begins now.
+    pub fn new(root: TracedProcess, meta: Meta, options: Options) -> Session {
+        let pid = root.pid;
+        let mut tree = Tree {
+            processes: vec![ProcessMeta {
+                pid,
+                ..Default::default()
+            }],
+            unlisted: 0,
+        };
+        tree.probed(&root);
+        let mode = options.settings.mode;
+        Session {
+            root: pid,
+            procs: [(pid, root)].into(),
+            ended: None,
+            tree,
+            meta,
+            clock: Clock {
+                started: Instant::now(),
+                started_ns: live_tracker::monotonic_ns(),
+                min_age_ns: options.min_age_ns,
+            },
+            options,
+            graveyard: Graveyard::default(),
+            timeline: Recorder::new(1.0, mode.live || mode.count_frees),
+        }
+    }
+
+    /// The root process while it has probes in.
+    pub fn root(&self) -> Option<&TracedProcess> {
+        self.procs.get(&self.root)
+    }
+
+    /// How long it has traced.
+    pub fn elapsed(&self) -> Duration {
+        self.clock.started.elapsed()
+    }
+
+    /// The root exited with `code` (launch mode learns it at the end).
+    pub fn root_exited(&mut self, code: i32) {
+        if let Some(root) = self.tree.processes.first_mut() {
+            root.exit_code = Some(code);
+        }
+    }
+
+    /// The whole trace: every process (each symbolized with its own
+    /// mappings), joined by what the stacks say.
+    pub fn profile(&self) -> Result<Profile> {
+        let mut parts: Vec<Profile> = self.ended.iter().cloned().collect();
+        for proc in self.procs.values() {
+            parts.push(self.proc_profile(proc)?);
+        }
+        let mut profile = if parts.len() == 1 {
+            parts.pop().unwrap_or_default()
+        } else {
+            merge::merge(parts)
+        };
+        profile.meta = Meta {
+            duration_secs: self.clock.started.elapsed().as_secs_f64(),
+            probes: std::mem::take(&mut profile.meta.probes),
+            sampling: profile.meta.sampling.take(),
+            processes: if self.tree.processes.len() > 1 {
+                self.tree.processes.clone()
+            } else {
+                Vec::new()
+            },
+            processes_unlisted: self.tree.unlisted,
+            ..self.meta.clone()
+        };
+        profile.timeline = Some(self.timeline.timeline().clone());
+        Ok(profile)
+    }
+
+    /// What the whole tree has counted so far, from the counters alone.
+    pub fn running(&self) -> Running {
+        let of = |p: &Profile| Running {
+            calls: p.totals.allocs.calls,
+            bytes: p.totals.allocs.bytes,
+            frees: p.totals.frees,
+            lost: p.losses.map_full + p.live.as_ref().map_or(0, |l| l.events_lost),
+        };
+        let mut sum = Running::default();
+        if let Some(ended) = &self.ended {
+            sum.add(of(ended));
+        }
+        for proc in self.procs.values() {
+            for old in &proc.before_exec {
+                sum.add(of(old));
+            }
+            match collect::running(&proc.probes) {
+                Ok(r) => sum.add(r),
+                Err(e) => log::debug!("pid {}: counters unreadable: {e:#}", proc.pid),
+            }
+        }
+        sum
+    }
+
+    /// The second's reading: for the timeline and every watcher.
+    pub fn tick(&self) -> Tick {
+        Tick {
+            elapsed: self.clock.started.elapsed().as_secs_f64(),
+            running: self.running(),
+            live_bytes: self.options.settings.mode.live.then(|| {
+                self.procs
+                    .values()
+                    .filter_map(|p| p.tracker.as_ref())
+                    .map(|t| t.live_bytes)
+                    .sum()
+            }),
+            processes: self.procs.len(),
+        }
+    }
+
+    /// One process's profile, its rows named by it with `--per-process`.
+    fn proc_profile(&self, proc: &TracedProcess) -> Result<Profile> {
+        let mut profile = proc.profile(&self.clock, self.options.settings.mode.per_thread)?;
+        if self.options.per_process {
+            let tag = ProcessRef {
+                pid: proc.pid,
+                name: proc.name.clone(),
+            };
+            for st in &mut profile.stacks {
+                st.process = Some(tag.clone());
+            }
+        }
+        Ok(profile)
+    }
+
+    /// A snapshot for every sink, with fresh mappings.
+    fn snapshot(&mut self, sinks: &mut [Box<dyn Sink>]) -> Result<()> {
+        for proc in self.procs.values() {
+            proc.space.lock().unwrap().refresh(proc.pid);
+        }
+        let profile = self.profile()?;
+        for sink in sinks.iter_mut() {
+            sink.snapshot(&profile)?;
+        }
+        Ok(())
+    }
+
+    /// Live mode: every process's events to its tracker.
+    fn drain_all(&mut self) {
+        for proc in self.procs.values_mut() {
+            proc.drain();
+        }
+    }
+
+    /// Counting ends in every process; the timeline's last point.
+    pub fn finish(&mut self) -> Result<()> {
+        for proc in self.procs.values_mut() {
+            proc.finish()?;
+        }
+        let tick = self.tick();
+        self.timeline
+            .record(tick.elapsed, tick.running, tick.live_bytes, true);
+        Ok(())
+    }
+}

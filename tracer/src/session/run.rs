@@ -1,0 +1,192 @@
+//! The loop of a trace under way: drains live mode's event rings,
+//! refreshes the mappings, feeds the timeline and the watchers every
+//! second, writes snapshots, follows the process tree, until the trace
+//! ends.
+
+use std::{
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use tokio::{io::unix::AsyncFd, sync::oneshot};
+
+use super::{
+    end::{End, Signals},
+    tree::TreeRequest,
+    Session,
+};
+use crate::{sinks::Sink, watch::Watcher};
+
+/// What a running trace listens to.
+pub struct Inputs {
+    /// Launch mode: the command's exit code.
+    pub exit_rx: Option<oneshot::Receiver<i32>>,
+    /// By pid: readable when the target exits (opened before the probes
+    /// went in: [`super::pidfd_open`]).
+    pub pidfd: Option<OwnedFd>,
+    /// What happens in the process tree.
+    pub tree_events: Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>,
+    pub signals: Signals,
+    /// The live view's `q`.
+    pub stop: Option<oneshot::Receiver<()>>,
+}
+
+/// How often the timeline, the status line and the live view are fed.
+const TICK_EVERY: Duration = Duration::from_secs(1);
+
+/// Live mode: how often the event rings are drained.
+const DRAIN_EVERY: Duration = Duration::from_millis(10);
+
+/// How often the target's mappings are re-read (new libraries).
+const REFRESH_EVERY: Duration = Duration::from_millis(500);
+
+/// When the loop ends and when it writes snapshots.
+pub struct Schedule {
+    pub duration: Option<Duration>,
+    pub interval: Option<Duration>,
+}
+
+impl Session {
+    /// Runs until the trace ends; returns why, and in launch mode the
+    /// receiver of the command's exit code when it still runs.
+    pub async fn run(
+        &mut self,
+        schedule: &Schedule,
+        sinks: &mut [Box<dyn Sink>],
+        inputs: Inputs,
+        watchers: &mut [Box<dyn Watcher>],
+    ) -> Result<(End, Option<oneshot::Receiver<i32>>)> {
+        let Inputs {
+            exit_rx,
+            pidfd,
+            mut tree_events,
+            signals,
+            stop,
+        } = inputs;
+        // Live mode: each process's event rings, one per CPU. The BPF
+        // programs do not wake us per event; we drain them on a timer,
+        // often enough that they cannot fill at any allocation rate a
+        // uprobe allows (about a million events a second per CPU at most;
+        // 4 MiB hold some 70,000).
+        let next_event =
+            async |rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>| match rx {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            };
+        let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
+        drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let live = self.options.settings.mode.live;
+        let drain_due = async |tick: &mut tokio::time::Interval| {
+            if !live {
+                std::future::pending().await
+            } else {
+                tick.tick().await;
+            }
+        };
+        let Signals {
+            int: mut sigint,
+            term: mut sigterm,
+            usr1: mut sigusr1,
+        } = signals;
+        let sleep = async {
+            match schedule.duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(sleep);
+        let mut refresh = tokio::time::interval(REFRESH_EVERY);
+        let mut interval = schedule
+            .interval
+            .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+        let snapshot_due = async |interval: &mut Option<tokio::time::Interval>| match interval {
+            Some(i) => {
+                i.tick().await;
+            }
+            None => std::future::pending().await,
+        };
+
+        // Launch mode learns of the exit from the launch thread; by pid, a
+        // pidfd becomes readable.
+        let exited_fd = match pidfd {
+            // SAFETY: the descriptor is ours and lives as long as the AsyncFd.
+            Some(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?),
+            None => None,
+        };
+        let mut exit_rx = exit_rx;
+        let target_exit = async |rx: &mut Option<oneshot::Receiver<i32>>| -> Option<i32> {
+            match (rx, &exited_fd) {
+                (Some(rx), _) => rx.await.ok(),
+                (None, Some(fd)) => {
+                    let _ = fd.readable().await;
+                    None
+                }
+                (None, None) => std::future::pending().await,
+            }
+        };
+
+        let mut second =
+            tokio::time::interval_at(tokio::time::Instant::now() + TICK_EVERY, TICK_EVERY);
+        second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = async {
+            match stop {
+                Some(rx) => {
+                    if rx.await.is_err() {
+                        std::future::pending::<()>().await
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(stop);
+
+        let end = loop {
+            tokio::select! {
+                _ = &mut stop => break (End::Stopped, exit_rx),
+                _ = second.tick() => {
+                    let tick = self.tick();
+                    self.timeline.record(tick.elapsed, tick.running, tick.live_bytes, false);
+                    for w in watchers.iter_mut() {
+                        w.tick(&tick, &|| self.profile())?;
+                    }
+                }
+                code = target_exit(&mut exit_rx) => break (End::TargetExited(code), None),
+                _ = &mut sleep => break (End::Duration, exit_rx),
+                _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
+                _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
+                _ = drain_due(&mut drain_tick) => self.drain_all(),
+                _ = sigusr1.recv() => {
+                    self.drain_all();
+                    self.snapshot(sinks)?;
+                }
+                _ = snapshot_due(&mut interval) => {
+                    self.drain_all();
+                    self.snapshot(sinks)?;
+                }
+                _ = refresh.tick() => {
+                    for proc in self.procs.values() {
+                        proc.space.lock().unwrap().refresh(proc.pid);
+                    }
+                }
+                req = next_event(&mut tree_events) => match req {
+                    Some(req) => {
+                        let t = Instant::now();
+                        let what = req.event.describe();
+                        let done = self.on_tree_event(req.event);
+                        log::debug!("{what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+                        if let Some(reply) = req.reply {
+                            let _ = reply.send(done.map_err(|e| format!("{e:#}")));
+                        } else if let Err(e) = done {
+                            log::warn!("{e:#}");
+                        }
+                    }
+                    // The launch thread is gone: no more events.
+                    None => tree_events = None,
+                },
+            }
+        };
+        self.drain_all();
+        Ok(end)
+    }
+}

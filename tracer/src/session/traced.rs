@@ -1,0 +1,258 @@
+//! One traced process: its probes and maps, the walks its unwinder
+//! finishes, its live tracker, its address space; what it does when it
+//! exec's another program.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use aya::maps::{MapData, RingBuf};
+use tracer_common::{maps, LostFree};
+
+use crate::{
+    allocators,
+    collect::live_tracker::{self, LiveTracker},
+    pipeline::{self, Clock},
+    probes::{self, MapSizes, Mode, Probes},
+    profile::{merge, Meta, Profile},
+    tracee::{self, AddressSpace, Mapping},
+    unwind::service::UnwindService,
+};
+
+/// Live mode: the kernel's map of lost frees (see [`LostFree`]).
+type LostFrees = aya::maps::Queue<MapData, LostFree>;
+
+/// What every process's probes and tracker are set up with.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcSettings {
+    pub mode: Mode,
+    pub sizes: MapSizes,
+    /// Live mode: a block freed sooner than this is a temporary.
+    pub temporary_ns: u64,
+    /// Live mode: outstanding blocks tracked at once, per process.
+    pub live_blocks: usize,
+}
+
+/// One traced process: its probes and maps (a BPF object of its own, so
+/// that addresses, blocks and unwind rules of different processes never
+/// meet), the walks its unwinder finishes, its live tracker, and the
+/// record of its address space.
+pub struct TracedProcess {
+    pub pid: u32,
+    pub probes: Probes,
+    /// Live mode: folds the kernel's events.
+    pub tracker: Option<LiveTracker>,
+    /// Live mode: its event rings, one per CPU.
+    events: Vec<RingBuf<MapData>>,
+    /// Live mode: the frees its rings had no room for.
+    lost_frees: Option<LostFrees>,
+    pub space: Arc<Mutex<AddressSpace>>,
+    /// Finishes the walks the BPF side hands over.
+    pub unwind: UnwindService,
+    pub meta: Meta,
+    /// The profiles of the programs it ran before its last `exec`, each
+    /// symbolized with its own mappings.
+    pub before_exec: Vec<Profile>,
+    /// Its allocator's object, family and the other objects defining
+    /// allocator functions (for the warning when nothing was counted).
+    pub shadowed: Vec<String>,
+    /// Its command name when probed (read again after it is gone, it
+    /// would be lost).
+    pub name: String,
+}
+
+impl TracedProcess {
+    /// Probes `pid`'s allocator, found in `maps` (`None` when none is
+    /// mapped yet). `meta` holds what all processes of the trace share.
+    pub fn attach(
+        pid: u32,
+        maps: &[Mapping],
+        settings: &ProcSettings,
+        space: Arc<Mutex<AddressSpace>>,
+        meta: &Meta,
+    ) -> Result<Option<TracedProcess>> {
+        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+            return Ok(None);
+        };
+        TracedProcess::attach_to(pid, alloc, maps, settings, space, meta).map(Some)
+    }
+
+    /// As [`TracedProcess::attach`], to the allocator found already.
+    pub fn attach_to(
+        pid: u32,
+        alloc: allocators::AllocatorObject,
+        maps: &[Mapping],
+        settings: &ProcSettings,
+        space: Arc<Mutex<AddressSpace>>,
+        meta: &Meta,
+    ) -> Result<TracedProcess> {
+        space.lock().unwrap().refresh(pid);
+        let live = settings.mode.live;
+        let max_frames = settings.mode.max_frames;
+        let (probes, unwind) =
+            probes::attach(pid, &alloc, maps, settings.mode, settings.sizes, |ebpf| {
+                UnwindService::start(ebpf, pid, space.clone(), live, max_frames)
+            })?;
+        let mut meta = meta.clone();
+        meta.pid = pid;
+        meta.command = tracee::cmdline(pid);
+        meta.executable = tracee::executable(pid);
+        meta.allocator_object = alloc.path.clone();
+        meta.allocator_family = alloc.family.to_string();
+        meta.allocator_version = alloc.version.clone().unwrap_or_default();
+        meta.allocator_beside = alloc.beside.clone().unwrap_or_default();
+        meta.probes = probes.attached.clone();
+        let mut proc = TracedProcess {
+            pid,
+            probes,
+            tracker: live.then(|| LiveTracker::new(settings.temporary_ns, settings.live_blocks)),
+            events: Vec::new(),
+            lost_frees: None,
+            space,
+            unwind,
+            meta,
+            before_exec: Vec::new(),
+            shadowed: alloc.shadowed,
+            name: tracee::comm(pid),
+        };
+        proc.events = proc.take_event_rings()?;
+        if proc.tracker.is_some() {
+            if let Some(map) = proc.probes.ebpf.take_map(maps::LOST_FREES) {
+                proc.lost_frees = Some(LostFrees::try_from(map)?);
+            }
+        }
+        Ok(proc)
+    }
+
+    /// Everything it ran: the programs before each `exec`, then the
+    /// current one.
+    pub(super) fn profile(&self, clock: &Clock, per_thread: bool) -> Result<Profile> {
+        let current = self.current_profile(clock, per_thread)?;
+        if self.before_exec.is_empty() {
+            return Ok(current);
+        }
+        let mut parts = self.before_exec.clone();
+        parts.push(current);
+        Ok(merge::merge(parts))
+    }
+
+    /// The program it runs now (since its last `exec`).
+    fn current_profile(&self, clock: &Clock, per_thread: bool) -> Result<Profile> {
+        let thread_names = if per_thread {
+            tracee::thread_names(self.pid).into_iter().collect()
+        } else {
+            Default::default()
+        };
+        pipeline::profile(
+            &self.probes,
+            &self.unwind,
+            self.tracker.as_ref(),
+            &self.space,
+            &thread_names,
+            self.meta.clone(),
+            clock,
+        )
+    }
+
+    /// Feeds the events waiting in its rings to its tracker.
+    pub(super) fn drain(&mut self) {
+        drain(
+            &mut self.events,
+            self.lost_frees.as_mut(),
+            &mut self.tracker,
+            &self.unwind,
+        );
+    }
+
+    /// Its counting ends: every function at once, then the walks and
+    /// events under way are taken in.
+    pub(super) fn finish(&mut self) -> Result<()> {
+        self.probes.set_enabled(false)?;
+        self.unwind.walks().finish_all();
+        self.drain();
+        if let Some(t) = &mut self.tracker {
+            t.flush(None);
+            t.finish();
+        }
+        Ok(())
+    }
+
+    /// It exec'd a new program: closes the books of the old one (its
+    /// profile, symbolized with its mappings, is kept), then loads and
+    /// attaches a new set of probes to the new program's allocator, with
+    /// fresh maps, unwind rules and address space. Returns false when the
+    /// new program has no allocator mapped yet.
+    pub(super) fn on_exec(
+        &mut self,
+        maps: &[Mapping],
+        settings: &ProcSettings,
+        clock: &Clock,
+    ) -> Result<Option<Probes>> {
+        let pid = self.pid;
+        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+            return Ok(None);
+        };
+        // The old program's counts end here, for every function at once.
+        self.finish()?;
+        let old = self.profile(clock, settings.mode.per_thread)?;
+        // The same record, emptied: by pid the exit hold refreshes it too.
+        *self.space.lock().unwrap() = AddressSpace::new();
+        let space = self.space.clone();
+        let mut new = TracedProcess::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
+        new.before_exec = vec![old];
+        let old = std::mem::replace(self, new);
+        // The old program's probes, disabled, go with those of the
+        // processes that are gone (detaching them now would hold up the
+        // probes of the processes to come); its unwinder's thread stops
+        // within a poll, away from the session's thread.
+        let TracedProcess { probes, unwind, .. } = old;
+        std::thread::spawn(move || drop(unwind));
+        Ok(Some(probes))
+    }
+
+    /// Live mode: the event rings, one per CPU.
+    fn take_event_rings(&mut self) -> Result<Vec<RingBuf<MapData>>> {
+        let mut events = Vec::new();
+        if self.tracker.is_some() {
+            for name in maps::EVENTS {
+                if let Some(map) = self.probes.ebpf.take_map(name) {
+                    events.push(RingBuf::try_from(map)?);
+                }
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// Feeds every event waiting in the rings to the tracker, which applies
+/// those stamped before the drain began. The rest wait for the next drain;
+/// after the last one, they are events of after the trace's end. The walks
+/// the tracer finished come first: an allocation event whose stack the
+/// tracer unwound names it by an id that only they resolve.
+fn drain(
+    events: &mut [RingBuf<MapData>],
+    lost_frees: Option<&mut LostFrees>,
+    tracker: &mut Option<LiveTracker>,
+    unwind: &UnwindService,
+) {
+    let Some(tracker) = tracker.as_mut() else {
+        return;
+    };
+    let started = live_tracker::monotonic_ns();
+    for (id, key) in unwind.walks().take_remaps() {
+        tracker.remap_stack(id, key);
+    }
+    for ring in events.iter_mut() {
+        while let Some(item) = ring.next() {
+            tracker.on_bytes(&item);
+        }
+    }
+    // After the rings: a free kept there was stored before its block
+    // could be allocated again, so a later allocation drained above never
+    // comes without it.
+    if let Some(queue) = lost_frees {
+        while let Ok(free) = queue.pop(0) {
+            tracker.on_lost_free(free);
+        }
+    }
+    tracker.flush(Some(started));
+}

@@ -1,0 +1,288 @@
+//! The process tree: every process seen, and what the session does when
+//! one forks, exec's or exits (the launch thread or the exit hold tells it).
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+
+use super::{Session, TracedProcess};
+use crate::{
+    profile::{merge, Meta, ProcessMeta},
+    tracee::{self, launch::TreeEvent, AddressSpace, Mapping},
+};
+
+/// The process tree as traced: every process seen, in order.
+#[derive(Debug, Default)]
+pub struct Tree {
+    pub processes: Vec<ProcessMeta>,
+    /// Processes neither traced nor listed (beyond
+    /// [`Meta::MAX_PROCESS_RECORDS`]).
+    pub unlisted: u64,
+}
+
+impl Tree {
+    fn get(&mut self, pid: u32) -> Option<&mut ProcessMeta> {
+        // The newest entry of a pid: pids are reused.
+        self.processes.iter_mut().rev().find(|p| p.pid == pid)
+    }
+
+    /// `proc` is probed (again, after an exec): its entry says what runs.
+    pub fn probed(&mut self, proc: &TracedProcess) {
+        if let Some(p) = self.get(proc.pid) {
+            p.traced = true;
+            p.not_traced = None;
+            p.name = proc.name.clone();
+            p.command = proc.meta.command.clone();
+            p.executable = proc.meta.executable.clone();
+            p.allocator_object = proc.meta.allocator_object.clone();
+        }
+    }
+
+    fn not_traced(&mut self, pid: u32, why: String) {
+        if let Some(p) = self.get(pid) {
+            p.traced = false;
+            p.not_traced = Some(why);
+        }
+    }
+}
+
+/// A [`TreeEvent`] sent to the session, with where to answer.
+pub struct TreeRequest {
+    pub event: OwnedTreeEvent,
+    pub reply: Option<std::sync::mpsc::Sender<Result<bool, String>>>,
+}
+
+/// [`TreeEvent`], owning its mappings.
+pub enum OwnedTreeEvent {
+    Fork {
+        parent: u32,
+        child: u32,
+        vfork: bool,
+    },
+    Exec {
+        pid: u32,
+        maps: Vec<Mapping>,
+    },
+    Exiting {
+        pid: u32,
+    },
+    Gone {
+        pid: u32,
+        code: i32,
+    },
+}
+
+impl OwnedTreeEvent {
+    pub(super) fn describe(&self) -> String {
+        match self {
+            OwnedTreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            } => {
+                format!(
+                    "pid {parent} {} {child}",
+                    if *vfork { "vforked" } else { "forked" }
+                )
+            }
+            OwnedTreeEvent::Exec { pid, .. } => format!("pid {pid} exec'd"),
+            OwnedTreeEvent::Exiting { pid } => format!("pid {pid} exiting"),
+            OwnedTreeEvent::Gone { pid, code } => format!("pid {pid} gone ({code})"),
+        }
+    }
+}
+
+impl From<TreeEvent<'_>> for OwnedTreeEvent {
+    fn from(e: TreeEvent<'_>) -> OwnedTreeEvent {
+        match e {
+            TreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            } => OwnedTreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            },
+            TreeEvent::Exec { pid, maps } => OwnedTreeEvent::Exec {
+                pid,
+                maps: maps.to_vec(),
+            },
+            TreeEvent::Exiting { pid } => OwnedTreeEvent::Exiting { pid },
+            TreeEvent::Gone { pid, code } => OwnedTreeEvent::Gone { pid, code },
+        }
+    }
+}
+
+impl Session {
+    /// Probes a new process (if the limit allows): `false` when no
+    /// allocator is mapped in it yet.
+    fn start_proc(&mut self, pid: u32, maps: &[Mapping]) -> Result<bool> {
+        if self.procs.len() >= self.options.max_processes {
+            let why = format!(
+                "more than {} {} at once",
+                self.options.max_processes,
+                if self.options.max_processes == 1 {
+                    "process"
+                } else {
+                    "processes"
+                }
+            );
+            self.tree.not_traced(pid, why);
+            return Ok(true);
+        }
+        let space = Arc::new(Mutex::new(AddressSpace::new()));
+        let settings = self.options.settings;
+        match TracedProcess::attach(pid, maps, &settings, space, &self.meta) {
+            Ok(Some(proc)) => {
+                self.tree.probed(&proc);
+                log::debug!(
+                    "pid {pid} ({}): {} probes in {}",
+                    proc.name,
+                    proc.probes.attached.len(),
+                    proc.meta.allocator_object
+                );
+                self.procs.insert(pid, proc);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => {
+                log::warn!("pid {pid} not traced: {e:#}");
+                self.tree.not_traced(pid, format!("{e:#}"));
+                Ok(true)
+            }
+        }
+    }
+
+    /// By pid with `--children`: a process the target had created before
+    /// mtrace came, running, is probed.
+    pub fn adopt(&mut self, parent: u32, child: u32) {
+        let adopted = self.on_tree_event(OwnedTreeEvent::Fork {
+            parent,
+            child,
+            vfork: false,
+        });
+        if let Err(e) = adopted {
+            log::warn!("pid {child} not traced: {e:#}");
+            self.tree.not_traced(child, format!("{e:#}"));
+        }
+    }
+
+    /// What the launch thread (or the exit hold) tells of the tree.
+    pub(super) fn on_tree_event(&mut self, event: OwnedTreeEvent) -> Result<bool> {
+        match event {
+            OwnedTreeEvent::Fork {
+                parent,
+                child,
+                vfork,
+            } => {
+                // A fork bomb: what cannot be traced is counted, not kept.
+                if self.tree.processes.len() >= Meta::MAX_PROCESS_RECORDS
+                    && self.procs.len() >= self.options.max_processes
+                {
+                    self.tree.unlisted += 1;
+                    return Ok(true);
+                }
+                self.tree.processes.push(ProcessMeta {
+                    pid: child,
+                    ppid: parent,
+                    name: tracee::comm(child),
+                    command: tracee::cmdline(child),
+                    executable: tracee::executable(child),
+                    ..Default::default()
+                });
+                // A vfork child shares its parent's memory, and its probes,
+                // until it execs (and may call nothing but exec or _exit).
+                if vfork {
+                    self.tree
+                        .not_traced(child, "vfork child that did not exec".into());
+                    return Ok(true);
+                }
+                let maps = tracee::read_maps(child)?;
+                self.start_proc(child, &maps)
+            }
+            OwnedTreeEvent::Exec { pid, maps } => {
+                let settings = self.options.settings;
+                let mut replaced = None;
+                let done = match self.procs.get_mut(&pid) {
+                    Some(proc) => {
+                        replaced = proc.on_exec(&maps, &settings, &self.clock)?;
+                        let done = replaced.is_some();
+                        if done {
+                            let meta = &proc.meta;
+                            let said = format!(
+                                "pid {pid} exec'd {}: {} probes in {} ({})",
+                                meta.executable,
+                                meta.probes.len(),
+                                meta.allocator_object,
+                                meta.allocator_family
+                            );
+                            // The root's program is the trace's; the
+                            // rest of a tree's execs are for -v.
+                            if pid == self.root {
+                                eprintln!("mtrace: {said}");
+                            } else {
+                                log::debug!("{said}");
+                            }
+                            self.tree.probed(proc);
+                            if pid == self.root {
+                                // The command as given stays the trace's.
+                                self.meta = Meta {
+                                    command: std::mem::take(&mut self.meta.command),
+                                    ..proc.meta.clone()
+                                };
+                            }
+                        }
+                        done
+                    }
+                    None => self.start_proc(pid, &maps)?,
+                };
+                if let Some(probes) = replaced {
+                    // The old program's probes sit on the same places when
+                    // the new one maps the same allocator, and still trap
+                    // (disabled, they count nothing). The root's new program
+                    // is most often the one that matters (`env`, `nice`,
+                    // `sh -c 'exec ...'` before it), so its old probes go
+                    // at once, away from the session's thread; those of
+                    // other processes wait with the gone ones, as taking
+                    // probes out holds up the probes of new processes.
+                    if pid == self.root {
+                        std::thread::spawn(move || drop(probes));
+                    } else {
+                        self.graveyard.bury(pid, probes);
+                    }
+                }
+                Ok(done)
+            }
+            OwnedTreeEvent::Exiting { pid } => {
+                if let Some(proc) = self.procs.get(&pid) {
+                    proc.space.lock().unwrap().refresh(pid);
+                }
+                Ok(true)
+            }
+            OwnedTreeEvent::Gone { pid, code } => {
+                if let Some(p) = self.tree.get(pid) {
+                    p.exit_code = Some(code);
+                }
+                // The root's counts are read when the trace ends.
+                if pid == self.root {
+                    return Ok(true);
+                }
+                if let Some(mut proc) = self.procs.remove(&pid) {
+                    proc.finish()?;
+                    let profile = self.proc_profile(&proc)?;
+                    self.ended = Some(match self.ended.take() {
+                        Some(ended) => merge::merge(vec![ended, profile]),
+                        None => profile,
+                    });
+                    // The rest goes now (its unwinder's thread stops
+                    // within a poll, away from the session's thread).
+                    let TracedProcess { probes, unwind, .. } = proc;
+                    std::thread::spawn(move || drop(unwind));
+                    self.graveyard.bury(pid, probes);
+                }
+                Ok(true)
+            }
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Launch mode: start a command with the probes attached before its first
+//! instruction runs.
+//!
+//! The child asks to be traced (`PTRACE_TRACEME`) and execs the command, so
+//! it stops right after `execve`. We then run it to the moment its dynamic
+//! linker has mapped every library it starts with (a breakpoint on
+//! `_dl_debug_state`, as debuggers do), before any of their code runs;
+//! its link map then says which object calls to `malloc` bind to. We
+//! attach the probes there and let it go. (A static program, or one whose
+//! dynamic linker we do not know, is stepped from system call to system
+//! call until an object that defines `malloc` is mapped executable.)
+//!
+//! It stays traced for a few events only ([`TreeEvent`]): at each `exec`
+//! (`PTRACE_O_TRACEEXEC`) the new program is run to the same point and the
+//! session probes its allocator while it waits; at its exit
+//! (`PTRACE_O_TRACEEXIT`) the session reads its mappings once more so that
+//! libraries it loaded late can still be symbolized after it is gone.
+//! When following the process tree (the default), every child it creates
+//! (`fork`, `vfork`, `clone`: `PTRACE_O_TRACEFORK` and its kin, so that
+//! the child starts stopped, before its first instruction) is handed to
+//! the session, which probes it before it runs, and so on to any depth;
+//! threads are traced too (a thread may fork) and let run at once.
+//! Signals are passed on unchanged. If mtrace dies, the kernel detaches
+//! every tracee and they run on.
+
+mod ptrace;
+mod startup;
+mod tree;
+
+use std::{
+    collections::HashMap,
+    ffi::CString,
+    os::unix::ffi::{OsStrExt, OsStringExt},
+    path::{Path, PathBuf},
+    sync::mpsc,
+};
+
+use anyhow::Result;
+
+pub use tree::{wait_tree, TreeEvent};
+
+use self::{
+    ptrace::{ptrace, waitpid},
+    startup::{wait_for_allocator, Exited},
+};
+use crate::{
+    error::{UserError, EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND},
+    tracee::{run_as::RunAs, Mapping},
+    user_error,
+};
+
+pub struct Launched<T> {
+    /// What the attach callback returned.
+    pub attached: T,
+    /// Receives the exit code to pass through (128 + signal when killed).
+    pub exit: tokio::sync::oneshot::Receiver<i32>,
+}
+
+/// Finds `cmd` the way a shell does.
+pub fn resolve_command(cmd: &str) -> Result<PathBuf> {
+    let candidates: Vec<PathBuf> = if cmd.contains('/') {
+        vec![PathBuf::from(cmd)]
+    } else {
+        std::env::var_os("PATH")
+            .unwrap_or_default()
+            .to_str()
+            .unwrap_or("")
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(cmd))
+            .collect()
+    };
+    let mut not_executable = None;
+    for c in candidates {
+        if c.is_file() {
+            let cpath = CString::new(c.as_os_str().as_bytes())?;
+            if unsafe { libc::access(cpath.as_ptr(), libc::X_OK) } == 0 {
+                return Ok(c);
+            }
+            not_executable = Some(c);
+        }
+    }
+    match not_executable {
+        Some(c) => Err(anyhow::Error::new(UserError::with_code(
+            format!("cannot execute {}: permission denied", c.display()),
+            EXIT_CMD_NOT_EXECUTABLE,
+        ))),
+        None => Err(anyhow::Error::new(UserError::with_code(
+            format!("command not found: {cmd}"),
+            EXIT_CMD_NOT_FOUND,
+        ))),
+    }
+}
+
+/// Starts `argv` stopped and steps it until `attach` (called with its pid
+/// and mappings each time the set of executable mappings changes) returns
+/// `Some`: the allocator is mapped and the probes are in. Then lets it run,
+/// telling `on_event` of what happens in it (and, with `follow`, in every
+/// process it creates): each time a process calls `exec`, the new program
+/// is run in the same way to the point where its allocator is known, and
+/// [`TreeEvent::Exec`] asked there (answered `Some` once the session has
+/// probed the new program's allocator). With `run_as`, the command runs
+/// as that user (`--user`).
+pub fn launch<T, F, E>(
+    argv: &[String],
+    follow: bool,
+    run_as: Option<RunAs>,
+    attach: F,
+    mut on_event: E,
+) -> Result<Launched<T>>
+where
+    T: Send + 'static,
+    F: FnMut(u32, &[Mapping]) -> Result<Option<T>> + Send + 'static,
+    E: FnMut(TreeEvent) -> Result<Option<()>> + Send + 'static,
+{
+    let path = resolve_command(&argv[0])?;
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let c_args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()?;
+    let c_env: Vec<CString> = match &run_as {
+        Some(user) => user.environment(),
+        None => std::env::vars_os().collect(),
+    }
+    .into_iter()
+    .filter_map(|(k, v)| {
+        let mut kv = k.into_vec();
+        kv.push(b'=');
+        kv.extend(v.into_vec());
+        CString::new(kv).ok()
+    })
+    .collect();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(u32, T)>>();
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
+
+    // ptrace requests must come from the thread that forked the tracee, so
+    // one thread does it all.
+    std::thread::Builder::new()
+        .name("mtrace-launch".into())
+        .spawn(move || {
+            let pid = match start_stopped(&c_path, &c_args, &c_env, run_as.as_ref(), follow) {
+                Ok(pid) => pid,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let attached = wait_for_allocator(pid, attach);
+            match attached {
+                Ok(t) => {
+                    let _ = ready_tx.send(Ok((pid, t)));
+                }
+                Err(e) => {
+                    if e.downcast_ref::<Exited>().is_none() {
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        let _ = waitpid(pid);
+                    }
+                    let e = match e.downcast_ref::<Exited>() {
+                        Some(gone) => user_error!("{gone}"),
+                        None => e,
+                    };
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            }
+            if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+                log::warn!("resuming pid {pid}: {e}");
+            }
+            let group = HashMap::from([(pid, pid)]);
+            let code = wait_tree(pid, group, None, &mut on_event).unwrap_or(1);
+            let _ = exit_tx.send(code);
+        })?;
+
+    let (_pid, attached) = ready_rx
+        .recv()
+        .map_err(|_| user_error!("the launch thread died"))??;
+    Ok(Launched {
+        attached,
+        exit: exit_rx,
+    })
+}
+
+/// The limit of open files mtrace was started with (soft, hard), before
+/// [`raise_file_limit`]; the command gets it back.
+static FILE_LIMIT: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(u64::MAX),
+    std::sync::atomic::AtomicU64::new(u64::MAX),
+];
+
+/// Raises the soft limit of open files to the hard one: every traced
+/// process takes about 50 descriptors (maps, programs, probes), and a
+/// shell's usual soft limit of 1,024 would stop a tree at about 20. The
+/// command mtrace starts runs with the limit mtrace was given.
+pub fn raise_file_limit() {
+    use std::sync::atomic::Ordering;
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    FILE_LIMIT[0].store(limit.rlim_cur, Ordering::Relaxed);
+    FILE_LIMIT[1].store(limit.rlim_max, Ordering::Relaxed);
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            log::debug!(
+                "could not raise the limit of open files: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// What the child failed at, before its exec or in it.
+const FAILED_EXEC: i32 = 0;
+
+const FAILED_CREDENTIALS: i32 = 1;
+
+/// Forks; the child becomes traced, takes `run_as`'s credentials (if any)
+/// and execs with `env`. Returns once the child is stopped right after a
+/// successful exec.
+fn start_stopped(
+    path: &CString,
+    args: &[CString],
+    env: &[CString],
+    run_as: Option<&RunAs>,
+    follow: bool,
+) -> Result<u32> {
+    let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
+        strings
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let (argv, envp) = (pointers(args), pointers(env));
+    // A close-on-exec pipe reports what failed and its errno.
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    if pid == 0 {
+        // Child: only async-signal-safe calls from here on.
+        unsafe {
+            let fail = |stage: i32| -> ! {
+                let report = [stage, *libc::__errno_location()];
+                libc::write(fds[1], report.as_ptr().cast(), 8);
+                libc::_exit(127)
+            };
+            libc::close(fds[0]);
+            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            let (soft, hard) = (
+                FILE_LIMIT[0].load(std::sync::atomic::Ordering::Relaxed),
+                FILE_LIMIT[1].load(std::sync::atomic::Ordering::Relaxed),
+            );
+            if soft != u64::MAX || hard != u64::MAX {
+                let limit = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+            // Groups first, the uid last: each needs root, which the
+            // previous one may give up.
+            if let Some(user) = run_as {
+                if libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
+                    || libc::setgid(user.gid) != 0
+                    || libc::setuid(user.uid) != 0
+                {
+                    fail(FAILED_CREDENTIALS);
+                }
+            }
+            libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            fail(FAILED_EXEC);
+        }
+    }
+    unsafe { libc::close(fds[1]) };
+    let mut report = [0i32; 2];
+    let n = unsafe { libc::read(fds[0], report.as_mut_ptr().cast(), 8) };
+    unsafe { libc::close(fds[0]) };
+    let pid = pid as u32;
+    if n == 8 {
+        let _ = waitpid(pid);
+        let [stage, err] = report;
+        let e = std::io::Error::from_raw_os_error(err);
+        if stage == FAILED_CREDENTIALS {
+            let user = run_as.map_or("", |u| u.name.as_str());
+            return Err(user_error!("cannot run the command as {user}: {e}"));
+        }
+        let code = if err == libc::ENOENT {
+            EXIT_CMD_NOT_FOUND
+        } else {
+            EXIT_CMD_NOT_EXECUTABLE
+        };
+        return Err(anyhow::Error::new(UserError::with_code(
+            format!("cannot execute {}: {e}", path.to_string_lossy()),
+            code,
+        )));
+    }
+    let status = waitpid(pid)?;
+    if !libc::WIFSTOPPED(status) {
+        return Err(user_error!("{} did not start", path.to_string_lossy()));
+    }
+    let mut options =
+        libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
+    if follow {
+        options |= libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
+    }
+    ptrace(libc::PTRACE_SETOPTIONS, pid, options as usize)?;
+    Ok(pid)
+}

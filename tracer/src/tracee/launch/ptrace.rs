@@ -1,0 +1,147 @@
+//! The ptrace and wait requests the launch and the holds are made of.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub(super) fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::ptrace(
+            req,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            data as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+pub(super) fn waitpid(pid: u32) -> std::io::Result<i32> {
+    let mut status = 0;
+    loop {
+        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::__WALL) };
+        if r >= 0 {
+            return Ok(status);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+pub(super) fn peek(pid: u32, addr: u64) -> std::io::Result<u64> {
+    // PEEKTEXT returns the word: -1 is an error only when errno says so.
+    unsafe { *libc::__errno_location() = 0 };
+    let word = unsafe {
+        libc::ptrace(
+            libc::PTRACE_PEEKTEXT,
+            pid as libc::pid_t,
+            addr as *mut libc::c_void,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    let errno = unsafe { *libc::__errno_location() };
+    if word == -1 && errno != 0 {
+        return Err(std::io::Error::from_raw_os_error(errno));
+    }
+    Ok(word as u64)
+}
+
+pub(super) fn poke(pid: u32, addr: u64, word: u64) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_POKETEXT,
+            pid as libc::pid_t,
+            addr as *mut libc::c_void,
+            word as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(super) fn get_regs(pid: u32) -> std::io::Result<libc::user_regs_struct> {
+    // SAFETY: plain data, filled by the kernel.
+    let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGS,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut regs as *mut libc::user_regs_struct,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(regs)
+}
+
+pub(super) fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETREGS,
+            pid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            regs as *const libc::user_regs_struct,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The thread group a new tracee belongs to (`Tgid:` in its status).
+pub(super) fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub(super) fn event_msg(tid: u32) -> Option<u32> {
+    let mut msg: libc::c_ulong = 0;
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut msg as *mut libc::c_ulong,
+        )
+    };
+    (r == 0).then_some(msg as u32)
+}
+
+/// Waits for any tracee; `None` when none is left, or (with `stop`) once
+/// the flag is set.
+pub(super) fn wait_any(stop: Option<&AtomicBool>) -> Option<(u32, i32)> {
+    let mut status = 0;
+    let flags = libc::__WALL | if stop.is_some() { libc::WNOHANG } else { 0 };
+    loop {
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return None;
+        }
+        let r = unsafe { libc::waitpid(-1, &mut status, flags) };
+        if r > 0 {
+            return Some((r as u32, status));
+        }
+        if r == 0 {
+            std::thread::sleep(POLL);
+            continue;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return None;
+        }
+    }
+}
+
+/// How often a hold (by pid) looks for a stop of its tracees and for the
+/// end of the trace.
+const POLL: std::time::Duration = std::time::Duration::from_millis(2);

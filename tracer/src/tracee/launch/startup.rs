@@ -1,0 +1,187 @@
+//! Running a new program to the point where its allocator is known:
+//! its dynamic linker's list of objects consistent, or (a static program)
+//! an object that defines `malloc` mapped executable.
+
+use anyhow::Result;
+
+use super::ptrace::{get_regs, peek, poke, ptrace, set_regs, waitpid};
+use crate::{
+    tracee::{is_dynamic_linker, proc::read_maps, DynamicLinker, Mapping, RT_CONSISTENT},
+    user_error,
+};
+
+/// How many system calls we follow, at most, waiting for the allocator to
+/// be mapped.
+const MAX_STARTUP_SYSCALLS: u32 = 20_000;
+
+/// The child exited (with this code to pass through) while we waited for
+/// its allocator.
+#[derive(Debug)]
+pub(super) struct Exited(pub(super) i32);
+
+impl std::fmt::Display for Exited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the command exited before its allocator was loaded")
+    }
+}
+
+impl std::error::Error for Exited {}
+
+/// The exit code a wait status passes through, if the child is gone.
+pub(super) fn exit_code(status: i32) -> Option<i32> {
+    if libc::WIFEXITED(status) {
+        Some(libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        Some(128 + libc::WTERMSIG(status))
+    } else {
+        None
+    }
+}
+
+/// `Err(Exited)` when `status` says the child is gone.
+fn check_alive(status: i32) -> Result<()> {
+    match exit_code(status) {
+        Some(code) => Err(anyhow::Error::new(Exited(code))),
+        None => Ok(()),
+    }
+}
+
+/// Runs the stopped child until its allocator is loaded and `attach` has
+/// attached to it: for a dynamically linked program, to the moment its
+/// dynamic linker has mapped every library it starts with and before any
+/// of their code runs ([`run_to_consistent`]); otherwise (or if that
+/// fails) from system call to system call until an object that defines
+/// `malloc` is mapped executable.
+pub(super) fn wait_for_allocator<T>(
+    pid: u32,
+    mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
+) -> Result<T> {
+    let maps = read_maps(pid)?;
+    if let Some(ld) = DynamicLinker::find(pid, &maps) {
+        if let Some(t) = run_to_consistent(pid, &ld, &mut attach)? {
+            return Ok(t);
+        }
+    }
+    step_syscalls(pid, attach)
+}
+
+/// A breakpoint on the dynamic linker's `_dl_debug_state`, which it calls
+/// each time its list of objects changes (the hook debuggers use): at the
+/// first call that finds the list consistent, every object the program
+/// starts with is mapped and none has run code, so the link map says
+/// which object calls bind to. Returns `None` (the breakpoint gone, the
+/// child stopped where it was) when the breakpoint cannot be set.
+fn run_to_consistent<T>(
+    pid: u32,
+    ld: &DynamicLinker,
+    attach: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let Some(bp) = ld.debug_state else {
+        return Ok(None);
+    };
+    let Ok(original) = peek(pid, bp) else {
+        return Ok(None);
+    };
+    let armed = (original & !0xff) | 0xcc;
+    if poke(pid, bp, armed).is_err() {
+        return Ok(None);
+    }
+    let mut inject = 0;
+    loop {
+        ptrace(libc::PTRACE_CONT, pid, inject)?;
+        inject = 0;
+        let status = waitpid(pid)?;
+        check_alive(status)?;
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let sig = libc::WSTOPSIG(status);
+        if sig != libc::SIGTRAP {
+            // A real signal: deliver it.
+            inject = sig as usize;
+            continue;
+        }
+        let mut regs = get_regs(pid)?;
+        if regs.rip != bp + 1 || status >> 16 != 0 {
+            // Another trap (the exit event): not ours.
+            continue;
+        }
+        // Ours: take the breakpoint out and run the instruction again.
+        poke(pid, bp, original)?;
+        regs.rip = bp;
+        set_regs(pid, &regs)?;
+        if ld.state(pid) == Some(RT_CONSISTENT) {
+            let maps = read_maps(pid)?;
+            if let Some(t) = attach(pid, &maps)? {
+                return Ok(Some(t));
+            }
+        }
+        // Not yet (or a library loaded later may bring the allocator):
+        // step over the instruction and arm the breakpoint again.
+        ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
+        check_alive(waitpid(pid)?)?;
+        poke(pid, bp, armed)?;
+    }
+}
+
+/// Steps the stopped child from system call to system call until its
+/// allocator is mapped executable and `attach` has attached to it.
+fn step_syscalls<T>(
+    pid: u32,
+    mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
+) -> Result<T> {
+    let mut seen_paths: Vec<String> = Vec::new();
+    for _ in 0..MAX_STARTUP_SYSCALLS {
+        let maps = read_maps(pid)?;
+        let mut paths: Vec<String> = maps
+            .iter()
+            .filter(|m| m.is_file() && m.perms.contains('x'))
+            .map(|m| m.path.clone())
+            .collect();
+        paths.dedup();
+        if paths != seen_paths {
+            if let Some(attached) = attach(pid, &maps)? {
+                return Ok(attached);
+            }
+            // A static program without an interpreter maps nothing more.
+            if !maps.iter().any(|m| is_dynamic_linker(&m.path)) {
+                break;
+            }
+            seen_paths = paths;
+        }
+        ptrace(libc::PTRACE_SYSCALL, pid, 0)?;
+        let status = waitpid(pid)?;
+        check_alive(status)?;
+        if libc::WIFSTOPPED(status) {
+            let sig = libc::WSTOPSIG(status);
+            if sig != (libc::SIGTRAP | 0x80) && sig != libc::SIGTRAP {
+                // A real signal: deliver it on the next step.
+                ptrace(libc::PTRACE_SYSCALL, pid, sig as usize)?;
+                check_alive(waitpid(pid)?)?;
+            }
+        }
+    }
+    Err(user_error!(
+        "no malloc found in the command or any library it maps"
+    ))
+}
+
+/// The traced process stopped at an `exec` (`PTRACE_EVENT_EXEC`): runs the
+/// new program to the point where its allocator is known and calls
+/// `on_exec` there (the old program's probes and mappings mean nothing in
+/// it). Returns the exit code to pass through when it exited meanwhile.
+pub fn follow_exec(
+    pid: u32,
+    on_exec: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<()>>,
+) -> Option<i32> {
+    match wait_for_allocator(pid, on_exec) {
+        Ok(()) => None,
+        Err(e) => match e.downcast_ref::<Exited>() {
+            Some(Exited(code)) => Some(*code),
+            None => {
+                log::warn!("pid {pid} after exec: {e:#}");
+                None
+            }
+        },
+    }
+}

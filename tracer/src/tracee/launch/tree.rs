@@ -1,0 +1,176 @@
+//! Following a process tree under ptrace: forks, execs and exits, told
+//! to the session as [`TreeEvent`]s.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::atomic::AtomicBool,
+};
+
+use anyhow::Result;
+
+use super::{
+    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid},
+    startup::{exit_code, follow_exec},
+};
+use crate::tracee::Mapping;
+
+/// What the launch thread tells the session about the process tree. The
+/// thread waits for the answer to each (the process concerned stays
+/// stopped meanwhile).
+#[derive(Debug)]
+pub enum TreeEvent<'a> {
+    /// `child`, created by `parent`, is stopped before its first
+    /// instruction, with a copy of its parent's memory (`vfork`: sharing
+    /// it, and calling nothing but `exec` or `_exit` until then).
+    Fork {
+        parent: u32,
+        child: u32,
+        vfork: bool,
+    },
+    /// `pid` exec'd and was run to the point where its new program's
+    /// allocator is known; answer `Some` once it is probed, `None` to be
+    /// asked again when more is mapped.
+    Exec { pid: u32, maps: &'a [Mapping] },
+    /// `pid`'s last thread is exiting: its memory and mappings are still
+    /// there.
+    Exiting { pid: u32 },
+    /// `pid` is gone, with this exit code (128 + signal when killed).
+    Gone { pid: u32, code: i32 },
+}
+
+/// Follows the root process (and with `PTRACE_O_TRACEFORK` and its kin,
+/// every process and thread it creates) until the root is gone, passing
+/// signals on and telling `on_event` of each [`TreeEvent`]; returns the
+/// root's exit code to pass through. `group` holds the thread group of
+/// every thread traced already (the root's at least). With `stop` (by pid,
+/// where the tracees were seized), ends when the flag is set: every tracee
+/// is then detached and runs on, and `None` is returned. Otherwise,
+/// tracees still running when the root is gone are detached by the kernel
+/// when this thread ends.
+pub fn wait_tree(
+    root: u32,
+    mut group: HashMap<u32, u32>,
+    stop: Option<&AtomicBool>,
+    on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>,
+) -> Option<i32> {
+    // New tracees whose first stop came before their creator's event.
+    let mut early: HashSet<u32> = HashSet::new();
+    let cont = |tid: u32, sig: i32| {
+        // A tracee that is gone already: its wait status says how.
+        let _ = ptrace(libc::PTRACE_CONT, tid, sig as usize);
+    };
+    // A new tracee starts with a stop of its own: take it (now, or when
+    // it came early) and let it go only when told to.
+    let take_first_stop = |tid: u32, early: &mut HashSet<u32>| {
+        if !early.remove(&tid) {
+            let _ = waitpid(tid);
+        }
+    };
+    loop {
+        let Some((tid, status)) = wait_any(stop) else {
+            if stop.is_some() {
+                detach_all(group.keys().copied().chain(early.iter().copied()));
+                return None;
+            }
+            return Some(1);
+        };
+        if let Some(code) = exit_code(status) {
+            if let Some(tgid) = group.remove(&tid) {
+                if tid == tgid {
+                    let _ = on_event(TreeEvent::Gone { pid: tid, code });
+                    if tid == root && stop.is_none() {
+                        return Some(code);
+                    }
+                }
+            }
+            continue;
+        }
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let Some(&tgid) = group.get(&tid) else {
+            // The first stop of a tracee whose creator has not reported
+            // it yet.
+            early.insert(tid);
+            continue;
+        };
+        let sig = libc::WSTOPSIG(status);
+        match status >> 16 {
+            event @ (libc::PTRACE_EVENT_FORK
+            | libc::PTRACE_EVENT_VFORK
+            | libc::PTRACE_EVENT_CLONE) => {
+                let Some(child) = event_msg(tid) else {
+                    cont(tid, 0);
+                    continue;
+                };
+                take_first_stop(child, &mut early);
+                let child_group = match event {
+                    libc::PTRACE_EVENT_CLONE => tgid_of(child).unwrap_or(child),
+                    _ => child,
+                };
+                group.insert(child, child_group);
+                if child_group == child {
+                    let _ = on_event(TreeEvent::Fork {
+                        parent: tgid,
+                        child,
+                        vfork: event == libc::PTRACE_EVENT_VFORK,
+                    });
+                }
+                cont(child, 0);
+                cont(tid, 0);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                // The thread that exec'd now has the group's id; the
+                // others are gone without a word.
+                let pid = tgid;
+                group.retain(|t, g| *g != pid || *t == pid);
+                group.insert(pid, pid);
+                let mut on_exec =
+                    |pid: u32, maps: &[Mapping]| on_event(TreeEvent::Exec { pid, maps });
+                if let Some(code) = follow_exec(pid, &mut on_exec) {
+                    group.remove(&pid);
+                    let _ = on_event(TreeEvent::Gone { pid, code });
+                    if pid == root && stop.is_none() {
+                        return Some(code);
+                    }
+                    continue;
+                }
+                cont(pid, 0);
+            }
+            libc::PTRACE_EVENT_EXIT => {
+                // The last thread of the group (its memory still there) or
+                // the leader with threads left: either way, a last look.
+                if tid == tgid {
+                    let _ = on_event(TreeEvent::Exiting { pid: tid });
+                }
+                cont(tid, 0);
+            }
+            // A seized tracee's group stop (SIGSTOP and the like) stays a
+            // stop; any other such stop is ours to end.
+            libc::PTRACE_EVENT_STOP => {
+                if matches!(
+                    sig,
+                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+                ) {
+                    let _ = ptrace(libc::PTRACE_LISTEN, tid, 0);
+                } else {
+                    cont(tid, 0);
+                }
+            }
+            _ if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) => cont(tid, 0),
+            // A signal on its way to the tracee: deliver it.
+            _ => cont(tid, sig),
+        }
+    }
+}
+
+/// Stops each tracee (`PTRACE_INTERRUPT`, seized tracees only) and lets it
+/// go.
+fn detach_all(tids: impl Iterator<Item = u32>) {
+    for tid in tids {
+        if ptrace(libc::PTRACE_INTERRUPT, tid, 0).is_ok() {
+            let _ = waitpid(tid);
+        }
+        let _ = ptrace(libc::PTRACE_DETACH, tid, 0);
+    }
+}

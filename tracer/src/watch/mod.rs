@@ -1,0 +1,36 @@
+//! What shows a trace while it runs: the status line at the bottom of the
+//! terminal ([`status_line`]) and `mtrace top`, the full-screen live view
+//! ([`top`]). The session hands every watcher a [`Tick`] each second.
+
+pub mod status_line;
+pub mod top;
+
+use anyhow::Result;
+
+pub use status_line::StatusLine;
+
+use crate::{collect::Running, profile::Profile};
+
+/// What one tick shows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tick {
+    pub elapsed: f64,
+    pub running: Running,
+    /// Live mode: bytes allocated and not yet freed, as traced.
+    pub live_bytes: Option<u64>,
+    /// Processes traced now (shown when more than one).
+    pub processes: usize,
+}
+
+/// Shown every second while tracing: the status line, the live view.
+pub trait Watcher {
+    /// `profile` makes the profile so far, for a watcher that shows stacks.
+    fn tick(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()>;
+}
+
+impl Watcher for StatusLine {
+    fn tick(&mut self, tick: &Tick, _profile: &dyn Fn() -> Result<Profile>) -> Result<()> {
+        self.show(tick);
+        Ok(())
+    }
+}
