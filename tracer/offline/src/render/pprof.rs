@@ -22,7 +22,7 @@ use prost::Message as _;
 
 use crate::profile::{short_path, Frame, Profile, StackEntry};
 
-use super::is_allocation;
+use super::{is_allocation, text};
 
 /// The messages of `profile.proto` (package `perftools.profiles`), with
 /// the official field numbers and types.
@@ -215,7 +215,7 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
         meta.pid, meta.command
     ))];
     if let Some(q) = &profile.stack_quality {
-        comment.push(b.string(&super::table::quality_line(q)));
+        comment.push(b.string(&text::quality_line(q)));
     }
 
     Ok(proto::Profile {
