@@ -26,7 +26,7 @@ use super::{is_allocation, text};
 
 /// The messages of `profile.proto` (package `perftools.profiles`), with
 /// the official field numbers and types.
-mod proto {
+pub mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Profile {
         #[prost(message, repeated, tag = "1")]
