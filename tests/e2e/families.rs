@@ -193,8 +193,9 @@ fn a_rust_program_with_jemalloc_from_crates_io() {
             Some(format!("jemalloc (_rjem_) in {}", real.display()).as_str()),
             "{d}"
         );
-        assert!(
-            out.stdout.contains("probes: also jemalloc (_rjem_) in "),
+        assert_eq!(
+            out.report().probes_also,
+            Some(format!("jemalloc (_rjem_) in {}", real.display())),
             "{d}"
         );
         // Count mode: no release function probed, jemalloc's included.

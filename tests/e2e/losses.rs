@@ -135,8 +135,9 @@ fn a_storm_of_cross_thread_frees_leaves_no_freed_block_outstanding() {
         "{d}"
     );
     // The report states the suspects as facts, and says what was lost.
+    let r = out.report();
     assert!(
-        out.stdout.contains("leak suspects") && !out.stdout.contains("uncertain"),
+        r.leak_suspects.is_some() && r.uncertain.is_none(),
         "{}",
         out.stdout
     );

@@ -5,9 +5,13 @@
 //!     cargo test --release -p tracer --test e2e
 //!
 //! The tests assert on the JSON profile mtrace writes with `-o`
-//! (support/profile.rs); table.rs alone checks the human table and the
-//! other text of the report. support/ holds the helpers: the fixtures,
-//! child processes, running mtrace, the profile, the table's parser.
+//! (support/profile.rs). table.rs checks the human table itself; what
+//! other tests need of the report's text (what only the report shows)
+//! they read through the table's parser (support/table.rs), never by
+//! searching stdout. support/ holds the helpers: the fixtures, child
+//! processes, running mtrace, the profile, the table's and the diff's
+//! parsers. The renderers' exact outputs are golden files of the
+//! tracer-offline crate (tracer/offline/tests/render.rs).
 
 /// Returns from the test (after a note on stderr) when BPF cannot be used;
 /// under CI, fails instead (`support::require_bpf`).

@@ -7,7 +7,10 @@ use std::collections::BTreeSet;
 
 use crate::{
     counts::{assert_counts_sites, COUNTS_SITES},
-    support::{run_profiled, trace_by_pid, Finished, Fixture, FixtureProc, Profile},
+    support::{
+        diff::DiffOut, run_profiled, table::Processes, trace_by_pid, Finished, Fixture,
+        FixtureProc, Profile,
+    },
 };
 
 /// tree.c's own sites: (function, caller, calls, bytes).
@@ -107,9 +110,13 @@ fn every_process_of_the_tree_is_counted_exactly() {
         procs.iter().any(|e| e.1 == root && parents.contains(&e.0)),
         "three generations: {procs:?}"
     );
-    assert!(
-        out.stdout
-            .contains("processes: 6 traced (6 exited during the trace)"),
+    assert_eq!(
+        out.report().processes,
+        Some(Processes {
+            traced: 6,
+            exited: 6,
+            not_traced: 0
+        }),
         "{d}"
     );
     // Each process's stacks reach its first frame, symbolized with its
@@ -163,8 +170,10 @@ fn per_process_rows_name_their_process() {
         "{d}"
     );
     assert!(
-        out.stdout
-            .contains(&format!("process tree (pid {})", a.pid)),
+        out.report()
+            .rows
+            .iter()
+            .any(|r| r.process == Some(("tree".to_string(), a.pid))),
         "{d}"
     );
 }
@@ -230,11 +239,16 @@ fn processes_beyond_the_limit_are_named_not_dropped_silently() {
     let procs = processes(&p);
     assert_eq!(procs.len(), 6, "{procs:?}");
     assert!(procs[0].3 && procs[1..].iter().all(|e| !e.3), "{procs:?}");
+    let r = out.report();
+    assert_eq!(
+        r.processes.map(|p| (p.traced, p.not_traced)),
+        Some((1, 5)),
+        "{d}"
+    );
     assert!(
-        out.stdout.contains("processes: 1 traced")
-            && out.stdout.contains(", 5 not traced\n")
-            && out.stdout.contains("\nnot traced: ")
-            && out.stdout.contains("more than 1 process at once"),
+        r.not_traced
+            .iter()
+            .any(|l| l.contains("more than 1 process at once")),
         "{d}"
     );
 }
@@ -270,26 +284,28 @@ fn a_burst_of_processes_is_counted_within_bounded_records() {
     assert_eq!(listed, 4096, "{d}");
     assert_eq!(listed + unlisted, n + 1, "every process counted");
     // The report names a few of the untraced and counts them all.
-    assert!(
-        out.stdout.contains(&format!(
-            "processes: 1 traced (1 exited during the trace), {n} not traced\n"
-        )),
+    let r = out.report();
+    assert_eq!(
+        r.processes,
+        Some(Processes {
+            traced: 1,
+            exited: 1,
+            not_traced: n
+        }),
         "{d}"
     );
-    let named = out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("not traced: forkmany"))
+    let named = r
+        .not_traced
+        .iter()
+        .filter(|l| l.starts_with("forkmany"))
         .count();
     assert_eq!(named, 10, "{d}");
-    assert!(
-        out.stdout.contains(&format!(
-            "\nnot traced: {} more ({} listed in the JSON profile)\n",
-            n - 10,
-            listed - 1 - 10
-        )),
-        "{d}"
+    let more = format!(
+        "{} more ({} listed in the JSON profile)",
+        n - 10,
+        listed - 1 - 10
     );
+    assert!(r.not_traced.contains(&more), "{d}");
 }
 
 /// workers.c's sites: (caller, calls, bytes), the parent's first.
@@ -381,7 +397,7 @@ fn per_process_folded_roots_and_a_diff_across_pids() {
     ]);
     out.assert_exit(0);
     assert!(
-        out.stdout.contains("no stack changed"),
+        DiffOut::parse(&out.stdout).no_stack_changed,
         "{}",
         out.describe()
     );

@@ -5,105 +5,11 @@ use std::{fs, path::Path};
 use super::{expected_sites, s, trace_counts};
 use crate::{
     counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
-    support::{copy_executable, run_mtrace, validate_profile, Finished, Fixture, Mtrace, Profile},
+    support::{
+        copy_executable, diff::DiffOut, run_mtrace, validate_profile, Finished, Fixture, Mtrace,
+        Profile,
+    },
 };
-
-/// One changed stack of `mtrace diff`'s table.
-#[derive(Debug)]
-struct DiffRow {
-    func: String,
-    /// (base, new).
-    calls: (u64, u64),
-    bytes: (u64, u64),
-    /// Function names, innermost first.
-    frames: Vec<String>,
-    /// The frame lines as printed (`function [module]`).
-    frame_lines: Vec<String>,
-}
-
-#[derive(Debug, Default)]
-struct DiffOut {
-    /// `total: calls B -> N (...), bytes B -> N (...)`.
-    total_calls: (u64, u64),
-    total_bytes: (u64, u64),
-    rows: Vec<DiffRow>,
-    unchanged: u64,
-    regressions: Vec<String>,
-    ok: bool,
-}
-
-/// `calls 1000 -> 1200 (+200, +20.00%)` or `calls +200 (+20.00%, 1000 -> 1200)` -> (1000, 1200).
-fn base_new(part: &str) -> (u64, u64) {
-    let arrow = part
-        .find(" -> ")
-        .unwrap_or_else(|| panic!("no `->` in {part:?}"));
-    let base = part[..arrow]
-        .rsplit([' ', '('])
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("bad base in {part:?}"));
-    let new = part[arrow + 4..]
-        .split([' ', ')', ','])
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("bad new value in {part:?}"));
-    (base, new)
-}
-
-impl DiffOut {
-    fn parse(text: &str) -> DiffOut {
-        let mut d = DiffOut::default();
-        let mut seen_total = false;
-        for line in text.lines() {
-            if line.is_empty() || line.starts_with("mtrace diff: ") {
-            } else if let Some(t) = line.strip_prefix("total: ") {
-                let (calls, bytes) = t
-                    .split_once(", bytes ")
-                    .unwrap_or_else(|| panic!("bad total line {line:?}"));
-                d.total_calls = base_new(calls);
-                d.total_bytes = base_new(bytes);
-                seen_total = true;
-            } else if line.starts_with('#') {
-                let parts: Vec<&str> = line.split("  ").collect();
-                assert!(parts.len() >= 4, "bad diff row {line:?}");
-                d.rows.push(DiffRow {
-                    func: parts[3].to_string(),
-                    calls: base_new(parts[1]),
-                    bytes: base_new(parts[2]),
-                    frames: Vec::new(),
-                    frame_lines: Vec::new(),
-                });
-            } else if let Some(frame) = line.strip_prefix("    ") {
-                let name = match frame.rsplit_once(" [") {
-                    Some((n, _)) if frame.ends_with(']') => n,
-                    _ => frame,
-                };
-                let row = d
-                    .rows
-                    .last_mut()
-                    .unwrap_or_else(|| panic!("a frame before any row: {line:?}"));
-                row.frames.push(name.to_string());
-                row.frame_lines.push(frame.to_string());
-            } else if let Some(n) = line
-                .strip_suffix(" stacks unchanged")
-                .or_else(|| line.strip_suffix(" stack unchanged"))
-            {
-                d.unchanged = n.parse().unwrap();
-            } else if line.starts_with("regression: ") {
-                d.regressions.push(line.to_string());
-            } else if line.starts_with("ok: no regression") {
-                d.ok = true;
-            } else if line == "no stack changed" {
-            } else {
-                panic!("unexpected line {line:?} in\n{text}");
-            }
-        }
-        assert!(seen_total, "no total line in\n{text}");
-        d
-    }
-}
 
 fn run_diff(args: &[&str]) -> (Finished, DiffOut) {
     let mut all = vec!["diff"];
@@ -145,17 +51,14 @@ fn diff_of_two_runs_is_empty() {
         "{}",
         out.describe()
     );
-    assert!(
-        out.stdout.contains("(+0, +0.00%)"),
+    assert_eq!(
+        d.total_change,
+        ("+0, +0.00%".to_string(), "+0, +0.00%".to_string()),
         "no zero change shown\n{}",
         out.describe()
     );
     assert!(d.rows.is_empty(), "changed stacks\n{}", out.describe());
-    assert!(
-        out.stdout.contains("\nno stack changed\n"),
-        "{}",
-        out.describe()
-    );
+    assert!(d.no_stack_changed, "{}", out.describe());
     assert_eq!(d.unchanged, n_sites(), "{}", out.describe());
     assert!(d.ok && d.regressions.is_empty(), "{}", out.describe());
 }

@@ -6,9 +6,11 @@
 //! - [`mtrace`]: running mtrace;
 //! - [`profile`]: loading and querying the JSON profile (`-o`), which is
 //!   what the tests assert on;
-//! - [`table`]: the parser of the human table, for the tests of the table
-//!   (tests/e2e/table.rs).
+//! - [`table`]: the parser of the human table (the table's own tests are
+//!   tests/e2e/table.rs);
+//! - [`diff`]: the parser of `mtrace diff`'s table.
 
+pub mod diff;
 pub mod fixtures;
 pub mod gdb;
 pub mod mtrace;

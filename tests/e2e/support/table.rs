@@ -1,6 +1,6 @@
-//! A parser for the human table mtrace prints on stdout, for the tests of
-//! the table itself (tests/e2e/table.rs); every other test reads the JSON
-//! profile.
+//! A parser for the human table mtrace prints on stdout. tests/e2e/table.rs
+//! checks the table with it; other tests read the JSON profile, and go
+//! through this parser for what only the report shows.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +18,8 @@ pub struct Row {
     pub avg: String,
     /// (name, tid) with --per-thread.
     pub thread: Option<(String, u32)>,
+    /// (name, pid) with --per-process.
+    pub process: Option<(String, u32)>,
     pub truncated: bool,
     /// Function names, innermost (the allocator's direct caller) first.
     pub frames: Vec<String>,
@@ -35,6 +37,12 @@ pub struct Report {
     pub header: String,
     /// `command: ...`.
     pub command: Option<String>,
+    /// `probes: also ...`: what follows `also `.
+    pub probes_also: Option<String>,
+    /// `processes: N traced (M exited during the trace)[, K not traced]`.
+    pub processes: Option<Processes>,
+    /// `not traced: ...` lines: what follows the label.
+    pub not_traced: Vec<String>,
     pub rows: Vec<Row>,
     pub total_calls: u64,
     /// As shown (`64.5 KiB`).
@@ -56,6 +64,44 @@ pub struct Report {
     /// `single-stepped probes (...): reallocarray 4`: what follows the
     /// colon.
     pub single_stepped: Option<String>,
+    /// Live mode: the leak suspects' heading line (`leak suspects
+    /// (outstanding at the end...): ...`).
+    pub leak_suspects: Option<String>,
+    /// Live mode: the `uncertain: N frees lost; ...` line under it.
+    pub uncertain: Option<String>,
+}
+
+/// The `processes:` line of a process tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Processes {
+    pub traced: u64,
+    pub exited: u64,
+    pub not_traced: u64,
+}
+
+impl Processes {
+    /// `N traced (M exited during the trace)[, K not traced]`.
+    fn parse(s: &str, line: &str) -> Result<Processes, String> {
+        let bad = || format!("bad processes line {line:?}");
+        let (traced, rest) = s.split_once(" traced (").ok_or_else(bad)?;
+        let (exited, rest) = rest
+            .split_once(" exited during the trace)")
+            .ok_or_else(bad)?;
+        let not_traced = match rest {
+            "" => 0,
+            r => num(
+                r.strip_prefix(", ")
+                    .and_then(|r| r.strip_suffix(" not traced"))
+                    .ok_or_else(bad)?,
+                line,
+            )?,
+        };
+        Ok(Processes {
+            traced: num(traced, line)?,
+            exited: num(exited, line)?,
+            not_traced,
+        })
+    }
 }
 
 fn num(s: &str, what: &str) -> Result<u64, String> {
@@ -133,6 +179,7 @@ fn parse_row_header(line: &str) -> Result<Row, String> {
         bytes,
         avg,
         thread: None,
+        process: None,
         truncated: false,
         frames: Vec::new(),
     };
@@ -141,6 +188,10 @@ fn parse_row_header(line: &str) -> Result<Row, String> {
             let (name, tid) = t.rsplit_once(" (tid ").ok_or_else(bad)?;
             let tid = num(tid.strip_suffix(')').ok_or_else(bad)?, line)?;
             row.thread = Some((name.to_string(), tid as u32));
+        } else if let Some(p) = part.strip_prefix("process ") {
+            let (name, pid) = p.rsplit_once(" (pid ").ok_or_else(bad)?;
+            let pid = num(pid.strip_suffix(')').ok_or_else(bad)?, line)?;
+            row.process = Some((name.to_string(), pid as u32));
         } else if *part == "[stack truncated]" {
             row.truncated = true;
         } else {
@@ -168,14 +219,22 @@ impl Report {
             "lost",
         ];
         let mut seen_total = false;
+        let mut live_summary = false;
         for line in lines {
             if line.is_empty() {
                 continue;
             }
             // Live mode: the heap summary and the leak suspects follow the
-            // table (tests/e2e/live.rs reads them from the JSON profile).
-            if line.starts_with("live: ") {
-                break;
+            // table (tests/e2e/live.rs reads them from the JSON profile);
+            // of those, only the suspects' heading and caveat are kept.
+            live_summary |= line.starts_with("live: ");
+            if live_summary {
+                if line.starts_with("leak suspects") {
+                    r.leak_suspects = Some(line.to_string());
+                } else if line.starts_with("uncertain: ") {
+                    r.uncertain = Some(line.to_string());
+                }
+                continue;
             }
             // Live mode: statistics under a row.
             if ["    live: ", "    size: ", "    lifetime: "]
@@ -201,6 +260,12 @@ impl Report {
                 }
             } else if let Some(c) = line.strip_prefix("command: ") {
                 r.command = Some(c.to_string());
+            } else if let Some(p) = line.strip_prefix("processes: ") {
+                r.processes = Some(Processes::parse(p, line)?);
+            } else if let Some(n) = line.strip_prefix("not traced: ") {
+                r.not_traced.push(n.to_string());
+            } else if let Some(also) = line.strip_prefix("probes: also ") {
+                r.probes_also = Some(also.to_string());
             } else if let Some(t) = line.strip_prefix("total: ") {
                 let bad = || format!("bad totals line {line:?}");
                 let (calls, rest) = t.split_once(", ").ok_or_else(bad)?;
@@ -227,15 +292,9 @@ impl Report {
                 r.stacks_whole_pct = Some(pct.to_string());
             } else if line.contains(" hidden by --")
                 || line == "no allocations traced"
-                || [
-                    "note: ",
-                    "sampled: ",
-                    "probes: ",
-                    "processes: ",
-                    "not traced: ",
-                ]
-                .iter()
-                .any(|p| line.starts_with(p))
+                || ["note: ", "sampled: ", "probes: "]
+                    .iter()
+                    .any(|p| line.starts_with(p))
             {
             } else {
                 return Err(format!("unexpected line {line:?}"));

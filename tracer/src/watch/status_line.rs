@@ -14,6 +14,7 @@ use std::io::{IsTerminal, Write};
 
 use super::Tick;
 use crate::collect::Running;
+use crate::render::text::{bytes, short_count, thousands};
 
 /// The status line, when standard error is a terminal.
 pub struct StatusLine {
@@ -121,57 +122,16 @@ pub fn summary(tick: &Tick, calls_rate: f64, bytes_rate: f64) -> String {
         thousands(r.calls),
         if r.calls == 1 { "call" } else { "calls" },
         short_count(calls_rate),
-        bytes(r.bytes as f64),
-        bytes(bytes_rate),
+        bytes(r.bytes),
+        bytes(bytes_rate as u64),
     );
     if let Some(live) = tick.live_bytes {
-        s += &format!("  live {}", bytes(live as f64));
+        s += &format!("  live {}", bytes(live));
     }
     if tick.processes > 1 {
         s += &format!("  {} processes", tick.processes);
     }
     s
-}
-
-/// `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `950`, `98.1k`, `12.3M`.
-pub fn short_count(v: f64) -> String {
-    if v < 1e3 {
-        format!("{v:.0}")
-    } else if v < 1e6 {
-        format!("{:.1}k", v / 1e3)
-    } else if v < 1e9 {
-        format!("{:.1}M", v / 1e6)
-    } else {
-        format!("{:.1}G", v / 1e9)
-    }
-}
-
-/// `512 B`, `3.2 KiB`, `45.6 MiB`, `1.2 GiB`.
-pub fn bytes(v: f64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if v < 1024.0 {
-        return format!("{v:.0} B");
-    }
-    let mut v = v / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 fn truncate(s: &str, cols: usize) -> String {
@@ -199,13 +159,6 @@ mod tests {
 
     #[test]
     fn units_and_rates() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(1234567), "1,234,567");
-        assert_eq!(thousands(100), "100");
-        assert_eq!(bytes(512.0), "512 B");
-        assert_eq!(bytes(16384.0), "16.0 KiB");
-        assert_eq!(bytes(3.5 * 1024.0 * 1024.0), "3.5 MiB");
-        assert_eq!(short_count(98_100.0), "98.1k");
         let tick = Tick {
             elapsed: 62.0,
             running: Running {

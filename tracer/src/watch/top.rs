@@ -41,19 +41,12 @@ use tokio::sync::oneshot;
 use crate::{
     error::{UserError, EXIT_USAGE},
     profile::{is_allocation, Profile, StackEntry},
-    watch::{
-        status_line::{bytes, short_count, summary, thousands},
-        Tick, Watcher,
+    render::{
+        text::{bytes, short_count, thousands},
+        SortKey,
     },
+    watch::{status_line::summary, Tick, Watcher},
 };
-
-/// What orders the rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SortKey {
-    Calls,
-    Bytes,
-    Live,
-}
 
 /// One stack as the view shows it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -281,12 +274,12 @@ pub fn draw(frame: &mut Frame, model: &Model, state: &mut UiState) {
         .map(|r| {
             let mut cells = vec![
                 Cell::from(short_count(r.calls_rate)),
-                Cell::from(bytes(r.bytes_rate)),
+                Cell::from(bytes(r.bytes_rate as u64)),
                 Cell::from(thousands(r.calls)),
-                Cell::from(bytes(r.bytes as f64)),
+                Cell::from(bytes(r.bytes)),
             ];
             if model.live {
-                cells.push(Cell::from(bytes(r.live_bytes.unwrap_or(0) as f64)));
+                cells.push(Cell::from(bytes(r.live_bytes.unwrap_or(0))));
             }
             let mut path = r.func.clone();
             for f in r.frames.iter().take(4) {

@@ -99,10 +99,11 @@ pub fn build(profile: &Profile) -> Node {
     root
 }
 
+/// The tree keeps no live bytes per node: [`SortKey::Live`] orders by bytes.
 fn key(c: Counts, sort: SortKey) -> (u64, u64) {
     match sort {
         SortKey::Calls => (c.calls, c.bytes),
-        SortKey::Bytes => (c.bytes, c.calls),
+        SortKey::Bytes | SortKey::Live => (c.bytes, c.calls),
     }
 }
 
@@ -122,7 +123,7 @@ pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> Stri
     let min_pct = min_share(threshold_pct);
     let what = match sort {
         SortKey::Calls => "calls",
-        SortKey::Bytes => "bytes",
+        SortKey::Bytes | SortKey::Live => "bytes",
     };
     let mut out = format!("call tree, top-down (nodes under {min_pct}% of {what} left out)\n");
     if root.total == Counts::default() {

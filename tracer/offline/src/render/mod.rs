@@ -10,14 +10,13 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 pub use crate::profile::{is_allocation, Weight, FREE_FUNC};
-use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, Thread};
+use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, StackEntry, Thread};
 
 pub mod calltree;
 pub mod diff_table;
 pub mod flamegraph;
 pub mod folded;
 pub mod html;
-pub mod leaks;
 pub mod pprof;
 pub mod speedscope;
 pub mod table;
@@ -26,11 +25,14 @@ pub mod weight;
 
 pub use weight::StackWeight;
 
-/// Which count orders the table.
+/// Which count orders the rows (of the table, the tree, `mtrace top`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortKey {
     Calls,
     Bytes,
+    /// Live mode: bytes still allocated. Where a row has no live
+    /// statistics (merged rows, the tree's nodes) it orders by bytes.
+    Live,
 }
 
 /// What the table shows.
@@ -114,6 +116,23 @@ pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
     selection
 }
 
+/// The leak suspects: stacks with blocks at least `--min-age` old still
+/// allocated at the end, most bytes first.
+pub fn suspects(profile: &Profile) -> Vec<(&StackEntry, &LiveStats)> {
+    let mut suspects: Vec<_> = profile
+        .stacks
+        .iter()
+        .filter_map(|e| e.live.as_ref().map(|l| (e, l)))
+        .filter(|(_, l)| l.old_outstanding > 0)
+        .collect();
+    suspects.sort_by(|a, b| {
+        b.1.old_outstanding_bytes
+            .cmp(&a.1.old_outstanding_bytes)
+            .then(b.1.old_outstanding.cmp(&a.1.old_outstanding))
+    });
+    suspects
+}
+
 /// Percentage of `part` in `total`, 0 when `total` is 0.
 pub fn percent(part: u64, total: u64) -> f64 {
     if total == 0 {
@@ -186,6 +205,7 @@ fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
     let key = |r: &Row<'_>| match sort {
         SortKey::Calls => (r.counts.calls, r.counts.bytes),
         SortKey::Bytes => (r.counts.bytes, r.counts.calls),
+        SortKey::Live => (r.live.map_or(0, |l| l.outstanding_bytes), r.counts.bytes),
     };
     key(b)
         .cmp(&key(a))

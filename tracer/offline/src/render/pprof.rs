@@ -22,11 +22,11 @@ use prost::Message as _;
 
 use crate::profile::{short_path, Frame, Profile, StackEntry};
 
-use super::is_allocation;
+use super::{is_allocation, text};
 
 /// The messages of `profile.proto` (package `perftools.profiles`), with
 /// the official field numbers and types.
-mod proto {
+pub mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Profile {
         #[prost(message, repeated, tag = "1")]
@@ -215,7 +215,7 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
         meta.pid, meta.command
     ))];
     if let Some(q) = &profile.stack_quality {
-        comment.push(b.string(&super::table::quality_line(q)));
+        comment.push(b.string(&text::quality_line(q)));
     }
 
     Ok(proto::Profile {

@@ -23,10 +23,12 @@
 
 use std::fmt::Write as _;
 
-use crate::profile::{Frame, Losses, Profile, StackQuality};
+use crate::profile::{Losses, Profile};
 
-use super::text::{bytes, count, wrap_list, Paint};
+use super::text::{bytes, count, frame_text, quality_lines, wrap_list, Paint};
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
+
+mod leaks;
 
 /// Untraced processes the header names one by one; the rest are counted.
 const UNTRACED_SHOWN: usize = 10;
@@ -68,7 +70,7 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
         let _ = writeln!(out, "{} {note}", paint.warn("note:"));
     }
     if let Some(live) = &profile.live {
-        out.push_str(&super::leaks::summary(profile, live, opts.top, paint));
+        out.push_str(&leaks::summary(profile, live, opts.top, paint));
     }
     out
 }
@@ -184,21 +186,8 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64, pai
         out.push('\n');
     }
     if let Some(live) = row.live {
-        out.push_str(&super::leaks::row_lines(live));
+        out.push_str(&leaks::row_lines(live));
     }
-}
-
-/// `function (file:line)`, the place faint, ` [inlined]` after an inlined
-/// function.
-pub(crate) fn frame_text(frame: &Frame, paint: Paint) -> String {
-    let described = frame.describe();
-    // `describe` starts with the function's name, then says where.
-    let (name, place) = described.split_at(frame.function.len().min(described.len()));
-    let mut text = format!("{name}{}", paint.faint(place));
-    if frame.inlined {
-        text.push_str(&paint.faint(" [inlined]"));
-    }
-    text
 }
 
 /// `2 more stacks (15 calls, 300 B) hidden by --top`
@@ -273,62 +262,6 @@ fn totals_lines(profile: &Profile, paint: Paint) -> String {
     out
 }
 
-/// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
-/// on one line (for pprof's comment).
-pub fn quality_line(q: &StackQuality) -> String {
-    let mut line = format!("stacks: {}", whole_text(q));
-    if let Some(limit) = limit_text(q) {
-        let _ = write!(line, "; {limit}");
-    }
-    let cut = cut_short(q);
-    if !cut.is_empty() {
-        let _ = write!(line, "; cut short: {}", cut.join(", "));
-    }
-    line
-}
-
-/// The table's: `stacks: 99.95% whole ...`, then `stacks: cut short: ...`.
-fn quality_lines(q: &StackQuality) -> String {
-    let mut out = format!("stacks: {}\n", whole_text(q));
-    if let Some(limit) = limit_text(q) {
-        let _ = writeln!(out, "stacks: {limit}");
-    }
-    let cut = cut_short(q);
-    if !cut.is_empty() {
-        out.push_str(&wrap_list("stacks: cut short", &cut, ""));
-    }
-    out
-}
-
-/// `99.95% whole (to the thread's first frame)`: never `100.00%` unless
-/// every stack is whole.
-fn whole_text(q: &StackQuality) -> String {
-    let pct = q.whole_pct();
-    let shown = if q.whole < q.calls {
-        (pct * 100.0).floor() / 100.0
-    } else {
-        pct
-    };
-    format!("{shown:.2}% whole (to the thread's first frame)")
-}
-
-/// `--max-stack N`: `at most N frames above the caller (--max-stack N)`.
-fn limit_text(q: &StackQuality) -> Option<String> {
-    Some(match q.frame_limit? {
-        0 => "the direct caller only (--max-stack 0)".to_string(),
-        n => format!("at most {n} frames above the caller (--max-stack {n})"),
-    })
-}
-
-/// `no_cfi 12`, ... for every cause with calls.
-fn cut_short(q: &StackQuality) -> Vec<String> {
-    q.truncated
-        .iter()
-        .filter(|(_, &n)| n > 0)
-        .map(|(why, n)| format!("{why} {n}"))
-        .collect()
-}
-
 /// Printed in every report, even when nothing was lost; yellow when
 /// something was.
 fn losses_lines(l: &Losses, paint: Paint) -> String {
@@ -390,7 +323,7 @@ mod tests {
     use super::super::test_util::{entry, on_thread, profile};
     use super::super::SortKey;
     use super::*;
-    use crate::profile::{Counts, Frame};
+    use crate::profile::{Counts, Frame, StackQuality};
 
     const NO_LOSSES: &str = "\
 lost: map full 0, stack walk failed 0, stack collisions 0, stack map full 0,

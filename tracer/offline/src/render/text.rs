@@ -1,14 +1,21 @@
-//! The pieces of readable text the table and the tree share: sizes in
-//! binary units, counted nouns, lists broken into lines of at most
-//! [`WIDTH`] columns, and colour (ANSI styles from `anstyle`, only when
-//! the caller says the output is a terminal that wants them).
+//! The pieces of readable text every human-facing output shares (the
+//! table, the tree, the HTML page, pprof's comments, the status line and
+//! `mtrace top`): sizes in binary units, counts and durations, counted
+//! nouns, frames, the stack-quality line, lists broken into lines of at
+//! most [`WIDTH`] columns, and colour (ANSI styles from `anstyle`, only
+//! when the caller says the output is a terminal that wants them).
+//! Renderers take these from here, never from one another.
 //!
 //! The size format is written here rather than taken from a crate:
 //! `bytesize` and `humansize` print `46.9 KiB` too, but neither prints
 //! raw bytes below 1 KiB as `512 B` with a space and one decimal above
 //! without options, and this is six lines.
 
+use std::fmt::Write as _;
+
 use anstyle::{AnsiColor, Style};
+
+use crate::profile::{Frame, StackQuality};
 
 /// The width every line of the report keeps to (but for frames and paths,
 /// which are never cut).
@@ -29,6 +36,33 @@ pub fn bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", UNITS[unit])
+}
+
+/// `1,234,567`: every digit, in groups of three.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `950`, `98.1k`, `12.3M`, `4.0G`: a count or rate in at most about five
+/// characters (one decimal from a thousand up).
+pub fn short_count(v: f64) -> String {
+    if v < 1e3 {
+        format!("{v:.0}")
+    } else if v < 1e6 {
+        format!("{:.1}k", v / 1e3)
+    } else if v < 1e9 {
+        format!("{:.1}M", v / 1e6)
+    } else {
+        format!("{:.1}G", v / 1e9)
+    }
 }
 
 /// `1 call`, `2 calls`, `0 calls`: `n` and `noun`, plural (with an `s`)
@@ -73,6 +107,89 @@ pub fn wrap_list(label: &str, items: &[String], empty: &str) -> String {
     out.push_str(&line);
     out.push('\n');
     out
+}
+
+/// `1.3us`, `250ms`, `2.50s`.
+pub fn duration_ns(ns: u64) -> String {
+    let ns_f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns}ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1}us", ns_f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.1}ms", ns_f / 1e6)
+    } else {
+        format!("{:.2}s", ns_f / 1e9)
+    }
+}
+
+/// `function (file:line)`, the place faint, ` [inlined]` after an inlined
+/// function.
+pub fn frame_text(frame: &Frame, paint: Paint) -> String {
+    let described = frame.describe();
+    // `describe` starts with the function's name, then says where.
+    let (name, place) = described.split_at(frame.function.len().min(described.len()));
+    let mut text = format!("{name}{}", paint.faint(place));
+    if frame.inlined {
+        text.push_str(&paint.faint(" [inlined]"));
+    }
+    text
+}
+
+/// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
+/// on one line (for pprof's comment).
+pub fn quality_line(q: &StackQuality) -> String {
+    let mut line = format!("stacks: {}", whole_text(q));
+    if let Some(limit) = limit_text(q) {
+        let _ = write!(line, "; {limit}");
+    }
+    let cut = cut_short(q);
+    if !cut.is_empty() {
+        let _ = write!(line, "; cut short: {}", cut.join(", "));
+    }
+    line
+}
+
+/// The table's: `stacks: 99.95% whole ...`, then `stacks: cut short: ...`.
+pub fn quality_lines(q: &StackQuality) -> String {
+    let mut out = format!("stacks: {}\n", whole_text(q));
+    if let Some(limit) = limit_text(q) {
+        let _ = writeln!(out, "stacks: {limit}");
+    }
+    let cut = cut_short(q);
+    if !cut.is_empty() {
+        out.push_str(&wrap_list("stacks: cut short", &cut, ""));
+    }
+    out
+}
+
+/// `99.95% whole (to the thread's first frame)`: never `100.00%` unless
+/// every stack is whole.
+fn whole_text(q: &StackQuality) -> String {
+    let pct = q.whole_pct();
+    let shown = if q.whole < q.calls {
+        (pct * 100.0).floor() / 100.0
+    } else {
+        pct
+    };
+    format!("{shown:.2}% whole (to the thread's first frame)")
+}
+
+/// `--max-stack N`: `at most N frames above the caller (--max-stack N)`.
+fn limit_text(q: &StackQuality) -> Option<String> {
+    Some(match q.frame_limit? {
+        0 => "the direct caller only (--max-stack 0)".to_string(),
+        n => format!("at most {n} frames above the caller (--max-stack {n})"),
+    })
+}
+
+/// `no_cfi 12`, ... for every cause with calls.
+fn cut_short(q: &StackQuality) -> Vec<String> {
+    q.truncated
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(why, n)| format!("{why} {n}"))
+        .collect()
 }
 
 /// Colours, or none: every method returns its text unchanged when off.
@@ -150,6 +267,25 @@ mod tests {
         for (n, want) in cases {
             assert_eq!(bytes(n), want, "{n}");
         }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration_ns(999), "999ns");
+        assert_eq!(duration_ns(1_300), "1.3us");
+        assert_eq!(duration_ns(250_000_000), "250.0ms");
+        assert_eq!(duration_ns(2_500_000_000), "2.50s");
+    }
+
+    #[test]
+    fn digits_grouped_and_counts_shortened() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(100), "100");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(short_count(950.0), "950");
+        assert_eq!(short_count(98_100.0), "98.1k");
+        assert_eq!(short_count(12_300_000.0), "12.3M");
+        assert_eq!(short_count(4e9), "4.0G");
     }
 
     #[test]

@@ -15,7 +15,9 @@ use base64::Engine as _;
 
 use super::{
     flamegraph::{self, Kind},
-    folded, leaks, percent, select, ReportOptions, Row, Weight,
+    folded, percent, select, suspects,
+    text::{bytes, duration_ns, short_count},
+    ReportOptions, Row, Weight,
 };
 use crate::profile::{LiveStats, LiveTotals, Profile, StackEntry};
 
@@ -137,8 +139,8 @@ fn loss_counters<T: serde::Serialize>(out: &mut String, value: &T, only: Option<
 }
 
 /// `N blocks, X`.
-fn blocks(n: u64, bytes: u64) -> String {
-    format!("{n} blocks, {}", plots::bytes(bytes as f64))
+fn blocks(n: u64, size: u64) -> String {
+    format!("{n} blocks, {}", bytes(size))
 }
 
 /// The heap table of live mode: what [`LiveTotals`] holds but its losses.
@@ -147,11 +149,7 @@ fn live_heap(out: &mut String, live: &LiveTotals) {
     kv(
         out,
         "peak",
-        &format!(
-            "{} at {:.3} s",
-            plots::bytes(live.peak_bytes as f64),
-            live.peak_secs
-        ),
+        &format!("{} at {:.3} s", bytes(live.peak_bytes), live.peak_secs),
     );
     kv(
         out,
@@ -172,7 +170,7 @@ fn live_heap(out: &mut String, live: &LiveTotals) {
         out,
         &format!(
             "temporaries (freed under {})",
-            leaks::duration_ns(live.temporary_under_ns)
+            duration_ns(live.temporary_under_ns)
         ),
         &live.temporaries.to_string(),
     );
@@ -232,11 +230,7 @@ fn summary(out: &mut String, profile: &Profile) {
     kv(
         out,
         "bytes requested",
-        &format!(
-            "{} ({})",
-            totals.allocs.bytes,
-            plots::bytes(totals.allocs.bytes as f64)
-        ),
+        &format!("{} ({})", totals.allocs.bytes, bytes(totals.allocs.bytes)),
     );
     let frees = if totals.frees_counted {
         totals.frees.to_string()
@@ -468,11 +462,11 @@ fn stacks(out: &mut String, profile: &Profile, rows: &[Row<'_>], hidden: usize) 
         num_cell(out, c.calls as f64, &c.calls.to_string());
         let pc = percent(c.calls, total.calls);
         num_cell(out, pc, &format!("{pc:.2}%"));
-        num_cell(out, c.bytes as f64, &plots::bytes(c.bytes as f64));
+        num_cell(out, c.bytes as f64, &bytes(c.bytes));
         let pb = percent(c.bytes, total.bytes);
         num_cell(out, pb, &format!("{pb:.2}%"));
         let avg = c.bytes.checked_div(c.calls).unwrap_or(0);
-        num_cell(out, avg as f64, &plots::bytes(avg as f64));
+        num_cell(out, avg as f64, &bytes(avg));
         if live {
             live_cells(out, row.live);
         }
@@ -490,7 +484,7 @@ fn live_cells(out: &mut String, live: Option<&LiveStats>) {
         return;
     };
     for b in [l.outstanding_bytes, l.old_outstanding_bytes] {
-        num_cell(out, b as f64, &plots::bytes(b as f64));
+        num_cell(out, b as f64, &bytes(b));
     }
     num_cell(out, l.temporaries as f64, &l.temporaries.to_string());
     for v in l
@@ -498,7 +492,7 @@ fn live_cells(out: &mut String, live: Option<&LiveStats>) {
         .map_or([None; 3], |p| [Some(p.p50), Some(p.p99), Some(p.max)])
     {
         match v {
-            Some(v) => num_cell(out, v as f64, &plots::bytes(v as f64)),
+            Some(v) => num_cell(out, v as f64, &bytes(v)),
             None => num_cell(out, -1.0, "–"),
         }
     }
@@ -507,7 +501,7 @@ fn live_cells(out: &mut String, live: Option<&LiveStats>) {
         .map_or([None; 2], |p| [Some(p.p50), Some(p.p99)])
     {
         match v {
-            Some(v) => num_cell(out, v as f64, &leaks::duration_ns(v)),
+            Some(v) => num_cell(out, v as f64, &duration_ns(v)),
             None => num_cell(out, -1.0, "none freed"),
         }
     }
@@ -515,7 +509,7 @@ fn live_cells(out: &mut String, live: Option<&LiveStats>) {
 
 fn leak_suspects(out: &mut String, profile: &Profile) {
     let Some(totals) = &profile.live else { return };
-    let suspects = leaks::suspects(profile);
+    let suspects = suspects(profile);
     let age = if totals.min_age_secs > 0.0 {
         format!(", at least {} s old", totals.min_age_secs)
     } else {
@@ -525,7 +519,7 @@ fn leak_suspects(out: &mut String, profile: &Profile) {
         out,
         "<section id=\"leaks\"><h2>Leak suspects</h2><p class=\"note\">Blocks still allocated when tracing ended{age}: {} blocks, {}.",
         totals.old_outstanding,
-        plots::bytes(totals.old_outstanding_bytes as f64)
+        bytes(totals.old_outstanding_bytes)
     );
     if totals.frees_lost > 0 {
         let _ = write!(
@@ -553,7 +547,7 @@ fn leak_suspects(out: &mut String, profile: &Profile) {
         num_cell(
             out,
             l.old_outstanding_bytes as f64,
-            &plots::bytes(l.old_outstanding_bytes as f64),
+            &bytes(l.old_outstanding_bytes),
         );
         num_cell(
             out,
@@ -602,7 +596,7 @@ fn distributions(out: &mut String, profile: &Profile, rows: &[Row<'_>]) -> Resul
         .filter(|&i| classes[i] > 0)
         .map(|i| {
             let from = if i == 0 { 0 } else { 1u64 << (i - 1) };
-            (plots::bytes(from as f64), classes[i])
+            (bytes(from), classes[i])
         })
         .collect();
     if !bars.is_empty() {
@@ -651,7 +645,7 @@ fn distributions(out: &mut String, profile: &Profile, rows: &[Row<'_>]) -> Resul
                 "Requested size per stack (most allocations first)",
                 "bytes",
                 &sizes,
-                plots::bytes,
+                |v| bytes(v as u64),
             )?,
         );
     }
@@ -665,7 +659,7 @@ fn distributions(out: &mut String, profile: &Profile, rows: &[Row<'_>]) -> Resul
                 "Lifetime of freed blocks per stack (most allocations first)",
                 "lifetime",
                 &lifetimes,
-                |v| leaks::duration_ns(v as u64),
+                |v| duration_ns(v as u64),
             )?,
         );
     }
@@ -693,14 +687,14 @@ fn timeline(out: &mut String, profile: &Profile) -> Result<()> {
     // Rates over each point's own interval (the last one may be shorter).
     let mut calls = Vec::with_capacity(points.len());
     let mut frees = Vec::new();
-    let mut bytes = Vec::with_capacity(points.len());
+    let mut bytes_rate = Vec::with_capacity(points.len());
     let mut prev = 0.0;
     for p in points {
         let dt = p.t - prev;
         prev = p.t;
         if dt > 0.0 {
             calls.push((p.t, p.calls as f64 / dt));
-            bytes.push((p.t, p.bytes as f64 / dt));
+            bytes_rate.push((p.t, p.bytes as f64 / dt));
             if let Some(f) = p.frees {
                 frees.push((p.t, f as f64 / dt));
             }
@@ -716,19 +710,13 @@ fn timeline(out: &mut String, profile: &Profile) -> Result<()> {
     } else {
         "Allocation calls per second"
     };
+    figure(out, &plots::line(title, "per second", &rates, short_count)?);
+    let bytes_rate = [series("bytes/s", bytes_rate)];
     figure(
         out,
-        &plots::line(title, "per second", &rates, plots::short)?,
-    );
-    let bytes = [series("bytes/s", bytes)];
-    figure(
-        out,
-        &plots::line(
-            "Bytes requested per second",
-            "bytes/s",
-            &bytes,
-            plots::bytes,
-        )?,
+        &plots::line("Bytes requested per second", "bytes/s", &bytes_rate, |v| {
+            bytes(v as u64)
+        })?,
     );
     let live: Vec<(f64, f64)> = points
         .iter()
@@ -741,7 +729,7 @@ fn timeline(out: &mut String, profile: &Profile) -> Result<()> {
                 "Live heap (allocated, not yet freed, as traced)",
                 "bytes",
                 &[series("live bytes", live)],
-                plots::bytes,
+                |v| bytes(v as u64),
             )?,
         );
     }

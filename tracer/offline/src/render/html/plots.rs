@@ -7,47 +7,11 @@ use plotters::coord::ranged1d::SegmentedCoord;
 use plotters::coord::types::RangedCoordu32;
 use plotters::prelude::*;
 
+use crate::render::text::short_count;
+
 /// Width and height of every chart, in pixels.
 const SIZE: (u32, u32) = (640, 280);
 const LINE: RGBColor = RGBColor(0x1f, 0x6f, 0xb4);
-
-/// `1.5 K`, `2.0 M`: large counts shortened for axis labels.
-pub fn short(v: f64) -> String {
-    let a = v.abs();
-    let (d, unit) = if a >= 1e12 {
-        (1e12, "T")
-    } else if a >= 1e9 {
-        (1e9, "G")
-    } else if a >= 1e6 {
-        (1e6, "M")
-    } else if a >= 1e3 {
-        (1e3, "K")
-    } else {
-        (1.0, "")
-    };
-    let x = v / d;
-    if x.fract() == 0.0 {
-        format!("{x:.0}{unit}")
-    } else {
-        format!("{x:.1}{unit}")
-    }
-}
-
-/// `512 B`, `1.5 KiB`, `2.0 MiB`.
-pub fn bytes(v: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut x = v;
-    let mut i = 0;
-    while x.abs() >= 1024.0 && i + 1 < units.len() {
-        x /= 1024.0;
-        i += 1;
-    }
-    if i == 0 || x.fract() == 0.0 {
-        format!("{x:.0} {}", units[i])
-    } else {
-        format!("{x:.1} {}", units[i])
-    }
-}
 
 /// An SVG of `size` on white, with a chart titled `title` (`x_labels`
 /// pixels under it for the x axis) that `draw` builds and draws.
@@ -166,7 +130,7 @@ pub fn histogram(
             .x_label_formatter(&label)
             .x_desc(x_desc)
             .y_desc(y_desc)
-            .y_label_formatter(&|v| short(*v))
+            .y_label_formatter(&|v| short_count(*v))
             .draw()?;
         chart.draw_series(
             Histogram::vertical(&chart)

@@ -3,24 +3,10 @@
 
 use std::fmt::Write;
 
-use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile, StackEntry};
+use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile};
 
-use super::table::frame_text;
-use super::text::{bytes, count, wrap_list, Paint};
-
-/// `1.3us`, `250ms`, `2.50s`.
-pub fn duration_ns(ns: u64) -> String {
-    let ns_f = ns as f64;
-    if ns < 1_000 {
-        format!("{ns}ns")
-    } else if ns < 1_000_000 {
-        format!("{:.1}us", ns_f / 1e3)
-    } else if ns < 1_000_000_000 {
-        format!("{:.1}ms", ns_f / 1e6)
-    } else {
-        format!("{:.2}s", ns_f / 1e9)
-    }
-}
+use crate::render::suspects;
+use crate::render::text::{bytes, count, duration_ns, frame_text, wrap_list, Paint};
 
 /// `p50 64 B, p90 64 B, p99 64 B, max 64 B`
 fn percentiles(p: &Percentiles, fmt: impl Fn(u64) -> String) -> String {
@@ -66,23 +52,6 @@ pub fn row_lines(live: &LiveStats) -> String {
         };
     }
     out
-}
-
-/// The leak suspects: stacks with blocks at least `--min-age` old still
-/// allocated at the end, most bytes first.
-pub fn suspects(profile: &Profile) -> Vec<(&StackEntry, &LiveStats)> {
-    let mut suspects: Vec<_> = profile
-        .stacks
-        .iter()
-        .filter_map(|e| e.live.as_ref().map(|l| (e, l)))
-        .filter(|(_, l)| l.old_outstanding > 0)
-        .collect();
-    suspects.sort_by(|a, b| {
-        b.1.old_outstanding_bytes
-            .cmp(&a.1.old_outstanding_bytes)
-            .then(b.1.old_outstanding.cmp(&a.1.old_outstanding))
-    });
-    suspects
 }
 
 /// Heap summary and leak suspects, after the totals.
@@ -192,14 +161,6 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(duration_ns(999), "999ns");
-        assert_eq!(duration_ns(1_300), "1.3us");
-        assert_eq!(duration_ns(250_000_000), "250.0ms");
-        assert_eq!(duration_ns(2_500_000_000), "2.50s");
-    }
 
     #[test]
     fn suspects_are_listed_by_bytes() {
