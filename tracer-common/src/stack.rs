@@ -88,8 +88,8 @@ pub struct WalkScratch {
     pub ip: u64,
     /// 1 when the counting program owns its CPU's plain-add counts: kept
     /// here, where the verifier does not follow values, rather than in a
-    /// register across the walk (with the compare of `memo_compare`: 44,000
-    /// instructions verified instead of 30,000).
+    /// register across the walk, which multiplied the states the verifier
+    /// follows.
     pub owned: u64,
 }
 
@@ -192,7 +192,7 @@ pub type Comm = [u8; 16];
 pub struct EntryMark {
     /// The thread: where the kernel keeps its saved user registers (the
     /// probe's context), one place per live thread, known without a helper
-    /// call (which cost ~20 ns a call on the AMD host).
+    /// call.
     pub me: u64,
     /// Where the entry's probe is (one place per function).
     pub ip: u64,

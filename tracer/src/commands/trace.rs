@@ -19,7 +19,7 @@ use crate::{
         TraceArgs,
     },
     error::{UserError, EXIT_USAGE},
-    profile::{Meta, Probe},
+    profile::{Meta, Probe, Profile},
     session::{self, End, Inputs, ProcSettings, Session, Signals, TracedProcess, TreeRequest},
     sinks::{Report, Sink, Snapshots},
     tracee::{self, launch, launch::TreeEvent, AddressSpace, ExitHold, RunAs},
@@ -50,31 +50,53 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     } else {
         None
     };
-    let attach_started = Instant::now();
+    let (attached, mut aside) = attach(&config, top, run_as)?;
+    let pid = attached.root.pid;
+    let (mut session, inputs) = start(&config, attached, aside.exit_hold.as_mut(), signals);
+    let mut sinks: Vec<Box<dyn Sink>> = vec![
+        Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
+        Box::new(Report(config.outputs.clone())),
+    ];
+    let (mut watchers, stop) = watchers(&config, top, pid, aside.command_log.as_deref())?;
+    let inputs = Inputs { stop, ..inputs };
+    let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));
+    // The status line goes before anything else is said.
+    drop(watchers);
+    let (end, exit_rx) = ran?;
+    let profile = conclude(&mut session, &end, &config, &aside, stats_fd.is_some())?;
+    drop(stats_fd);
+    drop(aside);
+    // Report first: detaching waits for the kernel, and the counts are
+    // already read.
+    let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
+    // Dropping the programs closes their links: the kernel takes the
+    // breakpoints out of the target.
+    session.detach(matches!(end, End::TargetExited(_)));
+    finished?;
+    Ok(exit_code(end, exit_rx, &config.target, &rt))
+}
+
+/// The session of the attached root, and what its loop listens to
+/// (all but the live view's `q`). Tracing begins: the target runs on.
+fn start(
+    config: &TraceConfig,
+    attached: Attached,
+    exit_hold: Option<&mut ExitHold>,
+    signals: Signals,
+) -> (Session, Inputs) {
     let Attached {
         root,
         exit,
         tree_rx,
-        mut exit_hold,
         descendants,
-        command_log,
-    } = attach(&config, top, run_as)?;
-    let pid = root.pid;
-    log::debug!(
-        "attached in {:.1} ms",
-        attach_started.elapsed().as_secs_f64() * 1e3
-    );
-    log_probes(&root.probes.attached);
-    log_verified(&root.probes.ebpf);
+    } = attached;
     let mut meta = root.meta.clone();
     if let Target::Command(argv) = &config.target {
         meta.command = argv.join(" ");
     }
-    let tracing = tracing_line(&config, &root, &meta);
-    let shadowed = root.shadowed.clone();
-    let family = meta.allocator_family.clone();
+    let tracing = tracing_line(config, &root, &meta);
     let options = session::Options {
-        settings: settings(&config),
+        settings: settings(config),
         per_process: config.outputs.table.per_process,
         max_processes: config.max_processes,
         min_age_ns: config.min_age_ns,
@@ -85,77 +107,71 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     for (parent, child) in descendants {
         session.adopt(parent, child);
     }
-    if let Some(hold) = &mut exit_hold {
+    if let Some(hold) = exit_hold {
         hold.go();
     }
     eprintln!("{tracing}");
-    let mut sinks: Vec<Box<dyn Sink>> = vec![
-        Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
-        Box::new(Report(config.outputs.clone())),
-    ];
     let (exit_rx, pidfd) = match exit {
         TargetExit::Launched(rx) => (Some(rx), None),
         TargetExit::Pidfd(fd) => (None, Some(fd)),
     };
-    let (mut watchers, stop) = watchers(&config, top, pid, command_log.as_deref())?;
     let inputs = Inputs {
         exit_rx,
         pidfd,
         tree_events: Some(tree_rx),
         signals,
-        stop,
+        stop: None,
     };
-    let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));
-    // The status line goes before anything else is said.
-    drop(watchers);
-    let (end, exit_rx) = ran?;
+    (session, inputs)
+}
+
+/// The trace has ended: says why, stops counting in every process at once,
+/// and reads the final profile.
+fn conclude(
+    session: &mut Session,
+    end: &End,
+    config: &TraceConfig,
+    aside: &Aside,
+    bpf_stats: bool,
+) -> Result<Profile> {
     eprintln!(
         "mtrace: tracing ended after {:.1} s: {}",
         session.elapsed().as_secs_f64(),
         end.describe(config.schedule.duration)
     );
-    if let Some(log) = &command_log {
+    if let Some(log) = &aside.command_log {
         eprintln!("mtrace: the command's output is in {}", log.display());
     }
-
     // Counting stops for all functions at once, before the maps are read.
     session.finish()?;
     if let End::TargetExited(Some(code)) = end {
-        session.root_exited(code);
+        session.root_exited(*code);
     }
     if let Some(root) = session.root() {
-        if stats_fd.is_some() {
+        if bpf_stats {
             log_program_times(&root.probes.ebpf);
         }
-        log_unwind(root, &config);
+        log_unwind(root, config);
     }
-    drop(stats_fd);
     let profile = session.profile()?;
     if profile.totals.allocs.calls == 0 {
         // Loud: a process that allocates through something mtrace did not
         // probe must not look like one that allocates nothing.
         eprintln!(
-            "mtrace: no allocation calls counted: probed {} ({family}){}",
+            "mtrace: no allocation calls counted: probed {} ({}){}",
             profile.meta.allocator_object,
-            if shadowed.is_empty() {
+            profile.meta.allocator_family,
+            if aside.shadowed.is_empty() {
                 String::new()
             } else {
                 format!(
                     "; other objects defining allocator functions: {}",
-                    shadowed.join(", ")
+                    aside.shadowed.join(", ")
                 )
             }
         );
     }
-    drop(exit_hold);
-    // Report first: detaching waits for the kernel, and the counts are
-    // already read.
-    let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
-    // Dropping the programs closes their links: the kernel takes the
-    // breakpoints out of the target.
-    session.detach(matches!(end, End::TargetExited(_)));
-    finished?;
-    Ok(exit_code(end, exit_rx, &config.target, &rt))
+    Ok(profile)
 }
 
 /// The configuration, checked before anything is attached: a typo in an
@@ -203,23 +219,30 @@ enum TargetExit {
     Pidfd(OwnedFd),
 }
 
-/// The root process, probed, and what the trace listens to.
+/// The root process, probed, and what the session listens to.
 struct Attached {
     root: TracedProcess,
     exit: TargetExit,
     /// What the thread that traces the tree tells the session.
     tree_rx: UnboundedReceiver<TreeRequest>,
+    /// By pid with --children: the processes it had created.
+    descendants: Vec<(u32, u32)>,
+}
+
+/// What the trace keeps beside the session until it ends.
+struct Aside {
     /// By pid: the target is held at its exit for a last look at its
     /// mappings (launch mode's ptrace does the same).
     exit_hold: Option<ExitHold>,
-    /// By pid with --children: the processes it had created.
-    descendants: Vec<(u32, u32)>,
     /// mtrace top, launch mode: where the command's output went.
     command_log: Option<PathBuf>,
+    /// Objects other than the probed one that define allocator functions.
+    shadowed: Vec<String>,
 }
 
 /// Probes the target: by pid, or by launching the command.
-fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<Attached> {
+fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Attached, Aside)> {
+    let started = Instant::now();
     let settings = settings(config);
     // What every process's profile shares.
     let template = Meta {
@@ -230,7 +253,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<Atta
         ..Default::default()
     };
     let (on_event, tree_rx) = tree_channel();
-    match &config.target {
+    let (attached, exit_hold, command_log) = match &config.target {
         Target::Pid(pid) => {
             let pid = *pid;
             tracee::check_pid(pid)?;
@@ -241,14 +264,13 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<Atta
             let alloc = allocators::require_in_process(pid, &maps)?;
             let space = Arc::new(Mutex::new(AddressSpace::new()));
             let root = TracedProcess::attach_to(pid, alloc, &maps, &settings, space, &template)?;
-            Ok(Attached {
+            let attached = Attached {
                 root,
                 exit: TargetExit::Pidfd(pidfd),
                 tree_rx,
-                exit_hold: Some(hold),
                 descendants,
-                command_log: None,
-            })
+            };
+            (attached, Some(hold), None)
         }
         Target::Command(argv) => {
             // The live view has the terminal: the command's output goes
@@ -271,16 +293,27 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<Atta
             );
             drop(redirect);
             let launched = launched?;
-            Ok(Attached {
+            let attached = Attached {
                 root: launched.attached,
                 exit: TargetExit::Launched(launched.exit),
                 tree_rx,
-                exit_hold: None,
                 descendants: Vec::new(),
-                command_log,
-            })
+            };
+            (attached, None, command_log)
         }
-    }
+    };
+    log::debug!(
+        "attached in {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    log_probes(&attached.root.probes.attached);
+    log_verified(&attached.root.probes.ebpf);
+    let aside = Aside {
+        exit_hold,
+        command_log,
+        shadowed: attached.root.shadowed.clone(),
+    };
+    Ok((attached, aside))
 }
 
 /// The thread that traces the target (launch mode's, or the exit hold by

@@ -1,0 +1,177 @@
+//! What the live view shows: the rows of the profile so far, their rates
+//! over the last second, the history of the allocation rate, and what the
+//! user selected.
+
+use std::collections::{HashMap, VecDeque};
+
+use ratatui::widgets::TableState;
+
+use crate::{
+    profile::{is_allocation, Profile, StackEntry},
+    render::SortKey,
+    watch::Tick,
+};
+
+/// One stack as the view shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopRow {
+    /// The allocator function.
+    pub func: String,
+    /// Innermost first, as `function (file:line)`.
+    pub frames: Vec<String>,
+    /// Thread or process, when the trace splits by them.
+    pub who: Option<String>,
+    pub calls: u64,
+    pub bytes: u64,
+    /// Over the last second.
+    pub calls_rate: f64,
+    pub bytes_rate: f64,
+    /// Live mode: bytes of this stack still allocated.
+    pub live_bytes: Option<u64>,
+}
+
+/// Everything drawn, apart from the terminal.
+#[derive(Debug, Default)]
+pub struct Model {
+    pub title: String,
+    pub live: bool,
+    pub tick: Option<TickView>,
+    pub rows: Vec<TopRow>,
+    /// Allocation calls per second, oldest first.
+    pub rates: VecDeque<u64>,
+    /// Each row's totals at the previous tick, for the rates.
+    prev: HashMap<String, (u64, u64)>,
+    prev_t: f64,
+}
+
+/// The tick's totals, as shown.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TickView {
+    pub tick: Tick,
+    pub calls_rate: f64,
+    pub bytes_rate: f64,
+}
+
+/// What the reader chose.
+#[derive(Debug)]
+pub struct UiState {
+    pub sort: SortKey,
+    /// Order by the last second's rate (else by totals).
+    pub by_rate: bool,
+    pub table: TableState,
+    pub expanded: bool,
+}
+
+impl Default for UiState {
+    fn default() -> Self {
+        UiState {
+            sort: SortKey::Calls,
+            by_rate: true,
+            table: TableState::default().with_selected(Some(0)),
+            expanded: true,
+        }
+    }
+}
+
+/// How many seconds of rate the sparkline keeps.
+const HISTORY: usize = 600;
+
+impl Model {
+    /// An empty view titled `title`; `live` when the trace has live data.
+    pub fn new(title: String, live: bool) -> Model {
+        Model {
+            title,
+            live,
+            ..Model::default()
+        }
+    }
+
+    /// Takes in the profile so far, `tick.elapsed` seconds into the trace.
+    pub fn update(&mut self, profile: &Profile, tick: &Tick) {
+        let dt = (tick.elapsed - self.prev_t).max(1e-3);
+        let mut rows = Vec::new();
+        let mut now = HashMap::new();
+        for st in profile.stacks.iter().filter(|s| is_allocation(s)) {
+            let key = row_key(st);
+            let (calls0, bytes0) = self.prev.get(&key).copied().unwrap_or((0, 0));
+            rows.push(TopRow {
+                func: st.func.clone(),
+                frames: st.frames.iter().map(|f| f.describe()).collect(),
+                who: st
+                    .process
+                    .as_ref()
+                    .map(|p| format!("{} ({})", p.name, p.pid))
+                    .or_else(|| {
+                        st.thread
+                            .as_ref()
+                            .map(|t| format!("{} ({})", t.name, t.tid))
+                    }),
+                calls: st.counts.calls,
+                bytes: st.counts.bytes,
+                calls_rate: st.counts.calls.saturating_sub(calls0) as f64 / dt,
+                bytes_rate: st.counts.bytes.saturating_sub(bytes0) as f64 / dt,
+                live_bytes: st.live.as_ref().map(|l| l.outstanding_bytes),
+            });
+            now.insert(key, (st.counts.calls, st.counts.bytes));
+        }
+        let last = self.tick.map(|t| t.tick.running).unwrap_or_default();
+        let view = TickView {
+            tick: *tick,
+            calls_rate: tick.running.calls.saturating_sub(last.calls) as f64 / dt,
+            bytes_rate: tick.running.bytes.saturating_sub(last.bytes) as f64 / dt,
+        };
+        self.rates.push_back(view.calls_rate.round() as u64);
+        while self.rates.len() > HISTORY {
+            self.rates.pop_front();
+        }
+        self.tick = Some(view);
+        self.rows = rows;
+        self.prev = now;
+        self.prev_t = tick.elapsed;
+    }
+
+    /// The rows in the order the reader chose.
+    pub fn sorted(&self, state: &UiState) -> Vec<&TopRow> {
+        let mut rows: Vec<&TopRow> = self.rows.iter().collect();
+        let key = |r: &TopRow| -> (f64, f64) {
+            let (rate, total) = match state.sort {
+                SortKey::Calls => (r.calls_rate, r.calls as f64),
+                SortKey::Bytes => (r.bytes_rate, r.bytes as f64),
+                SortKey::Live => {
+                    let live = r.live_bytes.unwrap_or(0) as f64;
+                    (live, live)
+                }
+            };
+            if state.by_rate {
+                (rate, total)
+            } else {
+                (total, rate)
+            }
+        };
+        rows.sort_by(|a, b| {
+            key(b)
+                .partial_cmp(&key(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.frames.cmp(&b.frames))
+        });
+        rows
+    }
+}
+
+/// Rows of successive ticks are matched by what they show.
+fn row_key(st: &StackEntry) -> String {
+    let mut key = st.func.clone();
+    for f in &st.frames {
+        key.push(';');
+        key.push_str(&f.function);
+        key.push('@');
+        key.push_str(&f.addr.to_string());
+    }
+    if let Some(t) = &st.thread {
+        key += &format!("#t{}", t.tid);
+    }
+    if let Some(p) = &st.process {
+        key += &format!("#p{}", p.pid);
+    }
+    key
+}
