@@ -9,10 +9,44 @@ use tracer_common::{counter, CountKey, CountValue};
 
 use crate::maps::{COUNTERS, COUNTS, THREAD_NAMES};
 
+/// The error `bpf_map_update_elem` returns, negated, for a key that
+/// `BPF_NOEXIST` found present.
 pub(crate) const EEXIST: i32 = 17;
+
+/// Adds `by` to counter `index` (a `counter::*` index), atomically, in
+/// the half of the counters everything but the CPU's owner adds to.
+#[inline(always)]
+pub(crate) fn bump_counter(index: u32, by: u64) {
+    if let Some(p) = COUNTERS.get_ptr_mut(index + counter::N) {
+        // Per-CPU, but a uprobe program can be preempted: stay atomic.
+        atomic_add(p, by);
+    }
+}
+
+/// Adds to counter `index`: plainly, in the owner's half, when this
+/// program owns the CPU ([`OWNER`](crate::maps::OWNER)), else as
+/// [`bump_counter`] does.
+#[inline(always)]
+fn bump_counter_owned(index: u32, by: u64, owned: bool) {
+    if !owned {
+        return bump_counter(index, by);
+    }
+    if let Some(p) = COUNTERS.get_ptr_mut(index) {
+        unsafe { core::ptr::write_volatile(p, core::ptr::read_volatile(p) + by) };
+    }
+}
+
+/// `*p += by` as one atomic instruction.
+#[inline(always)]
+fn atomic_add(p: *mut u64, by: u64) {
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by);
+    }
+}
+
 /// Counts a call of `func` in the per-function totals and, given its key,
 /// in the aggregation map (false when the key has no entry yet), with
-/// plain adds when the program owns the CPU ([`OWNER`]).
+/// plain adds when the program owns the CPU ([`OWNER`](crate::maps::OWNER)).
 #[inline(always)]
 pub(crate) fn count_call(
     func: u32,
@@ -23,33 +57,30 @@ pub(crate) fn count_call(
 ) -> bool {
     bump_counter_owned(counter::CALLS + func, calls, owned);
     bump_counter_owned(counter::BYTES + func, bytes, owned);
-    key.is_none_or(|k| add_to(k, calls, bytes, owned))
+    key.is_none_or(|k| add_to_count(k, calls, bytes, owned))
 }
 
-/// Adds to counter `index`: plainly when this program owns the CPU.
+/// Adds a call to the count of `key`, if it has one: plainly when this
+/// program owns the CPU, else atomically to the value's second half.
 #[inline(always)]
-fn bump_counter_owned(index: u32, by: u64, owned: bool) {
-    if !owned {
-        return bump_counter(index, by);
-    }
-    if let Some(p) = COUNTERS.get_ptr_mut(index) {
-        unsafe { core::ptr::write_volatile(p, core::ptr::read_volatile(p) + by) };
-    }
-}
-#[inline(always)]
-pub(crate) fn bump_counter(index: u32, by: u64) {
-    if let Some(p) = COUNTERS.get_ptr_mut(index + counter::N) {
-        // Per-CPU, but a uprobe program can be preempted: stay atomic.
-        atomic_add(p, by);
+pub(crate) fn add_to_count(key: &CountKey, calls: u64, bytes: u64, owned: bool) -> bool {
+    match COUNTS.get_ptr_mut(key) {
+        Some(v) => {
+            unsafe {
+                if owned {
+                    (*v).calls += calls;
+                    (*v).bytes += bytes;
+                } else {
+                    atomic_add(&raw mut (*v).calls_shared, calls);
+                    atomic_add(&raw mut (*v).bytes_shared, bytes);
+                }
+            }
+            true
+        }
+        None => false,
     }
 }
 
-#[inline(always)]
-fn atomic_add(p: *mut u64, by: u64) {
-    unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by);
-    }
-}
 /// Inserts a new aggregation key with its first counts; true when this
 /// call created it. `hits` is the number of calls the counts stand for,
 /// lost (and counted so) when the map is full.
@@ -65,7 +96,7 @@ pub(crate) fn insert_count(key: &CountKey, calls: u64, bytes: u64, hits: u64) ->
         Ok(()) => true,
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
-            if !add_to(key, calls, bytes, false) {
+            if !add_to_count(key, calls, bytes, false) {
                 bump_counter(counter::MAP_FULL, hits);
             }
             false
@@ -84,25 +115,5 @@ pub(crate) fn name_thread(tid: u32) {
         if THREAD_NAMES.insert(&tid, &comm, 0).is_err() {
             bump_counter(counter::THREAD_NAMES_FULL, 1);
         }
-    }
-}
-/// Adds a call to the count of `key`, if it has one: plainly when this
-/// program owns the CPU, else atomically to the value's second half.
-#[inline(always)]
-pub(crate) fn add_to(key: &CountKey, calls: u64, bytes: u64, owned: bool) -> bool {
-    match COUNTS.get_ptr_mut(key) {
-        Some(v) => {
-            unsafe {
-                if owned {
-                    (*v).calls += calls;
-                    (*v).bytes += bytes;
-                } else {
-                    atomic_add(&raw mut (*v).calls_shared, calls);
-                    atomic_add(&raw mut (*v).bytes_shared, bytes);
-                }
-            }
-            true
-        }
-        None => false,
     }
 }

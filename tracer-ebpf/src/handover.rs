@@ -37,7 +37,8 @@ pub(crate) fn send_miss(
             let _ = THREAD_NAMES.insert(&tid, &comm, BPF_NOEXIST as u64);
         }
     }
-    // Unique: a CPU copies one stack at a time, each taking microseconds.
+    // Unique: a CPU copies one stack at a time, and a copy outlasts the
+    // clock's nanosecond.
     // (The BPF target here has no fetch-and-add for a counter.)
     let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } as u64;
     let id = miss_stack_id(((now_ns() & ((1 << 52) - 1)) << 8) | (cpu & 0xff));

@@ -20,60 +20,6 @@ use crate::{
     },
 };
 
-/// Sends one event on this CPU's ring; the time stamp is taken once the
-/// space is reserved (see `AllocEvent::ts`). False when the ring is full.
-#[inline(always)]
-fn send_event<T: 'static>(make: impl Fn(u64) -> T) -> bool {
-    let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } % EVENT_RINGS;
-    // One call site per ring: the verifier wants each reservation's map
-    // known.
-    let entry = match cpu {
-        0 => EVENTS0.reserve::<T>(0),
-        1 => EVENTS1.reserve::<T>(0),
-        2 => EVENTS2.reserve::<T>(0),
-        3 => EVENTS3.reserve::<T>(0),
-        4 => EVENTS4.reserve::<T>(0),
-        5 => EVENTS5.reserve::<T>(0),
-        6 => EVENTS6.reserve::<T>(0),
-        _ => EVENTS7.reserve::<T>(0),
-    };
-    match entry {
-        Some(mut entry) => {
-            entry.write(make(now_ns()));
-            entry.submit(BPF_RB_NO_WAKEUP as u64);
-            true
-        }
-        None => {
-            bump_counter(counter::EVENTS_LOST, 1);
-            false
-        }
-    }
-}
-
-/// A free (or the block a resize released, if born by `born_by`) that the
-/// ring had no room for: kept for the tracer, which applies it in its time
-/// order. It is queued before the allocator can hand the block out again,
-/// so the tracer, reading the queue after the rings, never sees the block's
-/// next allocation without it.
-#[inline(always)]
-fn keep_free(ptr: u64, born_by: Option<u64>) {
-    let ts = now_ns();
-    let kept = LostFree {
-        ptr,
-        ts,
-        born_by: born_by.unwrap_or(ts),
-    };
-    if LOST_FREES.push(&kept, 0).is_ok() {
-        bump_counter(counter::FREES_KEPT, 1);
-    } else {
-        bump_counter(counter::FREES_LOST, 1);
-    }
-}
-
-#[inline(always)]
-pub(crate) fn now_ns() -> u64 {
-    unsafe { bpf_ktime_get_ns() }
-}
 /// Live mode: the call is in flight until its return probe.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -103,6 +49,7 @@ pub(crate) fn set_pending(
         active: 1,
     };
 }
+
 /// Live mode: the return of an allocating call. Only the outermost call
 /// of a thread completes: a nested call (realloc -> malloc) returns with
 /// the outer call's pending entry, which names another function.
@@ -169,4 +116,60 @@ pub(crate) fn send_free(ptr: u64) {
     if !sent {
         keep_free(ptr, None);
     }
+}
+
+/// Sends one event on this CPU's ring; the time stamp is taken once the
+/// space is reserved (see `AllocEvent::ts`). False when the ring is full.
+#[inline(always)]
+fn send_event<T: 'static>(make: impl Fn(u64) -> T) -> bool {
+    let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } % EVENT_RINGS;
+    // One call site per ring: the verifier wants each reservation's map
+    // known.
+    let entry = match cpu {
+        0 => EVENTS0.reserve::<T>(0),
+        1 => EVENTS1.reserve::<T>(0),
+        2 => EVENTS2.reserve::<T>(0),
+        3 => EVENTS3.reserve::<T>(0),
+        4 => EVENTS4.reserve::<T>(0),
+        5 => EVENTS5.reserve::<T>(0),
+        6 => EVENTS6.reserve::<T>(0),
+        _ => EVENTS7.reserve::<T>(0),
+    };
+    match entry {
+        Some(mut entry) => {
+            entry.write(make(now_ns()));
+            entry.submit(BPF_RB_NO_WAKEUP as u64);
+            true
+        }
+        None => {
+            bump_counter(counter::EVENTS_LOST, 1);
+            false
+        }
+    }
+}
+
+/// A free (or the block a resize released, if born by `born_by`) that the
+/// ring had no room for: kept for the tracer, which applies it in its time
+/// order. It is queued before the allocator can hand the block out again,
+/// so the tracer, reading the queue after the rings, never sees the block's
+/// next allocation without it.
+#[inline(always)]
+fn keep_free(ptr: u64, born_by: Option<u64>) {
+    let ts = now_ns();
+    let kept = LostFree {
+        ptr,
+        ts,
+        born_by: born_by.unwrap_or(ts),
+    };
+    if LOST_FREES.push(&kept, 0).is_ok() {
+        bump_counter(counter::FREES_KEPT, 1);
+    } else {
+        bump_counter(counter::FREES_LOST, 1);
+    }
+}
+
+/// The clock of the events' time stamps (`bpf_ktime_get_ns`).
+#[inline(always)]
+pub(crate) fn now_ns() -> u64 {
+    unsafe { bpf_ktime_get_ns() }
 }

@@ -9,6 +9,14 @@
 //! adds so the counts stay exact on a multi-threaded target. Nothing is sent
 //! to user space per event. Exact per-function totals and every way a sample
 //! can lose its stack live in the per-CPU `COUNTERS` array.
+//!
+//! The programs are at the top of this file; the rest is one module per
+//! concern: [`record`] (what the entry programs do, in order), [`nesting`],
+//! [`sample`], [`scratch`] (the per-CPU scratch levels and who owns the
+//! CPU's counts), [`walk`] (the frame walk), [`memo`] (remembered walks),
+//! [`handover`] (walks the tracer finishes), [`aggregate`] (the counts),
+//! [`live`] (live mode's pending calls and events) and [`args`] (cookies
+//! and arguments). Every map and the `CONFIG` global are in [`maps`].
 #![no_std]
 #![no_main]
 // The intrinsics lower to the BPF atomic add and exchange instructions

@@ -28,6 +28,14 @@ pub(crate) static CONFIG: Config = Config {
     exp_table: [0; EXP_TABLE_LEN],
     weight_table: [0; WEIGHT_TABLE_LEN],
 };
+
+/// A `u32` field of [`CONFIG`], read from the global at run time (the
+/// compiler would otherwise fold in the placeholder the source holds).
+#[inline(always)]
+pub(crate) fn config_u32(field: &u32) -> u32 {
+    unsafe { core::ptr::read_volatile(field) }
+}
+
 /// Sizes are placeholders: the tracer sets them before load. Per CPU, so
 /// that threads on different CPUs counting the same stack do not fight
 /// over one cache line; not preallocated, so that its memory grows with the
@@ -98,10 +106,12 @@ pub(crate) static UNWIND_FULL: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
 
+/// Whether [`ENABLED`] is set: the programs count nothing until it is.
 #[inline(always)]
 pub(crate) fn enabled() -> bool {
     ENABLED.get(0).is_some_and(|e| *e != 0)
 }
+
 /// Two halves: `[0, N)` updated with plain adds by the program that owns
 /// its CPU (see [`OWNER`]), `[N, 2N)` with atomic adds by everything
 /// else; the tracer adds the halves.
@@ -113,11 +123,12 @@ pub(crate) static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2 *
 /// adds. A uprobe program can be preempted, by another thread that runs
 /// the same program on the same CPU: that one takes a higher level and
 /// adds atomically to counts of its own, so no plain read-modify-write is
-/// ever interleaved with another on the same word. (An atomic add cost ~3
-/// ns with one thread and ~18 ns with two on this VM; a hot call made
-/// four.)
+/// ever interleaved with another on the same word.
 #[map]
 pub(crate) static OWNER: PerCpuArray<u32> = PerCpuArray::with_max_entries(WALK_LEVELS, 0);
+
+/// Per-thread mode: each thread's name (`comm`), under its thread id, once
+/// it has a key of its own (or a walk handed over).
 #[map]
 pub(crate) static THREAD_NAMES: HashMap<u32, Comm> =
     HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
@@ -181,8 +192,8 @@ impl<T> TaskStorage<T> {
 
 /// Live mode: allocation and free events for the tracer, which keeps the
 /// table of outstanding blocks (no shared map updated per block on the
-/// target's hot path). One ring per CPU (modulo `EVENT_RINGS`): a single
-/// ring shared by all CPUs made two threads pay for each other's events.
+/// target's hot path). One ring per CPU (modulo `EVENT_RINGS`), so that
+/// threads on different CPUs do not contend for one ring.
 /// Submitted without waking the tracer (a wake-up per event would cost
 /// the target a context switch): the tracer drains the rings on a timer.
 /// Sizes are set by the tracer.
@@ -194,13 +205,10 @@ macro_rules! event_rings {
         )*
     };
 }
+
 event_rings!(EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7);
 
 /// Live mode: frees whose event found the ring full (see `LostFree`), in
 /// order; sized by the tracer.
 #[map]
 pub(crate) static LOST_FREES: Queue<LostFree> = Queue::with_max_entries(1, 0);
-#[inline(always)]
-pub(crate) fn config_u32(field: &u32) -> u32 {
-    unsafe { core::ptr::read_volatile(field) }
-}

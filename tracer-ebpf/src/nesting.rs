@@ -34,6 +34,7 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
     let r = unsafe { core::ptr::read_volatile(&CONFIG.bodies[(lo - 1) & (MAX_BODY_RANGES - 1)]) };
     addr >= r.start && addr < r.end
 }
+
 /// Is this call a tail call from another allocator function that was
 /// just counted? It arrives with the same stack pointer and return address
 /// (glibc's reallocarray -> realloc -> malloc; operator delete -> free).

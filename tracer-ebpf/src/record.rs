@@ -19,7 +19,7 @@ use crate::{
     memo::{memo_count, memo_find, memo_frames},
     nesting::{in_allocator_body, tail_called},
     sample::{sample_weight, weighted_bytes},
-    scratch::{give_back, owns_cpu, take_scratch},
+    scratch::{give_back_scratch, owns_cpu, take_scratch},
     walk::{finish_hash, load_chunk, start_walk, walk_stack},
 };
 
@@ -41,7 +41,7 @@ pub(crate) fn record_free(ctx: &ProbeContext, cookie: u64, ptr: u64) -> u32 {
     // check cannot run.)
     let scratch = take_scratch(ctx);
     let tail = tail_called(scratch, sp, ret, ip);
-    give_back(scratch);
+    give_back_scratch(scratch);
     if tail {
         bump_counter(counter::NESTED, 1);
         return 0;
@@ -75,11 +75,14 @@ pub(crate) fn record_alloc(ctx: &ProbeContext) -> u32 {
     }
     let scratch = take_scratch(ctx);
     record_alloc_with_scratch(ctx, scratch, early, weight);
-    give_back(scratch);
+    give_back_scratch(scratch);
     0
 }
 
-/// [`record_alloc`] with a scratch level taken.
+/// [`record_alloc`] with a scratch level taken: reads the direct caller,
+/// checks for nesting, walks the stack (or takes a remembered walk), hands
+/// a walk that missed a rule over to the tracer, and counts the call under
+/// its key (live mode: makes it pending for the return probe).
 #[inline(always)]
 pub(crate) fn record_alloc_with_scratch(
     ctx: &ProbeContext,
@@ -194,7 +197,8 @@ pub(crate) fn record_alloc_with_scratch(
     }
     // A remembered walk of this key counts the call itself; else the map.
     let in_memo = owned
-        && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0 && memo_count(w, func, key_tid, calls_inc, bytes_inc));
+        && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0
+            && memo_count(w, func, key_tid, calls_inc, bytes_inc));
     let counted = count_call(
         func,
         calls_inc,

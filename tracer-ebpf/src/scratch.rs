@@ -10,7 +10,7 @@ use tracer_common::{WalkScratch, WALK_LEVELS};
 use crate::maps::{config_u32, CONFIG, OWNER, WALK};
 
 /// Takes the first free level of this CPU's walk scratch for a call from
-/// the thread whose context is `ctx` ([`give_back`] must follow).
+/// the thread whose context is `ctx` ([`give_back_scratch`] must follow).
 #[inline(always)]
 pub(crate) fn take_scratch(ctx: &ProbeContext) -> Option<*mut WalkScratch> {
     let level = if take_level(0) {
@@ -61,7 +61,7 @@ fn take_higher_level() -> u32 {
 
 /// Gives back the level [`take_scratch`] took.
 #[inline(always)]
-pub(crate) fn give_back(scratch: Option<*mut WalkScratch>) {
+pub(crate) fn give_back_scratch(scratch: Option<*mut WalkScratch>) {
     if let Some(w) = scratch {
         let level = unsafe { core::ptr::read_volatile(&(*w).level) } as u32;
         if let Some(flag) = OWNER.get_ptr_mut(level) {

@@ -14,8 +14,112 @@ use crate::{
     memo::{memo_claim, memo_note, memo_release},
 };
 
-/// One `bpf_loop` step of the walk: up to `FRAMES_PER_STEP` frames (a
-/// callback call per frame cost more than the frame).
+/// Sets the walk off from the probe: `[rsp]` is the direct caller, rbp the
+/// caller's.
+#[inline(always)]
+pub(crate) fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) {
+    w.ip = ip;
+    w.ra = caller;
+    w.sp = sp + 8;
+    w.bp = bp;
+    w.bp_ok = 1;
+    w.hash = STACK_HASH_SEED;
+    w.stack.len = 0;
+    w.stack.stop = if caller == 0 {
+        stop::READ_FAILED
+    } else {
+        stop::MAX_FRAMES
+    };
+    // 0 (--max-stack 0): the direct caller only.
+    w.limit = config_u32(&CONFIG.max_frames) as u64;
+    w.origin = sp;
+    w.check_slot = MEMO_NOWHERE as u64;
+    // Volatile: LLVM would merge the zeroes into a call of a memset that
+    // goes a byte at a time.
+    unsafe {
+        core::ptr::write_volatile(&mut w.memo_hit, 0);
+        core::ptr::write_volatile(&mut w.memo_n, 0);
+        core::ptr::write_volatile(&mut w.memo_span, 0);
+        core::ptr::write_volatile(&mut w.memo_over, 0);
+        core::ptr::write_volatile(&mut w.memo_bp_at, 0);
+        core::ptr::write_volatile(&mut w.memo_uses_bp, 0);
+        core::ptr::write_volatile(&mut w.noting, 0);
+    }
+}
+
+/// Walks the target's stack from the probe (where `[rsp]` is the direct
+/// caller and rbp the caller's) by the unwind rule of each return address,
+/// one `bpf_loop` step per frame. Returns the stack's key and the scratch
+/// holding the frames; with `stack.stop == MISS` the walk stopped at an
+/// address without a rule and the key is not final.
+#[inline(always)]
+pub(crate) fn walk_stack(
+    ctx: &ProbeContext,
+    scratch: Option<*mut WalkScratch>,
+    caller: u64,
+    tid: u32,
+    cookie: u64,
+) -> (u64, Option<*mut WalkScratch>, u64) {
+    let Some(w) = scratch else {
+        bump_counter(counter::STACK_WALK_FAILED, 1);
+        return (STACK_NONE, None, cookie_or(cookie, ctx));
+    };
+    unsafe {
+        // Set off (and checked against the memo) by `record_alloc_with_scratch`.
+        let (sp, bp) = ((*ctx.regs).rsp, (*ctx.regs).rbp);
+        if caller != 0 && (*w).limit != 0 {
+            if (*w).memo_hit != 0 {
+                // Taken before (sampled), else the entry's, else the probe's.
+                let cookie = cookie_or(
+                    if cookie != NO_COOKIE {
+                        cookie
+                    } else {
+                        (*w).cookie
+                    },
+                    ctx,
+                );
+                return ((*w).hit_key, Some(w), cookie);
+            }
+            let cookie = cookie_or(cookie, ctx);
+            bump_counter(counter::WALKS, 1);
+            if core::ptr::read_volatile(&(*w).owned) != 0 {
+                memo_claim(&mut *w, caller, sp, cookie, tid as u64);
+            }
+            run_walk(w);
+            let why = (*w).stack.stop;
+            if why == stop::MISS {
+                memo_release(&mut *w, None);
+                return (0, Some(w), cookie);
+            }
+            let key = finish_hash(&mut *w, why);
+            // A walk that could not read the stack may do better next time.
+            let done = (why != stop::READ_FAILED).then_some((caller, sp, bp, key));
+            memo_release(&mut *w, done);
+            return (key, Some(w), cookie);
+        }
+        let why = (*w).stack.stop;
+        (finish_hash(&mut *w, why), Some(w), cookie_or(cookie, ctx))
+    }
+}
+
+/// Walks frame by frame until the walk ends (`stack.stop` says why).
+#[inline(always)]
+fn run_walk(mut w: *mut WalkScratch) {
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,
+            unwind_step as *mut core::ffi::c_void,
+            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
+            0,
+        );
+    }
+}
+
+/// Frames a `bpf_loop` step of the walk takes on (a callback call per
+/// frame would cost more than the frame).
+const FRAMES_PER_STEP: usize = 8;
+
+/// One `bpf_loop` step of the walk: up to [`FRAMES_PER_STEP`] frames.
 #[inline(never)]
 extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
@@ -31,27 +135,6 @@ extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         k += 1;
     }
     0
-}
-
-const FRAMES_PER_STEP: usize = 8;
-
-/// The rule of return address `ra`: from the direct-mapped cache (an array
-/// lookup the verifier inlines), else from the hash map.
-#[inline(always)]
-fn rule_of(ra: u64) -> Option<UnwindRule> {
-    if let Some(slot) = RULE_CACHE.get(rule_slot(ra)) {
-        // The tracer fills a slot while the target runs, the rule first
-        // and its address after (two updates): the address is read first,
-        // so a slot that names `ra` holds its whole rule.
-        let cached = unsafe { core::ptr::read_volatile(&slot.ra) };
-        if cached == ra {
-            // One 8-byte load (a volatile struct read is one per field).
-            let bits =
-                unsafe { core::ptr::read_volatile(&slot.rule as *const UnwindRule as *const u64) };
-            return Some(unsafe { core::mem::transmute::<u64, UnwindRule>(bits) });
-        }
-    }
-    unsafe { UNWIND_RULES.get(&ra) }.copied()
 }
 
 /// One frame of the walk: finds the rule of the current return address,
@@ -137,6 +220,27 @@ fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
     0
 }
 
+/// The rule of return address `ra`: from the direct-mapped cache (an array
+/// lookup the verifier inlines), else from the hash map.
+#[inline(always)]
+fn rule_of(ra: u64) -> Option<UnwindRule> {
+    if let Some(slot) = RULE_CACHE.get(rule_slot(ra)) {
+        // The tracer fills a slot while the target runs, the rule first
+        // and its address after (two updates): the address is read first,
+        // so a slot that names `ra` holds its whole rule.
+        let cached = unsafe { core::ptr::read_volatile(&slot.ra) };
+        if cached == ra {
+            // One 8-byte load (a volatile struct read is one per field).
+            let bits =
+                unsafe { core::ptr::read_volatile(&slot.rule as *const UnwindRule as *const u64) };
+            return Some(unsafe { core::mem::transmute::<u64, UnwindRule>(bits) });
+        }
+    }
+    unsafe { UNWIND_RULES.get(&ra) }.copied()
+}
+
+/// Ends the walk for reason `why` (a `stop` value): 1, what a frame
+/// returns when the walk is over.
 #[inline(always)]
 fn end_walk(w: &mut WalkScratch, why: u32) -> i64 {
     w.stack.stop = why;
@@ -193,105 +297,4 @@ pub(crate) fn load_chunk(w: &mut WalkScratch, addr: u64) -> bool {
     }
     w.base = addr;
     true
-}
-
-/// Walks the target's stack from the probe (where `[rsp]` is the direct
-/// caller and rbp the caller's) by the unwind rule of each return address,
-/// one `bpf_loop` step per frame. Returns the stack's key and the scratch
-/// holding the frames; with `stack.stop == MISS` the walk stopped at an
-/// address without a rule and the key is not final.
-#[inline(always)]
-pub(crate) fn walk_stack(
-    ctx: &ProbeContext,
-    scratch: Option<*mut WalkScratch>,
-    caller: u64,
-    tid: u32,
-    cookie: u64,
-) -> (u64, Option<*mut WalkScratch>, u64) {
-    let Some(w) = scratch else {
-        bump_counter(counter::STACK_WALK_FAILED, 1);
-        return (STACK_NONE, None, cookie_or(cookie, ctx));
-    };
-    unsafe {
-        // Set off (and checked against the memo) by `record_alloc_with_scratch`.
-        let (sp, bp) = ((*ctx.regs).rsp, (*ctx.regs).rbp);
-        if caller != 0 && (*w).limit != 0 {
-            if (*w).memo_hit != 0 {
-                // Taken before (sampled), else the entry's, else the probe's.
-                let cookie = cookie_or(
-                    if cookie != NO_COOKIE {
-                        cookie
-                    } else {
-                        (*w).cookie
-                    },
-                    ctx,
-                );
-                return ((*w).hit_key, Some(w), cookie);
-            }
-            let cookie = cookie_or(cookie, ctx);
-            bump_counter(counter::WALKS, 1);
-            if core::ptr::read_volatile(&(*w).owned) != 0 {
-                memo_claim(&mut *w, caller, sp, cookie, tid as u64);
-            }
-            run_walk(w);
-            let why = (*w).stack.stop;
-            if why == stop::MISS {
-                memo_release(&mut *w, None);
-                return (0, Some(w), cookie);
-            }
-            let key = finish_hash(&mut *w, why);
-            // A walk that could not read the stack may do better next time.
-            let done = (why != stop::READ_FAILED).then_some((caller, sp, bp, key));
-            memo_release(&mut *w, done);
-            return (key, Some(w), cookie);
-        }
-        let why = (*w).stack.stop;
-        (finish_hash(&mut *w, why), Some(w), cookie_or(cookie, ctx))
-    }
-}
-
-/// Sets the walk off from the probe: `[rsp]` is the direct caller, rbp the
-/// caller's.
-#[inline(always)]
-pub(crate) fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) {
-    w.ip = ip;
-    w.ra = caller;
-    w.sp = sp + 8;
-    w.bp = bp;
-    w.bp_ok = 1;
-    w.hash = STACK_HASH_SEED;
-    w.stack.len = 0;
-    w.stack.stop = if caller == 0 {
-        stop::READ_FAILED
-    } else {
-        stop::MAX_FRAMES
-    };
-    // 0 (--max-stack 0): the direct caller only.
-    w.limit = config_u32(&CONFIG.max_frames) as u64;
-    w.origin = sp;
-    w.check_slot = MEMO_NOWHERE as u64;
-    // Volatile: LLVM would merge the zeroes into a call of a memset that
-    // goes a byte at a time.
-    unsafe {
-        core::ptr::write_volatile(&mut w.memo_hit, 0);
-        core::ptr::write_volatile(&mut w.memo_n, 0);
-        core::ptr::write_volatile(&mut w.memo_span, 0);
-        core::ptr::write_volatile(&mut w.memo_over, 0);
-        core::ptr::write_volatile(&mut w.memo_bp_at, 0);
-        core::ptr::write_volatile(&mut w.memo_uses_bp, 0);
-        core::ptr::write_volatile(&mut w.noting, 0);
-    }
-}
-
-/// Walks frame by frame until the walk ends (`stack.stop` says why).
-#[inline(always)]
-fn run_walk(mut w: *mut WalkScratch) {
-    unsafe {
-        aya_ebpf::helpers::generated::bpf_loop(
-            (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,
-            unwind_step as *mut core::ffi::c_void,
-            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
-            0,
-        );
-    }
 }
