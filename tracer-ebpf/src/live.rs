@@ -21,7 +21,6 @@ use crate::{
 };
 
 /// Live mode: the call is in flight until its return probe.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn set_pending(
     p: &mut Pending,

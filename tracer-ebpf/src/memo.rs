@@ -324,7 +324,7 @@ pub(crate) fn memo_claim(w: &mut WalkScratch, caller: u64, sp: u64, cookie: u64,
     if won {
         memo_flush(e);
         unsafe {
-            (*e).func = (cookie & (MAX_FUNCS as u64 - 1)) as u64;
+            (*e).func = cookie & (MAX_FUNCS as u64 - 1);
             (*e).tid = tid;
             (*e).ip = w.ip;
             (*e).cookie = cookie;
