@@ -5,8 +5,9 @@
 //! probe finds the arguments.
 //!
 //! Count mode aggregates in the kernel: per (user stack, direct caller,
-//! function, thread) the number of calls and requested bytes, with atomic
-//! adds so the counts stay exact on a multi-threaded target. Nothing is sent
+//! function, thread) the number of calls and requested bytes, exact on a
+//! multi-threaded target (plain adds by the program that owns its CPU,
+//! atomic adds by any that preempted it: see [`scratch`]). Nothing is sent
 //! to user space per event. Exact per-function totals and every way a sample
 //! can lose its stack live in the per-CPU `COUNTERS` array.
 //!
