@@ -4,7 +4,8 @@
 //! needs and does nothing when it is already there:
 //! - Debian's Rust toolchain with its library source (`rustc-web`,
 //!   `cargo-web`, `rust-web-src`): rustup's toolchains cannot build
-//!   `core` for `bpfel-unknown-none` here;
+//!   `core` for `bpfel-unknown-none` here; and its clippy
+//!   (`rust-web-clippy`), which lints the BPF crate for that target;
 //! - LLVM 22 (`llvm-22-dev`) and `bpf-linker` 0.13.0 built against it.
 
 use std::{
@@ -70,10 +71,11 @@ enum Task {
 /// fixtures; the browser that opens the HTML report in its test
 /// (chromium), the terminal the live view and the status line are tested
 /// in (tmux), and `man`, which renders the man page in its test.
-const APT_PACKAGES: [&str; 15] = [
+const APT_PACKAGES: [&str; 16] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
+    "rust-web-clippy",
     "llvm-22-dev",
     "protobuf-compiler",
     "golang-github-google-pprof-dev",

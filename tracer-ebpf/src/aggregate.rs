@@ -1,0 +1,119 @@
+//! In-kernel aggregation: the per-function counters and the counts per
+//! aggregation key (`COUNTS`), with plain adds by the program that owns its
+//! CPU and atomic adds by any other.
+
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_current_comm};
+use tracer_common::{counter, CountKey, CountValue};
+
+use crate::maps::{COUNTERS, COUNTS, THREAD_NAMES};
+
+/// The error `bpf_map_update_elem` returns, negated, for a key that
+/// `BPF_NOEXIST` found present.
+pub(crate) const EEXIST: i32 = 17;
+
+/// Adds `by` to counter `index` (a `counter::*` index), atomically, in
+/// the half of the counters everything but the CPU's owner adds to.
+#[inline(always)]
+pub(crate) fn bump_counter(index: u32, by: u64) {
+    if let Some(p) = COUNTERS.get_ptr_mut(index + counter::N) {
+        // Per-CPU, but a uprobe program can be preempted: stay atomic.
+        atomic_add(p, by);
+    }
+}
+
+/// Adds to counter `index`: plainly, in the owner's half, when this
+/// program owns the CPU ([`OWNER`](crate::maps::OWNER)), else as
+/// [`bump_counter`] does.
+#[inline(always)]
+fn bump_counter_owned(index: u32, by: u64, owned: bool) {
+    if !owned {
+        return bump_counter(index, by);
+    }
+    if let Some(p) = COUNTERS.get_ptr_mut(index) {
+        unsafe { core::ptr::write_volatile(p, core::ptr::read_volatile(p) + by) };
+    }
+}
+
+/// `*p += by` as one atomic instruction.
+#[inline(always)]
+fn atomic_add(p: *mut u64, by: u64) {
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by);
+    }
+}
+
+/// Counts a call of `func` in the per-function totals and, given its key,
+/// in the aggregation map (false when the key has no entry yet), with
+/// plain adds when the program owns the CPU ([`OWNER`](crate::maps::OWNER)).
+#[inline(always)]
+pub(crate) fn count_call(
+    func: u32,
+    calls: u64,
+    bytes: u64,
+    key: Option<&CountKey>,
+    owned: bool,
+) -> bool {
+    bump_counter_owned(counter::CALLS + func, calls, owned);
+    bump_counter_owned(counter::BYTES + func, bytes, owned);
+    key.is_none_or(|k| add_to_count(k, calls, bytes, owned))
+}
+
+/// Adds a call to the count of `key`, if it has one: plainly when this
+/// program owns the CPU, else atomically to the value's second half.
+#[inline(always)]
+pub(crate) fn add_to_count(key: &CountKey, calls: u64, bytes: u64, owned: bool) -> bool {
+    match COUNTS.get_ptr_mut(key) {
+        Some(v) => {
+            unsafe {
+                if owned {
+                    (*v).calls += calls;
+                    (*v).bytes += bytes;
+                } else {
+                    atomic_add(&raw mut (*v).calls_shared, calls);
+                    atomic_add(&raw mut (*v).bytes_shared, bytes);
+                }
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+/// Inserts a new aggregation key with its first counts; true when this
+/// call created it. `hits` is the number of calls the counts stand for,
+/// lost (and counted so) when the map is full.
+#[inline(always)]
+pub(crate) fn insert_count(key: &CountKey, calls: u64, bytes: u64, hits: u64) -> bool {
+    let first = CountValue {
+        calls,
+        bytes,
+        calls_shared: 0,
+        bytes_shared: 0,
+    };
+    match COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
+        Ok(()) => true,
+        // Another CPU inserted the key between our lookup and insert.
+        Err(e) if e == -EEXIST => {
+            if !add_to_count(key, calls, bytes, false) {
+                bump_counter(counter::MAP_FULL, hits);
+            }
+            false
+        }
+        Err(_) => {
+            bump_counter(counter::MAP_FULL, hits);
+            false
+        }
+    }
+}
+
+/// Per-thread mode: the name of a thread with a new key.
+#[inline(always)]
+pub(crate) fn name_thread(tid: u32) {
+    if let Ok(comm) = bpf_get_current_comm() {
+        if THREAD_NAMES.insert(&tid, &comm, 0).is_err() {
+            bump_counter(counter::THREAD_NAMES_FULL, 1);
+        }
+    }
+}

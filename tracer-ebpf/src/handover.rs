@@ -1,0 +1,181 @@
+//! The miss hand-over: a walk that met a return address without an unwind
+//! rule goes to the tracer, with a copy of the stack from there.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_current_comm};
+use tracer_common::{
+    counter, miss_stack_id, stop, MissEvent, WalkScratch, MAX_FRAMES, MISS_COPY_SIZES, STACK_COPY,
+};
+
+use crate::{
+    aggregate::bump_counter,
+    live::now_ns,
+    maps::{CONFIG, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
+    walk::finish_hash,
+};
+
+/// Hands a walk that met an address without a rule to the tracer: where it
+/// stopped and a copy of the stack from there. Returns the call's stack id
+/// (live mode's events carry it), `None` when the ring had no room.
+#[inline(always)]
+pub(crate) fn send_miss(
+    w: &mut WalkScratch,
+    func: u32,
+    tid: u32,
+    caller: u64,
+    calls: u64,
+    bytes: u64,
+) -> Option<u64> {
+    if UNWIND_FULL.get(0).is_some_and(|f| *f != 0) {
+        finish_hash(w, stop::RULES_FULL);
+        return None;
+    }
+    bump_counter(counter::UNWIND_MISSES, 1);
+    if tid != 0 {
+        // Per thread: the kernel may never count this thread's calls
+        // itself (where its name is recorded otherwise).
+        if let Ok(comm) = bpf_get_current_comm() {
+            let _ = THREAD_NAMES.insert(&tid, &comm, BPF_NOEXIST as u64);
+        }
+    }
+    // Unique: a CPU copies one stack at a time, and a copy outlasts the
+    // clock's nanosecond.
+    // (The BPF target here has no fetch-and-add for a counter.)
+    let cpu = unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() } as u64;
+    let id = miss_stack_id(((now_ns() & ((1 << 52) - 1)) << 8) | (cpu & 0xff));
+    // The copy goes from the page of the return address's slot to the end
+    // of the stack's mapping (the thread's outermost frame lies below it),
+    // or on the main thread to where its frames end, in the smallest
+    // record that holds it.
+    let from = w.sp - 8;
+    let base = from & !4095;
+    let end = mapping_end(from);
+    let mut top = if end > from {
+        end
+    } else {
+        base + STACK_COPY as u64
+    };
+    let start = unsafe { core::ptr::read_volatile(&CONFIG.stack_start) };
+    if start > from && start < top {
+        top = start + 64;
+    }
+    let total = top - base;
+    let head = (id, func, tid, caller, calls, bytes);
+    let sent = if total <= MISS_COPY_SIZES[0] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[1] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[1] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[2] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[2] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[3] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[3] }>(w, head, base, total)
+    } else {
+        send_copy::<STACK_COPY>(w, head, base, total)
+    };
+    if !sent {
+        bump_counter(counter::UNWIND_MISSES_LOST, 1);
+        return None;
+    }
+    Some(id)
+}
+
+/// The end of the target's mapping that holds `addr`, 0 when it cannot be
+/// found (another thread holds the address space's lock, say).
+#[inline(always)]
+fn mapping_end(addr: u64) -> u64 {
+    let mut end: u64 = 0;
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_find_vma(
+            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+            addr,
+            vma_end as *mut core::ffi::c_void,
+            &mut end as *mut u64 as *mut core::ffi::c_void,
+            0,
+        );
+    }
+    end
+}
+
+/// `bpf_find_vma`'s callback: the mapping's `vm_end` (the second word of
+/// `struct vm_area_struct`, after `vm_start`).
+#[inline(never)]
+extern "C" fn vma_end(
+    _task: *mut core::ffi::c_void,
+    vma: *mut core::ffi::c_void,
+    end: *mut core::ffi::c_void,
+) -> i64 {
+    unsafe { *(end as *mut u64) = core::ptr::read_volatile((vma as *const u64).add(1)) };
+    0
+}
+
+/// One [`MissEvent`] with `N` bytes of copy: the walk so far and the
+/// target's stack from `base` (a page boundary), `total` bytes of it (at
+/// most `N`) in one read; where that fails (a page never touched under a
+/// large local buffer), a page at a time, the pages that cannot be read
+/// marked as holes. False when the ring is full.
+#[inline(always)]
+fn send_copy<const N: usize>(
+    w: &mut WalkScratch,
+    (id, func, tid, caller, calls, bytes): (u64, u32, u32, u64, u64, u64),
+    base: u64,
+    total: u64,
+) -> bool {
+    let Some(mut entry) = UNWIND_MISSES.reserve::<MissEvent<N>>(0) else {
+        return false;
+    };
+    let ev = entry.as_mut_ptr();
+    unsafe {
+        (*ev).stack_id = id;
+        (*ev).func = func;
+        (*ev).tid = tid;
+        (*ev).caller = caller;
+        (*ev).calls = calls;
+        (*ev).bytes = bytes;
+        (*ev).n = w.stack.len;
+        (*ev).ra = w.ra;
+        (*ev).sp = w.sp;
+        (*ev).bp = w.bp;
+        (*ev).bp_ok = w.bp_ok;
+        (*ev).skip = ((w.sp - 8) & 4095) as u32;
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            (*ev).frames.as_mut_ptr() as *mut core::ffi::c_void,
+            (MAX_FRAMES * 8) as u32,
+            w.stack.frames.as_ptr() as *const core::ffi::c_void,
+        );
+        let len = if total < N as u64 {
+            total as u32
+        } else {
+            N as u32
+        };
+        (*ev).copied = len;
+        (*ev).holes = 0;
+        if aya_ebpf::helpers::generated::bpf_probe_read_user(
+            (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
+            len,
+            base as *const core::ffi::c_void,
+        ) != 0
+        {
+            // A page that cannot be read is zeroed by the helper.
+            let mut holes = 0u32;
+            let mut page = 0usize;
+            while page < N / 4096 {
+                let at = page * 4096;
+                if at as u32 >= len {
+                    break;
+                }
+                if aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    (*ev).copy.as_mut_ptr().add(at) as *mut core::ffi::c_void,
+                    4096,
+                    (base + at as u64) as *const core::ffi::c_void,
+                ) != 0
+                {
+                    holes |= 1 << page;
+                }
+                page += 1;
+            }
+            (*ev).holes = holes;
+        }
+    }
+    // Wake the tracer: the sooner it adds the rules, the fewer copies.
+    entry.submit(0);
+    true
+}

@@ -1,0 +1,214 @@
+//! Every map of the programs, the `CONFIG` global the tracer writes
+//! before load, and the task storage map type aya-ebpf lacks.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
+};
+use tracer_common::{
+    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, LostFree, Pending,
+    StackFrames, UnwindRule, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_BODY_RANGES,
+    MAX_FRAMES, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS, WEIGHT_TABLE_LEN,
+};
+
+/// Written by the tracer before load (`EbpfLoader::set_global`).
+#[no_mangle]
+pub(crate) static CONFIG: Config = Config {
+    per_thread: 0,
+    live: 0,
+    sample_mode: SAMPLE_NONE,
+    max_frames: MAX_FRAMES as u32,
+    sample_param: 0,
+    sample_scale: 0,
+    stack_start: 0,
+    n_bodies: 0,
+    _pad: 0,
+    bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
+    exp_table: [0; EXP_TABLE_LEN],
+    weight_table: [0; WEIGHT_TABLE_LEN],
+};
+
+/// A `u32` field of [`CONFIG`], read from the global at run time (the
+/// compiler would otherwise fold in the placeholder the source holds).
+#[inline(always)]
+pub(crate) fn config_u32(field: &u32) -> u32 {
+    unsafe { core::ptr::read_volatile(field) }
+}
+
+/// Sizes are placeholders: the tracer sets them before load. Per CPU, so
+/// that threads on different CPUs counting the same stack do not fight
+/// over one cache line; not preallocated, so that its memory grows with the
+/// keys in use rather than with keys times CPUs.
+#[map]
+pub(crate) static COUNTS: PerCpuHashMap<CountKey, CountValue> =
+    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Every distinct stack, once, under its hash. Inserted only when a new
+/// aggregation key appears, so not preallocated.
+#[map]
+pub(crate) static STACKS: HashMap<u64, StackFrames> =
+    HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Scratch space of the stack walk, per CPU: a program takes the first
+/// level whose flag in [`OWNER`] is free (a uprobe program can be
+/// preempted mid-walk by another thread's on the same CPU) and holds it
+/// until it returns.
+#[map]
+pub(crate) static WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(WALK_LEVELS, 0);
+
+/// The threads' last counted allocator entries ([`EntryMark`]), slot by a
+/// hash of the thread. Two threads whose hashes meet share a slot; each
+/// CPU's last mark ([`CPU_MARK`]) covers the thread that finds its slot
+/// taken, unless it also moved to another CPU in between.
+#[map]
+pub(crate) static MARKS: Array<EntryMark> = Array::with_max_entries(MARK_SLOTS, 0);
+
+/// The last entry mark made on each CPU.
+#[map]
+pub(crate) static CPU_MARK: PerCpuArray<EntryMark> = PerCpuArray::with_max_entries(1, 0);
+
+/// Remembered walks ([`WalkMemo`]), per CPU: a call whose stack holds the
+/// words an earlier walk from the same place read is not walked again.
+#[map]
+pub(crate) static MEMO: PerCpuArray<WalkMemo> = PerCpuArray::with_max_entries(MEMO_ENTRIES + 1, 0);
+
+/// The [`MEMO`] entry a walk that remembers nothing writes its notes in
+/// (never read).
+pub(crate) const MEMO_NOWHERE: u32 = MEMO_ENTRIES;
+
+/// Unwind rules by return address, filled by the tracer (size set by the
+/// tracer). Not preallocated: a process uses a few hundred of its 65,536
+/// entries, and each traced process of a tree has its own (5 MiB each when
+/// preallocated); a lookup costs the same.
+#[map]
+pub(crate) static UNWIND_RULES: HashMap<u64, UnwindRule> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// A direct-mapped cache in front of `UNWIND_RULES`, filled by the tracer
+/// (slot [`rule_slot`] of the return address, when free).
+#[map]
+pub(crate) static RULE_CACHE: Array<CachedRule> = Array::with_max_entries(RULE_CACHE_SLOTS, 0);
+
+/// Walks the tracer finishes (size set by the tracer).
+#[map]
+pub(crate) static UNWIND_MISSES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// Set by the tracer when `UNWIND_RULES` is full: walks that miss a rule
+/// then end there instead of being handed over, again and again.
+#[map]
+pub(crate) static UNWIND_FULL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Set by the tracer once every probe is attached, cleared when tracing
+/// ends: by pid the probes go in one after the other while the target
+/// runs, and without the flag `malloc` would count calls whose `free` is
+/// not probed yet.
+#[map]
+static ENABLED: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether [`ENABLED`] is set: the programs count nothing until it is.
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    ENABLED.get(0).is_some_and(|e| *e != 0)
+}
+
+/// Two halves: `[0, N)` updated with plain adds by the program that owns
+/// its CPU (see [`OWNER`]), `[N, 2N)` with atomic adds by everything
+/// else; the tracer adds the halves.
+#[map]
+pub(crate) static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2 * counter::N, 0);
+
+/// Per CPU and level of [`WALK`]: 1 while a program holds the level. The
+/// program at level 0 owns its CPU's counts and updates them with plain
+/// adds. A uprobe program can be preempted, by another thread that runs
+/// the same program on the same CPU: that one takes a higher level and
+/// adds atomically to counts of its own, so no plain read-modify-write is
+/// ever interleaved with another on the same word.
+#[map]
+pub(crate) static OWNER: PerCpuArray<u32> = PerCpuArray::with_max_entries(WALK_LEVELS, 0);
+
+/// Per-thread mode: each thread's name (`comm`), under its thread id, once
+/// it has a key of its own (or a walk handed over).
+#[map]
+pub(crate) static THREAD_NAMES: HashMap<u32, Comm> =
+    HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Sampled by bytes: bytes left until the next sample, per CPU. The byte
+/// stream of each CPU is sampled as a Poisson process; a thread that moves
+/// between CPUs just continues another CPU's countdown, which the
+/// memorylessness of exponential intervals makes harmless.
+#[map]
+pub(crate) static COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Live mode: the thread's allocating call between its entry and its
+/// return, in task-local storage (no shared hash map on the hot path).
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "PENDING")]
+pub(crate) static PENDING: TaskStorage<Pending> = TaskStorage::new();
+
+/// A BTF-defined task storage map (aya-ebpf 0.2.1 has none): one value per
+/// thread, created on first use.
+#[repr(C)]
+pub(crate) struct TaskStorage<T> {
+    r#type: *const [i32; aya_ebpf::bindings::bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
+
+// SAFETY: placeholders the loader reads from BTF; never dereferenced.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    const fn new() -> Self {
+        TaskStorage {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The current thread's value, created zeroed when `create`.
+    #[inline(always)]
+    pub(crate) fn current(&self, create: bool) -> Option<&mut T> {
+        let p = unsafe {
+            aya_ebpf::helpers::generated::bpf_task_storage_get(
+                self as *const Self as *mut core::ffi::c_void,
+                aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+                core::ptr::null_mut(),
+                if create {
+                    aya_ebpf::bindings::BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+                } else {
+                    0
+                },
+            )
+        } as *mut T;
+        unsafe { p.as_mut() }
+    }
+}
+
+/// Live mode: allocation and free events for the tracer, which keeps the
+/// table of outstanding blocks (no shared map updated per block on the
+/// target's hot path). One ring per CPU (modulo `EVENT_RINGS`), so that
+/// threads on different CPUs do not contend for one ring.
+/// Submitted without waking the tracer (a wake-up per event would cost
+/// the target a context switch): the tracer drains the rings on a timer.
+/// Sizes are set by the tracer.
+macro_rules! event_rings {
+    ($($name:ident),*) => {
+        $(
+            #[map]
+            pub(crate) static $name: RingBuf = RingBuf::with_byte_size(4096, 0);
+        )*
+    };
+}
+
+event_rings!(EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7);
+
+/// Live mode: frees whose event found the ring full (see `LostFree`), in
+/// order; sized by the tracer.
+#[map]
+pub(crate) static LOST_FREES: Queue<LostFree> = Queue::with_max_entries(1, 0);

@@ -1,0 +1,71 @@
+//! The nesting check: a call the allocator makes itself (from inside a
+//! probed function's body) or a tail call from a function just counted is
+//! not counted again.
+
+use tracer_common::{EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES};
+
+use crate::maps::{config_u32, CONFIG, CPU_MARK, MARKS};
+
+/// Is `addr` inside one of the probed allocator functions? Then this call
+/// is the allocator calling itself and was counted by the outer call.
+#[inline(always)]
+pub(crate) fn in_allocator_body(addr: u64) -> bool {
+    // The ranges are sorted and do not overlap: the last one starting at or
+    // below `addr` is the only candidate. Six halvings cover 64.
+    let n = config_u32(&CONFIG.n_bodies) as usize;
+    let (mut lo, mut hi) = (0usize, n.min(MAX_BODY_RANGES));
+    let mut step = 0;
+    while step < 7 {
+        if lo >= hi {
+            break;
+        }
+        let mid = ((lo + hi) / 2) & (MAX_BODY_RANGES - 1);
+        let start = unsafe { core::ptr::read_volatile(&CONFIG.bodies[mid].start) };
+        if addr < start {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+        step += 1;
+    }
+    if lo == 0 {
+        return false;
+    }
+    let r = unsafe { core::ptr::read_volatile(&CONFIG.bodies[(lo - 1) & (MAX_BODY_RANGES - 1)]) };
+    addr >= r.start && addr < r.end
+}
+
+/// Is this call a tail call from another allocator function that was
+/// just counted? It arrives with the same stack pointer and return address
+/// (glibc's reallocarray -> realloc -> malloc; operator delete -> free).
+/// The mark stays, so a chain of tail calls is counted once; the next
+/// counted call replaces it. The thread's mark is in its slot of
+/// [`MARKS`] unless another thread took the slot since: then in its CPU's
+/// last mark, unless another thread counted a call there since too.
+#[inline(always)]
+pub(crate) fn tail_called(scratch: Option<*mut WalkScratch>, sp: u64, ret: u64, ip: u64) -> bool {
+    let Some(w) = scratch else {
+        return false;
+    };
+    let me = unsafe { core::ptr::read_volatile(&(*w).me) };
+    let slot = ((me >> 14).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32 & (MARK_SLOTS - 1);
+    let (Some(mine), Some(cpu)) = (MARKS.get_ptr_mut(slot), CPU_MARK.get_ptr_mut(0)) else {
+        return false;
+    };
+    let last = unsafe {
+        if (*mine).me == me {
+            *mine
+        } else {
+            *cpu
+        }
+    };
+    if last.me == me && last.sp == sp && last.ret == ret && last.ip != ip {
+        return true;
+    }
+    let mark = EntryMark { me, ip, sp, ret };
+    unsafe {
+        *mine = mark;
+        *cpu = mark;
+    }
+    false
+}

@@ -1,0 +1,234 @@
+//! What the entry programs do: a freeing call is counted (or sent, in live
+//! mode); an allocating call is checked for nesting, walked (or its walk
+//! remembered), handed over when the walk misses a rule, and counted under
+//! its aggregation key.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    programs::ProbeContext,
+};
+use tracer_common::{counter, stop, CountKey, WalkScratch, MAX_FUNCS, SAMPLE_NONE, WEIGHT_ONE};
+
+use crate::{
+    aggregate::{bump_counter, count_call, insert_count, name_thread, EEXIST},
+    args::{attach_cookie, call_args, NO_COOKIE},
+    handover::send_miss,
+    live::{send_free, set_pending},
+    maps::{config_u32, enabled, CONFIG, PENDING, STACKS},
+    memo::{memo_count, memo_find, memo_frames},
+    nesting::{in_allocator_body, tail_called},
+    sample::{sample_weight, weighted_bytes},
+    scratch::{give_back_scratch, owns_cpu, take_scratch},
+    walk::{finish_hash, load_chunk, start_walk, walk_stack},
+};
+
+/// A call of a releasing function (`ptr` is the block). It needs no stack
+/// and no nesting check: a free the allocator makes itself, as
+/// realloc(p, 0) does, is a free all the same. Count mode wants the number
+/// of frees; live mode, which block went when. Sampled, frees are not
+/// counted at all. Only a tail call from another release function
+/// (operator delete jumping to free) is the same free again.
+#[inline(always)]
+pub(crate) fn record_free(ctx: &ProbeContext, cookie: u64, ptr: u64) -> u32 {
+    if !enabled() {
+        return 0;
+    }
+    let func = (cookie as u32) & (MAX_FUNCS - 1);
+    let (sp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rip) };
+    let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    // (Without a scratch level, all four taken on this CPU, the tail-call
+    // check cannot run.)
+    let scratch = take_scratch(ctx);
+    let tail = tail_called(scratch, sp, ret, ip);
+    give_back_scratch(scratch);
+    if tail {
+        bump_counter(counter::NESTED, 1);
+        return 0;
+    }
+    if config_u32(&CONFIG.sample_mode) == SAMPLE_NONE {
+        bump_counter(counter::CALLS + func, 1);
+    }
+    if config_u32(&CONFIG.live) != 0 && ptr != 0 {
+        send_free(ptr);
+    }
+    0
+}
+
+/// A call of an allocating function. Its attach cookie (which function,
+/// where its size is) is taken late: a call that takes a remembered walk
+/// finds it in the walk's entry, a helper call less. Sampled, the size
+/// decides first whether the call is taken at all.
+#[inline(always)]
+pub(crate) fn record_alloc(ctx: &ProbeContext) -> u32 {
+    if !enabled() {
+        return 0;
+    }
+    let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
+    let (mut early, mut weight) = (NO_COOKIE, WEIGHT_ONE);
+    if sampled {
+        let cookie = attach_cookie(ctx);
+        let Some(w) = sample_weight(call_args(ctx, cookie).0) else {
+            return 0;
+        };
+        (early, weight) = (cookie, w);
+    }
+    let scratch = take_scratch(ctx);
+    record_alloc_with_scratch(ctx, scratch, early, weight);
+    give_back_scratch(scratch);
+    0
+}
+
+/// [`record_alloc`] with a scratch level taken: reads the direct caller,
+/// checks for nesting, walks the stack (or takes a remembered walk), hands
+/// a walk that missed a rule over to the tracer, and counts the call under
+/// its key (live mode: makes it pending for the return probe).
+#[inline(always)]
+pub(crate) fn record_alloc_with_scratch(
+    ctx: &ProbeContext,
+    scratch: Option<*mut WalkScratch>,
+    early: u64,
+    weight: u64,
+) {
+    let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
+    let live = config_u32(&CONFIG.live) != 0;
+    let (sp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rip) };
+    // The direct caller's return address is at [rsp]. Read the stack from
+    // there a chunk at a time: the same read usually holds the first
+    // frames of the walk too (without a walk, the caller alone).
+    let walks = config_u32(&CONFIG.max_frames) != 0;
+    let caller = match scratch {
+        Some(w) if walks && load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
+        Some(_) if !walks => unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0),
+        _ => 0,
+    };
+    if caller == 0 {
+        bump_counter(counter::CALLER_READ_FAILED, 1);
+    }
+    // A remembered walk from here, looked for first: a call from the same
+    // place passed the nesting check before.
+    let remembered = match scratch {
+        Some(w) => unsafe {
+            let bp = (*ctx.regs).rbp;
+            start_walk(&mut *w, caller, sp, bp, ip);
+            caller != 0 && (*w).limit != 0 && memo_find(w, caller, sp, bp, ip)
+        },
+        None => false,
+    };
+    // In live mode the pending entry below is the nesting check.
+    if !live && caller != 0 && !remembered && in_allocator_body(caller) {
+        bump_counter(counter::NESTED, 1);
+        return;
+    }
+    let mut pending = None;
+    if live {
+        // In live mode the outer call's pending entry says exactly when the
+        // thread is inside the allocator (the return probes have replaced
+        // return addresses, so the marks below would not match).
+        pending = PENDING.current(true);
+        match &pending {
+            Some(p) if p.active != 0 && sp <= p.sp => {
+                bump_counter(counter::NESTED, 1);
+                return;
+            }
+            Some(_) => {}
+            None => bump_counter(counter::PENDING_FULL, 1),
+        }
+    } else if tail_called(scratch, sp, caller, ip) {
+        bump_counter(counter::NESTED, 1);
+        return;
+    }
+    let per_thread = config_u32(&CONFIG.per_thread) != 0;
+    let tid = match scratch {
+        Some(w) => unsafe { core::ptr::read_volatile(&(*w).tid) as u32 },
+        None if per_thread => bpf_get_current_pid_tgid() as u32,
+        None => 0,
+    };
+    let key_tid = tid;
+    let (stack, walk, cookie) = walk_stack(ctx, scratch, caller, key_tid, early);
+    let func = (cookie as u32) & (MAX_FUNCS - 1);
+    let (size, extra) = call_args(ctx, cookie);
+    let (calls_inc, bytes_inc) = if sampled {
+        bump_counter(counter::SAMPLES, 1);
+        (weight, weighted_bytes(size, weight))
+    } else {
+        (1, size)
+    };
+    let owned = owns_cpu(walk);
+    // A walk that met a return address without a rule goes to the tracer
+    // with a copy of the stack; the tracer counts the call (under the same
+    // key the walk would have made) and adds the missing rules.
+    let stack = match walk {
+        Some(w) if unsafe { (*w).stack.stop } == stop::MISS => {
+            match send_miss(
+                unsafe { &mut *w },
+                func,
+                key_tid,
+                caller,
+                calls_inc,
+                bytes_inc,
+            ) {
+                Some(id) => {
+                    count_call(func, calls_inc, bytes_inc, None, owned);
+                    if let Some(p) = pending {
+                        set_pending(p, caller, id, func, key_tid, size, extra, sp);
+                    }
+                    return;
+                }
+                None => {
+                    let why = match unsafe { (*w).stack.stop } {
+                        stop::RULES_FULL => stop::RULES_FULL,
+                        _ => stop::COPY_LOST,
+                    };
+                    finish_hash(unsafe { &mut *w }, why)
+                }
+            }
+        }
+        _ => stack,
+    };
+    let key = CountKey {
+        stack,
+        func,
+        tid: key_tid,
+        caller,
+    };
+    if let Some(p) = pending {
+        set_pending(p, caller, stack, func, key_tid, size, extra, sp);
+    }
+    // A remembered walk of this key counts the call itself; else the map.
+    let in_memo = owned
+        && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0
+            && memo_count(w, func, key_tid, calls_inc, bytes_inc));
+    let counted = count_call(
+        func,
+        calls_inc,
+        bytes_inc,
+        (!in_memo).then_some(&key),
+        owned,
+    );
+    if !counted && insert_count(&key, calls_inc, bytes_inc, 1) {
+        if per_thread {
+            name_thread(tid);
+        }
+        // A new key: make sure its stack is stored (once per stack). A
+        // remembered walk has no frames: walk again for them.
+        let walk = match walk {
+            Some(w) if unsafe { (*w).memo_hit } != 0 => {
+                if memo_frames(w) {
+                    Some(w)
+                } else {
+                    bump_counter(counter::STACK_WALK_FAILED, 1);
+                    None
+                }
+            }
+            other => other,
+        };
+        if let Some(w) = walk {
+            if let Err(e) = STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
+                if e != -EEXIST {
+                    bump_counter(counter::STACK_MAP_FULL, 1);
+                }
+            }
+        }
+    }
+}
