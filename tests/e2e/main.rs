@@ -42,6 +42,7 @@ mod families;
 mod lifecycle;
 mod live;
 mod losses;
+mod names;
 mod outputs;
 mod sampling;
 mod support;

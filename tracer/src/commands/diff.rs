@@ -8,7 +8,7 @@ use crate::{
     diff::{self, gate},
     error::UserError,
     profile::{file as profile_file, Profile},
-    render::{diff_table, flamegraph::Kind, folded},
+    render::{diff_table, flamegraph::Kind, folded, text::printable_profile},
     sinks::{print_stdout, write_file, write_flamegraph},
 };
 
@@ -20,8 +20,12 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         .collect::<Result<Vec<_>, String>>()
         .map_err(|e| anyhow::Error::new(UserError::with_code(e, profile_file::EXIT_BAD_INPUT)))?;
     let weight = config::diff_weight(args.stacks.weight)?;
+    // Names from the traced processes, made printable on both sides
+    // alike, so that they still match.
     let base = profile_file::read(&args.base)?;
+    let base = printable_profile(&base);
     let new = profile_file::read(&args.new)?;
+    let new = printable_profile(&new);
     let d = diff::diff(&base, &new);
 
     let mut out = format!(

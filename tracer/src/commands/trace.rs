@@ -20,6 +20,7 @@ use crate::{
     },
     error::{UserError, EXIT_USAGE},
     profile::{Meta, Probe, Profile},
+    render::text::printable,
     session::{self, End, Inputs, ProcSettings, Session, Signals, TracedProcess, TreeRequest},
     sinks::{Report, Sink, Snapshots},
     tracee::{self, launch, launch::TreeEvent, AddressSpace, ExitHold, RunAs},
@@ -350,9 +351,9 @@ fn tracing_line(config: &TraceConfig, root: &TracedProcess, meta: &Meta) -> Stri
     format!(
         "mtrace: tracing pid {} ({}): {} probes in {}{}{}",
         root.pid,
-        tracee::comm(root.pid),
+        printable(&tracee::comm(root.pid)),
         root.probes.attached.len(),
-        meta.allocator_object,
+        printable(&meta.allocator_object),
         match &config.target {
             Target::Command(_) if config.follow => ", and every process it starts",
             Target::Pid(_) if config.children => ", and its children, present and to come",
@@ -380,7 +381,7 @@ fn watchers(
     if top {
         let title = format!(
             "mtrace top: pid {pid} ({}), {} mode{}",
-            tracee::comm(pid),
+            printable(&tracee::comm(pid)),
             if config.mode.live { "live" } else { "count" },
             match command_log {
                 Some(log) => format!(", the command's output in {}", log.display()),

@@ -8,6 +8,7 @@ use anyhow::Result;
 use super::{Session, TracedProcess};
 use crate::{
     profile::{merge, Meta, ProcessMeta},
+    render::text::printable,
     tracee::{self, launch::TreeEvent, AddressSpace, Mapping},
 };
 
@@ -212,9 +213,9 @@ impl Session {
                             let meta = &proc.meta;
                             let said = format!(
                                 "pid {pid} exec'd {}: {} probes in {} ({})",
-                                meta.executable,
+                                printable(&meta.executable),
                                 meta.probes.len(),
-                                meta.allocator_object,
+                                printable(&meta.allocator_object),
                                 meta.allocator_family
                             );
                             // The root's program is the trace's; the

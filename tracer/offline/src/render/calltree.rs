@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 
 use crate::profile::{Counts, Profile, StackEntry};
 
-use super::text::{bytes, count, WIDTH};
+use super::text::{bytes, count, printable_profile, WIDTH};
 use super::{is_allocation, percent, SortKey, StackWeight};
 
 /// Nodes under this share of all (in percent) are left out unless
@@ -119,6 +119,7 @@ fn key(c: Counts, sort: SortKey) -> (u64, u64) {
 /// Nodes under `threshold_pct` of the sort key (under [`MIN_SHARE_PCT`]
 /// when it is 0) are left out. Every line ends with a newline.
 pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> String {
+    let profile = &*printable_profile(profile);
     let root = build(profile);
     let min_pct = min_share(threshold_pct);
     let what = match sort {

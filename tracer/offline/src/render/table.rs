@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 
 use crate::profile::{Losses, Profile};
 
-use super::text::{bytes, count, frame_text, quality_lines, wrap_list, Paint};
+use super::text::{bytes, count, frame_text, printable_profile, quality_lines, wrap_list, Paint};
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
 
 mod leaks;
@@ -35,6 +35,7 @@ const UNTRACED_SHOWN: usize = 10;
 
 /// Renders the report. Every line ends with a newline.
 pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
+    let profile = &*printable_profile(profile);
     let paint = Paint::new(opts.color);
     let mut out = String::new();
     out.push_str(&header(profile, paint));

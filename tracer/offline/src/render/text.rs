@@ -11,11 +11,114 @@
 //! raw bytes below 1 KiB as `512 B` with a space and one decimal above
 //! without options, and this is six lines.
 
-use std::fmt::Write as _;
+use std::{borrow::Cow, fmt::Write as _};
 
 use anstyle::{AnsiColor, Style};
 
-use crate::profile::{Frame, StackQuality};
+use crate::profile::{Frame, Profile, StackQuality};
+
+/// Characters a terminal acts on rather than shows: C0 and C1 controls
+/// and DEL (escape sequences, carriage return, bell) and the bidirectional
+/// overrides and isolates, which reorder what follows them.
+fn unprintable(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with every character a terminal would act on written as its
+/// escape (`\u{1b}`), so that names from the traced process (its name,
+/// arguments, thread names, symbols) cannot move the cursor, set the
+/// title or hide text.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(unprintable) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unprintable(c) {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Calls `$f` on every name in `$profile` that the traced process chose
+/// (command, executable and object paths, process and thread names,
+/// function, file and module names), by reference (`ref`) or by mutable
+/// reference (`mut`): one list of the fields for reading and rewriting.
+macro_rules! each_name {
+    (ref $profile:expr, $f:expr) => {
+        each_name!(@ $profile, $f, &)
+    };
+    (mut $profile:expr, $f:expr) => {
+        each_name!(@ $profile, $f, &mut)
+    };
+    (@ $profile:expr, $f:expr, $($r:tt)+) => {{
+        let profile = $profile;
+        #[allow(unused_mut)]
+        let mut f = $f;
+        let m = $($r)+ profile.meta;
+        f($($r)+ m.command);
+        f($($r)+ m.executable);
+        f($($r)+ m.allocator_object);
+        f($($r)+ m.allocator_beside);
+        for p in $($r)+ m.processes {
+            f($($r)+ p.name);
+            f($($r)+ p.command);
+            f($($r)+ p.executable);
+            f($($r)+ p.allocator_object);
+        }
+        for probe in $($r)+ m.probes {
+            f($($r)+ probe.function);
+        }
+        for st in $($r)+ profile.stacks {
+            f($($r)+ st.func);
+            if let Some(t) = $($r)+ st.thread {
+                f($($r)+ t.name);
+            }
+            if let Some(r) = $($r)+ st.process {
+                f($($r)+ r.name);
+            }
+            for frame in $($r)+ st.frames {
+                f($($r)+ frame.function);
+                if let Some(file) = $($r)+ frame.file {
+                    f(file);
+                }
+                if let Some(module) = $($r)+ frame.module {
+                    f(module);
+                }
+            }
+        }
+    }};
+}
+
+/// `profile` with every name that came from the traced process made
+/// [`printable`]; borrowed when there was nothing to change. Text
+/// renderers take this before they write a line.
+pub fn printable_profile(profile: &Profile) -> Cow<'_, Profile> {
+    let mut dirty = profile
+        .totals
+        .per_func
+        .keys()
+        .any(|k| k.chars().any(unprintable));
+    each_name!(ref profile, |name: &String| dirty |=
+        name.chars().any(unprintable));
+    if !dirty {
+        return Cow::Borrowed(profile);
+    }
+    let mut clean = profile.clone();
+    each_name!(mut &mut clean, |name: &mut String| {
+        if let Cow::Owned(fixed) = printable(name) {
+            *name = fixed;
+        }
+    });
+    clean.totals.per_func = std::mem::take(&mut clean.totals.per_func)
+        .into_iter()
+        .map(|(k, v)| (printable(&k).into_owned(), v))
+        .collect();
+    Cow::Owned(clean)
+}
 
 /// The width every line of the report keeps to (but for frames and paths,
 /// which are never cut).
@@ -247,6 +350,37 @@ impl Paint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_from_the_target_cannot_drive_the_terminal() {
+        assert_eq!(printable("malloc"), Cow::Borrowed("malloc"));
+        assert_eq!(
+            printable("a\x1b]0;owned\x07b\rc\u{202e}d"),
+            "a\\u{1b}]0;owned\\u{7}b\\u{d}c\\u{202e}d"
+        );
+        let mut p = Profile::default();
+        p.meta.command = "./x \x1b[2J".into();
+        p.stacks.push(crate::profile::StackEntry {
+            func: "malloc".into(),
+            frames: vec![Frame {
+                function: "f\x1b[31m".into(),
+                ..Frame::default()
+            }],
+            thread: Some(crate::profile::Thread {
+                tid: 1,
+                name: "t\x07".into(),
+            }),
+            ..Default::default()
+        });
+        let clean = printable_profile(&p);
+        assert!(matches!(clean, Cow::Owned(_)));
+        assert_eq!(clean.meta.command, "./x \\u{1b}[2J");
+        assert_eq!(clean.stacks[0].frames[0].function, "f\\u{1b}[31m");
+        assert_eq!(clean.stacks[0].thread.as_ref().unwrap().name, "t\\u{7}");
+        p.meta.command = "./x".into();
+        p.stacks.clear();
+        assert!(matches!(printable_profile(&p), Cow::Borrowed(_)));
+    }
 
     #[test]
     fn sizes_in_binary_units() {

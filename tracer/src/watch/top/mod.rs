@@ -41,7 +41,7 @@ use tokio::sync::oneshot;
 use crate::{
     error::{UserError, EXIT_USAGE},
     profile::Profile,
-    render::SortKey,
+    render::{text::printable_profile, SortKey},
     watch::{Tick, Watcher},
 };
 
@@ -176,6 +176,7 @@ fn read_keys(screen: Arc<Mutex<Screen>>, done: Arc<AtomicBool>, stop: oneshot::S
 impl Watcher for TopView {
     fn tick(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()> {
         let profile = profile()?;
+        let profile = printable_profile(&profile);
         let mut s = self.screen.lock().unwrap();
         s.model.update(&profile, tick);
         s.redraw();
