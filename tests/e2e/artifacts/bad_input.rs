@@ -26,10 +26,10 @@ fn bad_profiles_exit_2() {
     )
     .unwrap();
     let text = String::from_utf8(text).unwrap();
-    assert!(text.contains("\"schema_version\": 1,"));
-    let v99 = text.replacen("\"schema_version\": 1,", "\"schema_version\": 99,", 1);
+    assert!(text.contains("\"schema_version\": 2,"));
+    let v99 = text.replacen("\"schema_version\": 2,", "\"schema_version\": 99,", 1);
     fs::write(p("v99.json"), v99).unwrap();
-    let v_text = text.replacen("\"schema_version\": 1,", "\"schema_version\": \"1\",", 1);
+    let v_text = text.replacen("\"schema_version\": 2,", "\"schema_version\": \"2\",", 1);
     fs::write(p("v-text.json"), v_text).unwrap();
     // Values no trace produces.
     let duration = text.find("\"duration_secs\": ").unwrap();
@@ -56,7 +56,7 @@ fn bad_profiles_exit_2() {
         ("v99.json", "version 99"),
         (
             "v-text.json",
-            "schema_version must be a number, found \"1\"",
+            "schema_version must be a number, found \"2\"",
         ),
         ("negative.json", "corrupt profile: duration_secs is -5"),
         ("huge.json", "over the 1024 MiB"),

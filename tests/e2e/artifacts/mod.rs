@@ -10,6 +10,7 @@ mod bad_input;
 mod diff;
 mod html;
 mod pprof;
+mod scale;
 mod schema_roundtrip;
 mod snapshots;
 mod speedscope;

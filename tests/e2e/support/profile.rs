@@ -17,7 +17,8 @@ pub fn schema_path() -> PathBuf {
 }
 
 /// Loads the profile at `path`, asserts that it validates against the
-/// schema (listing every error), and returns it.
+/// schema (listing every error), and returns it with each stack's frames
+/// in the stack (see [`inline_frames`]).
 pub fn validate_profile(path: &Path) -> Value {
     let schema_text = fs::read_to_string(schema_path())
         .unwrap_or_else(|e| panic!("reading {}: {e}", schema_path().display()));
@@ -25,7 +26,7 @@ pub fn validate_profile(path: &Path) -> Value {
     let validator = jsonschema::validator_for(&schema).expect("the schema does not compile");
     let text = fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("reading profile {}: {e}", path.display()));
-    let doc: Value = serde_json::from_str(&text)
+    let mut doc: Value = serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("profile {} is not JSON: {e}", path.display()));
     let errors: Vec<String> = validator
         .iter_errors(&doc)
@@ -38,7 +39,32 @@ pub fn validate_profile(path: &Path) -> Value {
         schema_path().display(),
         errors.join("\n")
     );
+    inline_frames(&mut doc);
     doc
+}
+
+/// Replaces each stack's frame indexes (schema version 2) by the frames
+/// they name in the `frames` table, as version 1 held them: the tests
+/// read a stack's frames from the stack.
+fn inline_frames(doc: &mut Value) {
+    let Some(Value::Array(table)) = doc.get("frames").cloned() else {
+        return;
+    };
+    let inline = |stacks: &mut Value| {
+        for stack in stacks.as_array_mut().into_iter().flatten() {
+            for f in stack["frames"].as_array_mut().expect("frames").iter_mut() {
+                let i = f.as_u64().expect("a frame index") as usize;
+                *f = table.get(i).cloned().expect("a frame index in the table");
+            }
+        }
+    };
+    inline(&mut doc["stacks"]);
+    if let Some(delta) = doc
+        .get_mut("snapshot")
+        .and_then(|s| s.get_mut("delta_stacks"))
+    {
+        inline(delta);
+    }
 }
 
 /// The allocator function whose stacks are frees, not allocations.

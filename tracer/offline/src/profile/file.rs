@@ -3,43 +3,257 @@
 //! and `mtrace diff`. The schema is `tracer/schema/profile.schema.json`.
 //! Writing files is the tracer's `sinks` (one place for every output).
 
-use std::path::Path;
+use std::{collections::HashMap, fmt::Write as _, path::Path};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
-use crate::{error::UserError, profile::Profile};
+use crate::{
+    error::UserError,
+    profile::{
+        Counts, Frame, LiveStats, LiveTotals, Losses, Meta, ProcessRef, Profile, Snapshot,
+        StackEntry, StackQuality, Thread, Timeline, Totals,
+    },
+};
 
 /// The `format` field of every profile file.
 pub const FORMAT: &str = "mtrace-profile";
-/// Bumped on any incompatible change of the file's layout.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Bumped on any incompatible change of the file's layout. Version 2 keeps
+/// each distinct frame once, in a table (`frames`), and a stack's
+/// `frames` are indexes into it; version 1 repeated every frame in full
+/// in every stack.
+pub const SCHEMA_VERSION: u32 = 2;
+/// The oldest version still read.
+pub const OLDEST_SCHEMA_VERSION: u32 = 1;
 
 /// Exit code for unreadable, truncated or wrong-version input.
 pub const EXIT_BAD_INPUT: i32 = 2;
 
+/// A version 2 file as written: the profile with its frames interned.
 #[derive(Serialize)]
 struct FileOut<'a> {
     format: &'static str,
     schema_version: u32,
-    #[serde(flatten)]
-    profile: &'a Profile,
+    meta: &'a Meta,
+    /// Every distinct frame once, one to a line.
+    frames: Vec<Box<RawValue>>,
+    stacks: Vec<StackOut<'a>>,
+    totals: &'a Totals,
+    losses: &'a Losses,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stack_quality: &'a Option<StackQuality>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live: &'a Option<LiveTotals>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snapshot: Option<SnapshotOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: &'a Option<Timeline>,
 }
 
+/// A [`StackEntry`] whose frames are indexes into the frame table, on one
+/// line.
+#[derive(Serialize)]
+struct StackOut<'a> {
+    function: &'a str,
+    frames: Box<RawValue>,
+    truncated: bool,
+    thread: &'a Option<Thread>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process: &'a Option<ProcessRef>,
+    calls: u64,
+    bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live: &'a Option<LiveStats>,
+}
+
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    index: u32,
+    elapsed_secs: f64,
+    delta_allocs: Counts,
+    delta_frees: u64,
+    delta_stacks: Vec<StackOut<'a>>,
+}
+
+/// Numbers each distinct frame in the order first met.
+#[derive(Default)]
+struct Interner<'a> {
+    index: HashMap<&'a Frame, usize>,
+    frames: Vec<&'a Frame>,
+}
+
+impl<'a> Interner<'a> {
+    fn stack(&mut self, e: &'a StackEntry) -> StackOut<'a> {
+        let mut list = String::with_capacity(2 + e.frames.len() * 7);
+        list.push('[');
+        for (n, f) in e.frames.iter().enumerate() {
+            let next = self.frames.len();
+            let i = *self.index.entry(f).or_insert(next);
+            if i == next {
+                self.frames.push(f);
+            }
+            if n > 0 {
+                list.push(',');
+            }
+            let _ = write!(list, "{i}");
+        }
+        list.push(']');
+        StackOut {
+            function: &e.func,
+            frames: raw(list),
+            truncated: e.truncated,
+            thread: &e.thread,
+            process: &e.process,
+            calls: e.counts.calls,
+            bytes: e.counts.bytes,
+            live: &e.live,
+        }
+    }
+}
+
+/// JSON text this module made itself.
+fn raw(json: String) -> Box<RawValue> {
+    RawValue::from_string(json).expect("well-formed JSON")
+}
+
+/// The profile as a version 2 file.
+pub fn to_json(profile: &Profile) -> String {
+    let mut interner = Interner::default();
+    let stacks = profile.stacks.iter().map(|e| interner.stack(e)).collect();
+    let snapshot = profile.snapshot.as_ref().map(|s| SnapshotOut {
+        index: s.index,
+        elapsed_secs: s.elapsed_secs,
+        delta_allocs: s.delta_allocs,
+        delta_frees: s.delta_frees,
+        delta_stacks: s.delta_stacks.iter().map(|e| interner.stack(e)).collect(),
+    });
+    // Serializing plain data cannot fail.
+    let frames = interner
+        .frames
+        .iter()
+        .map(|f| serde_json::value::to_raw_value(f).expect("a frame serializes"))
+        .collect();
+    let doc = FileOut {
+        format: FORMAT,
+        schema_version: SCHEMA_VERSION,
+        meta: &profile.meta,
+        frames,
+        stacks,
+        totals: &profile.totals,
+        losses: &profile.losses,
+        stack_quality: &profile.stack_quality,
+        live: &profile.live,
+        snapshot,
+        timeline: &profile.timeline,
+    };
+    serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
+}
+
+/// A version 1 file: [`Profile`] as it serializes.
 #[derive(Deserialize)]
-struct FileIn {
+struct FileV1 {
     #[serde(flatten)]
     profile: Profile,
 }
 
-pub fn to_json(profile: &Profile) -> String {
-    let doc = FileOut {
-        format: FORMAT,
-        schema_version: SCHEMA_VERSION,
-        profile,
-    };
-    // Serializing plain data to a String cannot fail.
-    serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
+/// A version 2 file, frames still indexes.
+#[derive(Deserialize)]
+struct FileV2 {
+    meta: Meta,
+    frames: Vec<Frame>,
+    stacks: Vec<StackIn>,
+    totals: Totals,
+    losses: Losses,
+    #[serde(default)]
+    stack_quality: Option<StackQuality>,
+    #[serde(default)]
+    live: Option<LiveTotals>,
+    #[serde(default)]
+    snapshot: Option<SnapshotIn>,
+    #[serde(default)]
+    timeline: Option<Timeline>,
+}
+
+#[derive(Deserialize)]
+struct StackIn {
+    function: String,
+    frames: Vec<usize>,
+    truncated: bool,
+    thread: Option<Thread>,
+    #[serde(default)]
+    process: Option<ProcessRef>,
+    calls: u64,
+    bytes: u64,
+    #[serde(default)]
+    live: Option<LiveStats>,
+}
+
+#[derive(Deserialize)]
+struct SnapshotIn {
+    index: u32,
+    elapsed_secs: f64,
+    delta_allocs: Counts,
+    delta_frees: u64,
+    delta_stacks: Vec<StackIn>,
+}
+
+impl FileV2 {
+    /// The profile with every frame index replaced by its frame.
+    fn resolve(self) -> Result<Profile, String> {
+        let table = self.frames;
+        let resolve = |stacks: Vec<StackIn>| -> Result<Vec<StackEntry>, String> {
+            stacks
+                .into_iter()
+                .map(|s| {
+                    let frames = s
+                        .frames
+                        .iter()
+                        .map(|&i| {
+                            table.get(i).cloned().ok_or_else(|| {
+                                format!(
+                                    "corrupt profile: a stack names frame {i} of {}",
+                                    table.len()
+                                )
+                            })
+                        })
+                        .collect::<Result<_, _>>()?;
+                    Ok(StackEntry {
+                        func: s.function,
+                        frames,
+                        truncated: s.truncated,
+                        thread: s.thread,
+                        process: s.process,
+                        counts: Counts {
+                            calls: s.calls,
+                            bytes: s.bytes,
+                        },
+                        live: s.live,
+                    })
+                })
+                .collect()
+        };
+        let snapshot = match self.snapshot {
+            Some(s) => Some(Snapshot {
+                index: s.index,
+                elapsed_secs: s.elapsed_secs,
+                delta_allocs: s.delta_allocs,
+                delta_frees: s.delta_frees,
+                delta_stacks: resolve(s.delta_stacks)?,
+            }),
+            None => None,
+        };
+        Ok(Profile {
+            meta: self.meta,
+            stacks: resolve(self.stacks)?,
+            totals: self.totals,
+            losses: self.losses,
+            stack_quality: self.stack_quality,
+            live: self.live,
+            snapshot,
+            timeline: self.timeline,
+        })
+    }
 }
 
 fn bad_input(path: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -49,8 +263,8 @@ fn bad_input(path: &Path, what: impl std::fmt::Display) -> anyhow::Error {
     ))
 }
 
-/// The largest profile file `report` and `diff` read (a profile of a
-/// million stacks is some 600 MB).
+/// The largest profile file `report` and `diff` read (a profile of 100,000
+/// distinct stacks 35 frames deep is some tens of MB).
 pub const MAX_PROFILE_BYTES: u64 = 1 << 30;
 
 /// Reads a profile file; every failure is a one-line error with exit code
@@ -91,39 +305,53 @@ pub fn read(path: &Path) -> Result<Profile> {
     parse(&text).map_err(|what| bad_input(path, what))
 }
 
-/// Parses the text of a profile file, or says what is wrong with it.
+/// The two fields that say what a file is; everything else is skipped
+/// unread.
+#[derive(Deserialize)]
+struct Header {
+    format: Option<serde_json::Value>,
+    schema_version: Option<serde_json::Value>,
+}
+
+/// Parses the text of a profile file (of any version from
+/// [`OLDEST_SCHEMA_VERSION`] to [`SCHEMA_VERSION`]), or says what is wrong
+/// with it.
 pub fn parse(text: &str) -> Result<Profile, String> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        if e.is_eof() {
-            format!("truncated profile (ends at line {})", e.line())
-        } else {
-            format!("not a JSON profile: {e}")
+    let header = match serde_json::from_str::<Header>(text) {
+        Ok(h) => h,
+        Err(e) if e.is_eof() => {
+            return Err(format!("truncated profile (ends at line {})", e.line()))
         }
-    })?;
-    let format = value.get("format").and_then(|f| f.as_str());
+        // Well-formed JSON, but not an object.
+        Err(e) if e.is_data() => Header {
+            format: None,
+            schema_version: None,
+        },
+        Err(e) => return Err(format!("not a JSON profile: {e}")),
+    };
+    let format = header.format.as_ref().and_then(|f| f.as_str());
     if format != Some(FORMAT) {
         return Err(format!(
             "not an mtrace profile (format is {}, expected \"{FORMAT}\")",
             format.map_or("missing".to_string(), |f| format!("\"{f}\""))
         ));
     }
-    match value.get("schema_version").and_then(|v| v.as_u64()) {
-        Some(v) if v == SCHEMA_VERSION as u64 => {}
-        Some(v) => {
+    let malformed = |e: serde_json::Error| format!("malformed profile: {e}");
+    let profile = match header.schema_version.as_ref().map(|v| (v, v.as_u64())) {
+        Some((_, Some(1))) => serde_json::from_str::<FileV1>(text)
+            .map_err(malformed)?
+            .profile,
+        Some((_, Some(2))) => serde_json::from_str::<FileV2>(text)
+            .map_err(malformed)?
+            .resolve()?,
+        Some((_, Some(v))) => {
             return Err(format!(
-                "profile schema version {v} is not supported by this mtrace (it reads version {SCHEMA_VERSION})"
+                "profile schema version {v} is not supported by this mtrace (it reads versions {OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION})"
             ))
         }
-        None => {
-            return Err(match value.get("schema_version") {
-                Some(v) => format!("schema_version must be a number, found {v}"),
-                None => "profile has no schema_version".into(),
-            })
-        }
-    }
-    let profile = serde_json::from_value::<FileIn>(value)
-        .map(|f| f.profile)
-        .map_err(|e| format!("malformed profile: {e}"))?;
+        Some((v, None)) => return Err(format!("schema_version must be a number, found {v}")),
+        None => return Err("profile has no schema_version".into()),
+    };
     check_values(&profile)?;
     Ok(profile)
 }
@@ -161,6 +389,70 @@ fn check_values(p: &Profile) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::profile::{Counts, Frame, StackEntry};
+
+    #[test]
+    fn deep_distinct_stacks_make_a_small_file() {
+        // A tenth of the 100,000 stacks of tests/e2e/artifacts/scale.rs
+        // (a debug build takes long over those).
+        let p = crate::profile::synthetic::deep_stacks(10_000, 35);
+        let text = to_json(&p);
+        // Each frame of the 350 is written once; a stack is its counts
+        // and 35 indexes. Version 1 repeated the frames: 117 MB.
+        assert!(text.len() < 4 << 20, "{} bytes", text.len());
+        let back = parse(&text).unwrap();
+        assert!(back == p, "the profile reads back as written");
+    }
+
+    #[test]
+    fn frames_are_written_once() {
+        let mut p = sample();
+        let mut second = p.stacks[0].clone();
+        let mut outer = second.frames[0].clone();
+        outer.function = "main".into();
+        outer.addr += 1;
+        second.frames.push(outer.clone());
+        second.func = "calloc".into();
+        p.stacks.push(second);
+        p.snapshot = Some(crate::profile::Snapshot {
+            index: 1,
+            delta_stacks: vec![p.stacks[1].clone()],
+            ..Default::default()
+        });
+        p.totals.allocs.calls *= 2;
+        let text = to_json(&p);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["frames"].as_array().unwrap().len(), 2, "{text}");
+        assert_eq!(doc["stacks"][0]["frames"], serde_json::json!([0]));
+        assert_eq!(doc["stacks"][1]["frames"], serde_json::json!([0, 1]));
+        assert_eq!(
+            doc["snapshot"]["delta_stacks"][0]["frames"],
+            serde_json::json!([0, 1])
+        );
+        // A stack's indexes are on one line, and so is each frame.
+        assert!(text.contains("\"frames\": [0,1],\n"), "{text}");
+        assert!(text.contains("\n    {\"function\":\"main\","), "{text}");
+        assert_eq!(parse(&text).unwrap(), p);
+        // An index past the table is refused.
+        let bad = text.replace("[0,1]", "[0,2]");
+        assert_eq!(
+            parse(&bad).unwrap_err(),
+            "corrupt profile: a stack names frame 2 of 2"
+        );
+    }
+
+    /// The renderers' golden input is a version 1 file.
+    const VERSION_1: &str = include_str!("../../tests/data/render/profile.json");
+
+    #[test]
+    fn version_1_files_still_read() {
+        assert!(VERSION_1.contains("\"schema_version\": 1,"));
+        let old = parse(VERSION_1).unwrap();
+        assert!(old.stacks.iter().any(|e| e.frames.len() > 1));
+        // Written again, as version 2: the same profile.
+        let text = to_json(&old);
+        assert!(text.contains("\"schema_version\": 2,"));
+        assert_eq!(parse(&text).unwrap(), old);
+    }
 
     fn sample() -> Profile {
         let mut p = Profile::default();
@@ -210,10 +502,10 @@ mod tests {
 
     #[test]
     fn a_schema_version_of_the_wrong_type_says_so() {
-        let text = to_json(&sample()).replace("\"schema_version\": 1", "\"schema_version\": \"1\"");
+        let text = to_json(&sample()).replace("\"schema_version\": 2", "\"schema_version\": \"2\"");
         assert_eq!(
             parse(&text).unwrap_err(),
-            "schema_version must be a number, found \"1\""
+            "schema_version must be a number, found \"2\""
         );
     }
 
@@ -221,7 +513,7 @@ mod tests {
     fn round_trips() {
         let p = sample();
         let text = to_json(&p);
-        assert!(text.contains("\"schema_version\": 1"));
+        assert!(text.contains("\"schema_version\": 2"));
         assert_eq!(parse(&text).unwrap(), p);
     }
 
@@ -234,7 +526,7 @@ mod tests {
 
     #[test]
     fn wrong_version_is_refused() {
-        let text = to_json(&sample()).replace("\"schema_version\": 1", "\"schema_version\": 99");
+        let text = to_json(&sample()).replace("\"schema_version\": 2", "\"schema_version\": 99");
         let err = parse(&text).unwrap_err();
         assert!(err.contains("version 99"), "{err}");
     }
@@ -258,6 +550,18 @@ mod tests {
         let mut bad = doc.clone();
         bad["meta"]["surprise"] = serde_json::json!(1);
         assert!(!validator.is_valid(&bad));
+        // Version 2 stacks name frames by index, version 1 stacks hold
+        // them; each validates as its version only.
+        let v1: serde_json::Value = serde_json::from_str(VERSION_1).unwrap();
+        let errors: Vec<String> = validator.iter_errors(&v1).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{errors:?}");
+        let mut v1_as_v2 = v1.clone();
+        v1_as_v2["schema_version"] = serde_json::json!(2);
+        v1_as_v2["frames"] = serde_json::json!([]);
+        assert!(!validator.is_valid(&v1_as_v2));
+        let mut v2_as_v1 = doc.clone();
+        v2_as_v1["schema_version"] = serde_json::json!(1);
+        assert!(!validator.is_valid(&v2_as_v1));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub mod file;
 pub mod merge;
 pub mod snapshot;
+pub mod synthetic;
 
 /// One source-level frame. An inlined function gets a frame of its own with
 /// `inlined = true`.

@@ -50,7 +50,30 @@ pub struct Node {
     pub total: Counts,
     /// Stacks whose direct caller is this node.
     pub own: Counts,
-    pub children: Vec<Node>,
+    /// Its children, as indexes into [`Tree::nodes`].
+    pub children: Vec<usize>,
+}
+
+/// The top-down tree, its nodes in one vector (no node owns another, so
+/// no walk of it, not even its drop, recurses as deep as a stack is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tree {
+    /// `nodes[0]` is the unnamed root.
+    pub nodes: Vec<Node>,
+}
+
+impl Tree {
+    pub fn root(&self) -> &Node {
+        &self.nodes[0]
+    }
+
+    /// The child of `node` named `name`.
+    pub fn child(&self, node: &Node, name: &str) -> Option<&Node> {
+        node.children
+            .iter()
+            .map(|&i| &self.nodes[i])
+            .find(|c| c.name == name)
+    }
 }
 
 /// The frame names of `entry`, outermost first (`[no frames]` when it has
@@ -74,29 +97,30 @@ fn path(entry: &StackEntry) -> Vec<&str> {
 }
 
 /// The tree of every allocation stack under an unnamed root whose total
-/// is all of them; children in no particular order.
-pub fn build(profile: &Profile) -> Node {
-    let mut root = Node::default();
+/// is all of them; children in no particular order. Linear in the frames
+/// of the stacks: a node's child is found by hashing its name.
+pub fn build(profile: &Profile) -> Tree {
+    let mut nodes = vec![Node::default()];
+    let mut child_of: HashMap<(usize, &str), usize> = HashMap::new();
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-        root.total.add(entry.counts);
-        let mut node = &mut root;
+        nodes[0].total.add(entry.counts);
+        let mut at = 0;
         for name in path(entry) {
-            let i = match node.children.iter().position(|c| c.name == name) {
-                Some(i) => i,
-                None => {
-                    node.children.push(Node {
-                        name: name.to_string(),
-                        ..Node::default()
-                    });
-                    node.children.len() - 1
-                }
-            };
-            node = &mut node.children[i];
-            node.total.add(entry.counts);
+            let next = nodes.len();
+            let child = *child_of.entry((at, name)).or_insert(next);
+            if child == next {
+                nodes.push(Node {
+                    name: name.to_string(),
+                    ..Node::default()
+                });
+                nodes[at].children.push(child);
+            }
+            at = child;
+            nodes[at].total.add(entry.counts);
         }
-        node.own.add(entry.counts);
+        nodes[at].own.add(entry.counts);
     }
-    root
+    Tree { nodes }
 }
 
 /// The tree keeps no live bytes per node: [`SortKey::Live`] orders by bytes.
@@ -120,7 +144,8 @@ fn key(c: Counts, sort: SortKey) -> (u64, u64) {
 /// when it is 0) are left out. Every line ends with a newline.
 pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> String {
     let profile = &*printable_profile(profile);
-    let root = build(profile);
+    let tree = build(profile);
+    let root = tree.root();
     let min_pct = min_share(threshold_pct);
     let what = match sort {
         SortKey::Calls => "calls",
@@ -138,7 +163,7 @@ pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> Stri
     );
     let mut hidden = Hidden::default();
     let all = key(root.total, sort).0;
-    write_children(&mut out, &root, 0, sort, all, min_pct, &mut hidden);
+    write_nodes(&mut out, &tree, sort, all, min_pct, &mut hidden);
     if hidden.nodes > 0 {
         let _ = writeln!(
             out,
@@ -158,22 +183,32 @@ struct Hidden {
     counts: Counts,
 }
 
-fn write_children(
+/// The nodes under the root, depth first, each node's children by the
+/// sort key. The nodes still to write are on a stack of their own, not
+/// the call stack: a stack of any depth is written.
+fn write_nodes(
     out: &mut String,
-    node: &Node,
-    depth: usize,
+    tree: &Tree,
     sort: SortKey,
     all: u64,
     min_pct: f64,
     hidden: &mut Hidden,
 ) {
-    let mut children: Vec<&Node> = node.children.iter().collect();
-    children.sort_by(|a, b| {
-        key(b.total, sort)
-            .cmp(&key(a.total, sort))
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    for child in children {
+    // Children pushed in reverse, so the first pops first.
+    let push_children = |todo: &mut Vec<(usize, usize)>, node: &Node, depth: usize| {
+        let mut children: Vec<usize> = node.children.clone();
+        children.sort_by(|&a, &b| {
+            let (a, b) = (&tree.nodes[a], &tree.nodes[b]);
+            key(b.total, sort)
+                .cmp(&key(a.total, sort))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        todo.extend(children.into_iter().rev().map(|c| (c, depth)));
+    };
+    let mut todo = Vec::new();
+    push_children(&mut todo, tree.root(), 0);
+    while let Some((i, depth)) = todo.pop() {
+        let child = &tree.nodes[i];
         let share = percent(key(child.total, sort).0, all);
         if share < min_pct {
             hidden.nodes += 1;
@@ -195,7 +230,7 @@ fn write_children(
             bytes(child.own.bytes),
             child.name
         );
-        write_children(out, child, depth + 1, sort, all, min_pct, hidden);
+        push_children(&mut todo, child, depth + 1);
     }
 }
 
@@ -384,7 +419,8 @@ mod tests {
 
     #[test]
     fn totals_and_self_per_node() {
-        let root = build(&sample());
+        let tree = build(&sample());
+        let root = tree.root();
         assert_eq!(
             root.total,
             Counts {
@@ -392,8 +428,8 @@ mod tests {
                 bytes: 5141
             }
         );
-        let start = root.children.iter().find(|c| c.name == "_start").unwrap();
-        let main = &start.children[0];
+        let start = tree.child(root, "_start").unwrap();
+        let main = tree.child(start, "main").unwrap();
         assert_eq!(
             main.total,
             Counts {
@@ -402,7 +438,7 @@ mod tests {
             }
         );
         assert_eq!(main.own, Counts::default());
-        let a = main.children.iter().find(|c| c.name == "a").unwrap();
+        let a = tree.child(main, "a").unwrap();
         assert_eq!(
             a.total,
             Counts {
@@ -475,6 +511,35 @@ call tree, top-down (nodes under 1% of calls left out)
             last.ends_with(&format!("{}[39] f0", "  ".repeat(MAX_INDENT))),
             "{last}"
         );
+    }
+
+    #[test]
+    fn a_stack_of_100k_frames_is_written_whole() {
+        let p = crate::profile::synthetic::one_deep_stack(100_000);
+        let text = render_tree(&p, SortKey::Calls, 0.0);
+        assert_eq!(text.lines().count(), 2 + 100_000);
+        let last = text.lines().last().unwrap();
+        assert!(last.ends_with("[99999] f0"), "{last}");
+        // The tree is dropped without recursing, too.
+        assert_eq!(build(&p).nodes.len(), 1 + 100_000);
+    }
+
+    #[test]
+    fn a_node_of_100k_children() {
+        let p = crate::profile::synthetic::siblings(100_000);
+        let tree = build(&p);
+        let main = tree.child(tree.root(), "main").unwrap();
+        assert_eq!(main.children.len(), 100_000);
+        assert_eq!(main.total.calls, 100_000);
+        let text = render_tree(&p, SortKey::Calls, 0.0);
+        assert!(
+            text.ends_with(
+                "100000 smaller nodes left out (100000 calls, 781.2 KiB; --threshold to change)\n"
+            ),
+            "{text}"
+        );
+        let text = render_tree(&p, SortKey::Calls, 0.0001);
+        assert_eq!(text.lines().count(), 3 + 100_000);
     }
 
     #[test]
