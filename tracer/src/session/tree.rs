@@ -8,6 +8,7 @@ use anyhow::Result;
 use super::{Session, TracedProcess};
 use crate::{
     profile::{merge, Meta, ProcessMeta},
+    say,
     tracee::{self, launch::TreeEvent, AddressSpace, Mapping},
 };
 
@@ -220,7 +221,7 @@ impl Session {
                             // The root's program is the trace's; the
                             // rest of a tree's execs are for -v.
                             if pid == self.root {
-                                eprintln!("mtrace: {said}");
+                                say!("mtrace: {said}");
                             } else {
                                 log::debug!("{said}");
                             }
