@@ -11,8 +11,8 @@ use std::{
 };
 
 use crate::support::{
-    copy_executable, mtrace::mtrace_command, public_tempdir, require, run_mtrace, Fixture, Mtrace,
-    Profile, LINE_TIMEOUT,
+    copy_executable, mtrace::mtrace_command, names_in, public_tempdir, require, run_mtrace,
+    Fixture, Mtrace, Profile, LINE_TIMEOUT,
 };
 
 /// `mtrace generate ARGS DIR`, which must succeed; the files it wrote,
@@ -23,12 +23,7 @@ fn generate(args: &[&str], dir: &Path) -> Vec<String> {
     all.push(dir.to_str().unwrap());
     let out = run_mtrace(&all);
     out.assert_exit(0);
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
+    names_in(dir)
 }
 
 fn has(program: &str) -> bool {

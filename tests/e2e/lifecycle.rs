@@ -157,14 +157,14 @@ fn sigkilled_mtrace_leaves_no_breakpoints() {
 
 /// The longrun fixture with the first bytes of its allocator functions, to
 /// see probes come and go.
-struct Longrun {
-    fx: FixtureProc,
+pub(crate) struct Longrun {
+    pub(crate) fx: FixtureProc,
     funcs: Vec<(String, u64)>,
     before: Vec<Vec<u8>>,
 }
 
 impl Longrun {
-    fn start() -> Longrun {
+    pub(crate) fn start() -> Longrun {
         Longrun::start_for("2")
     }
 
@@ -202,12 +202,12 @@ impl Longrun {
             .collect()
     }
 
-    fn probed(&self) -> bool {
+    pub(crate) fn probed(&self) -> bool {
         self.windows() != self.before
     }
 
     /// Waits (up to 10 s) for the original code to be back.
-    fn assert_restored(&self) {
+    pub(crate) fn assert_restored(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.probed() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
@@ -218,7 +218,7 @@ impl Longrun {
     /// Lets the fixture end (end of file on its stdin also ends a loop
     /// started with "stdin") and checks its own output; returns the
     /// iterations it made.
-    fn finish(mut self) -> u64 {
+    pub(crate) fn finish(mut self) -> u64 {
         drop(self.fx.stdin.take());
         let line = self.fx.stdout.next_line(EXIT_TIMEOUT);
         let status = self.fx.proc.wait_timeout(EXIT_TIMEOUT);

@@ -39,6 +39,7 @@ mod edge;
 mod errors;
 mod exec;
 mod families;
+mod hostile;
 mod lifecycle;
 mod live;
 mod losses;

@@ -33,7 +33,7 @@ mod commands; // trace (and top), report, diff, generate
 
 // The offline half (model, file format, diff, renderers) is its own crate,
 // with no kernel in its dependency tree.
-use tracer_offline::{diff, error, profile, render, user_error};
+use tracer_offline::{diff, error, profile, render, say, user_error};
 
 use clap::Parser;
 
@@ -73,16 +73,7 @@ fn main() {
                 .downcast_ref::<UserError>()
                 .map(|u| u.code)
                 .unwrap_or(EXIT_FAILURE);
-            // One line: the outermost context and its cause.
-            let msg = match e.downcast_ref::<UserError>() {
-                Some(u) => u.message.clone(),
-                None => e
-                    .chain()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(": "),
-            };
-            eprintln!("mtrace: {}", msg.replace('\n', " "));
+            say!("mtrace: {}", sinks::one_line(&e));
             code
         }
     };
@@ -103,7 +94,7 @@ fn usage_error(e: clap::Error) -> ! {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if let Some(hint) = cli::unknown::hint(&e, &args) {
-        eprintln!("mtrace: {hint}");
+        say!("mtrace: {hint}");
         std::process::exit(EXIT_USAGE);
     }
     let text = e.render().to_string();
@@ -114,10 +105,10 @@ fn usage_error(e: clap::Error) -> ! {
         .map(str::trim)
         .collect();
     let message = message.join(" ");
-    eprintln!("mtrace: {}", message.trim_start_matches("error: "));
+    say!("mtrace: {}", message.trim_start_matches("error: "));
     // clap's usage line of the (sub)command, or the main one.
     match text.lines().find_map(|l| l.strip_prefix("Usage: ")) {
-        _ if std::env::args().nth(1).as_deref() == Some("top") => eprintln!(
+        _ if std::env::args().nth(1).as_deref() == Some("top") => say!(
             "usage: mtrace top [OPTIONS] --pid PID | mtrace top [OPTIONS] -- COMMAND... (--help for all)"
         ),
         Some(usage)
@@ -125,9 +116,9 @@ fn usage_error(e: clap::Error) -> ! {
                 .iter()
                 .any(|s| usage.contains(s)) =>
         {
-            eprintln!("usage: {usage} (--help for all)")
+            say!("usage: {usage} (--help for all)")
         }
-        _ => eprintln!(
+        _ => say!(
             "usage: mtrace [OPTIONS] --pid PID | mtrace [OPTIONS] -- COMMAND... (--help for all)"
         ),
     }

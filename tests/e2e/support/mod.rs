@@ -53,6 +53,16 @@ pub fn require(needed: bool, what: &str) -> bool {
     false
 }
 
+/// Names of the files in `dir`, sorted.
+pub fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// A fresh directory under /tmp that every user can enter (tempfile makes
 /// them 0700).
 pub fn public_tempdir() -> tempfile::TempDir {

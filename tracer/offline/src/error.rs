@@ -53,3 +53,14 @@ macro_rules! user_error {
         anyhow::Error::new($crate::error::UserError::new(format!($($arg)*)))
     };
 }
+
+/// `eprintln!` that cannot panic: a line for the user on stderr. A failed
+/// write (`2>/dev/full`, a closed stderr) is dropped: there is nowhere
+/// left to say it, and the exit code still tells.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

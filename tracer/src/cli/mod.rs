@@ -375,16 +375,24 @@ pub struct StackFiles {
     pub weight: WeightArg,
 }
 
+/// The longest `--duration` and `--interval`: beyond any trace, and far
+/// from overflowing a deadline or a `Duration` made of it.
+const MAX_SECS: f64 = 1e9;
+
 fn parse_duration(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if v.is_finite() && v > 0.0 {
-        Ok(v)
-    } else {
+    if !(v.is_finite() && v > 0.0) {
         Err(format!(
             "duration must be a positive number of seconds, not {s}"
         ))
+    } else if v > MAX_SECS {
+        Err(format!(
+            "duration must be at most {MAX_SECS:e} seconds, not {s}"
+        ))
+    } else {
+        Ok(v)
     }
 }
 

@@ -9,6 +9,7 @@ use crate::{
     error::UserError,
     profile::{file as profile_file, Profile},
     render::{diff_table, flamegraph::Kind, folded, text::printable_profile},
+    say,
     sinks::{print_stdout, write_file, write_flamegraph},
 };
 
@@ -76,7 +77,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     if violations.is_empty() {
         Ok(0)
     } else {
-        eprintln!(
+        say!(
             "mtrace: {} regression{} found",
             violations.len(),
             if violations.len() == 1 { "" } else { "s" }

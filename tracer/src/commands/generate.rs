@@ -144,7 +144,8 @@ type Status = (&'static str, &'static str);
 
 const EXIT_IO: Status = (
     "74",
-    "An output could not be written (a full disk, /dev/full, a closed standard output).",
+    "An output could not be written (a full disk, /dev/full, a closed standard output); \
+     the others were written.",
 );
 
 fn exit_status_trace() -> Vec<Status> {
@@ -163,7 +164,7 @@ fn exit_status_trace() -> Vec<Status> {
         (
             "2",
             "A usage error: bad or missing arguments (mtrace alone included), an unknown \
-             --user, an output whose directory does not exist.",
+             --user, an output whose directory does not exist or is read-only.",
         ),
         EXIT_IO,
         ("126", "The command of launch mode cannot be executed."),

@@ -21,8 +21,9 @@ use crate::{
     error::{UserError, EXIT_USAGE},
     profile::{Meta, Probe, Profile},
     render::text::printable,
+    say,
     session::{self, End, Inputs, ProcSettings, Session, Signals, TracedProcess, TreeRequest},
-    sinks::{Report, Sink, Snapshots},
+    sinks::{check_writable_dir, Outcome, Report, Sink, Snapshots},
     tracee::{self, launch, launch::TreeEvent, AddressSpace, ExitHold, RunAs},
     user_error,
     watch::{self, StatusLine, Watcher},
@@ -69,11 +70,15 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     drop(aside);
     // Report first: detaching waits for the kernel, and the counts are
     // already read.
-    let finished: Result<()> = sinks.iter_mut().try_for_each(|s| s.finish(&profile));
+    // Every sink is given the profile, whichever fails.
+    let mut finished = Outcome::default();
+    for sink in &mut sinks {
+        finished.add(sink.finish(&profile));
+    }
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
     session.detach(matches!(end, End::TargetExited(_)));
-    finished?;
+    finished.result()?;
     Ok(exit_code(end, exit_rx, &config.target, &rt))
 }
 
@@ -111,7 +116,7 @@ fn start(
     if let Some(hold) = exit_hold {
         hold.go();
     }
-    eprintln!("{tracing}");
+    say!("{tracing}");
     let (exit_rx, pidfd) = match exit {
         TargetExit::Launched(rx) => (Some(rx), None),
         TargetExit::Pidfd(fd) => (None, Some(fd)),
@@ -135,13 +140,13 @@ fn conclude(
     aside: &Aside,
     bpf_stats: bool,
 ) -> Result<Profile> {
-    eprintln!(
+    say!(
         "mtrace: tracing ended after {:.1} s: {}",
         session.elapsed().as_secs_f64(),
         end.describe(config.schedule.duration)
     );
     if let Some(log) = &aside.command_log {
-        eprintln!("mtrace: the command's output is in {}", log.display());
+        say!("mtrace: the command's output is in {}", log.display());
     }
     // Counting stops for all functions at once, before the maps are read.
     session.finish()?;
@@ -158,7 +163,7 @@ fn conclude(
     if profile.totals.allocs.calls == 0 {
         // Loud: a process that allocates through something mtrace did not
         // probe must not look like one that allocates nothing.
-        eprintln!(
+        say!(
             "mtrace: no allocation calls counted: probed {} ({}){}",
             profile.meta.allocator_object,
             profile.meta.allocator_family,
@@ -187,14 +192,23 @@ fn checked_config(args: &TraceArgs, top: bool) -> Result<(TraceConfig, Option<Ru
     config.outputs.check()?;
     let run_as = config.user.as_deref().map(RunAs::lookup).transpose()?;
     config.outputs.check_weight(config.mode.live)?;
-    if !config.snapshot_dir.is_dir() {
-        return Err(anyhow::Error::new(UserError::with_code(
+    let snapshots = |why: String| {
+        anyhow::Error::new(UserError::with_code(
             format!(
-                "cannot write snapshots to {}: no such directory",
+                "cannot write snapshots to {}: {why}",
                 config.snapshot_dir.display()
             ),
             EXIT_USAGE,
-        )));
+        ))
+    };
+    if !config.snapshot_dir.is_dir() {
+        return Err(snapshots("no such directory".into()));
+    }
+    // Snapshots asked for (an interval, a directory named) must be
+    // possible; the default directory only serves a SIGUSR1, whose failed
+    // snapshot is said without ending the trace.
+    if config.schedule.interval.is_some() || config.snapshot_dir != Path::new(".") {
+        check_writable_dir(&config.snapshot_dir).map_err(|e| snapshots(e.to_string()))?;
     }
     if top {
         watch::top::check_terminal()?;

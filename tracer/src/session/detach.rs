@@ -7,7 +7,7 @@ use std::{collections::VecDeque, time::Instant};
 use anyhow::Result;
 
 use super::{tree::Tree, Session, TracedProcess};
-use crate::probes::Probes;
+use crate::{probes::Probes, say};
 
 /// The probes of programs that are gone (their process exited or exec'd
 /// another), not yet detached, oldest first, with the pid they were for.
@@ -144,7 +144,7 @@ impl Session {
                 "the {probes} probes of {} exited processes are taken out by a process of their own",
                 self.graveyard.probes.len()
             ),
-            _ => eprintln!(
+            _ => say!(
                 "mtrace: taking out the {probes} probes of {} exited processes (the kernel takes about 0.1 s a probe)",
                 self.graveyard.probes.len()
             ),

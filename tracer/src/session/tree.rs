@@ -9,6 +9,7 @@ use super::{Session, TracedProcess};
 use crate::{
     profile::{merge, Meta, ProcessMeta},
     render::text::printable,
+    say,
     tracee::{self, launch::TreeEvent, AddressSpace, Mapping},
 };
 
@@ -221,7 +222,7 @@ impl Session {
                             // The root's program is the trace's; the
                             // rest of a tree's execs are for -v.
                             if pid == self.root {
-                                eprintln!("mtrace: {said}");
+                                say!("mtrace: {said}");
                             } else {
                                 log::debug!("{said}");
                             }

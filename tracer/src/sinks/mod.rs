@@ -7,8 +7,11 @@
 //! session's loop.
 
 use std::{
+    fs::OpenOptions,
     io::Write,
+    os::unix::fs::{FileTypeExt, OpenOptionsExt},
     path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use anyhow::Result;
@@ -21,6 +24,7 @@ use crate::{
         flamegraph::{self, Kind},
         ReportOptions, StackWeight,
     },
+    say,
 };
 
 /// Something that takes profiles: snapshots while tracing, the final one
@@ -72,9 +76,20 @@ impl Outputs {
         .flatten()
     }
 
-    /// [`check_output_path`] for each of them.
+    /// [`check_output_path`] for each of them, and no path asked for
+    /// twice (the second file would overwrite the first).
     pub fn check(&self) -> Result<()> {
-        self.paths().try_for_each(|p| check_output_path(p))
+        let mut seen = std::collections::HashSet::new();
+        for path in self.paths() {
+            if !seen.insert(path) {
+                return Err(anyhow::Error::new(UserError::with_code(
+                    format!("{} is given for two outputs", path.display()),
+                    EXIT_USAGE,
+                )));
+            }
+            check_output_path(path)?;
+        }
+        Ok(())
     }
 
     /// A usage error when the weight needs a live profile and `live` (the
@@ -97,7 +112,10 @@ impl Outputs {
 pub struct Report(pub Outputs);
 
 impl Sink for Report {
+    /// Every output is attempted: one that fails is said on stderr, the
+    /// others are still written, and the last failure is the result.
     fn finish(&mut self, profile: &Profile) -> Result<()> {
+        let mut outcome = Outcome::default();
         let out = &self.0;
         let mut text = render::table::render(profile, &out.table);
         if out.tree {
@@ -108,52 +126,105 @@ impl Sink for Report {
                 out.table.threshold_pct,
             ));
         }
-        print_stdout(&text)?;
+        outcome.add(print_stdout(&text));
         if let Some(path) = &out.profile {
-            write_file(path, "profile", profile_file::to_json(profile).as_bytes())?;
+            outcome.add(write_file(
+                path,
+                "profile",
+                profile_file::to_json(profile).as_bytes(),
+            ));
         }
         if out.folded.is_some() || out.flamegraph.is_some() {
             let folded = render::folded::render(profile, out.weight, out.table.per_thread);
             if let Some(path) = &out.folded {
-                write_file(path, "folded stacks", folded.as_bytes())?;
+                outcome.add(write_file(path, "folded stacks", folded.as_bytes()));
             }
             if let Some(path) = &out.flamegraph {
                 let title = format!(
                     "mtrace: {} (pid {})",
                     profile.meta.command, profile.meta.pid
                 );
-                write_flamegraph(path, "flamegraph", &folded, &title, out.weight, Kind::Plain)?;
+                outcome.add(write_flamegraph(
+                    path,
+                    "flamegraph",
+                    &folded,
+                    &title,
+                    out.weight,
+                    Kind::Plain,
+                ));
             }
         }
         if let Some(path) = &out.dot {
             let dot = render::calltree::render_dot(profile, out.weight, out.table.threshold_pct);
-            write_file(path, "call graph", dot.as_bytes())?;
+            outcome.add(write_file(path, "call graph", dot.as_bytes()));
         }
         if let Some(path) = &out.pprof {
-            write_file(path, "pprof profile", &render::pprof::render(profile)?)?;
+            outcome.add(
+                render::pprof::render(profile)
+                    .and_then(|bytes| write_file(path, "pprof profile", &bytes)),
+            );
         }
         if let Some(path) = &out.speedscope {
-            write_file(
-                path,
-                "speedscope profile",
-                render::speedscope::render(profile, out.weight)?.as_bytes(),
-            )?;
+            outcome.add(
+                render::speedscope::render(profile, out.weight)
+                    .and_then(|page| write_file(path, "speedscope profile", page.as_bytes())),
+            );
         }
         if let Some(path) = &out.html {
-            let page = render::html::render(profile, &out.table)?;
-            write_file(path, "HTML report", page.as_bytes())?;
+            outcome.add(
+                render::html::render(profile, &out.table)
+                    .and_then(|page| write_file(path, "HTML report", page.as_bytes())),
+            );
         }
-        Ok(())
+        outcome.result()
     }
 }
 
+/// Outputs attempted one after another: every failure but the last is
+/// said at once, the last is the result (said by `main`, with its code).
+#[derive(Default)]
+pub struct Outcome {
+    failed: Option<anyhow::Error>,
+}
+
+impl Outcome {
+    pub fn add(&mut self, result: Result<()>) {
+        if let Err(e) = result {
+            if let Some(earlier) = self.failed.replace(e) {
+                say!("mtrace: {}", one_line(&earlier));
+            }
+        }
+    }
+
+    pub fn result(self) -> Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+}
+
+/// An error as `main` says it: the user's message, or the chain of
+/// causes, on one line.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let msg = match e.downcast_ref::<UserError>() {
+        Some(u) => u.message.clone(),
+        None => e
+            .chain()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(": "),
+    };
+    msg.replace('\n', " ")
+}
+
 /// Snapshots as files `mtrace-PID-NNNN.json` (NNNN counting from 0001) in
-/// a directory, each with what changed since the previous one.
+/// a directory, each with what changed since the previous one. A snapshot
+/// that cannot be written is said at once and the trace goes on; at the
+/// end, how many were not written is an error with exit code [`EXIT_IO`].
 pub struct Snapshots {
     dir: PathBuf,
     pid: u32,
     written: u32,
     last: Option<Profile>,
+    failed: u32,
 }
 
 impl Snapshots {
@@ -163,6 +234,7 @@ impl Snapshots {
             pid,
             written: 0,
             last: None,
+            failed: 0,
         }
     }
 
@@ -183,11 +255,16 @@ impl Sink for Snapshots {
             &profile,
         ));
         let path = self.path(index);
-        write_file(
+        let written = write_file(
             &path,
             "snapshot",
             profile_file::to_json(&profile).as_bytes(),
-        )?;
+        );
+        if let Err(e) = written {
+            say!("mtrace: {}", one_line(&e));
+            self.failed += 1;
+            return Ok(());
+        }
         self.written = index;
         profile.snapshot = None;
         self.last = Some(profile);
@@ -195,13 +272,41 @@ impl Sink for Snapshots {
     }
 
     fn finish(&mut self, _profile: &Profile) -> Result<()> {
-        Ok(())
+        match self.failed {
+            0 => Ok(()),
+            1 => Err(io_error("a snapshot was not written".into())),
+            n => Err(io_error(format!("{n} snapshots were not written"))),
+        }
     }
 }
 
+/// Whether fd 1 was closed when mtrace started (`>&-`). Rust's runtime
+/// opens /dev/null on a closed standard descriptor before `main`, where
+/// the report would vanish unsaid; so fd 1 is looked at earlier, by a
+/// constructor the loader runs before the runtime starts.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+#[used]
+#[link_section = ".init_array"]
+static SEE_STDOUT: extern "C" fn() = {
+    extern "C" fn see_stdout() {
+        // SAFETY: F_GETFD only reads the descriptor's flags.
+        if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+        }
+    }
+    see_stdout
+};
+
 /// Prints `text` on stdout and flushes it; a failed write (a full disk, a
-/// closed pipe) is a one-line error with exit code [`EXIT_IO`].
+/// closed pipe, stdout closed from the start) is a one-line error with
+/// exit code [`EXIT_IO`].
 pub fn print_stdout(text: &str) -> Result<()> {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return Err(io_error(
+            "cannot write the report to stdout: it is closed".into(),
+        ));
+    }
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(text.as_bytes())
@@ -214,7 +319,8 @@ fn io_error(message: String) -> anyhow::Error {
 }
 
 /// Checks, before tracing starts, that `path` can be an output: its
-/// directory exists, and it is not a directory itself.
+/// directory exists and a file can be made in it (not a read-only
+/// directory or file system), and it is not a directory itself.
 pub fn check_output_path(path: &Path) -> Result<()> {
     let bad = |why: &str| {
         anyhow::Error::new(UserError::with_code(
@@ -229,7 +335,60 @@ pub fn check_output_path(path: &Path) -> Result<()> {
     if !dir.is_dir() {
         return Err(bad("no such directory"));
     }
-    Ok(())
+    if device_at(path) {
+        return Ok(());
+    }
+    check_writable_dir(dir).map_err(|e| bad(&format!("{}: {e}", dir.display())))
+}
+
+/// Checks that files can be made in `dir`, as [`write_file`] makes them
+/// (a temporary, removed at once); not a directory is an error too.
+pub fn check_writable_dir(dir: &Path) -> std::io::Result<()> {
+    temporary_in(dir).map(drop)
+}
+
+/// A fresh temporary of an unpredictable name in `dir`, created
+/// exclusively, never through a symbolic link; removed when dropped.
+fn temporary_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix(".mtrace-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+}
+
+/// Whether a character or block device is at `path` itself (not through
+/// a symbolic link): only root makes those, and they are written in place.
+fn device_at(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        let t = m.file_type();
+        t.is_char_device() || t.is_block_device()
+    })
+}
+
+/// Writes `bytes` into the device at `path`, in place. The open never
+/// blocks and never follows a symbolic link, and what it opened must be a
+/// device: a FIFO put there meanwhile is refused, not waited on.
+fn write_device(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    let t = f.metadata()?.file_type();
+    if !(t.is_char_device() || t.is_block_device()) {
+        return Err(std::io::Error::other("not a regular file or a device"));
+    }
+    // Blocking again: a terminal or a slow device is waited for.
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain fcntl on a descriptor this function owns.
+    unsafe {
+        let fd = f.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags == -1 || libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    f.write_all(bytes)?;
+    f.flush()
 }
 
 /// The directory an output file goes to.
@@ -253,7 +412,7 @@ pub fn write_flamegraph(
     match flamegraph::render(folded, title, weight, kind) {
         Ok(svg) => write_file(path, what, &svg),
         Err(e) => {
-            eprintln!("mtrace: no {what} written: {e}");
+            say!("mtrace: no {what} written: {e}");
             Ok(())
         }
     }
@@ -263,34 +422,25 @@ pub fn write_flamegraph(
 /// writes an output file. Safe for root in a directory others can write:
 /// the bytes go to a fresh temporary of an unpredictable name beside
 /// `path` (created exclusively, never through a symbolic link), which is
-/// renamed over `path` (a symbolic link there is replaced, not followed);
-/// a reader never sees half a file. Under sudo the file belongs to the
-/// user who ran sudo (`SUDO_UID`, `SUDO_GID`), readable by all (0644). A
-/// device or FIFO at `path` (`/dev/stdout`, `/dev/full`) is written in
-/// place. Every failure is one line with exit code [`EXIT_IO`].
+/// renamed over `path` (a symbolic link, a FIFO or a socket there is
+/// replaced, never opened); a reader never sees half a file. Under sudo
+/// the file belongs to the user who ran sudo (`SUDO_UID`, `SUDO_GID`),
+/// readable by all (0644). A device at `path` (`/dev/null`, `/dev/full`)
+/// is written in place. Every failure is one line with exit code
+/// [`EXIT_IO`].
 pub fn write_file(path: &Path, what: &str, bytes: &[u8]) -> Result<()> {
     let fail = |e: std::io::Error| io_error(format!("cannot write {}: {e}", path.display()));
-    let special = std::fs::symlink_metadata(path)
-        .is_ok_and(|m| !m.file_type().is_file() && !m.file_type().is_symlink() && !m.is_dir());
-    if special {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(fail)?;
-        f.write_all(bytes).and_then(|()| f.flush()).map_err(fail)?;
+    if device_at(path) {
+        write_device(path, bytes).map_err(fail)?;
     } else {
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".mtrace-")
-            .suffix(".tmp")
-            .tempfile_in(output_dir(path))
-            .map_err(fail)?;
+        let mut tmp = temporary_in(output_dir(path)).map_err(fail)?;
         tmp.write_all(bytes)
             .and_then(|()| tmp.as_file().sync_all())
             .map_err(fail)?;
         give_to_invoking_user(tmp.as_file()).map_err(fail)?;
         tmp.persist(path).map_err(|e| fail(e.error))?;
     }
-    eprintln!("mtrace: wrote {what} to {}", path.display());
+    say!("mtrace: wrote {what} to {}", path.display());
     Ok(())
 }
 
