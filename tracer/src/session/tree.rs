@@ -259,6 +259,11 @@ impl Session {
             OwnedTreeEvent::Exiting { pid } => {
                 if let Some(proc) = self.procs.get(&pid) {
                     proc.space.lock().unwrap().refresh(pid);
+                    // Its memory is still there: the walks waiting in the
+                    // ring are finished now (one that passes code without
+                    // call-frame information reads the call before its
+                    // return address from that memory).
+                    proc.unwind.walks().finish_all();
                 }
                 Ok(true)
             }
