@@ -33,6 +33,18 @@ pub struct Config {
     /// exponential draw `E` into the geometric gap `floor(scale * E) + 1`
     /// between sampled calls (0 for N = 1: every call).
     pub sample_scale: u64,
+    /// `-ln((i + 0.5) / EXP_TABLE_LEN)` in 16.16 (bytes sampling).
+    pub exp_table: [u32; EXP_TABLE_LEN],
+    /// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i) / 256`.
+    pub weight_table: [u32; WEIGHT_TABLE_LEN],
+}
+
+/// What the programs know of the process they serve, written by the
+/// tracer before its probes go in: in a map, not in [`Config`], since a
+/// loaded object serves one process after another.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessConfig {
     /// The main thread's stack pointer at exec (its frames lie below it;
     /// above are its arguments, environment and a random gap of up to 8
     /// KiB): where a walk's copy of the main thread's stack may end. 0:
@@ -45,8 +57,15 @@ pub struct Config {
     /// space: a call whose return address lies in one is the allocator
     /// calling itself (realloc -> malloc) and is not counted again.
     pub bodies: [BodyRange; MAX_BODY_RANGES],
-    /// `-ln((i + 0.5) / EXP_TABLE_LEN)` in 16.16 (bytes sampling).
-    pub exp_table: [u32; EXP_TABLE_LEN],
-    /// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i) / 256`.
-    pub weight_table: [u32; WEIGHT_TABLE_LEN],
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        ProcessConfig {
+            stack_start: 0,
+            n_bodies: 0,
+            _pad: 0,
+            bodies: [BodyRange::default(); MAX_BODY_RANGES],
+        }
+    }
 }

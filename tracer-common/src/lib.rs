@@ -30,6 +30,7 @@ mod pod {
     unsafe impl aya::Pod for CountValue {}
     unsafe impl aya::Pod for BodyRange {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for ProcessConfig {}
     unsafe impl aya::Pod for Pending {}
     unsafe impl aya::Pod for StackFrames {}
     unsafe impl aya::Pod for UnwindRule {}

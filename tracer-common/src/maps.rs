@@ -37,11 +37,14 @@ pub const ENABLED: &str = "ENABLED";
 pub const WALK: &str = "WALK";
 /// Remembered walks, per CPU ([`crate::WalkMemo`]).
 pub const MEMO: &str = "MEMO";
+/// What the programs know of the process they serve
+/// ([`crate::ProcessConfig`]), written by the tracer.
+pub const PROCESS: &str = "PROCESS";
 /// The global the tracer writes before load ([`crate::Config`]).
 pub const CONFIG: &str = "CONFIG";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 14] = [
+pub const ALL_MAPS: [&str; 15] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -56,6 +59,7 @@ pub const ALL_MAPS: [&str; 14] = [
     LOST_FREES,
     WALK,
     MEMO,
+    PROCESS,
 ];
 
 /// The benchmark's floor: a program that does nothing, attached where the

@@ -9,7 +9,7 @@ use tracer_common::{
 use crate::{
     aggregate::bump_counter,
     live::now_ns,
-    maps::{CONFIG, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
+    maps::{PROCESS, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
     walk::finish_hash,
 };
 
@@ -54,7 +54,7 @@ pub(crate) fn send_miss(
     } else {
         base + STACK_COPY as u64
     };
-    let start = unsafe { core::ptr::read_volatile(&CONFIG.stack_start) };
+    let start = PROCESS.get(0).map_or(0, |p| p.stack_start);
     if start > from && start < top {
         top = start + 64;
     }

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, LostFree, Pending,
-    StackFrames, UnwindRule, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_BODY_RANGES,
+    ProcessConfig, StackFrames, UnwindRule, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
     MAX_FRAMES, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS, WEIGHT_TABLE_LEN,
 };
 
@@ -21,10 +21,6 @@ pub(crate) static CONFIG: Config = Config {
     max_frames: MAX_FRAMES as u32,
     sample_param: 0,
     sample_scale: 0,
-    stack_start: 0,
-    n_bodies: 0,
-    _pad: 0,
-    bodies: [tracer_common::BodyRange { start: 0, end: 0 }; MAX_BODY_RANGES],
     exp_table: [0; EXP_TABLE_LEN],
     weight_table: [0; WEIGHT_TABLE_LEN],
 };
@@ -35,6 +31,11 @@ pub(crate) static CONFIG: Config = Config {
 pub(crate) fn config_u32(field: &u32) -> u32 {
     unsafe { core::ptr::read_volatile(field) }
 }
+
+/// The process the programs serve ([`ProcessConfig`]), written by the
+/// tracer before its probes go in.
+#[map]
+pub(crate) static PROCESS: Array<ProcessConfig> = Array::with_max_entries(1, 0);
 
 /// Sizes are placeholders: the tracer sets them before load. Per CPU, so
 /// that threads on different CPUs counting the same stack do not fight

@@ -4,7 +4,7 @@
 
 use tracer_common::{EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES};
 
-use crate::maps::{config_u32, CONFIG, CPU_MARK, MARKS};
+use crate::maps::{CPU_MARK, MARKS, PROCESS};
 
 /// Is `addr` inside one of the probed allocator functions? Then this call
 /// is the allocator calling itself and was counted by the outer call.
@@ -12,7 +12,10 @@ use crate::maps::{config_u32, CONFIG, CPU_MARK, MARKS};
 pub(crate) fn in_allocator_body(addr: u64) -> bool {
     // The ranges are sorted and do not overlap: the last one starting at or
     // below `addr` is the only candidate. Six halvings cover 64.
-    let n = config_u32(&CONFIG.n_bodies) as usize;
+    let Some(p) = PROCESS.get_ptr(0) else {
+        return false;
+    };
+    let n = unsafe { (*p).n_bodies } as usize;
     let (mut lo, mut hi) = (0usize, n.min(MAX_BODY_RANGES));
     let mut step = 0;
     while step < 7 {
@@ -20,7 +23,7 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
             break;
         }
         let mid = ((lo + hi) / 2) & (MAX_BODY_RANGES - 1);
-        let start = unsafe { core::ptr::read_volatile(&CONFIG.bodies[mid].start) };
+        let start = unsafe { (*p).bodies[mid].start };
         if addr < start {
             hi = mid;
         } else {
@@ -31,7 +34,7 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
     if lo == 0 {
         return false;
     }
-    let r = unsafe { core::ptr::read_volatile(&CONFIG.bodies[(lo - 1) & (MAX_BODY_RANGES - 1)]) };
+    let r = unsafe { (*p).bodies[(lo - 1) & (MAX_BODY_RANGES - 1)] };
     addr >= r.start && addr < r.end
 }
 

@@ -36,6 +36,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::{compile_c, require_root};
 
+mod tree;
+
 struct Mode {
     name: &'static str,
     args: &'static [&'static str],
@@ -163,12 +165,10 @@ struct Target<'a> {
     preload: Option<&'static str>,
 }
 
-/// Waits (at most two minutes) until no process of mtrace's is left: the
-/// process that takes out an exited run's probes (`reaper` in
-/// tracer/src/session.rs) holds the kernel's uprobe lock for seconds and
-/// takes CPU time from the next run, which then measured the machine's
-/// business rather than its own mode (on 2 CPUs, a 2-thread run has none
-/// to spare).
+/// Waits (at most two minutes) until no process of mtrace's is left: one
+/// still taking its probes out takes CPU time from the next run, which
+/// then measured the machine's business rather than its own mode (on 2
+/// CPUs, a 2-thread run has none to spare).
 fn wait_for_reapers() {
     let running = || {
         std::fs::read_dir("/proc")
@@ -267,8 +267,27 @@ fn program_times(stderr: &str) -> Vec<ProgramTime> {
     out
 }
 
-pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Result<()> {
+pub fn run(
+    root: &Path,
+    iterations: u64,
+    runs: usize,
+    json_path: &Path,
+    tree_only: bool,
+) -> Result<()> {
     require_root("the benchmark (it loads BPF programs)")?;
+    if tree_only {
+        let (rows, detach) = tree::run(root, runs)?;
+        let mut table = String::new();
+        tree::render_table(&rows, &detach, &mut table);
+        println!("{table}");
+        std::fs::write(
+            json_path,
+            format!("{{\n{}\n}}\n", tree::render_json(&rows, &detach)),
+        )
+        .with_context(|| format!("writing {}", json_path.display()))?;
+        eprintln!("xtask: wrote {}", json_path.display());
+        return Ok(());
+    }
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     let progress = std::io::stderr().is_terminal();
@@ -313,13 +332,17 @@ pub fn run(root: &Path, iterations: u64, runs: usize, json_path: &Path) -> Resul
         eprintln!();
     }
 
-    let table = render_table(&results, &programs, iterations, runs);
+    let (tree_rows, detach) = tree::run(root, runs)?;
+    let mut table = render_table(&results, &programs, iterations, runs);
+    tree::render_table(&tree_rows, &detach, &mut table);
     println!("{table}");
-    std::fs::write(
-        json_path,
-        render_json(&results, &programs, iterations, runs),
-    )
-    .with_context(|| format!("writing {}", json_path.display()))?;
+    let json = render_json(&results, &programs, iterations, runs);
+    let json = format!(
+        "{},\n{}\n}}\n",
+        json.trim_end().trim_end_matches('}').trim_end(),
+        tree::render_json(&tree_rows, &detach)
+    );
+    std::fs::write(json_path, json).with_context(|| format!("writing {}", json_path.display()))?;
     eprintln!("xtask: wrote {}", json_path.display());
     Ok(())
 }

@@ -53,6 +53,9 @@ enum Task {
         /// Where to write the JSON results.
         #[arg(long, default_value = "target/bench/bench.json")]
         json: PathBuf,
+        /// Only the process-tree and Ctrl-C rows.
+        #[arg(long)]
+        tree_only: bool,
     },
     /// Set up, build, and install a stripped mtrace to PREFIX/bin (ahead of
     /// glibc's /usr/bin/mtrace on root's PATH), its man pages to
@@ -126,10 +129,11 @@ fn run(task: Task) -> Result<()> {
             iterations,
             runs,
             json,
+            tree_only,
         } => {
             setup()?;
             build()?;
-            bench::run(&root, iterations, runs, &json)
+            bench::run(&root, iterations, runs, &json, tree_only)
         }
         Task::Install { prefix } => {
             setup()?;

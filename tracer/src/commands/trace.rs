@@ -19,6 +19,7 @@ use crate::{
         TraceArgs,
     },
     error::{UserError, EXIT_USAGE},
+    probes::multi,
     profile::{Meta, Probe, Profile},
     render::text::printable,
     say,
@@ -77,7 +78,7 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     }
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
-    session.detach(matches!(end, End::TargetExited(_)));
+    session.detach();
     finished.result()?;
     Ok(exit_code(end, exit_rx, &config.target, &rt))
 }
@@ -155,7 +156,7 @@ fn conclude(
     }
     if let Some(root) = session.root() {
         if bpf_stats {
-            log_program_times(&root.probes.ebpf);
+            log_program_times(&root.probes.programs);
         }
         log_unwind(root, config);
     }
@@ -322,7 +323,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
         started.elapsed().as_secs_f64() * 1e3
     );
     log_probes(&attached.root.probes.attached);
-    log_verified(&attached.root.probes.ebpf);
+    log_verified(&attached.root.probes.programs);
     let aside = Aside {
         exit_hold,
         command_log,
@@ -435,14 +436,14 @@ fn exit_code(
 }
 
 /// The verifier's work on each program (`-v`).
-fn log_verified(ebpf: &aya::Ebpf) {
-    for (name, prog) in ebpf.programs() {
-        if let Some(n) = prog
-            .info()
-            .ok()
-            .and_then(|i| i.verified_instruction_count())
-        {
-            log::debug!("bpf program {name}: {n} instructions verified");
+fn log_verified(programs: &[multi::Program]) {
+    for prog in programs {
+        if let Ok(info) = prog.info() {
+            log::debug!(
+                "bpf program {}: {} instructions verified",
+                prog.name,
+                info.verified_instructions
+            );
         }
     }
 }
@@ -488,14 +489,15 @@ fn log_probes(probes: &[Probe]) {
 }
 
 /// Time spent inside each BPF program (`--bpf-stats`).
-fn log_program_times(ebpf: &aya::Ebpf) {
-    for (name, prog) in ebpf.programs() {
+fn log_program_times(programs: &[multi::Program]) {
+    for prog in programs {
         if let Ok(info) = prog.info() {
-            let runs = info.run_count();
-            if runs > 0 {
+            if info.runs > 0 {
                 log::debug!(
-                    "bpf program {name}: {runs} runs, {:.1} ns per run",
-                    info.run_time().as_nanos() as f64 / runs as f64
+                    "bpf program {}: {} runs, {:.1} ns per run",
+                    prog.name,
+                    info.runs,
+                    info.run_time_ns as f64 / info.runs as f64
                 );
             }
         }

@@ -2,18 +2,13 @@
 //! Dropping [`Probes`] detaches everything (the kernel also detaches when
 //! mtrace dies: the links are file descriptors).
 
-use std::num::NonZeroU32;
+pub mod multi;
+pub mod pool;
 
 use anyhow::{Context, Result};
-use aya::{
-    programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-        UProbe,
-    },
-    Ebpf, EbpfLoader,
-};
+use aya::{Ebpf, EbpfLoader};
 use tracer_common::{
-    maps, BodyRange, Config, Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, EXP_TABLE_LEN,
+    maps, Config, ProcessConfig, Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, EXP_TABLE_LEN,
     MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
     WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
@@ -27,53 +22,10 @@ use crate::{
 /// The BPF object built by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mtrace.bpf.o"));
 
-/// Loads program `name` (once: a role's program serves every function of
-/// that role) and attaches it where `site` says, for `pid` only, with the
-/// function's index in the run's table and where its arguments are as its
-/// cookie.
-fn attach_one(
-    ebpf: &mut Ebpf,
-    name: &str,
-    site: &ProbeSite,
-    func: u32,
-    pid: NonZeroU32,
-) -> Result<()> {
-    let program: &mut UProbe = ebpf
-        .program_mut(name)
-        .with_context(|| format!("BPF program {name} missing"))?
-        .try_into()?;
-    if program.fd().is_err() {
-        program
-            .load()
-            .with_context(|| format!("loading the {name} probe"))?;
-    }
-    let kind = match program.kind() {
-        aya::programs::ProbeKind::Return => "uretprobe",
-        _ => "uprobe",
-    };
-    program
-        .attach(
-            UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(
-                    site.file_offset + site.probe_offset,
-                ),
-                cookie: Some(
-                    func as u64
-                        | site.args << COOKIE_ARGS_SHIFT
-                        | (site.role() as u64) << COOKIE_ROLE_SHIFT,
-                ),
-            },
-            &site.open_path,
-            UProbeScope::OneProcess(pid),
-        )
-        .with_context(|| {
-            format!(
-                "attaching a {kind} to {} in {}",
-                site.display_name(),
-                site.path
-            )
-        })?;
-    Ok(())
+/// The cookie of a probe site: the function's index in the run's table,
+/// where its arguments are, and its role.
+fn cookie(site: &ProbeSite, func: u32) -> u64 {
+    func as u64 | site.args << COOKIE_ARGS_SHIFT | (site.role() as u64) << COOKIE_ROLE_SHIFT
 }
 
 /// The embedded BPF object, or for experiments on the programs the file
@@ -104,7 +56,7 @@ unsafe impl Send for SharedLoader {}
 static LOADER: std::sync::Mutex<Option<SharedLoader>> = std::sync::Mutex::new(None);
 
 /// Sizes of the kernel maps.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSizes {
     /// Distinct (stack, caller, function, thread) keys.
     pub counts: u32,
@@ -118,34 +70,8 @@ pub struct MapSizes {
     pub unwind_ring: u32,
 }
 
-impl MapSizes {
-    /// Kernel memory the maps of one BPF object take up front, bytes
-    /// (what grows with use, the hash maps, is not counted).
-    pub fn kernel_bytes(&self, live: bool) -> u64 {
-        let cpus = aya::util::nr_cpus().map_or(1, |n| n as u64);
-        let events = if live {
-            cpus.min(tracer_common::EVENT_RINGS as u64) * self.events as u64
-        } else {
-            0
-        };
-        self.unwind_ring as u64
-            + cpus
-                * tracer_common::WALK_LEVELS as u64
-                * std::mem::size_of::<tracer_common::WalkScratch>() as u64
-            + tracer_common::MARK_SLOTS as u64
-                * std::mem::size_of::<tracer_common::EntryMark>() as u64
-            + tracer_common::RULE_CACHE_SLOTS as u64
-                * std::mem::size_of::<tracer_common::CachedRule>() as u64
-            + cpus
-                * (tracer_common::MEMO_ENTRIES as u64 + 1)
-                * std::mem::size_of::<tracer_common::WalkMemo>() as u64
-            + events
-            + if live { 32768 * 24 } else { 0 }
-    }
-}
-
 /// What to attach.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mode {
     pub per_thread: bool,
     /// Live mode: return probes too, every block tracked (and `free`).
@@ -231,7 +157,12 @@ fn weight_table() -> [u32; WEIGHT_TABLE_LEN] {
 }
 
 pub struct Probes {
+    /// Dropped, they take every probe out; first (fields drop in order).
+    links: Vec<multi::Link>,
+    /// Its programs, loaded for `links`.
+    pub programs: Vec<multi::Program>,
     pub ebpf: Ebpf,
+    made_for: (Mode, MapSizes),
     /// Every attached probe.
     pub attached: Vec<crate::profile::Probe>,
     /// The run's function table: one row per probe site, indexed by the
@@ -244,54 +175,14 @@ pub struct Probes {
     pub sampling: Option<Sampling>,
     /// Most frames a stack keeps above the direct caller.
     pub max_frames: u32,
-    /// Kernel memory its maps take up front ([`MapSizes::kernel_bytes`]).
-    pub kernel_bytes: u64,
 }
 
-/// Loads the BPF object, calls `before` with it (for what must run before
-/// the first probe fires), then attaches every probe.
-pub fn attach<T>(
-    pid: u32,
-    alloc: &AllocatorObject,
-    maps: &[Mapping],
-    mode: Mode,
-    sizes: MapSizes,
-    before: impl FnOnce(&mut Ebpf) -> Result<T>,
-) -> Result<(Probes, T)> {
-    let bodies = alloc.body_ranges(maps);
-    let (sample_mode, sample_param) = match mode.sampling {
-        None => (SAMPLE_NONE, 0),
-        Some(Sampling::Bytes(n)) => (SAMPLE_BYTES, n),
-        Some(Sampling::Every(n)) => (SAMPLE_EVERY, n),
-    };
-    let mut config = Box::new(Config {
-        per_thread: mode.per_thread as u32,
-        live: mode.live as u32,
-        sample_mode,
-        max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
-        sample_param,
-        sample_scale: 0,
-        stack_start: crate::tracee::start_stack(pid),
-        n_bodies: bodies.len() as u32,
-        _pad: 0,
-        bodies: [BodyRange::default(); MAX_BODY_RANGES],
-        exp_table: exp_table(),
-        weight_table: weight_table(),
-    });
-    config.bodies[..bodies.len()].copy_from_slice(&bodies);
-    if let Some(Sampling::Every(n)) = mode.sampling {
-        // Over the exponential table's mean, which its cut-off tail puts
-        // 0.03% below 1: the gaps' mean is then N, not N less 0.03%.
-        let table = &config.exp_table;
-        let mean =
-            table.iter().map(|&e| e as f64).sum::<f64>() / (table.len() as f64 * WEIGHT_ONE as f64);
-        config.sample_scale = (geometric_scale(n) / mean * WEIGHT_ONE as f64).round() as u64;
-    }
-
+/// Loads the BPF object for `mode` and `sizes` (its programs are loaded
+/// as processes need them).
+fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded> {
     // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
     // share them); rings no CPU uses, and all in count mode, get a page.
     let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let load_started = std::time::Instant::now();
     let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
     let shared = guard.get_or_insert_with(|| SharedLoader {
         loader: EbpfLoader::new(),
@@ -313,7 +204,7 @@ pub fn attach<T>(
         let used = mode.live && (i as u32) < cpus;
         loader.map_max_entries(name, if used { sizes.events } else { 4096 });
     }
-    let mut ebpf = loader
+    let ebpf = loader
         // PENDING is task storage, which aya cannot read (mtrace never does).
         .allow_unsupported_maps()
         .map_max_entries(maps::COUNTS, sizes.counts)
@@ -326,12 +217,53 @@ pub fn attach<T>(
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
     drop(guard);
+    Ok(pool::Loaded {
+        ebpf,
+        programs: Vec::new(),
+        made_for: (mode, sizes),
+    })
+}
 
-    if let Some(sampling) = mode.sampling {
-        seed_countdowns(&mut ebpf, sampling)?;
+/// Loads the BPF object, calls `before` with it (for what must run before
+/// the first probe fires), then attaches every probe.
+pub fn attach<T>(
+    pid: u32,
+    alloc: &AllocatorObject,
+    maps: &[Mapping],
+    mode: Mode,
+    sizes: MapSizes,
+    before: impl FnOnce(&mut Ebpf) -> Result<T>,
+) -> Result<(Probes, T)> {
+    let (sample_mode, sample_param) = match mode.sampling {
+        None => (SAMPLE_NONE, 0),
+        Some(Sampling::Bytes(n)) => (SAMPLE_BYTES, n),
+        Some(Sampling::Every(n)) => (SAMPLE_EVERY, n),
+    };
+    let mut config = Box::new(Config {
+        per_thread: mode.per_thread as u32,
+        live: mode.live as u32,
+        sample_mode,
+        max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
+        sample_param,
+        sample_scale: 0,
+        exp_table: exp_table(),
+        weight_table: weight_table(),
+    });
+    if let Some(Sampling::Every(n)) = mode.sampling {
+        // Over the exponential table's mean, which its cut-off tail puts
+        // 0.03% below 1: the gaps' mean is then N, not N less 0.03%.
+        let table = &config.exp_table;
+        let mean =
+            table.iter().map(|&e| e as f64).sum::<f64>() / (table.len() as f64 * WEIGHT_ONE as f64);
+        config.sample_scale = (geometric_scale(n) / mean * WEIGHT_ONE as f64).round() as u64;
     }
-    let before = before(&mut ebpf)?;
-    let pid_nz = NonZeroU32::new(pid).ok_or_else(|| user_error!("invalid pid 0"))?;
+
+    let load_started = std::time::Instant::now();
+    let made_for = (mode, sizes);
+    let mut loaded = match pool::take(made_for) {
+        Some(loaded) => loaded,
+        None => load(config, mode, sizes)?,
+    };
     if alloc.sites.len() > MAX_FUNCS as usize {
         return Err(user_error!(
             "{} allocator functions in {}: mtrace probes at most {MAX_FUNCS}",
@@ -339,9 +271,6 @@ pub fn attach<T>(
             alloc.path
         ));
     }
-    let mut attached = Vec::new();
-    let mut funcs = Vec::new();
-    let attach_started = std::time::Instant::now();
     // Count and sampled modes need one probe per allocating call: `free`
     // only when asked for (or in live mode, which follows every block).
     let wanted = |site: &&ProbeSite| match site.role() {
@@ -350,18 +279,22 @@ pub fn attach<T>(
         Role::ResizeInPlace => !mode.live,
         _ => true,
     };
+    let mut plan = multi::LinkPlan::default();
+    let mut attached = Vec::new();
+    let mut funcs = Vec::new();
     for (func, site) in alloc.sites.iter().filter(wanted).enumerate() {
         let func = func as u32;
         let role = site.role();
+        let offset = site.file_offset + site.probe_offset;
         let program = if mode.floor {
             maps::FLOOR
         } else {
             role.program()
         };
-        attach_one(&mut ebpf, program, site, func, pid_nz)?;
+        plan.add(program, &site.open_path, false, offset, cookie(site, func));
         if let (true, Some(ret)) = (mode.live, role.return_program()) {
             let ret = if mode.floor { maps::FLOOR_RET } else { ret };
-            attach_one(&mut ebpf, ret, site, func, pid_nz)?;
+            plan.add(ret, &site.open_path, true, offset, cookie(site, func));
         }
         let name = site.display_name();
         attached.push(crate::profile::Probe {
@@ -372,6 +305,37 @@ pub fn attach<T>(
         });
         funcs.push(FuncInfo { name, role });
     }
+    let missing: Vec<&'static str> = plan
+        .programs()
+        .into_iter()
+        .filter(|name| !loaded.programs.iter().any(|p| p.name == *name))
+        .collect();
+    if !missing.is_empty() {
+        let new = multi::load(&bpf_object()?, &loaded.ebpf, &missing)?;
+        loaded.programs.extend(new);
+    }
+    let pool::Loaded {
+        mut ebpf,
+        programs,
+        made_for,
+    } = loaded;
+    let bodies = alloc.body_ranges(maps);
+    let mut process = ProcessConfig {
+        stack_start: crate::tracee::start_stack(pid),
+        n_bodies: bodies.len().min(MAX_BODY_RANGES) as u32,
+        ..Default::default()
+    };
+    process.bodies[..bodies.len().min(MAX_BODY_RANGES)]
+        .copy_from_slice(&bodies[..bodies.len().min(MAX_BODY_RANGES)]);
+    let mut map: aya::maps::Array<_, ProcessConfig> =
+        aya::maps::Array::try_from(ebpf.map_mut(maps::PROCESS).context("PROCESS map")?)?;
+    map.set(0, process, 0)?;
+    if let Some(sampling) = mode.sampling {
+        seed_countdowns(&mut ebpf, sampling)?;
+    }
+    let before = before(&mut ebpf)?;
+    let attach_started = std::time::Instant::now();
+    let links = plan.attach(&programs, Some(pid))?;
     log::debug!(
         "pid {pid}: BPF object loaded and {} probes attached in {:.1} ms ({:.1} ms attaching)",
         attached.len(),
@@ -382,12 +346,14 @@ pub fn attach<T>(
     let mut probes = Probes {
         frees_counted,
         ebpf,
+        programs,
+        made_for,
+        links,
         attached,
         funcs,
         live: mode.live,
         sampling: mode.sampling,
         max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
-        kernel_bytes: sizes.kernel_bytes(mode.live),
     };
     // Every probe is in: counting starts now, for all functions at once.
     probes.set_enabled(true)?;
@@ -395,6 +361,46 @@ pub fn attach<T>(
 }
 
 impl Probes {
+    /// Takes every probe out, then empties the object for the next
+    /// process (its process runs another program now).
+    pub fn recycle(self) {
+        let (links, loaded) = self.split();
+        multi::close_all(links);
+        pool::give_back(loaded);
+    }
+
+    /// Empties the object for the next process now, while its probes are
+    /// taken out on another thread: its process is gone (reaped), so none
+    /// of its programs runs for it any more.
+    pub fn recycle_now(self) {
+        let (links, loaded) = self.split();
+        std::thread::spawn(move || multi::close_all(links));
+        pool::give_back(loaded);
+    }
+
+    /// Takes every probe out, side by side.
+    pub fn take_out(&mut self) {
+        multi::close_all(std::mem::take(&mut self.links));
+    }
+
+    fn split(self) -> (Vec<multi::Link>, pool::Loaded) {
+        let Probes {
+            links,
+            programs,
+            ebpf,
+            made_for,
+            ..
+        } = self;
+        (
+            links,
+            pool::Loaded {
+                ebpf,
+                programs,
+                made_for,
+            },
+        )
+    }
+
     /// Starts or stops counting in every program at once (the `ENABLED`
     /// flag they read first).
     pub fn set_enabled(&mut self, on: bool) -> Result<()> {

@@ -22,8 +22,6 @@ pub use run::{Inputs, Schedule};
 pub use traced::{ProcSettings, TracedProcess};
 pub use tree::{Tree, TreeRequest};
 
-use detach::Graveyard;
-
 use crate::{
     collect::{self, live_tracker, timeline::Recorder, Running},
     pipeline::Clock,
@@ -58,7 +56,6 @@ pub struct Session {
     meta: Meta,
     clock: Clock,
     options: Options,
-    graveyard: Graveyard,
     /// The trace over time.
     timeline: Recorder,
 }
@@ -89,7 +86,6 @@ impl Session {
                 min_age_ns: options.min_age_ns,
             },
             options,
-            graveyard: Graveyard::default(),
             timeline: Recorder::new(1.0, mode.live || mode.count_frees),
         }
     }

@@ -116,9 +116,8 @@ impl TracedProcess {
         };
         proc.events = proc.take_event_rings()?;
         if proc.tracker.is_some() {
-            if let Some(map) = proc.probes.ebpf.take_map(maps::LOST_FREES) {
-                proc.lost_frees = Some(LostFrees::try_from(map)?);
-            }
+            let map = probes::pool::map_copy(&proc.probes.ebpf, maps::LOST_FREES)?;
+            proc.lost_frees = Some(LostFrees::try_from(map)?);
         }
         Ok(proc)
     }
@@ -200,12 +199,9 @@ impl TracedProcess {
         let mut new = TracedProcess::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
         new.before_exec = vec![old];
         let old = std::mem::replace(self, new);
-        // The old program's probes, disabled, go with those of the
-        // processes that are gone (detaching them now would hold up the
-        // probes of the processes to come); its unwinder's thread stops
-        // within a poll, away from the session's thread.
+        // Its unwinder stops before its object serves another process.
         let TracedProcess { probes, unwind, .. } = old;
-        std::thread::spawn(move || drop(unwind));
+        drop(unwind);
         Ok(Some(probes))
     }
 
@@ -214,9 +210,8 @@ impl TracedProcess {
         let mut events = Vec::new();
         if self.tracker.is_some() {
             for name in maps::EVENTS {
-                if let Some(map) = self.probes.ebpf.take_map(name) {
-                    events.push(RingBuf::try_from(map)?);
-                }
+                let map = probes::pool::map_copy(&self.probes.ebpf, name)?;
+                events.push(RingBuf::try_from(map)?);
             }
         }
         Ok(events)

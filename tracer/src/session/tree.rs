@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 
-use super::{Session, TracedProcess};
+use super::{detach, Session, TracedProcess};
 use crate::{
     profile::{merge, Meta, ProcessMeta},
     render::text::printable,
@@ -240,19 +240,9 @@ impl Session {
                     None => self.start_proc(pid, &maps)?,
                 };
                 if let Some(probes) = replaced {
-                    // The old program's probes sit on the same places when
-                    // the new one maps the same allocator, and still trap
-                    // (disabled, they count nothing). The root's new program
-                    // is most often the one that matters (`env`, `nice`,
-                    // `sh -c 'exec ...'` before it), so its old probes go
-                    // at once, away from the session's thread; those of
-                    // other processes wait with the gone ones, as taking
-                    // probes out holds up the probes of new processes.
-                    if pid == self.root {
-                        std::thread::spawn(move || drop(probes));
-                    } else {
-                        self.graveyard.bury(pid, probes);
-                    }
+                    // The old program's probes (disabled) go now; their
+                    // object serves again once they are out.
+                    detach::let_go(probes, false);
                 }
                 Ok(done)
             }
@@ -282,11 +272,11 @@ impl Session {
                         Some(ended) => merge::merge(vec![ended, profile]),
                         None => profile,
                     });
-                    // The rest goes now (its unwinder's thread stops
-                    // within a poll, away from the session's thread).
+                    // Its unwinder stops before its object serves
+                    // another process.
                     let TracedProcess { probes, unwind, .. } = proc;
-                    std::thread::spawn(move || drop(unwind));
-                    self.graveyard.bury(pid, probes);
+                    drop(unwind);
+                    detach::let_go(probes, true);
                 }
                 Ok(true)
             }

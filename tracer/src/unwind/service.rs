@@ -10,7 +10,7 @@
 //! stack copies can fill.
 
 use std::{
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, FromRawFd},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, MutexGuard,
@@ -18,7 +18,7 @@ use std::{
     thread::JoinHandle,
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
     Ebpf,
@@ -139,11 +139,13 @@ fn realtime_priority() {
 pub struct UnwindService {
     walks: Arc<Mutex<Walks>>,
     stop: Arc<AtomicBool>,
+    /// Wakes the thread to stop.
+    wake: Arc<std::os::fd::OwnedFd>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl UnwindService {
-    /// Takes the rule map and the ring of walks out of `ebpf` (loaded, not
+    /// Takes handles on the rule map and the ring of walks of `ebpf` (loaded, not
     /// yet attached), loads the call-frame information of every object the
     /// target maps, and starts the thread.
     pub fn start(
@@ -153,24 +155,23 @@ impl UnwindService {
         live: bool,
         max_frames: u32,
     ) -> Result<UnwindService> {
-        let ring = RingBuf::try_from(
-            ebpf.take_map(maps::UNWIND_MISSES)
-                .context("UNWIND_MISSES map")?,
-        )?;
-        let rules = BpfHashMap::try_from(
-            ebpf.take_map(maps::UNWIND_RULES)
-                .context("UNWIND_RULES map")?,
-        )?;
-        let full = aya::maps::Array::try_from(
-            ebpf.take_map(maps::UNWIND_FULL)
-                .context("UNWIND_FULL map")?,
-        )?;
+        let ring = RingBuf::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_MISSES)?)?;
+        let rules = BpfHashMap::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_RULES)?)?;
+        let full =
+            aya::maps::Array::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_FULL)?)?;
         let cache =
-            aya::maps::Array::try_from(ebpf.take_map(maps::RULE_CACHE).context("RULE_CACHE map")?)?;
+            aya::maps::Array::try_from(crate::probes::pool::map_copy(ebpf, maps::RULE_CACHE)?)?;
         let mut unwinder = Unwinder::new(pid);
         unwinder.max_frames = max_frames as usize;
         unwinder.preload(&space.lock().unwrap());
         let fd = ring.as_raw_fd();
+        // Written when the service is dropped: the thread wakes at once.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: a new descriptor, owned from here on.
+        let wake = Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(wake) });
         let walks = Arc::new(Mutex::new(Walks {
             ring,
             rules,
@@ -186,20 +187,27 @@ impl UnwindService {
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (walks, stop) = (walks.clone(), stop.clone());
+            let (walks, stop, woken) = (walks.clone(), stop.clone(), wake.clone());
             std::thread::Builder::new()
                 .name("mtrace-unwind".into())
                 .spawn(move || {
                     realtime_priority();
                     // `fd` stays open: `walks` owns the ring.
                     while !stop.load(Ordering::Relaxed) {
-                        let mut pfd = libc::pollfd {
-                            fd,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        };
-                        let ready = unsafe { libc::poll(&mut pfd, 1, 50) };
-                        if ready > 0 {
+                        let mut pfd = [
+                            libc::pollfd {
+                                fd,
+                                events: libc::POLLIN,
+                                revents: 0,
+                            },
+                            libc::pollfd {
+                                fd: woken.as_raw_fd(),
+                                events: libc::POLLIN,
+                                revents: 0,
+                            },
+                        ];
+                        let ready = unsafe { libc::poll(pfd.as_mut_ptr(), 2, 50) };
+                        if ready > 0 && pfd[0].revents != 0 {
                             walks.lock().unwrap().finish_all();
                         }
                     }
@@ -208,6 +216,7 @@ impl UnwindService {
         Ok(UnwindService {
             walks,
             stop,
+            wake,
             thread: Some(thread),
         })
     }
@@ -223,8 +232,20 @@ impl UnwindService {
 impl Drop for UnwindService {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let one = 1u64;
+        // SAFETY: eight bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&raw const one).cast(), 8) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // The cache slots it filled go free: the object may serve another
+        // process, whose code may lie at the same addresses (the object's
+        // other maps are emptied whole; this one is large and mostly
+        // free).
+        let mut walks = self.walks.lock().unwrap();
+        let walks = &mut *walks;
+        for slot in walks.cached.drain() {
+            let _ = walks.cache.set(slot, CachedRule::default(), 0);
         }
     }
 }

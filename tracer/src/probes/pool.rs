@@ -1,0 +1,158 @@
+//! Loaded BPF objects kept for the processes to come: loading one is the
+//! verifier's work on every program (most of what a new process cost),
+//! so an object whose process is gone is emptied and serves the next.
+//!
+//! An object goes back only once its links are closed: closing a link
+//! returns after the kernel's grace period, when no program of it runs
+//! any more, so nothing of the old process reaches the emptied maps.
+
+use std::{
+    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
+    sync::Mutex,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{Map, MapData},
+    Ebpf,
+};
+use aya_obj::generated::{bpf_attr, bpf_cmd};
+use tracer_common::maps;
+
+use super::{
+    multi::{self, sys_bpf},
+    MapSizes, Mode,
+};
+
+/// A loaded object and the programs loaded for it so far.
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    pub programs: Vec<multi::Program>,
+    /// What it was loaded for: it serves only the same again.
+    pub made_for: (Mode, MapSizes),
+}
+
+static POOL: Mutex<Vec<Loaded>> = Mutex::new(Vec::new());
+
+/// An emptied object loaded for `made_for`, if one waits.
+pub fn take(made_for: (Mode, MapSizes)) -> Option<Loaded> {
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let i = pool.iter().position(|l| l.made_for == made_for)?;
+    Some(pool.swap_remove(i))
+}
+
+/// Empties `loaded` (its links closed) and keeps it for the next process;
+/// dropped instead when it cannot be emptied.
+pub fn give_back(loaded: Loaded) {
+    match empty(&loaded.ebpf) {
+        Ok(()) => POOL.lock().unwrap_or_else(|e| e.into_inner()).push(loaded),
+        Err(e) => log::debug!("a BPF object not kept for reuse: {e:#}"),
+    }
+}
+
+/// Another handle on map `name` of `ebpf`, which keeps its own: the
+/// object's maps stay whole for it to be emptied and serve again.
+pub fn map_copy(ebpf: &Ebpf, name: &str) -> Result<Map> {
+    let map = ebpf
+        .map(name)
+        .with_context(|| format!("{name} map missing"))?;
+    // SAFETY: the descriptor belongs to `map`, alive for this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(multi::map_fd(map)?) };
+    let copy = MapData::from_fd(fd.try_clone_to_owned()?)
+        .with_context(|| format!("a second handle on the {name} map"))?;
+    Ok(Map::from_map_data(copy)?)
+}
+
+/// Every array and hash map the programs or the tracer write is emptied
+/// (the read-only config and data sections, the rings, the queue and the
+/// task storage are left: drained, or the process's own), but for the
+/// rule cache, whose slots the unwinder that filled them frees.
+fn empty(ebpf: &Ebpf) -> Result<()> {
+    for (name, map) in ebpf.maps() {
+        if name.starts_with('.') || name == maps::RULE_CACHE {
+            continue;
+        }
+        enum Kind {
+            Array,
+            PerCpuArray,
+            Hash,
+        }
+        let (kind, data) = match map {
+            Map::Array(d) => (Kind::Array, d),
+            Map::PerCpuArray(d) => (Kind::PerCpuArray, d),
+            Map::HashMap(d) | Map::PerCpuHashMap(d) => (Kind::Hash, d),
+            _ => continue,
+        };
+        let info = data.info()?;
+        let fd = data.fd().as_fd().as_raw_fd();
+        let (key_size, value_size, entries) = (
+            info.key_size() as usize,
+            info.value_size() as usize,
+            info.max_entries(),
+        );
+        let result = match kind {
+            Kind::Array => zero_array(fd, value_size, entries),
+            Kind::PerCpuArray => {
+                let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
+                zero_array(fd, value_size.next_multiple_of(8) * cpus, entries)
+            }
+            Kind::Hash => clear_hash(fd, key_size),
+        };
+        result.with_context(|| format!("emptying the {name} map"))?;
+    }
+    Ok(())
+}
+
+/// Every entry of an array map to zeros, in one call.
+fn zero_array(fd: RawFd, value_size: usize, entries: u32) -> std::io::Result<()> {
+    let keys: Vec<u32> = (0..entries).collect();
+    let values = vec![0u8; value_size * entries as usize];
+    // SAFETY: all-zero is a valid bpf_attr.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the union's batch member.
+    let b = unsafe { &mut attr.batch };
+    b.map_fd = fd as u32;
+    b.keys = keys.as_ptr() as u64;
+    b.values = values.as_ptr() as u64;
+    b.count = entries;
+    sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr).map(drop)
+}
+
+/// Every key of a hash map deleted.
+fn clear_hash(fd: RawFd, key_size: usize) -> std::io::Result<()> {
+    let mut keys = Vec::new();
+    let mut key = vec![0u8; key_size];
+    let mut first = true;
+    loop {
+        let mut next = vec![0u8; key_size];
+        // SAFETY: all-zero is a valid bpf_attr.
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the union's element member.
+        let e = unsafe { &mut attr.__bindgen_anon_2 };
+        e.map_fd = fd as u32;
+        e.key = if first { 0 } else { key.as_ptr() as u64 };
+        e.__bindgen_anon_1.next_key = next.as_mut_ptr() as u64;
+        match sys_bpf(bpf_cmd::BPF_MAP_GET_NEXT_KEY, &mut attr) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Err(e) => return Err(e),
+        }
+        first = false;
+        keys.push(next.clone());
+        key = next;
+    }
+    for key in &keys {
+        // SAFETY: all-zero is a valid bpf_attr.
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the union's element member.
+        let e = unsafe { &mut attr.__bindgen_anon_2 };
+        e.map_fd = fd as u32;
+        e.key = key.as_ptr() as u64;
+        match sys_bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,278 @@
+//! The process-tree rows: what a tree of short programs pays under mtrace
+//! (a shell loop of 200 runs of `ls`, `true` and a small C program),
+//! against untraced and heaptrack, in milliseconds added per exec; and
+//! how long mtrace takes to let go of a busy target by pid, from Ctrl-C
+//! (SIGINT) to its exit, when the kernel has taken every probe out (its
+//! links are closed by then).
+
+use std::{
+    fmt::Write as _,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::compile_c;
+
+/// Programs each loop runs.
+const EXECS: u32 = 200;
+
+/// The small C program: ten allocations, nothing printed.
+const SMALL_C: &str = r#"#include <stdlib.h>
+void *volatile sink;
+int main(void) {
+    for (int i = 0; i < 10; i++) {
+        sink = malloc(16 + i);
+        free(sink);
+    }
+    return 0;
+}
+"#;
+
+pub struct TreeRow {
+    program: String,
+    untraced_s: f64,
+    heaptrack_s: Option<f64>,
+    mtrace_s: f64,
+    mtrace_live_s: f64,
+}
+
+pub struct DetachRow {
+    mode: &'static str,
+    /// SIGINT to mtrace's exit, milliseconds, every run.
+    ms: Vec<f64>,
+}
+
+fn shell_loop(program: &str) -> String {
+    format!("i=0; while [ $i -lt {EXECS} ]; do {program} >/dev/null; i=$((i+1)); done")
+}
+
+fn timed(cmd: &mut Command) -> Result<f64> {
+    let started = Instant::now();
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// The best of `runs` (a loop's time is its work plus the machine's
+/// business; the least is the closest to the work).
+fn best(runs: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..runs {
+        best = best.min(f()?);
+    }
+    Ok(best)
+}
+
+pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Vec<DetachRow>)> {
+    let out_dir = root.join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let src = out_dir.join("small.c");
+    std::fs::write(&src, SMALL_C)?;
+    let small = out_dir.join("small");
+    compile_c(&src, &small, &[])?;
+    let mtrace = root.join("target/release/mtrace");
+    let heaptrack = which("heaptrack");
+    let mut rows = Vec::new();
+    for program in ["/bin/true", "ls /", &small.display().to_string()] {
+        eprint!("\rxtask: bench process tree, {program:<40}");
+        let script = shell_loop(program);
+        let sh = || {
+            let mut c = Command::new("sh");
+            c.args(["-c", &script]);
+            c
+        };
+        let untraced_s = best(runs, || timed(&mut sh()))?;
+        let heaptrack_s = match &heaptrack {
+            Some(h) => Some(best(runs, || {
+                let dir = tempdir(&out_dir)?;
+                let t = timed(
+                    Command::new(h)
+                        .arg("-o")
+                        .arg(dir.join("heaptrack"))
+                        .args(["sh", "-c", &script]),
+                );
+                let _ = std::fs::remove_dir_all(&dir);
+                t
+            })?),
+            None => None,
+        };
+        let traced = |extra: &[&str]| {
+            best(runs, || {
+                timed(Command::new(&mtrace).args(extra).args([
+                    "-o",
+                    "/dev/null",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ]))
+            })
+        };
+        let mtrace_s = traced(&[])?;
+        let mtrace_live_s = traced(&["--live"])?;
+        rows.push(TreeRow {
+            program: program
+                .split(' ')
+                .next()
+                .and_then(|p| p.rsplit('/').next())
+                .unwrap_or(program)
+                .to_string(),
+            untraced_s,
+            heaptrack_s,
+            mtrace_s,
+            mtrace_live_s,
+        });
+    }
+    eprintln!();
+    let busy = out_dir.join("bench-busy");
+    compile_c(&root.join("xtask/bench/bench.c"), &busy, &["-pthread"])?;
+    let mut detach = Vec::new();
+    for (mode, args) in [("count", &[][..]), ("live", &["--live"][..])] {
+        let mut ms = Vec::new();
+        for _ in 0..runs {
+            eprint!("\rxtask: bench Ctrl-C by pid, {mode:<10}");
+            ms.push(ctrl_c(&mtrace, &busy, args)?);
+        }
+        detach.push(DetachRow { mode, ms });
+    }
+    eprintln!();
+    Ok((rows, detach))
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn tempdir(under: &Path) -> Result<std::path::PathBuf> {
+    let dir = under.join(format!("heaptrack-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// By pid, on the benchmark in a long loop (two threads): mtrace attaches,
+/// traces a second, gets SIGINT; milliseconds from the signal to its exit.
+fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<f64> {
+    let mut target = Command::new(busy)
+        .args(["1000000000", "2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("running {}", busy.display()))?;
+    let mut tracer = Command::new(mtrace)
+        .args(args)
+        .args(["-o", "/dev/null", "--pid", &target.id().to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Tracing once its first line is out.
+    let stderr = tracer.stderr.take().context("mtrace's stderr")?;
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let attached = lines.next().is_some();
+    std::thread::spawn(move || lines.for_each(drop));
+    std::thread::sleep(Duration::from_secs(1));
+    // Timed from before kill(1) runs: over by its start-up, a millisecond.
+    let sent = Instant::now();
+    Command::new("kill")
+        .args(["-INT", &tracer.id().to_string()])
+        .status()?;
+    let status = tracer.wait()?;
+    let ms = sent.elapsed().as_secs_f64() * 1e3;
+    let _ = target.kill();
+    let _ = target.wait();
+    if !attached || !status.success() {
+        bail!("mtrace --pid did not trace the benchmark ({status})");
+    }
+    Ok(ms)
+}
+
+pub fn render_table(rows: &[TreeRow], detach: &[DetachRow], out: &mut String) {
+    let per_exec = |s: f64, base: f64| (s - base) * 1e3 / EXECS as f64;
+    let _ = writeln!(
+        out,
+        "\nprocess tree: a shell loop of {EXECS} runs, best of the runs; ms added per exec\n\n| program | untraced s | heaptrack s | +ms/exec | mtrace s | +ms/exec | mtrace --live s | +ms/exec |\n|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let (h, hx) = match r.heaptrack_s {
+            Some(h) => (
+                format!("{h:.2}"),
+                format!("{:.2}", per_exec(h, r.untraced_s)),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {h} | {hx} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.program,
+            r.untraced_s,
+            r.mtrace_s,
+            per_exec(r.mtrace_s, r.untraced_s),
+            r.mtrace_live_s,
+            per_exec(r.mtrace_live_s, r.untraced_s),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nby pid, Ctrl-C to mtrace's exit (every probe out), on the benchmark in 2 threads, ms\n\n| mode | median | max |\n|---|---|---|"
+    );
+    for d in detach {
+        let mut v = d.ms.clone();
+        v.sort_by(f64::total_cmp);
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} |",
+            d.mode,
+            v[v.len() / 2],
+            v.last().copied().unwrap_or(0.0)
+        );
+    }
+}
+
+pub fn render_json(rows: &[TreeRow], detach: &[DetachRow]) -> String {
+    let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.4}"));
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\"program\": \"{}\", \"execs\": {EXECS}, \"untraced_s\": {:.4}, \"heaptrack_s\": {}, \"mtrace_s\": {:.4}, \"mtrace_live_s\": {:.4}}}",
+                r.program,
+                r.untraced_s,
+                num(r.heaptrack_s),
+                r.mtrace_s,
+                r.mtrace_live_s
+            )
+        })
+        .collect();
+    let detach: Vec<String> = detach
+        .iter()
+        .map(|d| {
+            format!(
+                "    {{\"mode\": \"{}\", \"ctrl_c_to_exit_ms\": [{}]}}",
+                d.mode,
+                d.ms.iter()
+                    .map(|v| format!("{v:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "  \"process_tree\": [\n{}\n  ],\n  \"ctrl_c\": [\n{}\n  ]",
+        rows.join(",\n"),
+        detach.join(",\n")
+    )
+}
