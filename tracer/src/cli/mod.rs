@@ -183,15 +183,17 @@ pub struct TraceArgs {
     pub children: bool,
 
     /// Most processes traced at once (each has its own BPF maps, a few MiB
-    /// of kernel memory); a process started beyond it is not traced, and
-    /// the report says so.
+    /// of kernel memory, loaded once and reused by the processes that come
+    /// after it); a process started beyond it is not traced, and the
+    /// report says so. Probes are only ever in traced processes.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_processes: u32,
 
     /// Sample instead of counting every call: on average one sample per N
     /// allocated bytes (exponential intervals, as jemalloc and tcmalloc),
     /// each weighted so estimated calls and bytes stay unbiased. Accepts
-    /// KiB/MiB suffixes. Unsampled calls cost almost nothing.
+    /// KiB/MiB suffixes. Unsampled calls skip the stack walk but still
+    /// take the uprobe's trap, most of a counted call's cost.
     #[arg(long, value_name = "N", value_parser = parse_bytes, conflicts_with_all = ["sample_every", "live"])]
     pub sample_bytes: Option<u64>,
 

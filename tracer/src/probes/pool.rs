@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{Map, MapData},
+    maps::{Map, MapData, RingBuf},
     Ebpf,
 };
 use aya_obj::generated::{bpf_attr, bpf_cmd};
@@ -48,6 +48,45 @@ pub fn give_back(loaded: Loaded) {
         Ok(()) => POOL.lock().unwrap_or_else(|e| e.into_inner()).push(loaded),
         Err(e) => log::debug!("a BPF object not kept for reuse: {e:#}"),
     }
+}
+
+/// Ring handles given back by their readers, by map id: mapping a ring
+/// (the kernel inserts its pages one by one) cost more than anything else
+/// a new process needed, and a reused object's rings are the same.
+static RINGS: Mutex<Vec<(u32, RingBuf<MapData>)>> = Mutex::new(Vec::new());
+
+/// A reader of ring `name` of `ebpf`: the one given back for it, or a new
+/// handle. Its reader gives it back with [`ring_back`] when done.
+pub fn ring(ebpf: &Ebpf, name: &str) -> Result<RingBuf<MapData>> {
+    let id = match ebpf.map(name) {
+        Some(Map::RingBuf(d)) => d.info()?.id(),
+        _ => anyhow::bail!("{name} ring missing"),
+    };
+    let mut rings = RINGS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = rings.iter().position(|(r, _)| *r == id) {
+        return Ok(rings.swap_remove(i).1);
+    }
+    drop(rings);
+    Ok(RingBuf::try_from(map_copy(ebpf, name)?)?)
+}
+
+/// Keeps a ring's reader, drained, for the next process its object serves.
+pub fn ring_back(ring: RingBuf<MapData>) {
+    let Ok(id) = ring_id(&ring) else {
+        return;
+    };
+    RINGS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((id, ring));
+}
+
+fn ring_id(ring: &RingBuf<MapData>) -> Result<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the ring's descriptor, alive for this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(ring.as_raw_fd()) };
+    let data = MapData::from_fd(fd.try_clone_to_owned()?)?;
+    Ok(data.info()?.id())
 }
 
 /// Another handle on map `name` of `ebpf`, which keeps its own: the

@@ -199,10 +199,21 @@ impl TracedProcess {
         let mut new = TracedProcess::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
         new.before_exec = vec![old];
         let old = std::mem::replace(self, new);
-        // Its unwinder stops before its object serves another process.
-        let TracedProcess { probes, unwind, .. } = old;
+        Ok(Some(old.release()))
+    }
+
+    /// Done with: its unwinder stops and its rings' readers are kept,
+    /// before its object serves another process (the probes returned).
+    pub(super) fn release(self) -> Probes {
+        let TracedProcess {
+            probes,
+            unwind,
+            events,
+            ..
+        } = self;
         drop(unwind);
-        Ok(Some(probes))
+        events.into_iter().for_each(probes::pool::ring_back);
+        probes
     }
 
     /// Live mode: the event rings, one per CPU.
@@ -210,8 +221,7 @@ impl TracedProcess {
         let mut events = Vec::new();
         if self.tracker.is_some() {
             for name in maps::EVENTS {
-                let map = probes::pool::map_copy(&self.probes.ebpf, name)?;
-                events.push(RingBuf::try_from(map)?);
+                events.push(probes::pool::ring(&self.probes.ebpf, name)?);
             }
         }
         Ok(events)

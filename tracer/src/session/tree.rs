@@ -272,11 +272,7 @@ impl Session {
                         Some(ended) => merge::merge(vec![ended, profile]),
                         None => profile,
                     });
-                    // Its unwinder stops before its object serves
-                    // another process.
-                    let TracedProcess { probes, unwind, .. } = proc;
-                    drop(unwind);
-                    detach::let_go(probes, true);
+                    detach::let_go(proc.release(), true);
                 }
                 Ok(true)
             }

@@ -30,7 +30,8 @@ use crate::{collect::UserWalks, tracee::AddressSpace};
 
 /// What the service has done, shared with the session.
 pub struct Walks {
-    ring: RingBuf<MapData>,
+    /// Given back when the service stops (see [`crate::probes::pool::ring`]).
+    ring: Option<RingBuf<MapData>>,
     rules: BpfHashMap<MapData, u64, Rule>,
     full: aya::maps::Array<MapData, u64>,
     cache: aya::maps::Array<MapData, CachedRule>,
@@ -53,7 +54,10 @@ impl Walks {
         let mut new_rules: Vec<(u64, Rule)> = Vec::new();
         let space = self.space.clone();
         let mut space = space.lock().unwrap();
-        while let Some(item) = self.ring.next() {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        while let Some(item) = ring.next() {
             let Some(ev) = read_miss(&item) else {
                 continue;
             };
@@ -155,7 +159,7 @@ impl UnwindService {
         live: bool,
         max_frames: u32,
     ) -> Result<UnwindService> {
-        let ring = RingBuf::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_MISSES)?)?;
+        let ring = crate::probes::pool::ring(ebpf, maps::UNWIND_MISSES)?;
         let rules = BpfHashMap::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_RULES)?)?;
         let full =
             aya::maps::Array::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_FULL)?)?;
@@ -173,7 +177,7 @@ impl UnwindService {
         // SAFETY: a new descriptor, owned from here on.
         let wake = Arc::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(wake) });
         let walks = Arc::new(Mutex::new(Walks {
-            ring,
+            ring: Some(ring),
             rules,
             full,
             cache,
@@ -246,6 +250,9 @@ impl Drop for UnwindService {
         let walks = &mut *walks;
         for slot in walks.cached.drain() {
             let _ = walks.cache.set(slot, CachedRule::default(), 0);
+        }
+        if let Some(ring) = walks.ring.take() {
+            crate::probes::pool::ring_back(ring);
         }
     }
 }
