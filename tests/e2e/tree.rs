@@ -462,3 +462,62 @@ fn a_low_limit_of_open_files_does_not_stop_a_tree() {
         );
     }
 }
+
+/// A tree of programs one after the other, counted and live: the BPF
+/// object loaded for the first serves the rest, emptied in between (a load
+/// is the verifier's work on every program), and each program's counts are
+/// its own: every run counts exactly what every other did, and the sites
+/// the runs times one run's.
+#[test]
+fn a_tree_reuses_loaded_objects_and_counts_each_program_once() {
+    need_bpf!();
+    const RUNS: u64 = 12;
+    let script = format!(
+        "i=0; while [ $i -lt {RUNS} ]; do {}; i=$((i + 1)); done",
+        Fixture::Counts.path_str()
+    );
+    for mode in [&[][..], &["--live"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("p.json");
+        let mut args = vec!["-v", "--per-process", "--top", "0"];
+        args.extend(mode);
+        args.extend(["-o", json.to_str().unwrap(), "--", "sh", "-c", &script]);
+        let mut cmd = crate::support::mtrace::mtrace_command(&args);
+        let out = crate::support::Mtrace::spawn(&mut cmd).finish();
+        out.assert_exit(0);
+        let d = out.describe();
+        let p = Profile::load(&json);
+        let procs = processes(&p);
+        assert_eq!(procs.len() as u64, RUNS + 1, "{procs:?}\n{d}");
+        assert!(procs.iter().all(|e| e.3), "every program traced: {procs:?}");
+        for &(func, caller, calls, bytes) in COUNTS_SITES {
+            assert_eq!(
+                p.site(func, caller),
+                (calls * RUNS, bytes * RUNS),
+                "{func} from {caller}\n{d}"
+            );
+        }
+        let mut per_run: std::collections::BTreeMap<u32, u64> = Default::default();
+        for s in p.allocs() {
+            let process = s.process.as_ref().expect("a process on every row");
+            if process.name == "counts" {
+                *per_run.entry(process.pid).or_default() += s.calls;
+            }
+        }
+        assert_eq!(per_run.len() as u64, RUNS, "{per_run:?}\n{d}");
+        let first = per_run.values().next().copied();
+        assert!(
+            per_run.values().all(|c| Some(*c) == first),
+            "every run counts the same: {per_run:?}\n{d}"
+        );
+        let said = |how: &str| {
+            out.stderr
+                .iter()
+                .filter(|l| l.contains(&format!("BPF object {how} and")))
+                .count() as u64
+        };
+        // The shell's own and the first program's; the rest reuse them.
+        assert!(said("loaded") <= 3, "{d}");
+        assert_eq!(said("loaded") + said("reused"), RUNS + 1, "{d}");
+    }
+}

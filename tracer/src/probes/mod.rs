@@ -260,9 +260,9 @@ pub fn attach<T>(
 
     let load_started = std::time::Instant::now();
     let made_for = (mode, sizes);
-    let mut loaded = match pool::take(made_for) {
-        Some(loaded) => loaded,
-        None => load(config, mode, sizes)?,
+    let (mut loaded, how) = match pool::take(made_for) {
+        Some(loaded) => (loaded, "reused"),
+        None => (load(config, mode, sizes)?, "loaded"),
     };
     if alloc.sites.len() > MAX_FUNCS as usize {
         return Err(user_error!(
@@ -320,13 +320,13 @@ pub fn attach<T>(
         made_for,
     } = loaded;
     let bodies = alloc.body_ranges(maps);
+    let n = bodies.len().min(MAX_BODY_RANGES);
     let mut process = ProcessConfig {
         stack_start: crate::tracee::start_stack(pid),
-        n_bodies: bodies.len().min(MAX_BODY_RANGES) as u32,
+        n_bodies: n as u32,
         ..Default::default()
     };
-    process.bodies[..bodies.len().min(MAX_BODY_RANGES)]
-        .copy_from_slice(&bodies[..bodies.len().min(MAX_BODY_RANGES)]);
+    process.bodies[..n].copy_from_slice(&bodies[..n]);
     let mut map: aya::maps::Array<_, ProcessConfig> =
         aya::maps::Array::try_from(ebpf.map_mut(maps::PROCESS).context("PROCESS map")?)?;
     map.set(0, process, 0)?;
@@ -337,7 +337,7 @@ pub fn attach<T>(
     let attach_started = std::time::Instant::now();
     let links = plan.attach(&programs, Some(pid))?;
     log::debug!(
-        "pid {pid}: BPF object loaded and {} probes attached in {:.1} ms ({:.1} ms attaching)",
+        "pid {pid}: BPF object {how} and {} probes attached in {:.1} ms ({:.1} ms attaching)",
         attached.len(),
         load_started.elapsed().as_secs_f64() * 1e3,
         attach_started.elapsed().as_secs_f64() * 1e3
