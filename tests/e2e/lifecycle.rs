@@ -88,6 +88,13 @@ const WINDOW: usize = 16;
 #[test]
 fn sigkilled_mtrace_leaves_no_breakpoints() {
     need_bpf!();
+    sigkilled_mtrace_leaves_no_breakpoints_in(&|pid| vec!["--pid".into(), pid.to_string()]);
+}
+
+/// The longrun fixture traced with the arguments `scope` gives for its
+/// pid; mtrace killed with SIGKILL mid-trace leaves none of its code
+/// changed, and the fixture runs to its end, correctly.
+pub(crate) fn sigkilled_mtrace_leaves_no_breakpoints_in(scope: &dyn Fn(u32) -> Vec<String>) {
     let mut target = Longrun::start();
     let pid = target.fx.pid();
     // The addresses are libc's code, as the process maps it.
@@ -110,7 +117,7 @@ fn sigkilled_mtrace_leaves_no_breakpoints() {
         );
     }
 
-    let mut m = Mtrace::start(&["--pid", &pid.to_string()]);
+    let mut m = Mtrace::start(&scope(pid));
     m.wait_tracing();
     // The probes are in place: some byte became int3. (This is what shows
     // the check after the kill could fail.)

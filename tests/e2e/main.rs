@@ -46,6 +46,7 @@ mod losses;
 mod names;
 mod outputs;
 mod sampling;
+mod scopes;
 mod support;
 mod table;
 mod threads;

@@ -62,7 +62,7 @@ fn main() {
     let result = match cli.sub {
         Some(Sub::Report(args)) => commands::report::run(args),
         Some(Sub::Diff(args)) => commands::diff::run(args),
-        Some(Sub::Top(args)) => commands::trace::run(args, true),
+        Some(Sub::Top(args)) => commands::trace::run(*args, true),
         Some(Sub::Generate(args)) => commands::generate::run(args),
         None => commands::trace::run(cli.trace, false),
     };

@@ -24,6 +24,8 @@ const UNWIND_RING_BYTES: u32 = 16 << 20;
 pub enum Target {
     Pid(u32),
     Command(Vec<String>),
+    /// `--cgroup`, as given.
+    Cgroup(String),
 }
 
 /// A trace, as the arguments ask for it.
@@ -55,10 +57,11 @@ pub struct TraceConfig {
 impl TraceConfig {
     /// `None` when there is nothing to trace (no pid, no command).
     pub fn from_args(args: &TraceArgs) -> Option<TraceConfig> {
-        let target = match (args.pid, args.command.is_empty()) {
-            (Some(pid), _) => Target::Pid(pid),
-            (None, false) => Target::Command(args.command.clone()),
-            (None, true) => return None,
+        let target = match (args.pid, &args.cgroup, args.command.is_empty()) {
+            (Some(pid), _, _) => Target::Pid(pid),
+            (None, Some(cgroup), _) => Target::Cgroup(cgroup.clone()),
+            (None, None, false) => Target::Command(args.command.clone()),
+            (None, None, true) => return None,
         };
         Some(TraceConfig {
             target,

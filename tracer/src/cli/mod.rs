@@ -72,7 +72,7 @@ pub enum Sub {
     /// target and options as a trace); q ends it, then the usual report.
     /// A launched command's output goes to a log file meanwhile.
     #[command(after_help = TOP_EXAMPLES)]
-    Top(TraceArgs),
+    Top(Box<TraceArgs>),
     /// Write the man pages or a shell's completions (`cargo xtask install`
     /// runs it on the binary it installs, so they describe that binary).
     #[command(hide = true)]
@@ -137,6 +137,14 @@ pub struct TraceArgs {
     #[arg(short, long, value_name = "PID", conflicts_with = "command")]
     pub pid: Option<u32>,
 
+    /// Trace every process of this cgroup v2 directory (a container, a
+    /// pod, `system.slice/redis.service`: absolute, or under the cgroup2
+    /// mount), and what they start; a process that joins the cgroup later
+    /// is traced from when mtrace sees it (within a tenth of a second). Ends when
+    /// the cgroup is empty, or at Ctrl-C.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["pid", "command"])]
+    pub cgroup: Option<String>,
+
     /// Stop tracing after this many seconds (default: until Ctrl-C, SIGTERM
     /// or the target's exit).
     #[arg(short, long, value_name = "SECS", value_parser = parse_duration)]
@@ -173,7 +181,7 @@ pub struct TraceArgs {
     /// uid, primary group and supplementary groups, HOME, USER and LOGNAME
     /// set as `sudo -u` does; mtrace itself stays root. Without it the
     /// command runs as whoever runs mtrace (root under sudo), as with perf.
-    #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username, conflicts_with = "pid")]
+    #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username, conflicts_with_all = ["pid", "cgroup"])]
     pub user: Option<String>,
 
     /// By pid: also trace the processes the target created (its workers,

@@ -118,9 +118,10 @@ fn start(
         hold.go();
     }
     say!("{tracing}");
-    let (exit_rx, pidfd) = match exit {
-        TargetExit::Launched(rx) => (Some(rx), None),
-        TargetExit::Pidfd(fd) => (None, Some(fd)),
+    let (exit_rx, pidfd, cgroup) = match exit {
+        TargetExit::Launched(rx) => (Some(rx), None, None),
+        TargetExit::Pidfd(fd) => (None, Some(fd), None),
+        TargetExit::Cgroup(dir, adopt) => (None, None, Some((dir, adopt))),
     };
     let inputs = Inputs {
         exit_rx,
@@ -128,6 +129,7 @@ fn start(
         tree_events: Some(tree_rx),
         signals,
         stop: None,
+        cgroup,
     };
     (session, inputs)
 }
@@ -186,7 +188,7 @@ fn conclude(
 fn checked_config(args: &TraceArgs, top: bool) -> Result<(TraceConfig, Option<RunAs>)> {
     let Some(config) = TraceConfig::from_args(args) else {
         return Err(anyhow::Error::new(UserError::with_code(
-            "nothing to trace: give --pid PID or a command after `--` (see mtrace --help)",
+            "nothing to trace: give --pid PID, --cgroup PATH or a command after `--` (see mtrace --help)",
             EXIT_USAGE,
         )));
     };
@@ -233,6 +235,9 @@ enum TargetExit {
     Launched(oneshot::Receiver<i32>),
     /// By pid: a pidfd becomes readable.
     Pidfd(OwnedFd),
+    /// By cgroup: the cgroup is empty; and where to send the processes
+    /// that join it for the hold to seize.
+    Cgroup(PathBuf, std::sync::mpsc::Sender<u32>),
 }
 
 /// The root process, probed, and what the session listens to.
@@ -254,6 +259,36 @@ struct Aside {
     command_log: Option<PathBuf>,
     /// Objects other than the probed one that define allocator functions.
     shadowed: Vec<String>,
+}
+
+/// By cgroup: the process whose profile leads the trace (the first of the
+/// cgroup's processes with an allocator mapped, parents before children),
+/// its allocator and mappings, and the others.
+type CgroupRoot = (
+    u32,
+    allocators::AllocatorObject,
+    Vec<tracee::Mapping>,
+    Vec<u32>,
+);
+
+fn cgroup_root(dir: &Path, given: &str) -> Result<CgroupRoot> {
+    let members = tracee::cgroup::members_below(dir);
+    if members.is_empty() {
+        return Err(user_error!("cgroup {given} has no process to trace"));
+    }
+    for &pid in &members {
+        let Ok(maps) = tracee::read_maps(pid) else {
+            continue;
+        };
+        if let Ok(Some(alloc)) = allocators::find_in_process(pid, &maps) {
+            let others = members.iter().copied().filter(|&p| p != pid).collect();
+            return Ok((pid, alloc, maps, others));
+        }
+    }
+    Err(user_error!(
+        "cgroup {given}: none of its {} processes has an allocator mapped",
+        members.len()
+    ))
 }
 
 /// Probes the target: by pid, or by launching the command.
@@ -283,6 +318,22 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             let attached = Attached {
                 root,
                 exit: TargetExit::Pidfd(pidfd),
+                tree_rx,
+                descendants,
+            };
+            (attached, Some(hold), None)
+        }
+        Target::Cgroup(given) => {
+            let dir = tracee::cgroup::resolve(given)?;
+            let (root, alloc, maps, others) = cgroup_root(&dir, given)?;
+            let (adopt_tx, adopt_rx) = std::sync::mpsc::channel();
+            let (hold, descendants) =
+                ExitHold::start_with(root, others, true, Some(adopt_rx), on_event);
+            let space = Arc::new(Mutex::new(AddressSpace::new()));
+            let root = TracedProcess::attach_to(root, alloc, &maps, &settings, space, &template)?;
+            let attached = Attached {
+                root,
+                exit: TargetExit::Cgroup(dir, adopt_tx),
                 tree_rx,
                 descendants,
             };
@@ -372,6 +423,7 @@ fn tracing_line(config: &TraceConfig, root: &TracedProcess, meta: &Meta) -> Stri
         match &config.target {
             Target::Command(_) if config.follow => ", and every process it starts",
             Target::Pid(_) if config.children => ", and its children, present and to come",
+            Target::Cgroup(_) => ", and every process of its cgroup, present and to come",
             _ => "",
         },
         if config.schedule.duration.is_some() {
@@ -429,8 +481,9 @@ fn exit_code(
     match end {
         End::TargetExited(code) => code.unwrap_or(0),
         End::Duration | End::Stopped => command_status(exit_rx),
+        End::CgroupEmpty => 0,
         // Ctrl-C is how a trace by pid normally ends.
-        End::Interrupted(_) if matches!(target, Target::Pid(_)) => 0,
+        End::Interrupted(_) if !matches!(target, Target::Command(_)) => 0,
         End::Interrupted(sig) => 128 + sig,
     }
 }

@@ -20,6 +20,8 @@ pub enum End {
     Interrupted(i32),
     /// `q` in the live view.
     Stopped,
+    /// By cgroup: no process is left in it.
+    CgroupEmpty,
 }
 
 impl End {
@@ -40,6 +42,7 @@ impl End {
             End::Interrupted(sig) if *sig == libc::SIGINT => "interrupted (Ctrl-C)".into(),
             End::Interrupted(sig) => format!("{} received", signal_name(*sig)),
             End::Stopped => "stopped from the live view".into(),
+            End::CgroupEmpty => "no process is left in the cgroup".into(),
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct Inputs {
     pub signals: Signals,
     /// The live view's `q`.
     pub stop: Option<oneshot::Receiver<()>>,
+    /// By cgroup: its directory, and where to send the processes that
+    /// join it (the hold seizes them and tells of them as forks).
+    pub cgroup: Option<(std::path::PathBuf, std::sync::mpsc::Sender<u32>)>,
 }
 
 /// How often the timeline, the status line and the live view are fed.
@@ -40,6 +43,9 @@ const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 /// How often the target's mappings are re-read (new libraries).
 const REFRESH_EVERY: Duration = Duration::from_millis(500);
+
+/// By cgroup: how often its processes are listed.
+const CGROUP_SCAN_EVERY: Duration = Duration::from_millis(100);
 
 /// When the loop ends and when it writes snapshots.
 pub struct Schedule {
@@ -63,6 +69,7 @@ impl Session {
             mut tree_events,
             signals,
             stop,
+            cgroup,
         } = inputs;
         // Live mode: each process's event rings, one per CPU. The BPF
         // programs do not wake us per event; we drain them on a timer,
@@ -97,6 +104,17 @@ impl Session {
         };
         tokio::pin!(sleep);
         let mut refresh = tokio::time::interval(REFRESH_EVERY);
+        // By cgroup: how soon a process that joins it is traced, and the
+        // cgroup's end seen.
+        let mut cgroup_scan = tokio::time::interval(CGROUP_SCAN_EVERY);
+        let scanning = cgroup.is_some();
+        let cgroup_due = async |tick: &mut tokio::time::Interval| {
+            if scanning {
+                tick.tick().await;
+            } else {
+                std::future::pending().await
+            }
+        };
         let mut interval = schedule
             .interval
             .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
@@ -167,6 +185,23 @@ impl Session {
                 _ = refresh.tick() => {
                     for proc in self.procs.values() {
                         proc.space.lock().unwrap().refresh(proc.pid);
+                    }
+                }
+                _ = cgroup_due(&mut cgroup_scan) => {
+                    if let Some((dir, adopt)) = &cgroup {
+                        if !crate::tracee::cgroup::populated(dir) {
+                            break (End::CgroupEmpty, exit_rx);
+                        }
+                        for pid in crate::tracee::cgroup::members_below(dir) {
+                            let known = self
+                                .tree
+                                .processes
+                                .iter()
+                                .any(|p| p.pid == pid && p.exit_code.is_none());
+                            if !known {
+                                let _ = adopt.send(pid);
+                            }
+                        }
                     }
                 }
                 req = next_event(&mut tree_events) => match req {

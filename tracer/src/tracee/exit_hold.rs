@@ -39,7 +39,25 @@ impl ExitHold {
     /// they run on meanwhile, and are the caller's to probe.
     ///
     /// [`go`]: ExitHold::go
-    pub fn start<E>(pid: u32, children: bool, mut on_event: E) -> (ExitHold, Vec<(u32, u32)>)
+    pub fn start<E>(pid: u32, children: bool, on_event: E) -> (ExitHold, Vec<(u32, u32)>)
+    where
+        E: FnMut(TreeEvent) -> anyhow::Result<Option<()>> + Send + 'static,
+    {
+        ExitHold::start_with(pid, Vec::new(), children, None, on_event)
+    }
+
+    /// As [`ExitHold::start`] with children, for `pid` and `others` (the
+    /// processes of a cgroup): the others and their descendants are among
+    /// the descendants returned, each as a child of its parent. Pids sent
+    /// to `adopt` are seized (with what they created) while the tree runs,
+    /// and told to `on_event` as forks.
+    pub fn start_with<E>(
+        pid: u32,
+        others: Vec<u32>,
+        children: bool,
+        adopt: Option<std::sync::mpsc::Receiver<u32>>,
+        mut on_event: E,
+    ) -> (ExitHold, Vec<(u32, u32)>)
     where
         E: FnMut(TreeEvent) -> anyhow::Result<Option<()>> + Send + 'static,
     {
@@ -51,12 +69,11 @@ impl ExitHold {
         let thread = std::thread::Builder::new()
             .name("mtrace-hold".into())
             .spawn(move || {
-                let mut options = libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
-                if children {
-                    options |= libc::PTRACE_O_TRACEFORK
-                        | libc::PTRACE_O_TRACEVFORK
-                        | libc::PTRACE_O_TRACECLONE;
-                }
+                let options = if children {
+                    WITH_CHILDREN
+                } else {
+                    libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC
+                };
                 let mut group = HashMap::new();
                 if !seize_process(pid, options, &mut group) {
                     log::debug!(
@@ -66,16 +83,19 @@ impl ExitHold {
                     let _ = found_tx.send(Vec::new());
                     return;
                 }
-                let descendants = if children {
+                let mut descendants = if children {
                     seize_descendants(pid, options, &mut group)
                 } else {
                     Vec::new()
                 };
+                for other in others {
+                    descendants.extend(seize_tree(other, &mut group));
+                }
                 let _ = found_tx.send(descendants);
                 // Until the session can hear of the tree; an end of the
                 // trace before then detaches at once.
                 let _ = wait_go.recv();
-                wait_tree(pid, group, Some(&flag), &mut on_event);
+                wait_tree(pid, group, Some(&flag), adopt.as_ref(), &mut on_event);
             })
             .ok();
         let descendants = found.recv().unwrap_or_default();
@@ -101,6 +121,26 @@ impl Drop for ExitHold {
             let _ = t.join();
         }
     }
+}
+
+/// Seized with children: exits, execs, and every fork, vfork and clone.
+const WITH_CHILDREN: i32 = libc::PTRACE_O_TRACEEXIT
+    | libc::PTRACE_O_TRACEEXEC
+    | libc::PTRACE_O_TRACEFORK
+    | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACECLONE;
+
+/// Seizes running process `pid` (unless held already) and what it created,
+/// to any depth, with children; returns them as (parent, child), `pid`
+/// first (its parent as /proc says).
+pub(super) fn seize_tree(pid: u32, group: &mut HashMap<u32, u32>) -> Vec<(u32, u32)> {
+    if group.contains_key(&pid) || !seize_process(pid, WITH_CHILDREN, group) {
+        return Vec::new();
+    }
+    let parent = super::ppid(pid).unwrap_or(0);
+    let mut found = vec![(parent, pid)];
+    found.extend(seize_descendants(pid, WITH_CHILDREN, group));
+    found
 }
 
 fn seize(tid: u32, options: i32) -> bool {

@@ -5,6 +5,7 @@
 //! ([`AddressSpace`]).
 
 mod address_space;
+pub mod cgroup;
 mod exit_hold;
 pub mod launch;
 mod linkmap;

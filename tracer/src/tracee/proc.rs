@@ -141,6 +141,17 @@ pub fn check_pid(pid: u32) -> Result<()> {
     Ok(())
 }
 
+/// Its parent's pid, from `/proc/PID/stat` (after the command name, which
+/// may hold anything but ends at the last `)`).
+pub fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// The process's name (`comm`), or `?`.
 pub fn comm(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/comm"))

@@ -168,7 +168,7 @@ where
                 log::warn!("resuming pid {pid}: {e}");
             }
             let group = HashMap::from([(pid, pid)]);
-            let code = wait_tree(pid, group, None, &mut on_event).unwrap_or(1);
+            let code = wait_tree(pid, group, None, None, &mut on_event).unwrap_or(1);
             let _ = exit_tx.send(code);
         })?;
 

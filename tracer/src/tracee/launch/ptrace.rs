@@ -119,9 +119,17 @@ pub(super) fn event_msg(tid: u32) -> Option<u32> {
     (r == 0).then_some(msg as u32)
 }
 
+/// What [`wait_any`] saw.
+pub(super) enum Waited {
+    /// A tracee's wait status.
+    Tracee(u32, i32),
+    /// Nothing from the tracees yet, and `asked` said there is work.
+    Asked,
+}
+
 /// Waits for any tracee; `None` when none is left, or (with `stop`) once
-/// the flag is set.
-pub(super) fn wait_any(stop: Option<&AtomicBool>) -> Option<(u32, i32)> {
+/// the flag is set. With `stop`, `asked` is called between polls.
+pub(super) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> Option<Waited> {
     let mut status = 0;
     let flags = libc::__WALL | if stop.is_some() { libc::WNOHANG } else { 0 };
     loop {
@@ -130,9 +138,12 @@ pub(super) fn wait_any(stop: Option<&AtomicBool>) -> Option<(u32, i32)> {
         }
         let r = unsafe { libc::waitpid(-1, &mut status, flags) };
         if r > 0 {
-            return Some((r as u32, status));
+            return Some(Waited::Tracee(r as u32, status));
         }
         if r == 0 {
+            if asked() {
+                return Some(Waited::Asked);
+            }
             std::thread::sleep(POLL);
             continue;
         }

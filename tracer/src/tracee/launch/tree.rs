@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid},
+    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid, Waited},
     startup::{exit_code, follow_exec},
 };
 use crate::tracee::Mapping;
@@ -46,11 +46,14 @@ pub enum TreeEvent<'a> {
 /// where the tracees were seized), ends when the flag is set: every tracee
 /// is then detached and runs on, and `None` is returned. Otherwise,
 /// tracees still running when the root is gone are detached by the kernel
-/// when this thread ends.
+/// when this thread ends. `adopt` (by pid) hands over processes to seize
+/// while the tree runs (a process that joined a traced cgroup), each told
+/// as a fork of its parent once seized.
 pub fn wait_tree(
     root: u32,
     mut group: HashMap<u32, u32>,
     stop: Option<&AtomicBool>,
+    adopt: Option<&std::sync::mpsc::Receiver<u32>>,
     on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>,
 ) -> Option<i32> {
     // New tracees whose first stop came before their creator's event.
@@ -66,13 +69,36 @@ pub fn wait_tree(
             let _ = waitpid(tid);
         }
     };
+    // Handed over processes wait here until seized.
+    let pending: std::cell::RefCell<Vec<u32>> = Default::default();
+    let asked = || {
+        if let Some(rx) = adopt {
+            pending.borrow_mut().extend(rx.try_iter());
+        }
+        !pending.borrow().is_empty()
+    };
     loop {
-        let Some((tid, status)) = wait_any(stop) else {
-            if stop.is_some() {
-                detach_all(group.keys().copied().chain(early.iter().copied()));
-                return None;
+        let (tid, status) = match wait_any(stop, &asked) {
+            Some(Waited::Tracee(tid, status)) => (tid, status),
+            Some(Waited::Asked) => {
+                for pid in pending.take() {
+                    for (parent, child) in super::super::exit_hold::seize_tree(pid, &mut group) {
+                        let _ = on_event(TreeEvent::Fork {
+                            parent,
+                            child,
+                            vfork: false,
+                        });
+                    }
+                }
+                continue;
             }
-            return Some(1);
+            None => {
+                if stop.is_some() {
+                    detach_all(group.keys().copied().chain(early.iter().copied()));
+                    return None;
+                }
+                return Some(1);
+            }
         };
         if let Some(code) = exit_code(status) {
             if let Some(tgid) = group.remove(&tid) {
