@@ -115,11 +115,13 @@ fn empty(ebpf: &Ebpf) -> Result<()> {
             Array,
             PerCpuArray,
             Hash,
+            PerCpuHash,
         }
         let (kind, data) = match map {
             Map::Array(d) => (Kind::Array, d),
             Map::PerCpuArray(d) => (Kind::PerCpuArray, d),
-            Map::HashMap(d) | Map::PerCpuHashMap(d) => (Kind::Hash, d),
+            Map::HashMap(d) => (Kind::Hash, d),
+            Map::PerCpuHashMap(d) => (Kind::PerCpuHash, d),
             _ => continue,
         };
         let info = data.info()?;
@@ -135,7 +137,11 @@ fn empty(ebpf: &Ebpf) -> Result<()> {
                 let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
                 zero_array(fd, value_size.next_multiple_of(8) * cpus, entries)
             }
-            Kind::Hash => clear_hash(fd, key_size),
+            Kind::Hash => clear_hash(fd, key_size, value_size),
+            Kind::PerCpuHash => {
+                let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
+                clear_hash(fd, key_size, value_size.next_multiple_of(8) * cpus)
+            }
         };
         result.with_context(|| format!("emptying the {name} map"))?;
     }
@@ -157,41 +163,36 @@ fn zero_array(fd: RawFd, value_size: usize, entries: u32) -> std::io::Result<()>
     sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr).map(drop)
 }
 
-/// Every key of a hash map deleted.
-fn clear_hash(fd: RawFd, key_size: usize) -> std::io::Result<()> {
-    let mut keys = Vec::new();
-    let mut key = vec![0u8; key_size];
+/// Every entry of a hash map deleted, a batch at a time (one pass over
+/// its buckets: a key-by-key walk starts each step's search over).
+fn clear_hash(fd: RawFd, key_size: usize, value_size: usize) -> std::io::Result<()> {
+    const BATCH: usize = 256;
+    let mut keys = vec![0u8; key_size * BATCH];
+    let mut values = vec![0u8; value_size * BATCH];
+    let (mut token_in, mut token_out) = (0u64, 0u64);
     let mut first = true;
     loop {
-        let mut next = vec![0u8; key_size];
         // SAFETY: all-zero is a valid bpf_attr.
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the union's element member.
-        let e = unsafe { &mut attr.__bindgen_anon_2 };
-        e.map_fd = fd as u32;
-        e.key = if first { 0 } else { key.as_ptr() as u64 };
-        e.__bindgen_anon_1.next_key = next.as_mut_ptr() as u64;
-        match sys_bpf(bpf_cmd::BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        // SAFETY: the union's batch member.
+        let b = unsafe { &mut attr.batch };
+        b.map_fd = fd as u32;
+        b.in_batch = if first {
+            0
+        } else {
+            &mut token_in as *mut u64 as u64
+        };
+        b.out_batch = &mut token_out as *mut u64 as u64;
+        b.keys = keys.as_mut_ptr() as u64;
+        b.values = values.as_mut_ptr() as u64;
+        b.count = BATCH as u32;
+        match sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut attr) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            // The last batch (possibly empty): the map is empty.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             Err(e) => return Err(e),
         }
         first = false;
-        keys.push(next.clone());
-        key = next;
+        token_in = token_out;
     }
-    for key in &keys {
-        // SAFETY: all-zero is a valid bpf_attr.
-        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the union's element member.
-        let e = unsafe { &mut attr.__bindgen_anon_2 };
-        e.map_fd = fd as u32;
-        e.key = key.as_ptr() as u64;
-        match sys_bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
