@@ -276,15 +276,13 @@ pub fn run(
 ) -> Result<()> {
     require_root("the benchmark (it loads BPF programs)")?;
     if tree_only {
-        let (rows, detach) = tree::run(root, runs)?;
+        let (rows, make, detach) = tree::run(root, runs)?;
         let mut table = String::new();
-        tree::render_table(&rows, &detach, &mut table);
+        tree::render_table(&rows, make.as_ref(), &detach, &mut table);
         println!("{table}");
-        std::fs::write(
-            json_path,
-            format!("{{\n{}\n}}\n", tree::render_json(&rows, &detach)),
-        )
-        .with_context(|| format!("writing {}", json_path.display()))?;
+        let json = tree::render_json(&rows, make.as_ref(), &detach);
+        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
+            .with_context(|| format!("writing {}", json_path.display()))?;
         eprintln!("xtask: wrote {}", json_path.display());
         return Ok(());
     }
@@ -332,15 +330,15 @@ pub fn run(
         eprintln!();
     }
 
-    let (tree_rows, detach) = tree::run(root, runs)?;
+    let (tree_rows, make, detach) = tree::run(root, runs)?;
     let mut table = render_table(&results, &programs, iterations, runs);
-    tree::render_table(&tree_rows, &detach, &mut table);
+    tree::render_table(&tree_rows, make.as_ref(), &detach, &mut table);
     println!("{table}");
     let json = render_json(&results, &programs, iterations, runs);
     let json = format!(
         "{},\n{}\n}}\n",
         json.trim_end().trim_end_matches('}').trim_end(),
-        tree::render_json(&tree_rows, &detach)
+        tree::render_json(&tree_rows, make.as_ref(), &detach)
     );
     std::fs::write(json_path, json).with_context(|| format!("writing {}", json_path.display()))?;
     eprintln!("xtask: wrote {}", json_path.display());

@@ -50,7 +50,7 @@ pub struct Session {
     /// Every process with probes in, by pid.
     procs: BTreeMap<u32, TracedProcess>,
     /// What processes that are gone counted, joined.
-    ended: Option<Profile>,
+    ended: merge::Merged,
     tree: Tree,
     /// The root's metadata (its last program's after an `exec`).
     meta: Meta,
@@ -77,7 +77,7 @@ impl Session {
         Session {
             root: pid,
             procs: [(pid, root)].into(),
-            ended: None,
+            ended: merge::Merged::default(),
             tree,
             meta,
             clock: Clock {
@@ -110,7 +110,7 @@ impl Session {
     /// The whole trace: every process (each symbolized with its own
     /// mappings), joined by what the stacks say.
     pub fn profile(&self) -> Result<Profile> {
-        let mut parts: Vec<Profile> = self.ended.iter().cloned().collect();
+        let mut parts: Vec<Profile> = self.ended.get().into_iter().cloned().collect();
         for proc in self.procs.values() {
             parts.push(self.proc_profile(proc)?);
         }
@@ -144,7 +144,7 @@ impl Session {
             lost: p.losses.map_full + p.live.as_ref().map_or(0, |l| l.events_lost),
         };
         let mut sum = Running::default();
-        if let Some(ended) = &self.ended {
+        if let Some(ended) = self.ended.get() {
             sum.add(of(ended));
         }
         for proc in self.procs.values() {

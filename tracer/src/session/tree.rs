@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::{detach, Session, TracedProcess};
 use crate::{
-    profile::{merge, Meta, ProcessMeta},
+    profile::{Meta, ProcessMeta},
     render::text::printable,
     say,
     tracee::{self, launch::TreeEvent, AddressSpace, Mapping},
@@ -268,10 +268,7 @@ impl Session {
                 if let Some(mut proc) = self.procs.remove(&pid) {
                     proc.finish()?;
                     let profile = self.proc_profile(&proc)?;
-                    self.ended = Some(match self.ended.take() {
-                        Some(ended) => merge::merge(vec![ended, profile]),
-                        None => profile,
-                    });
+                    self.ended.add(profile);
                     detach::let_go(proc.release(), true);
                 }
                 Ok(true)

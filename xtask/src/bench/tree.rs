@@ -39,6 +39,16 @@ pub struct TreeRow {
     mtrace_live_s: f64,
 }
 
+/// `make -j2` of a generated C project: every file compiled, linked, run.
+pub struct MakeRow {
+    units: usize,
+    untraced_s: f64,
+    mtrace_s: f64,
+    /// Processes the trace saw, and how many it traced.
+    processes: u64,
+    traced: u64,
+}
+
 pub struct DetachRow {
     mode: &'static str,
     /// SIGINT to mtrace's exit, milliseconds, every run.
@@ -73,7 +83,77 @@ fn best(runs: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
     Ok(best)
 }
 
-pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Vec<DetachRow>)> {
+/// Translation units of the generated project.
+const UNITS: usize = 50;
+
+/// A C project of [`UNITS`] files, each a function that allocates, and a
+/// main that calls them all; its Makefile builds and runs it.
+fn make_project(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut main = String::from("#include <stdlib.h>\n");
+    let mut objs = Vec::new();
+    for i in 0..UNITS {
+        std::fs::write(
+            dir.join(format!("unit{i}.c")),
+            format!(
+                "#include <stdlib.h>\n#include <string.h>\nvoid *volatile sink{i};\nvoid unit{i}(void) {{\n    for (int j = 0; j < {n}; j++) {{\n        char *p = malloc({size});\n        memset(p, j, {size});\n        sink{i} = p;\n        free(p);\n    }}\n}}\n",
+                n = 10 + i,
+                size = 16 + 8 * i
+            ),
+        )?;
+        main.push_str(&format!("void unit{i}(void);\n"));
+        objs.push(format!("unit{i}.o"));
+    }
+    main.push_str("int main(void) {\n");
+    for i in 0..UNITS {
+        main.push_str(&format!("    unit{i}();\n"));
+    }
+    main.push_str("    return 0;\n}\n");
+    std::fs::write(dir.join("main.c"), main)?;
+    std::fs::write(
+        dir.join("Makefile"),
+        format!(
+            "OBJS = main.o {}\nall: prog\n\t./prog\nprog: $(OBJS)\n\t$(CC) -o $@ $(OBJS)\n%.o: %.c\n\t$(CC) -O2 -c -o $@ $<\nclean:\n\trm -f prog *.o\n",
+            objs.join(" ")
+        ),
+    )?;
+    Ok(())
+}
+
+/// `make -j2` from clean, untraced and under mtrace, best of `runs`.
+fn make_row(root: &Path, out_dir: &Path, runs: usize) -> Result<MakeRow> {
+    let dir = out_dir.join("make-project");
+    make_project(&dir)?;
+    let make = |mtrace: Option<&Path>| -> Result<f64> {
+        timed(Command::new("make").arg("-C").arg(&dir).arg("clean"))?;
+        match mtrace {
+            None => timed(Command::new("make").arg("-C").arg(&dir).arg("-j2")),
+            Some(m) => timed(
+                Command::new(m)
+                    .args(["--top", "0", "-o"])
+                    .arg(out_dir.join("make.json"))
+                    .args(["--", "make", "-C"])
+                    .arg(&dir)
+                    .arg("-j2"),
+            ),
+        }
+    };
+    let untraced_s = best(runs, || make(None))?;
+    let mtrace = root.join("target/release/mtrace");
+    let mtrace_s = best(runs, || make(Some(&mtrace)))?;
+    let json = std::fs::read_to_string(out_dir.join("make.json"))?;
+    let processes = json.matches("\"traced\": ").count() as u64;
+    let traced = json.matches("\"traced\": true").count() as u64;
+    Ok(MakeRow {
+        units: UNITS,
+        untraced_s,
+        mtrace_s,
+        processes,
+        traced,
+    })
+}
+
+pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, Vec<DetachRow>)> {
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     let src = out_dir.join("small.c");
@@ -134,6 +214,9 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Vec<DetachRow>)> {
         });
     }
     eprintln!();
+    eprint!("xtask: bench make -j2 of {UNITS} files");
+    let make = make_row(root, &out_dir, runs)?;
+    eprintln!();
     let busy = out_dir.join("bench-busy");
     compile_c(&root.join("xtask/bench/bench.c"), &busy, &["-pthread"])?;
     let mut detach = Vec::new();
@@ -146,7 +229,7 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Vec<DetachRow>)> {
         detach.push(DetachRow { mode, ms });
     }
     eprintln!();
-    Ok((rows, detach))
+    Ok((rows, Some(make), detach))
 }
 
 fn which(name: &str) -> Option<std::path::PathBuf> {
@@ -200,7 +283,12 @@ fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<f64> {
     Ok(ms)
 }
 
-pub fn render_table(rows: &[TreeRow], detach: &[DetachRow], out: &mut String) {
+pub fn render_table(
+    rows: &[TreeRow],
+    make: Option<&MakeRow>,
+    detach: &[DetachRow],
+    out: &mut String,
+) {
     let per_exec = |s: f64, base: f64| (s - base) * 1e3 / EXECS as f64;
     let _ = writeln!(
         out,
@@ -225,6 +313,13 @@ pub fn render_table(rows: &[TreeRow], detach: &[DetachRow], out: &mut String) {
             per_exec(r.mtrace_live_s, r.untraced_s),
         );
     }
+    if let Some(m) = make {
+        let _ = writeln!(
+            out,
+            "\nmake -j2 of a C project of {} files, from clean, best of the runs\n\n| untraced s | mtrace s | processes seen | traced |\n|---|---|---|---|\n| {:.2} | {:.2} | {} | {} |",
+            m.units, m.untraced_s, m.mtrace_s, m.processes, m.traced
+        );
+    }
     let _ = writeln!(
         out,
         "\nby pid, Ctrl-C to mtrace's exit (every probe out), on the benchmark in 2 threads, ms\n\n| mode | median | max |\n|---|---|---|"
@@ -242,7 +337,7 @@ pub fn render_table(rows: &[TreeRow], detach: &[DetachRow], out: &mut String) {
     }
 }
 
-pub fn render_json(rows: &[TreeRow], detach: &[DetachRow]) -> String {
+pub fn render_json(rows: &[TreeRow], make: Option<&MakeRow>, detach: &[DetachRow]) -> String {
     let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.4}"));
     let rows: Vec<String> = rows
         .iter()
@@ -270,8 +365,14 @@ pub fn render_json(rows: &[TreeRow], detach: &[DetachRow]) -> String {
             )
         })
         .collect();
+    let make = make.map_or("null".to_string(), |m| {
+        format!(
+            "{{\"units\": {}, \"untraced_s\": {:.4}, \"mtrace_s\": {:.4}, \"processes\": {}, \"traced\": {}}}",
+            m.units, m.untraced_s, m.mtrace_s, m.processes, m.traced
+        )
+    });
     format!(
-        "  \"process_tree\": [\n{}\n  ],\n  \"ctrl_c\": [\n{}\n  ]",
+        "  \"process_tree\": [\n{}\n  ],\n  \"make\": {make},\n  \"ctrl_c\": [\n{}\n  ]",
         rows.join(",\n"),
         detach.join(",\n")
     )

@@ -47,32 +47,58 @@ fn key(e: &StackEntry) -> StackKey {
 /// last part's (its duration runs from the start of the trace), with the
 /// probes of every part; counts, losses and stack quality are summed;
 /// stacks that read the same are one row.
-pub fn merge(mut parts: Vec<Profile>) -> Profile {
-    // An exec frees the whole heap: the trace's peak is the highest of the
-    // parts', and each stack's share of it is its share in that part.
-    let peak_part = parts
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, p)| (p.live.as_ref().map_or(0, |l| l.peak_bytes), usize::MAX - i))
-        .map(|(i, _)| i);
-    for (i, part) in parts.iter_mut().enumerate() {
-        if Some(i) != peak_part {
-            for live in part.stacks.iter_mut().filter_map(|e| e.live.as_mut()) {
-                live.live_bytes_at_peak = 0;
-            }
-        }
-    }
-    let mut parts = parts.into_iter();
-    let Some(mut out) = parts.next() else {
-        return Profile::default();
-    };
-    let mut index: HashMap<StackKey, usize> = out
-        .stacks
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (key(e), i))
-        .collect();
+pub fn merge(parts: Vec<Profile>) -> Profile {
+    let mut merged = Merged::default();
     for part in parts {
+        merged.add(part);
+    }
+    merged.into_profile()
+}
+
+/// Profiles joined one at a time, as [`merge`] joins them, each in time
+/// that grows with its own size only (the rows' index is kept): a tree
+/// of thousands of processes adds each as it goes.
+#[derive(Default)]
+pub struct Merged {
+    out: Option<Profile>,
+    index: HashMap<StackKey, usize>,
+}
+
+impl Merged {
+    /// The profiles joined so far.
+    pub fn get(&self) -> Option<&Profile> {
+        self.out.as_ref()
+    }
+
+    pub fn into_profile(self) -> Profile {
+        self.out.unwrap_or_default()
+    }
+
+    /// Joins `part` (newer than every part so far).
+    pub fn add(&mut self, mut part: Profile) {
+        let Some(out) = self.out.as_mut() else {
+            self.index = part
+                .stacks
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (key(e), i))
+                .collect();
+            self.out = Some(part);
+            return;
+        };
+        // An exec frees the whole heap: the trace's peak is the highest
+        // of the parts' (the earliest of equal ones), and each stack's
+        // share of it is its share in that part.
+        let peak = |p: &Profile| p.live.as_ref().map_or(0, |l| l.peak_bytes);
+        let not_at_peak = if peak(&part) > peak(out) {
+            &mut out.stacks
+        } else {
+            &mut part.stacks
+        };
+        for live in not_at_peak.iter_mut().filter_map(|e| e.live.as_mut()) {
+            live.live_bytes_at_peak = 0;
+        }
+        let index = &mut self.index;
         for probe in &part.meta.probes {
             if !out.meta.probes.contains(probe) {
                 out.meta.probes.push(probe.clone());
@@ -118,7 +144,6 @@ pub fn merge(mut parts: Vec<Profile>) -> Profile {
         };
         out.snapshot = part.snapshot;
     }
-    out
 }
 
 fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
