@@ -521,3 +521,37 @@ fn a_tree_reuses_loaded_objects_and_counts_each_program_once() {
         assert_eq!(said("loaded") + said("reused"), RUNS + 1, "{d}");
     }
 }
+
+/// A daemon that forks away (a double fork: the command's child starts
+/// a grandchild in the background and exits, and so does the command)
+/// is traced until it exits, from its first instruction; mtrace says
+/// why it goes on after the command, and exits with the command's status.
+#[test]
+fn a_daemon_that_forks_away_is_traced_until_it_is_gone() {
+    need_bpf!();
+    let script = format!(
+        "( (sleep 0.3; exec {} >/dev/null) & ); exit 3",
+        Fixture::Counts.path_str()
+    );
+    let (out, p) = run_profiled(&["--top", "0", "--", "sh", "-c", &script]);
+    out.assert_exit(3);
+    let d = out.describe();
+    assert!(
+        out.stderr
+            .iter()
+            .any(|l| l.starts_with("mtrace: the command exited with status 3; tracing the ")),
+        "{d}"
+    );
+    assert!(
+        out.stderr
+            .iter()
+            .any(|l| l.ends_with(": the target exited with status 3")),
+        "{d}"
+    );
+    assert_counts_sites(&p, &d);
+    let procs = processes(&p);
+    assert!(
+        procs.iter().any(|e| e.2 == "counts" && e.3),
+        "the daemon traced: {procs:?}"
+    );
+}

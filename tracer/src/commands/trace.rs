@@ -76,11 +76,12 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     for sink in &mut sinks {
         finished.add(sink.finish(&profile));
     }
+    let root_code = session.root_code();
     // Dropping the programs closes their links: the kernel takes the
     // breakpoints out of the target.
     session.detach();
     finished.result()?;
-    Ok(exit_code(end, exit_rx, &config.target, &rt))
+    Ok(exit_code(end, exit_rx, root_code, &config.target, &rt))
 }
 
 /// The session of the attached root, and what its loop listens to
@@ -469,6 +470,7 @@ fn watchers(
 fn exit_code(
     end: End,
     exit_rx: Option<oneshot::Receiver<i32>>,
+    root_code: Option<i32>,
     target: &Target,
     rt: &tokio::runtime::Runtime,
 ) -> i32 {
@@ -480,6 +482,8 @@ fn exit_code(
     };
     match end {
         End::TargetExited(code) => code.unwrap_or(0),
+        // The command exited while processes it started ran on.
+        _ if root_code.is_some() => root_code.unwrap_or(0),
         End::Duration | End::Stopped => command_status(exit_rx),
         End::CgroupEmpty => 0,
         // Ctrl-C is how a trace by pid normally ends.

@@ -58,6 +58,9 @@ pub struct Session {
     options: Options,
     /// The trace over time.
     timeline: Recorder,
+    /// Launch mode: the command's exit status, once it exited while
+    /// processes it started still ran.
+    root_code: Option<i32>,
 }
 
 impl Session {
@@ -87,6 +90,7 @@ impl Session {
             },
             options,
             timeline: Recorder::new(1.0, mode.live || mode.count_frees),
+            root_code: None,
         }
     }
 
@@ -98,6 +102,21 @@ impl Session {
     /// How long it has traced.
     pub fn elapsed(&self) -> Duration {
         self.clock.started.elapsed()
+    }
+
+    /// Launch mode: the command's exit status, if it exited while
+    /// processes it started ran on.
+    pub fn root_code(&self) -> Option<i32> {
+        self.root_code
+    }
+
+    /// Processes of the tree still running, the root left out.
+    fn running_besides_root(&self) -> usize {
+        self.tree
+            .processes
+            .iter()
+            .filter(|p| p.pid != self.root && p.exit_code.is_none())
+            .count()
     }
 
     /// The root exited with `code` (launch mode learns it at the end).

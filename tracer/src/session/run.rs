@@ -16,7 +16,7 @@ use super::{
     tree::TreeRequest,
     Session,
 };
-use crate::{sinks::Sink, watch::Watcher};
+use crate::{say, sinks::Sink, watch::Watcher};
 
 /// What a running trace listens to.
 pub struct Inputs {
@@ -169,7 +169,26 @@ impl Session {
                         w.tick(&tick, &|| self.profile())?;
                     }
                 }
-                code = target_exit(&mut exit_rx) => break (End::TargetExited(code), None),
+                code = target_exit(&mut exit_rx) => {
+                    // Launch mode: processes the command started that
+                    // still run (a daemon that forked away) are traced
+                    // until they are gone too: the launch thread ends then.
+                    let running = self.running_besides_root();
+                    match (code, &tree_events) {
+                        (Some(code), Some(_)) if running > 0 => {
+                            exit_rx = None;
+                            self.root_code = Some(code);
+                            say!(
+                                "mtrace: the command exited{}; tracing the {running} {} it started that still {} until {} gone, Ctrl-C to stop",
+                                if code == 0 { String::new() } else { format!(" with status {code}") },
+                                if running == 1 { "process" } else { "processes" },
+                                if running == 1 { "runs" } else { "run" },
+                                if running == 1 { "it is" } else { "they are" },
+                            );
+                        }
+                        _ => break (End::TargetExited(code), None),
+                    }
+                }
                 _ = &mut sleep => break (End::Duration, exit_rx),
                 _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
                 _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
@@ -216,8 +235,14 @@ impl Session {
                             log::warn!("{e:#}");
                         }
                     }
-                    // The launch thread is gone: no more events.
-                    None => tree_events = None,
+                    // The launch thread is gone: no more events, and in
+                    // launch mode no process of the tree is left.
+                    None => {
+                        tree_events = None;
+                        if let Some(code) = self.root_code {
+                            break (End::TargetExited(Some(code)), None);
+                        }
+                    }
                 },
             }
         };

@@ -168,8 +168,25 @@ where
                 log::warn!("resuming pid {pid}: {e}");
             }
             let group = HashMap::from([(pid, pid)]);
+            // The command's status goes out when it exits; the tree is
+            // followed on until every process of it is gone (the end of
+            // this thread tells the session so).
+            let mut exit_tx = Some(exit_tx);
+            let mut on_event = |event: TreeEvent| {
+                if let TreeEvent::Gone { pid: gone, code } = &event {
+                    let (gone, code) = (*gone, *code);
+                    if gone == pid {
+                        if let Some(tx) = exit_tx.take() {
+                            let _ = tx.send(code);
+                        }
+                    }
+                }
+                on_event(event)
+            };
             let code = wait_tree(pid, group, None, None, &mut on_event).unwrap_or(1);
-            let _ = exit_tx.send(code);
+            if let Some(tx) = exit_tx.take() {
+                let _ = tx.send(code);
+            }
         })?;
 
     let (_pid, attached) = ready_rx

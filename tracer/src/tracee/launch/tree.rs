@@ -39,13 +39,14 @@ pub enum TreeEvent<'a> {
 }
 
 /// Follows the root process (and with `PTRACE_O_TRACEFORK` and its kin,
-/// every process and thread it creates) until the root is gone, passing
-/// signals on and telling `on_event` of each [`TreeEvent`]; returns the
-/// root's exit code to pass through. `group` holds the thread group of
+/// every process and thread it creates, daemons that fork away from it
+/// included) until every one is gone, passing signals on and telling
+/// `on_event` of each [`TreeEvent`]; returns the root's exit code to pass
+/// through. `group` holds the thread group of
 /// every thread traced already (the root's at least). With `stop` (by pid,
 /// where the tracees were seized), ends when the flag is set: every tracee
 /// is then detached and runs on, and `None` is returned. Otherwise,
-/// tracees still running when the root is gone are detached by the kernel
+/// tracees still running when the trace ends are detached by the kernel
 /// when this thread ends. `adopt` (by pid) hands over processes to seize
 /// while the tree runs (a process that joined a traced cgroup), each told
 /// as a fork of its parent once seized.
@@ -58,6 +59,8 @@ pub fn wait_tree(
 ) -> Option<i32> {
     // New tracees whose first stop came before their creator's event.
     let mut early: HashSet<u32> = HashSet::new();
+    // Launch mode: the root's exit code, once it is gone.
+    let mut root_code = None;
     let cont = |tid: u32, sig: i32| {
         // A tracee that is gone already: its wait status says how.
         let _ = ptrace(libc::PTRACE_CONT, tid, sig as usize);
@@ -97,7 +100,7 @@ pub fn wait_tree(
                     detach_all(group.keys().copied().chain(early.iter().copied()));
                     return None;
                 }
-                return Some(1);
+                return Some(root_code.unwrap_or(1));
             }
         };
         if let Some(code) = exit_code(status) {
@@ -105,7 +108,7 @@ pub fn wait_tree(
                 if tid == tgid {
                     let _ = on_event(TreeEvent::Gone { pid: tid, code });
                     if tid == root && stop.is_none() {
-                        return Some(code);
+                        root_code = Some(code);
                     }
                 }
             }
@@ -157,7 +160,7 @@ pub fn wait_tree(
                     group.remove(&pid);
                     let _ = on_event(TreeEvent::Gone { pid, code });
                     if pid == root && stop.is_none() {
-                        return Some(code);
+                        root_code = Some(code);
                     }
                     continue;
                 }
