@@ -97,7 +97,7 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
     let mut m = Mtrace::start(&[
         "--per-process",
         "--top",
-        "0",
+        "1",
         "-o",
         json.to_str().unwrap(),
         "--cgroup",
@@ -158,6 +158,15 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
             "{func} from {caller}\n{d}"
         );
     }
+    // Per process, each with the cgroup it ran in.
+    let name = cg.dir.file_name().unwrap().to_str().unwrap();
+    let report = out.report();
+    let in_cgroup = report
+        .by_process
+        .iter()
+        .filter(|l| l.starts_with("counts (pid ") && l.ends_with(&format!(", cgroup /{name}")))
+        .count();
+    assert_eq!(in_cgroup, 3, "{d}");
 }
 
 /// mtrace killed with SIGKILL while it traces a cgroup leaves nothing in

@@ -158,6 +158,29 @@ fn per_process_rows_name_their_process() {
             .any(|e| e.0 == g.pid as u64 && e.1 == a.pid as u64),
         "grandchild_work runs in a child of child_work's process: {procs:?}"
     );
+    // The processes that allocated, by calls, each with its executable and
+    // cgroup (this test's own).
+    let report = out.report();
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let cgroup = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_default();
+    let line_of = |pid: u32| {
+        report
+            .by_process
+            .iter()
+            .find(|l| l.contains(&format!(" (pid {pid}): ")))
+            .unwrap_or_else(|| panic!("no by-process line of pid {pid}\n{d}"))
+    };
+    for pid in [root, a.pid, g.pid] {
+        let l = line_of(pid);
+        assert!(l.starts_with("tree (pid "), "{l}\n{d}");
+        assert!(l.contains(Fixture::Tree.path_str()), "{l}\n{d}");
+        if !cgroup.is_empty() {
+            assert!(l.ends_with(&format!(", cgroup {cgroup}")), "{l}\n{d}");
+        }
+    }
     // The counts fixture ran twice, as two programs: two rows.
     let names: BTreeSet<String> = p
         .stacks_at("malloc", "alloc_small")

@@ -41,6 +41,9 @@ pub struct Report {
     pub probes_also: Option<String>,
     /// `processes: N traced (M exited during the trace)[, K not traced]`.
     pub processes: Option<Processes>,
+    /// `by process: NAME (pid PID): N calls, BYTES[, EXE][, cgroup PATH]`
+    /// (per process), what follows the label.
+    pub by_process: Vec<String>,
     /// `not traced: ...` lines: what follows the label.
     pub not_traced: Vec<String>,
     pub rows: Vec<Row>,
@@ -262,6 +265,8 @@ impl Report {
                 r.command = Some(c.to_string());
             } else if let Some(p) = line.strip_prefix("processes: ") {
                 r.processes = Some(Processes::parse(p, line)?);
+            } else if let Some(p) = line.strip_prefix("by process: ") {
+                r.by_process.push(p.to_string());
             } else if let Some(n) = line.strip_prefix("not traced: ") {
                 r.not_traced.push(n.to_string());
             } else if let Some(also) = line.strip_prefix("probes: also ") {

@@ -36,6 +36,7 @@ impl Tree {
             p.name = proc.name.clone();
             p.command = proc.meta.command.clone();
             p.executable = proc.meta.executable.clone();
+            p.cgroup = crate::tracee::cgroup::of(proc.pid);
             p.allocator_object = proc.meta.allocator_object.clone();
         }
     }
@@ -191,6 +192,7 @@ impl Session {
                     name: tracee::comm(child),
                     command: tracee::cmdline(child),
                     executable: tracee::executable(child),
+                    cgroup: tracee::cgroup::of(child),
                     ..Default::default()
                 });
                 // A vfork child shares its parent's memory, and its probes,

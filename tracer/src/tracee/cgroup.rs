@@ -84,3 +84,14 @@ pub fn populated(dir: &Path) -> bool {
         .map(|e| e.lines().any(|l| l == "populated 1"))
         .unwrap_or(false)
 }
+
+/// The cgroup v2 path of `pid` (`/proc/PID/cgroup`'s `0::` line), empty
+/// when it has none.
+pub fn of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_default()
+        .to_string()
+}

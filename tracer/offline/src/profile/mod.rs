@@ -200,6 +200,9 @@ pub struct ProcessMeta {
     pub command: String,
     #[serde(default)]
     pub executable: String,
+    /// Its cgroup v2 path (from `/proc/PID/cgroup`), empty when unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cgroup: String,
     /// Where its probes were (empty when not traced).
     #[serde(default)]
     pub allocator_object: String,

@@ -25,7 +25,9 @@ use std::fmt::Write as _;
 
 use crate::profile::{Losses, Profile};
 
-use super::text::{bytes, count, frame_text, printable_profile, quality_lines, wrap_list, Paint};
+use super::text::{
+    bytes, count, frame_text, printable_profile, quality_lines, thousands, wrap_list, Paint,
+};
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
 
 mod leaks;
@@ -72,6 +74,52 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
     }
     if let Some(live) = &profile.live {
         out.push_str(&leaks::summary(profile, live, opts.top, paint));
+    }
+    out
+}
+
+/// Processes shown by [`by_process`].
+const BY_PROCESS_SHOWN: usize = 5;
+
+/// Per process (rows split with `--per-process`): the processes that
+/// allocated most, by calls, with their executable and cgroup.
+fn by_process(profile: &Profile) -> String {
+    let mut per: std::collections::HashMap<u32, (u64, u64)> = Default::default();
+    for e in profile.stacks.iter().filter(|e| e.func != FREE_FUNC) {
+        if let Some(p) = &e.process {
+            let sum = per.entry(p.pid).or_default();
+            sum.0 += e.counts.calls;
+            sum.1 += e.counts.bytes;
+        }
+    }
+    let mut rows: Vec<(u32, u64, u64)> = per.into_iter().map(|(pid, (c, b))| (pid, c, b)).collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut out = String::new();
+    for &(pid, calls, b) in rows.iter().take(BY_PROCESS_SHOWN) {
+        let meta = profile.meta.processes.iter().rev().find(|p| p.pid == pid);
+        let _ = write!(
+            out,
+            "by process: {} (pid {pid}): {} calls, {}",
+            meta.map_or("?", |m| m.name.as_str()),
+            thousands(calls),
+            bytes(b)
+        );
+        if let Some(m) = meta {
+            if !m.executable.is_empty() {
+                let _ = write!(out, ", {}", m.executable);
+            }
+            if !m.cgroup.is_empty() {
+                let _ = write!(out, ", cgroup {}", m.cgroup);
+            }
+        }
+        out.push('\n');
+    }
+    if rows.len() > BY_PROCESS_SHOWN {
+        let _ = writeln!(
+            out,
+            "by process: {} more processes allocated",
+            rows.len() - BY_PROCESS_SHOWN
+        );
     }
     out
 }
@@ -142,6 +190,7 @@ fn header(profile: &Profile, paint: Paint) -> String {
                 untraced.len().saturating_sub(UNTRACED_SHOWN)
             );
         }
+        out.push_str(&by_process(profile));
     }
     if let Some(s) = &meta.sampling {
         let how = match s.kind.as_str() {
