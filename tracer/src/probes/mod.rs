@@ -380,7 +380,12 @@ impl Probes {
 
     /// Takes every probe out, side by side.
     pub fn take_out(&mut self) {
-        multi::close_all(std::mem::take(&mut self.links));
+        multi::close_all(self.take_links());
+    }
+
+    /// Its links, for the caller to close (the probes stay in until then).
+    pub fn take_links(&mut self) -> Vec<multi::Link> {
+        std::mem::take(&mut self.links)
     }
 
     fn split(self) -> (Vec<multi::Link>, pool::Loaded) {

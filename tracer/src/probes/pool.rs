@@ -64,7 +64,14 @@ pub fn ring(ebpf: &Ebpf, name: &str) -> Result<RingBuf<MapData>> {
     };
     let mut rings = RINGS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(i) = rings.iter().position(|(r, _)| *r == id) {
-        return Ok(rings.swap_remove(i).1);
+        let mut ring = rings.swap_remove(i).1;
+        // What a program of the previous process wrote after its last
+        // drain (it ran as counting was switched off) is of after its
+        // trace's end: the new process's reader starts empty.
+        while let Some(item) = ring.next() {
+            drop(item);
+        }
+        return Ok(ring);
     }
     drop(rings);
     Ok(RingBuf::try_from(map_copy(ebpf, name)?)?)

@@ -27,6 +27,9 @@ impl Session {
     /// went when that happened.
     pub fn detach(mut self) {
         let started = Instant::now();
+        if let Some(closing) = self.letting_go.take() {
+            let _ = closing.join();
+        }
         let procs = std::mem::take(&mut self.procs);
         let n: usize = procs.values().map(|p| p.probes.attached.len()).sum();
         std::thread::scope(|s| {

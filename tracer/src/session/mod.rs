@@ -61,6 +61,8 @@ pub struct Session {
     /// Launch mode: the command's exit status, once it exited while
     /// processes it started still ran.
     root_code: Option<i32>,
+    /// The links of every process, closing once counting has stopped.
+    letting_go: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Session {
@@ -91,6 +93,7 @@ impl Session {
             options,
             timeline: Recorder::new(1.0, mode.live || mode.count_frees),
             root_code: None,
+            letting_go: None,
         }
     }
 
@@ -230,8 +233,26 @@ impl Session {
 
     /// Counting ends in every process; the timeline's last point.
     pub fn finish(&mut self) -> Result<()> {
+        let stopping = Instant::now();
         for proc in self.procs.values_mut() {
             proc.finish()?;
+        }
+        // Nothing counts any more: the probes go now, side by side, while
+        // the maps are read and the report written (by pid, the target
+        // stops paying for them as soon as the kernel has them out).
+        let links: Vec<_> = self
+            .procs
+            .values_mut()
+            .flat_map(|p| p.probes.take_links())
+            .collect();
+        if !links.is_empty() {
+            self.letting_go = Some(std::thread::spawn(move || {
+                crate::probes::multi::close_all(links);
+                log::debug!(
+                    "every probe out {:.1} ms after counting stopped",
+                    stopping.elapsed().as_secs_f64() * 1e3
+                );
+            }));
         }
         let tick = self.tick();
         self.timeline

@@ -53,6 +53,9 @@ pub struct DetachRow {
     mode: &'static str,
     /// SIGINT to mtrace's exit, milliseconds, every run.
     ms: Vec<f64>,
+    /// SIGINT to the last probe out (mtrace -v's "every probe out" after
+    /// counting stopped, plus SIGINT to the stop), milliseconds.
+    out_ms: Vec<f64>,
 }
 
 fn shell_loop(program: &str) -> String {
@@ -221,12 +224,14 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, V
     compile_c(&root.join("xtask/bench/bench.c"), &busy, &["-pthread"])?;
     let mut detach = Vec::new();
     for (mode, args) in [("count", &[][..]), ("live", &["--live"][..])] {
-        let mut ms = Vec::new();
+        let (mut ms, mut out_ms) = (Vec::new(), Vec::new());
         for _ in 0..runs {
             eprint!("\rxtask: bench Ctrl-C by pid, {mode:<10}");
-            ms.push(ctrl_c(&mtrace, &busy, args)?);
+            let (exit, out) = ctrl_c(&mtrace, &busy, args)?;
+            ms.push(exit);
+            out_ms.push(out);
         }
-        detach.push(DetachRow { mode, ms });
+        detach.push(DetachRow { mode, ms, out_ms });
     }
     eprintln!();
     Ok((rows, Some(make), detach))
@@ -247,8 +252,9 @@ fn tempdir(under: &Path) -> Result<std::path::PathBuf> {
 }
 
 /// By pid, on the benchmark in a long loop (two threads): mtrace attaches,
-/// traces a second, gets SIGINT; milliseconds from the signal to its exit.
-fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<f64> {
+/// traces a second, gets SIGINT; milliseconds from the signal to its exit,
+/// and to the last probe out.
+fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<(f64, f64)> {
     let mut target = Command::new(busy)
         .args(["1000000000", "2"])
         .stdin(Stdio::null())
@@ -256,6 +262,7 @@ fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<f64> {
         .spawn()
         .with_context(|| format!("running {}", busy.display()))?;
     let mut tracer = Command::new(mtrace)
+        .arg("-v")
         .args(args)
         .args(["-o", "/dev/null", "--pid", &target.id().to_string()])
         .stdin(Stdio::null())
@@ -264,9 +271,22 @@ fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<f64> {
         .spawn()?;
     // Tracing once its first line is out.
     let stderr = tracer.stderr.take().context("mtrace's stderr")?;
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-    let attached = lines.next().is_some();
-    std::thread::spawn(move || lines.for_each(drop));
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok);
+    let attached = lines.any(|l| l.starts_with("mtrace: tracing pid "));
+    // From the signal: when counting stopped, and the last probe out after.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut out_after_stop = None;
+        for l in lines {
+            if l.contains("tracing ended after") {
+                let _ = stop_tx.send(Instant::now());
+            }
+            if let Some(rest) = l.split("every probe out ").nth(1) {
+                out_after_stop = rest.split(' ').next().and_then(|v| v.parse::<f64>().ok());
+            }
+        }
+        out_after_stop
+    });
     std::thread::sleep(Duration::from_secs(1));
     // Timed from before kill(1) runs: over by its start-up, a millisecond.
     let sent = Instant::now();
@@ -277,10 +297,15 @@ fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<f64> {
     let ms = sent.elapsed().as_secs_f64() * 1e3;
     let _ = target.kill();
     let _ = target.wait();
+    let out_after_stop = reader.join().ok().flatten();
+    let stopped = stop_rx.try_recv().ok();
     if !attached || !status.success() {
         bail!("mtrace --pid did not trace the benchmark ({status})");
     }
-    Ok(ms)
+    let (Some(after), Some(stopped)) = (out_after_stop, stopped) else {
+        bail!("mtrace -v did not say when its probes were out");
+    };
+    Ok((ms, stopped.duration_since(sent).as_secs_f64() * 1e3 + after))
 }
 
 pub fn render_table(
@@ -322,17 +347,20 @@ pub fn render_table(
     }
     let _ = writeln!(
         out,
-        "\nby pid, Ctrl-C to mtrace's exit (every probe out), on the benchmark in 2 threads, ms\n\n| mode | median | max |\n|---|---|---|"
+        "\nby pid, on the benchmark in 2 threads: Ctrl-C (SIGINT) to the last probe out, and to mtrace's exit (report written), ms\n\n| mode | to the last probe out, median | max | to exit, median | max |\n|---|---|---|---|---|"
     );
-    for d in detach {
-        let mut v = d.ms.clone();
+    let median_max = |v: &[f64]| {
+        let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v.last().copied().unwrap_or(0.0))
+    };
+    for d in detach {
+        let (om, ox) = median_max(&d.out_ms);
+        let (em, ex) = median_max(&d.ms);
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.0} |",
-            d.mode,
-            v[v.len() / 2],
-            v.last().copied().unwrap_or(0.0)
+            "| {} | {om:.0} | {ox:.0} | {em:.0} | {ex:.0} |",
+            d.mode
         );
     }
 }
@@ -355,13 +383,17 @@ pub fn render_json(rows: &[TreeRow], make: Option<&MakeRow>, detach: &[DetachRow
     let detach: Vec<String> = detach
         .iter()
         .map(|d| {
-            format!(
-                "    {{\"mode\": \"{}\", \"ctrl_c_to_exit_ms\": [{}]}}",
-                d.mode,
-                d.ms.iter()
+            let list = |v: &[f64]| {
+                v.iter()
                     .map(|v| format!("{v:.1}"))
                     .collect::<Vec<_>>()
                     .join(", ")
+            };
+            format!(
+                "    {{\"mode\": \"{}\", \"ctrl_c_to_last_probe_out_ms\": [{}], \"ctrl_c_to_exit_ms\": [{}]}}",
+                d.mode,
+                list(&d.out_ms),
+                list(&d.ms)
             )
         })
         .collect();
