@@ -528,9 +528,23 @@ fn leak_suspects(out: &mut String, profile: &Profile) {
             totals.frees_lost
         );
     }
+    // As the table says it: blocks the full map did not follow may be
+    // leaks too.
+    let untracked = totals.untracked > 0 && totals.min_age_secs <= profile.meta.duration_secs;
+    if untracked {
+        let _ = write!(
+            out,
+            " Uncertain: {} allocations were not followed (the live map of {} was full): leaks among them cannot be named; raise --live-map-size.",
+            totals.untracked, totals.live_map_size
+        );
+    }
     out.push_str("</p>\n");
     if suspects.is_empty() {
-        out.push_str("<p>None.</p></section>\n");
+        out.push_str(if untracked {
+            "<p>None among the blocks followed.</p></section>\n"
+        } else {
+            "<p>None.</p></section>\n"
+        });
         return;
     }
     out.push_str(

@@ -107,8 +107,39 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         String::new()
     };
     let title = format!("leak suspects (outstanding at the end{age})");
+    // Blocks the full map did not follow may be leaks too (allocated
+    // during the trace, so old enough only when the trace outlasts
+    // --min-age): never a plain "none" then.
+    let untracked = (totals.untracked > 0
+        && totals.min_age_secs <= profile.meta.duration_secs)
+        .then(|| {
+            // Frees of blocks not followed count with those of blocks
+            // allocated before attach: the difference is a lower bound.
+            let unfreed = totals.untracked.saturating_sub(totals.frees_unknown);
+            let uncertain = paint.warn("uncertain:");
+            format!(
+                "{uncertain} {} not followed (the live map was full),\n{uncertain} {}leaks among them cannot be named",
+                count(totals.untracked, "allocation"),
+                if unfreed > 0 {
+                    format!("at least {unfreed} not seen freed; ")
+                } else {
+                    String::new()
+                }
+            )
+        });
     if suspects.is_empty() {
-        let _ = writeln!(out, "\n{}: none", paint.strong(&title));
+        match untracked {
+            Some(line) => {
+                let _ = writeln!(
+                    out,
+                    "\n{}: none among the blocks followed\n{line}",
+                    paint.alert(&title)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "\n{}: none", paint.strong(&title));
+            }
+        }
         return out;
     }
     let _ = writeln!(
@@ -118,6 +149,9 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         count(totals.old_outstanding, "block"),
         bytes(totals.old_outstanding_bytes)
     );
+    if let Some(line) = untracked {
+        let _ = writeln!(out, "{line}");
+    }
     // A free lost outright leaves its block listed here though it was
     // freed. Say so rather than state leaks as facts. (Frees whose event
     // was lost but that were kept aside were applied.)
@@ -208,6 +242,53 @@ mod tests {
             text.contains(
                 "4.6 KiB\nuncertain: 2 frees lost; a lost free leaves its block among these\n"
             ),
+            "{text}"
+        );
+    }
+
+    /// A full live map: blocks not followed may be leaks, so no suspect
+    /// among those followed is not "none"; with --min-age beyond the
+    /// trace's length none of them can be old enough.
+    #[test]
+    fn blocks_not_followed_are_never_called_no_leaks() {
+        let mut p = crate::render::test_util::profile(vec![crate::render::test_util::entry(
+            "malloc",
+            &["churn", "main"],
+            10,
+            640,
+        )]);
+        p.meta.duration_secs = 2.0;
+        let full = LiveTotals {
+            untracked: 3000,
+            frees_unknown: 1766,
+            live_map_size: 1024,
+            ..LiveTotals::default()
+        };
+        let text = summary(&p, &full, 0, Paint::default());
+        assert!(
+            text.contains(
+                "leak suspects (outstanding at the end): none among the blocks followed\n\
+                 uncertain: 3000 allocations not followed (the live map was full),\n\
+                 uncertain: at least 1234 not seen freed; leaks among them cannot be named\n"
+            ),
+            "{text}"
+        );
+        let old = LiveTotals {
+            min_age_secs: 3600.0,
+            ..full.clone()
+        };
+        let text = summary(&p, &old, 0, Paint::default());
+        assert!(
+            text.contains("leak suspects (outstanding at the end, at least 3600 s old): none\n"),
+            "{text}"
+        );
+        let followed = LiveTotals {
+            untracked: 0,
+            ..full
+        };
+        let text = summary(&p, &followed, 0, Paint::default());
+        assert!(
+            text.contains("leak suspects (outstanding at the end): none\n"),
             "{text}"
         );
     }
