@@ -102,7 +102,7 @@ fn start(
     if let Target::Command(argv) = &config.target {
         meta.command = argv.join(" ");
     }
-    let tracing = tracing_line(config, &root, &meta);
+    let tracing = tracing_line(config, &root);
     let options = session::Options {
         settings: settings(config),
         per_process: config.outputs.table.per_process,
@@ -414,13 +414,12 @@ fn tree_channel() -> (
 }
 
 /// `mtrace: tracing pid 1234 (name): 8 probes in libc.so.6, ...`
-fn tracing_line(config: &TraceConfig, root: &TracedProcess, meta: &Meta) -> String {
+fn tracing_line(config: &TraceConfig, root: &TracedProcess) -> String {
     format!(
-        "mtrace: tracing pid {} ({}): {} probes in {}{}{}",
+        "mtrace: tracing pid {} ({}): {}{}{}",
         root.pid,
         printable(&tracee::comm(root.pid)),
-        root.probes.attached.len(),
-        printable(&meta.allocator_object),
+        root.probes.placement(),
         match &config.target {
             Target::Command(_) if config.follow => ", and every process it starts",
             Target::Pid(_) if config.children => ", and its children, present and to come",

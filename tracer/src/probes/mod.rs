@@ -15,6 +15,7 @@ use tracer_common::{
 
 use crate::{
     allocators::{AllocatorObject, FuncInfo, ProbeSite},
+    render::text::printable,
     tracee::Mapping,
     user_error,
 };
@@ -165,6 +166,9 @@ pub struct Probes {
     made_for: (Mode, MapSizes),
     /// Every attached probe.
     pub attached: Vec<crate::profile::Probe>,
+    /// How many of them are in each object (a C++ program's allocator
+    /// is libc's and libstdc++'s), in the order met.
+    pub objects: Vec<(String, usize)>,
     /// The run's function table: one row per probe site, indexed by the
     /// probes' cookies.
     pub funcs: Vec<FuncInfo>,
@@ -281,6 +285,7 @@ pub fn attach<T>(
     };
     let mut plan = multi::LinkPlan::default();
     let mut attached = Vec::new();
+    let mut objects: Vec<(String, usize)> = Vec::new();
     let mut funcs = Vec::new();
     for (func, site) in alloc.sites.iter().filter(wanted).enumerate() {
         let func = func as u32;
@@ -295,6 +300,10 @@ pub fn attach<T>(
         if let (true, Some(ret)) = (mode.live, role.return_program()) {
             let ret = if mode.floor { maps::FLOOR_RET } else { ret };
             plan.add(ret, &site.open_path, true, offset, cookie(site, func));
+        }
+        match objects.iter_mut().find(|(p, _)| *p == site.path) {
+            Some((_, n)) => *n += 1,
+            None => objects.push((site.path.clone(), 1)),
         }
         let name = site.display_name();
         attached.push(crate::profile::Probe {
@@ -349,6 +358,7 @@ pub fn attach<T>(
         programs,
         made_for,
         links,
+        objects,
         attached,
         funcs,
         live: mode.live,
@@ -376,6 +386,23 @@ impl Probes {
         let (links, loaded) = self.split();
         std::thread::spawn(move || multi::close_all(links));
         pool::give_back(loaded);
+    }
+
+    /// `8 probes in /…/libc.so.6`, or with probes in several objects
+    /// `16 probes: 8 in /…/libc.so.6, 8 in /…/libstdc++.so.6`.
+    pub fn placement(&self) -> String {
+        let n = self.attached.len();
+        match self.objects.as_slice() {
+            [(path, _)] => format!("{n} probes in {}", printable(path)),
+            several => format!(
+                "{n} probes: {}",
+                several
+                    .iter()
+                    .map(|(path, k)| format!("{k} in {}", printable(path)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
     }
 
     /// Takes every probe out, side by side.

@@ -140,10 +140,9 @@ impl Session {
             Ok(Some(proc)) => {
                 self.tree.probed(&proc);
                 log::debug!(
-                    "pid {pid} ({}): {} probes in {}",
-                    proc.name,
-                    proc.probes.attached.len(),
-                    proc.meta.allocator_object
+                    "pid {pid} ({}): {}",
+                    printable(&proc.name),
+                    proc.probes.placement()
                 );
                 self.procs.insert(pid, proc);
                 Ok(true)
@@ -215,10 +214,9 @@ impl Session {
                         if done {
                             let meta = &proc.meta;
                             let said = format!(
-                                "pid {pid} exec'd {}: {} probes in {} ({})",
+                                "pid {pid} exec'd {}: {} ({})",
                                 printable(&meta.executable),
-                                meta.probes.len(),
-                                printable(&meta.allocator_object),
+                                proc.probes.placement(),
                                 meta.allocator_family
                             );
                             // The root's program is the trace's; the
