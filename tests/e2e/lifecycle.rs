@@ -359,3 +359,28 @@ fn counting_starts_and_stops_together_by_pid() {
     target.assert_restored();
     target.finish();
 }
+
+/// By pid, a target killed by a signal: the end says so, with the
+/// signal, and mtrace exits 0 (the target's end is how a trace by pid
+/// normally ends).
+#[test]
+fn by_pid_a_target_killed_by_a_signal_is_said() {
+    need_bpf!();
+    let mut target = Longrun::start_for("30");
+    let pid = target.fx.pid();
+    let mut m = Mtrace::start(&["--top", "0", "--pid", &pid.to_string()]);
+    m.wait_tracing();
+    target.fx.release();
+    std::thread::sleep(Duration::from_millis(200));
+    target.fx.proc.signal(libc::SIGKILL);
+    let out = m.finish();
+    out.assert_exit(0);
+    assert!(
+        out.stderr
+            .iter()
+            .any(|l| l.starts_with("mtrace: tracing ended after ")
+                && l.ends_with(": the target was killed by signal 9 (SIGKILL)")),
+        "{}",
+        out.describe()
+    );
+}

@@ -480,6 +480,9 @@ fn exit_code(
         None => 0,
     };
     match end {
+        // By pid, the target's end is said (with its status when known),
+        // and is how a trace normally ends.
+        End::TargetExited(_) if !matches!(target, Target::Command(_)) => 0,
         End::TargetExited(code) => code.unwrap_or(0),
         // The command exited while processes it started ran on.
         _ if root_code.is_some() => root_code.unwrap_or(0),

@@ -113,6 +113,15 @@ impl Session {
         self.root_code
     }
 
+    /// The root's exit code, once the thread following it said so.
+    fn root_exit_code(&self) -> Option<i32> {
+        self.tree
+            .processes
+            .iter()
+            .find(|p| p.pid == self.root)
+            .and_then(|p| p.exit_code)
+    }
+
     /// Processes of the tree still running, the root left out.
     fn running_besides_root(&self) -> usize {
         self.tree

@@ -44,6 +44,10 @@ const DRAIN_EVERY: Duration = Duration::from_millis(10);
 /// How often the target's mappings are re-read (new libraries).
 const REFRESH_EVERY: Duration = Duration::from_millis(500);
 
+/// By pid: how long the end of the trace waits for the hold's word of
+/// how the target ended, once its pidfd said it had.
+const ROOT_GONE_WAIT: Duration = Duration::from_millis(50);
+
 /// By cgroup: how often its processes are listed.
 const CGROUP_SCAN_EVERY: Duration = Duration::from_millis(100);
 
@@ -170,6 +174,22 @@ impl Session {
                     }
                 }
                 code = target_exit(&mut exit_rx) => {
+                    // By pid the pidfd says the target is gone, not how:
+                    // the hold's word of its exit comes at about the same
+                    // time (a last look, briefly).
+                    let code = match (code, &mut tree_events) {
+                        (None, Some(rx)) => {
+                            let deadline = tokio::time::Instant::now() + ROOT_GONE_WAIT;
+                            while self.root_exit_code().is_none() {
+                                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                                    Ok(Some(req)) => self.handle(req),
+                                    _ => break,
+                                }
+                            }
+                            self.root_exit_code()
+                        }
+                        (code, _) => code,
+                    };
                     // Launch mode: processes the command started that
                     // still run (a daemon that forked away) are traced
                     // until they are gone too: the launch thread ends then.
@@ -224,17 +244,7 @@ impl Session {
                     }
                 }
                 req = next_event(&mut tree_events) => match req {
-                    Some(req) => {
-                        let t = Instant::now();
-                        let what = req.event.describe();
-                        let done = self.on_tree_event(req.event);
-                        log::debug!("{what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-                        if let Some(reply) = req.reply {
-                            let _ = reply.send(done.map_err(|e| format!("{e:#}")));
-                        } else if let Err(e) = done {
-                            log::warn!("{e:#}");
-                        }
-                    }
+                    Some(req) => self.handle(req),
                     // The launch thread is gone: no more events, and in
                     // launch mode no process of the tree is left.
                     None => {
@@ -248,5 +258,18 @@ impl Session {
         };
         self.drain_all();
         Ok(end)
+    }
+
+    /// One word from the thread that follows the tree, answered.
+    fn handle(&mut self, req: TreeRequest) {
+        let t = Instant::now();
+        let what = req.event.describe();
+        let done = self.on_tree_event(req.event);
+        log::debug!("{what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+        if let Some(reply) = req.reply {
+            let _ = reply.send(done.map_err(|e| format!("{e:#}")));
+        } else if let Err(e) = done {
+            log::warn!("{e:#}");
+        }
     }
 }
