@@ -187,6 +187,39 @@ fn mtrace_top_shows_the_stacks_live_and_q_prints_the_report() {
     assert_eq!(bytes, calls * 48);
 }
 
+/// The target exits while the live view shows it: the last state stays
+/// on the screen, saying so, until q; then the report.
+#[test]
+fn mtrace_top_keeps_the_last_state_after_the_target_exits() {
+    need_bpf!();
+    if !need_tmux() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let fixture = steady();
+    let tmux = Tmux::start(
+        "mtrace-top-end",
+        140,
+        40,
+        &shell(dir.path(), &format!("top -- {} 1", fixture.display())),
+    );
+    let ended = tmux.wait_for("the end of tracing, on the view", |t| {
+        t.contains("tracing ended (the target exited), q for the report")
+    });
+    assert!(ended.contains("malloc ← steady_site ← main"), "{ended}");
+    // Still there a moment later: nothing takes it away but q.
+    std::thread::sleep(Duration::from_millis(1500));
+    let still = tmux.capture();
+    assert!(
+        still.contains("tracing ended (the target exited), q for the report"),
+        "{still}"
+    );
+    tmux.keys("q");
+    let report = tmux.wait_for("the report", |t| t.contains("tracing ended after"));
+    assert!(report.contains(": the target exited"), "{report}");
+    assert_eq!(wait_exit(dir.path()), 0);
+}
+
 #[test]
 fn the_status_line_counts_on_the_last_row_and_goes_away() {
     need_bpf!();

@@ -63,6 +63,12 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     let (mut watchers, stop) = watchers(&config, top, pid, aside.command_log.as_deref())?;
     let inputs = Inputs { stop, ..inputs };
     let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));
+    if let Ok((end @ End::TargetExited(_), _)) = &ran {
+        let (why, tick) = (end.describe(None), session.tick());
+        for w in watchers.iter_mut() {
+            w.ended(&why, &tick, &|| session.profile());
+        }
+    }
     // The status line goes before anything else is said.
     drop(watchers);
     let (end, exit_rx) = ran?;

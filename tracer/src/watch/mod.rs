@@ -26,6 +26,10 @@ pub struct Tick {
 pub trait Watcher {
     /// `profile` makes the profile so far, for a watcher that shows stacks.
     fn tick(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()>;
+
+    /// The target is gone and tracing has ended (`why`): a watcher that
+    /// has the screen shows the last state until the reader is done.
+    fn ended(&mut self, _why: &str, _tick: &Tick, _profile: &dyn Fn() -> Result<Profile>) {}
 }
 
 impl Watcher for StatusLine {

@@ -71,6 +71,8 @@ impl Screen {
 pub struct TopView {
     screen: Arc<Mutex<Screen>>,
     done: Arc<AtomicBool>,
+    /// The reader pressed q, Esc or Ctrl-C.
+    quit: Arc<AtomicBool>,
     keys: Option<JoinHandle<()>>,
 }
 
@@ -96,17 +98,19 @@ impl TopView {
         }));
         screen.lock().unwrap().redraw();
         let done = Arc::new(AtomicBool::new(false));
+        let quit = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = oneshot::channel();
         let keys = {
-            let (screen, done) = (screen.clone(), done.clone());
+            let (screen, done, quit) = (screen.clone(), done.clone(), quit.clone());
             std::thread::Builder::new()
                 .name("mtrace-top-keys".into())
-                .spawn(move || read_keys(screen, done, stop_tx))?
+                .spawn(move || read_keys(screen, done, quit, stop_tx))?
         };
         Ok((
             TopView {
                 screen,
                 done,
+                quit,
                 keys: Some(keys),
             },
             stop_rx,
@@ -126,7 +130,12 @@ pub fn check_terminal() -> Result<()> {
     }
 }
 
-fn read_keys(screen: Arc<Mutex<Screen>>, done: Arc<AtomicBool>, stop: oneshot::Sender<()>) {
+fn read_keys(
+    screen: Arc<Mutex<Screen>>,
+    done: Arc<AtomicBool>,
+    quit: Arc<AtomicBool>,
+    stop: oneshot::Sender<()>,
+) {
     let mut stop = Some(stop);
     while !done.load(Ordering::Relaxed) {
         match event::poll(Duration::from_millis(100)) {
@@ -143,12 +152,8 @@ fn read_keys(screen: Arc<Mutex<Screen>>, done: Arc<AtomicBool>, stop: oneshot::S
                 let live = s.model.live;
                 let st = &mut s.state;
                 match k.code {
-                    _ if ctrl_c => {
-                        if let Some(tx) = stop.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    KeyCode::Char('q') | KeyCode::Esc => {
+                    _ if ctrl_c || matches!(k.code, KeyCode::Char('q') | KeyCode::Esc) => {
+                        quit.store(true, Ordering::Relaxed);
                         if let Some(tx) = stop.take() {
                             let _ = tx.send(());
                         }
@@ -181,6 +186,31 @@ impl Watcher for TopView {
         s.model.update(&profile, tick);
         s.redraw();
         Ok(())
+    }
+
+    /// The last state stays on the screen until q: the target's exit
+    /// must not take it away before it has been read.
+    fn ended(&mut self, why: &str, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) {
+        self.ended_view(why, tick, profile);
+    }
+}
+
+impl TopView {
+    fn ended_view(&mut self, why: &str, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) {
+        if self.quit.load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let mut s = self.screen.lock().unwrap();
+            if let Ok(p) = profile() {
+                s.model.update(&printable_profile(&p), tick);
+            }
+            s.model.title = format!("tracing ended ({why}), q for the report; {}", s.model.title);
+            s.redraw();
+        }
+        while !self.quit.load(Ordering::Relaxed) && !self.done.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
