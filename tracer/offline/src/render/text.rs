@@ -232,11 +232,82 @@ pub fn frame_text(frame: &Frame, paint: Paint) -> String {
     let described = frame.describe();
     // `describe` starts with the function's name, then says where.
     let (name, place) = described.split_at(frame.function.len().min(described.len()));
+    // A table line is indented by 4: the name's templates are folded
+    // until the line fits 80 columns (the JSON and folded stacks keep
+    // the name whole).
+    let inlined = if frame.inlined { " [inlined]".len() } else { 0 };
+    let room = FRAME_COLUMNS.saturating_sub(place.chars().count() + inlined);
+    let name = fold_templates(name, room);
     let mut text = format!("{name}{}", paint.faint(place));
     if frame.inlined {
         text.push_str(&paint.faint(" [inlined]"));
     }
     text
+}
+
+/// Columns a frame's text may take in the table (80, less its indent).
+const FRAME_COLUMNS: usize = 76;
+
+/// `name` with its parameter lists folded to `(…)`, then the arguments
+/// of its innermost templates to `<…>`, innermost first, until it is at
+/// most `width` characters or nothing is left to fold: `std::vector<std::pair<int, long>>::_M_realloc_insert`
+/// becomes `std::vector<std::pair<…>>::_M_realloc_insert`, then
+/// `std::vector<…>::_M_realloc_insert`. Only brackets that pair up are
+/// folded (`operator<` and `operator->` are left as they are).
+pub fn fold_templates(name: &str, width: usize) -> std::borrow::Cow<'_, str> {
+    if name.chars().count() <= width {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    // Parameter lists first (the function is named without them), then
+    // templates.
+    let mut s: Vec<char> = name.chars().collect();
+    for (open_ch, close_ch) in [('(', ')'), ('<', '>')] {
+        if s.len() > width {
+            fold_pairs(&mut s, width, open_ch, close_ch);
+        }
+    }
+    std::borrow::Cow::Owned(s.into_iter().collect())
+}
+
+/// Folds the innermost pairs of `open_ch`/`close_ch` in `s` to `…`, level
+/// by level, until `s` is at most `width` long or nothing is left.
+fn fold_pairs(s: &mut Vec<char>, width: usize, open_ch: char, close_ch: char) {
+    let folded = |s: &[char], (o, c): (usize, usize)| c == o + 2 && s[o + 1] == '…';
+    loop {
+        // Every pair of brackets ('<' matched by the next unmatched '>').
+        let mut stack = Vec::new();
+        let mut pairs = Vec::new();
+        for (i, &ch) in s.iter().enumerate() {
+            if ch == open_ch {
+                stack.push(i);
+            } else if ch == close_ch {
+                if let Some(o) = stack.pop() {
+                    pairs.push((o, i));
+                }
+            }
+        }
+        // The innermost not yet folded: none unfolded inside them.
+        let open: Vec<(usize, usize)> = pairs
+            .iter()
+            .copied()
+            .filter(|&p| !folded(s, p) && p.1 > p.0 + 1)
+            .collect();
+        let innermost: Vec<(usize, usize)> = open
+            .iter()
+            .copied()
+            .filter(|&(o, c)| !open.iter().any(|&(o2, c2)| o2 > o && c2 < c))
+            .collect();
+        if innermost.is_empty() {
+            break;
+        }
+        // The last first: the indices of the earlier ones stay put.
+        for &(o, c) in innermost.iter().rev() {
+            s.splice(o + 1..c, ['…']);
+        }
+        if s.len() <= width {
+            break;
+        }
+    }
 }
 
 /// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
@@ -350,6 +421,33 @@ impl Paint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_template_names_fold_innermost_first() {
+        let name = "std::vector<std::pair<int, long>, std::allocator<std::pair<int, long> > >::_M_realloc_insert<std::pair<int, long> const&>";
+        assert_eq!(fold_templates(name, 200), name);
+        assert_eq!(
+            fold_templates(name, 98),
+            "std::vector<std::pair<…>, std::allocator<std::pair<…> > >::_M_realloc_insert<std::pair<…> const&>"
+        );
+        assert_eq!(
+            fold_templates(name, 70),
+            "std::vector<std::pair<…>, std::allocator<…> >::_M_realloc_insert<…>"
+        );
+        assert_eq!(
+            fold_templates(name, 10),
+            "std::vector<…>::_M_realloc_insert<…>"
+        );
+        // Operators are not brackets.
+        assert_eq!(
+            fold_templates("bool operator< <Foo<int> >(Foo<int> const&)", 34),
+            "bool operator< <Foo<int> >(…)"
+        );
+        assert_eq!(
+            fold_templates("Node::operator->() const", 5),
+            "Node::operator->() const"
+        );
+    }
 
     #[test]
     fn names_from_the_target_cannot_drive_the_terminal() {
