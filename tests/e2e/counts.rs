@@ -30,6 +30,11 @@ pub const RECURSE_DEPTH: usize = 20;
 /// any allocator: glibc's `aligned_alloc/memalign` (one function) may be
 /// two in another allocator.
 pub fn assert_counts_sites(p: &Profile, d: &str) {
+    assert_counts_sites_times(p, 1, d);
+}
+
+/// As [`assert_counts_sites`], for `times` runs of the fixture.
+pub fn assert_counts_sites_times(p: &Profile, times: u64, d: &str) {
     for &(func, caller, calls, bytes) in COUNTS_SITES {
         let (mut got_calls, mut got_bytes) = p.site(func, caller);
         if func.contains('/') && got_calls == 0 {
@@ -40,7 +45,7 @@ pub fn assert_counts_sites(p: &Profile, d: &str) {
         }
         assert_eq!(
             (got_calls, got_bytes),
-            (calls, bytes),
+            (calls * times, bytes * times),
             "{func} from {caller}\n{d}"
         );
     }

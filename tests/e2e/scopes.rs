@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::{
-    counts::COUNTS_SITES,
+    counts::assert_counts_sites_times,
     lifecycle::sigkilled_mtrace_leaves_no_breakpoints_in,
     support::{Fixture, Mtrace},
 };
@@ -151,13 +151,7 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
             .any(|e| e["pid"].as_u64() == Some(outside_pid as u64)),
         "the process outside the cgroup was traced: {procs:?}"
     );
-    for &(func, caller, calls, bytes) in COUNTS_SITES {
-        assert_eq!(
-            p.site(func, caller),
-            (calls * 3, bytes * 3),
-            "{func} from {caller}\n{d}"
-        );
-    }
+    assert_counts_sites_times(&p, 3, &d);
     // Per process, each with the cgroup it ran in.
     let name = cg.dir.file_name().unwrap().to_str().unwrap();
     let report = out.report();

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    counts::{assert_counts_sites, COUNTS_SITES},
+    counts::{assert_counts_sites, assert_counts_sites_times, COUNTS_SITES},
     support::{
         diff::DiffOut, run_profiled, table::Processes, trace_by_pid, Finished, Fixture,
         FixtureProc, Profile,
@@ -474,16 +474,16 @@ fn a_low_limit_of_open_files_does_not_stop_a_tree() {
     let d = out.describe();
     assert_eq!(out.stdout.lines().next(), Some("256"), "{d}");
     let p = Profile::load(&json);
-    let procs = processes(&p);
-    assert_eq!(procs.len() as u64, RUNS + 1, "{procs:?}\n{d}");
+    assert_runs_traced(&p, RUNS, &d);
+}
+
+/// A shell's loop of `runs` runs of the counts fixture: the shell and
+/// every run traced, every site the runs times one run's.
+fn assert_runs_traced(p: &Profile, runs: u64, d: &str) {
+    let procs = processes(p);
+    assert_eq!(procs.len() as u64, runs + 1, "{procs:?}\n{d}");
     assert!(procs.iter().all(|e| e.3), "every program traced: {procs:?}");
-    for &(func, caller, calls, bytes) in COUNTS_SITES {
-        assert_eq!(
-            p.site(func, caller),
-            (calls * RUNS, bytes * RUNS),
-            "{func} from {caller}\n{d}"
-        );
-    }
+    assert_counts_sites_times(p, runs, d);
 }
 
 /// A tree of programs one after the other, counted and live: the BPF
@@ -510,16 +510,7 @@ fn a_tree_reuses_loaded_objects_and_counts_each_program_once() {
         out.assert_exit(0);
         let d = out.describe();
         let p = Profile::load(&json);
-        let procs = processes(&p);
-        assert_eq!(procs.len() as u64, RUNS + 1, "{procs:?}\n{d}");
-        assert!(procs.iter().all(|e| e.3), "every program traced: {procs:?}");
-        for &(func, caller, calls, bytes) in COUNTS_SITES {
-            assert_eq!(
-                p.site(func, caller),
-                (calls * RUNS, bytes * RUNS),
-                "{func} from {caller}\n{d}"
-            );
-        }
+        assert_runs_traced(&p, RUNS, &d);
         let mut per_run: std::collections::BTreeMap<u32, u64> = Default::default();
         for s in p.allocs() {
             let process = s.process.as_ref().expect("a process on every row");
