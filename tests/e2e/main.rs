@@ -45,6 +45,7 @@ mod live;
 mod losses;
 mod names;
 mod outputs;
+mod python;
 mod sampling;
 mod scopes;
 mod support;

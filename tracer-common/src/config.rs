@@ -1,6 +1,6 @@
 //! Run-time settings the tracer writes into the BPF object before loading.
 
-use crate::{EXP_TABLE_LEN, WEIGHT_TABLE_LEN};
+use crate::{PythonLayout, EXP_TABLE_LEN, WEIGHT_TABLE_LEN};
 
 /// Maximum number of allocator body ranges the nesting check compares
 /// (a power of two: the BPF side searches them by halving).
@@ -57,6 +57,8 @@ pub struct ProcessConfig {
     /// space: a call whose return address lies in one is the allocator
     /// calling itself (realloc -> malloc) and is not counted again.
     pub bodies: [BodyRange; MAX_BODY_RANGES],
+    /// Its CPython interpreter, when it runs one the programs can read.
+    pub python: PythonLayout,
 }
 
 impl Default for ProcessConfig {
@@ -66,6 +68,7 @@ impl Default for ProcessConfig {
             n_bodies: 0,
             _pad: 0,
             bodies: [BodyRange::default(); MAX_BODY_RANGES],
+            python: PythonLayout::default(),
         }
     }
 }

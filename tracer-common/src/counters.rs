@@ -55,5 +55,13 @@ pub mod counter {
     /// `WalkMemo::calls`): not a loss; the tracer reads it to know that
     /// its read of both was not torn by a move.
     pub const MEMO_FLUSHES: u32 = MAP_FULL + 16;
-    pub const N: u32 = MAP_FULL + 17;
+    /// Python frames left out of a stack for want of room (the stack's
+    /// native frames took most of it).
+    pub const PY_CUT: u32 = MAP_FULL + 17;
+    /// A Python frame could not be read (the thread's frames end there).
+    pub const PY_READ_FAILED: u32 = MAP_FULL + 18;
+    /// New Python stacks whose notice found the ring full: their code
+    /// objects are named at the end, if they still live.
+    pub const PY_NOTICES_LOST: u32 = MAP_FULL + 19;
+    pub const N: u32 = MAP_FULL + 20;
 }

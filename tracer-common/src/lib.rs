@@ -10,6 +10,7 @@ mod config;
 mod counters;
 mod events;
 pub mod maps;
+mod python;
 mod roles;
 mod sampling;
 mod stack;
@@ -18,6 +19,7 @@ mod unwind;
 pub use config::*;
 pub use counters::*;
 pub use events::*;
+pub use python::*;
 pub use roles::*;
 pub use sampling::*;
 pub use stack::*;
@@ -38,4 +40,5 @@ mod pod {
     unsafe impl aya::Pod for MissEvent {}
     unsafe impl aya::Pod for LostFree {}
     unsafe impl aya::Pod for WalkMemo {}
+    unsafe impl aya::Pod for PyNotice {}
 }

@@ -86,6 +86,15 @@ pub struct WalkScratch {
     pub check_same: u64,
     /// Where the call's probe is (the instruction pointer at the probe).
     pub ip: u64,
+    /// The thread's Python frames ([`crate::py_frame_words`]), `py_n`
+    /// words, read after the native walk; the frame read last, the thread
+    /// state looked at and the thread looked for while reading them.
+    pub py: [u64; 2 * crate::PY_MAX_FRAMES],
+    pub py_n: u64,
+    pub py_frame: u64,
+    pub py_ts: u64,
+    pub py_me: u64,
+    pub py_buf: [u8; crate::PY_FRAME_READ],
     /// 1 when the counting program owns its CPU's plain-add counts: kept
     /// here, where the verifier does not follow values, rather than in a
     /// register across the walk, which multiplied the states the verifier

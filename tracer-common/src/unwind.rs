@@ -212,6 +212,12 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// Non-zero when `bp` is known.
     pub bp_ok: u64,
     pub frames: [u64; MAX_FRAMES],
+    /// The thread's Python frames (`py_n` words, see
+    /// [`crate::py_frame_words`]), to follow the native ones once the walk
+    /// is finished.
+    pub py_n: u32,
+    pub _pad: u32,
+    pub py: [u64; 2 * crate::PY_MAX_FRAMES],
     /// The target's stack from the page of `sp - 8` (where `ra` itself is,
     /// `skip` bytes in) up.
     pub copy: [u8; N],
@@ -226,6 +232,8 @@ pub const MISS_COPY_SIZES: [usize; 5] = [4096, 8192, 16384, 32768, STACK_COPY];
 pub const MISS_HEADER_BYTES: usize = core::mem::offset_of!(MissEvent, copy);
 
 const _: () = assert!(MISS_HEADER_BYTES & 7 == 0);
+// A record shorter than a miss's header is a Python notice.
+const _: () = assert!(core::mem::size_of::<crate::PyNotice>() < MISS_HEADER_BYTES);
 const _: () = assert!(
     core::mem::size_of::<MissEvent<4096>>() == MISS_HEADER_BYTES + 4096
         && core::mem::offset_of!(MissEvent<4096>, copy) == MISS_HEADER_BYTES

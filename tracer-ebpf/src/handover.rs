@@ -3,7 +3,8 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_current_comm};
 use tracer_common::{
-    counter, miss_stack_id, stop, MissEvent, WalkScratch, MAX_FRAMES, MISS_COPY_SIZES, STACK_COPY,
+    counter, miss_stack_id, stop, MissEvent, WalkScratch, MAX_FRAMES, MISS_COPY_SIZES,
+    PY_MAX_FRAMES, STACK_COPY,
 };
 
 use crate::{
@@ -140,6 +141,13 @@ fn send_copy<const N: usize>(
             (*ev).frames.as_mut_ptr() as *mut core::ffi::c_void,
             (MAX_FRAMES * 8) as u32,
             w.stack.frames.as_ptr() as *const core::ffi::c_void,
+        );
+        (*ev).py_n = w.py_n as u32;
+        (*ev)._pad = 0;
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            (*ev).py.as_mut_ptr() as *mut core::ffi::c_void,
+            (2 * PY_MAX_FRAMES * 8) as u32,
+            w.py.as_ptr() as *const core::ffi::c_void,
         );
         let len = if total < N as u64 {
             total as u32

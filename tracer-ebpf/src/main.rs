@@ -46,6 +46,7 @@ mod live;
 mod maps;
 mod memo;
 mod nesting;
+mod python;
 mod record;
 mod sample;
 mod scratch;

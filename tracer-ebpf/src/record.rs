@@ -18,6 +18,7 @@ use crate::{
     maps::{config_u32, enabled, CONFIG, PENDING, STACKS},
     memo::{memo_count, memo_find, memo_frames},
     nesting::{in_allocator_body, tail_called},
+    python::{python_layout, send_python_notice},
     sample::{sample_weight, weighted_bytes},
     scratch::{give_back_scratch, owns_cpu, take_scratch},
     walk::{finish_hash, load_chunk, start_walk, walk_stack},
@@ -111,7 +112,10 @@ pub(crate) fn record_alloc_with_scratch(
         Some(w) => unsafe {
             let bp = (*ctx.regs).rbp;
             start_walk(&mut *w, caller, sp, bp, ip);
-            caller != 0 && (*w).limit != 0 && memo_find(w, caller, sp, bp, ip)
+            caller != 0
+                && (*w).limit != 0
+                && python_layout().is_none()
+                && memo_find(w, caller, sp, bp, ip)
         },
         None => false,
     };
@@ -224,10 +228,11 @@ pub(crate) fn record_alloc_with_scratch(
             other => other,
         };
         if let Some(w) = walk {
-            if let Err(e) = STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
-                if e != -EEXIST {
-                    bump_counter(counter::STACK_MAP_FULL, 1);
-                }
+            match STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
+                // A new stack: its Python frames' code objects to name.
+                Ok(()) => send_python_notice(unsafe { &*w }),
+                Err(e) if e != -EEXIST => bump_counter(counter::STACK_MAP_FULL, 1),
+                Err(_) => {}
             }
         }
     }

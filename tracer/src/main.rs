@@ -13,6 +13,7 @@ mod tracee; // the traced process: /proc, launch under ptrace, its address space
 mod allocators; // which object allocates, its entry points, probe placement
 
 mod probes; // load the BPF object and attach the probes
+mod python; // CPython frames: interpreter layouts, code objects, splicing
 
 mod unwind; // unwind rules from call-frame information; walks the tracer finishes
 

@@ -44,8 +44,14 @@ pub fn profile(
     mut meta: Meta,
     clock: &Clock,
 ) -> Result<Profile> {
-    let mut raw =
-        collect::collect(probes, &unwind.walks().counted).context("reading the kernel maps")?;
+    let mut walks = unwind.walks();
+    let mut raw = collect::collect(probes, &walks.counted).context("reading the kernel maps")?;
+    // Code objects no notice told of, while the process may still live.
+    if let Some(names) = walks.python.as_mut() {
+        for st in &raw.stacks {
+            names.learn(crate::python::split(&st.addrs).1);
+        }
+    }
     if let Some(tracker) = tracker {
         add_live(&mut raw, tracker, clock);
     }
@@ -69,6 +75,7 @@ pub fn profile(
         &space,
         &probes.funcs,
         thread_names,
+        walks.python.as_ref(),
         meta,
     ))
 }

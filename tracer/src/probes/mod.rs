@@ -8,8 +8,8 @@ pub mod pool;
 use anyhow::{Context, Result};
 use aya::{Ebpf, EbpfLoader};
 use tracer_common::{
-    maps, Config, ProcessConfig, Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, EXP_TABLE_LEN,
-    MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
+    maps, Config, ProcessConfig, PythonLayout, Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT,
+    EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
     WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
@@ -236,6 +236,7 @@ pub fn attach<T>(
     maps: &[Mapping],
     mode: Mode,
     sizes: MapSizes,
+    python: PythonLayout,
     before: impl FnOnce(&mut Ebpf) -> Result<T>,
 ) -> Result<(Probes, T)> {
     let (sample_mode, sample_param) = match mode.sampling {
@@ -333,6 +334,7 @@ pub fn attach<T>(
     let mut process = ProcessConfig {
         stack_start: crate::tracee::start_stack(pid),
         n_bodies: n as u32,
+        python,
         ..Default::default()
     };
     process.bodies[..n].copy_from_slice(&bodies[..n]);

@@ -14,6 +14,7 @@ use crate::{
     pipeline::{self, Clock},
     probes::{self, MapSizes, Mode, Probes},
     profile::{merge, Meta, Profile},
+    python,
     tracee::{self, AddressSpace, Mapping},
     unwind::service::UnwindService,
 };
@@ -88,10 +89,35 @@ impl TracedProcess {
         space.lock().unwrap().refresh(pid);
         let live = settings.mode.live;
         let max_frames = settings.mode.max_frames;
-        let (probes, unwind) =
-            probes::attach(pid, &alloc, maps, settings.mode, settings.sizes, |ebpf| {
-                UnwindService::start(ebpf, pid, space.clone(), live, max_frames)
-            })?;
+        let (interpreter, python_said) = match python::detect(pid, maps) {
+            python::Found::Known(i) => {
+                let said = i.describe();
+                (Some(i), said)
+            }
+            python::Found::Unknown(why) => {
+                python::say_once(&why);
+                (None, why)
+            }
+            python::Found::None => (None, String::new()),
+        };
+        // Python frames only where the stacks are walked.
+        let (interpreter, python_said) = match interpreter {
+            Some(_) if max_frames == 0 => (None, String::new()),
+            other => (other, python_said),
+        };
+        let layout = interpreter.as_ref().map(|i| i.layout).unwrap_or_default();
+        let names = interpreter
+            .as_ref()
+            .and_then(|i| python::Names::new(pid, i.minor));
+        let (probes, unwind) = probes::attach(
+            pid,
+            &alloc,
+            maps,
+            settings.mode,
+            settings.sizes,
+            layout,
+            |ebpf| UnwindService::start(ebpf, pid, space.clone(), live, max_frames, names),
+        )?;
         let mut meta = meta.clone();
         meta.pid = pid;
         meta.command = tracee::cmdline(pid);
@@ -100,6 +126,7 @@ impl TracedProcess {
         meta.allocator_family = alloc.family.to_string();
         meta.allocator_version = alloc.version.clone().unwrap_or_default();
         meta.allocator_beside = alloc.beside.clone().unwrap_or_default();
+        meta.python = python_said;
         meta.probes = probes.attached.clone();
         let mut proc = TracedProcess {
             pid,

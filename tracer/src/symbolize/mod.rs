@@ -22,6 +22,7 @@ use crate::{
     allocators::FuncInfo,
     collect::raw::RawProfile,
     profile::{Frame, Meta, Profile, StackEntry, Thread, Totals},
+    python::{split, Names},
     tracee::AddressSpace,
 };
 
@@ -45,12 +46,13 @@ pub fn symbolize(
     space: &AddressSpace,
     funcs: &[FuncInfo],
     thread_names: &BTreeMap<u32, String>,
+    python: Option<&Names>,
     meta: Meta,
 ) -> Profile {
     // Group every distinct address by the file it falls in.
     let mut by_file: HashMap<&str, Vec<u64>> = HashMap::new();
     for st in &raw.stacks {
-        for &addr in &st.addrs {
+        for &addr in split(&st.addrs).0 {
             if let Some(m) = space.mapping(addr).filter(|m| m.is_file()) {
                 by_file.entry(m.path.as_str()).or_default().push(addr);
             }
@@ -84,17 +86,23 @@ pub fn symbolize(
     let mut stacks = Vec::new();
     for st in &raw.stacks {
         let mut frames = Vec::new();
-        for &addr in &st.addrs {
+        let (native, py) = split(&st.addrs);
+        for &addr in native {
             match resolved.get(&addr) {
                 Some(f) => frames.extend(f.iter().cloned()),
                 None => match space.mapping(addr).filter(|m| m.is_anonymous_code()) {
-                    Some(m) => frames.push(anonymous_code_frame(&m.path, addr)),
+                    Some(m) => {
+                        frames.push(anonymous_code_frame(&m.path, addr, space.jit_name(addr)))
+                    }
                     None => frames.push(unknown_frame(None, addr, addr)),
                 },
             }
         }
         for frame in &mut frames {
             space.locate(frame);
+        }
+        if let (Some(names), false) = (python, py.is_empty()) {
+            frames = names.splice(frames, py);
         }
         stacks.push(StackEntry {
             func: func_name(funcs, st.func),
@@ -183,9 +191,11 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
 
 /// A frame in code no file backs (a JIT's): its address, and the
 /// mapping's name where the runtime gave it one (`[anon:...]`).
-fn anonymous_code_frame(name: &str, addr: u64) -> Frame {
+fn anonymous_code_frame(name: &str, addr: u64, jit: Option<&str>) -> Frame {
     Frame {
-        function: format!("[anonymous code {addr:#x}]"),
+        function: jit
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("[anonymous code {addr:#x}]")),
         module: (!name.is_empty()).then(|| name.to_string()),
         addr,
         ..Frame::default()

@@ -22,6 +22,8 @@ pub struct AddressSpace {
     files: HashMap<String, File>,
     /// GNU build id (hex) per mapped path, where the file has one.
     build_ids: HashMap<String, String>,
+    /// Names of JIT code, where the runtime writes a perf map.
+    jit: super::perf_map::PerfMap,
 }
 
 impl AddressSpace {
@@ -37,6 +39,9 @@ impl AddressSpace {
         };
         if maps.is_empty() {
             return false;
+        }
+        if maps.iter().any(Mapping::is_anonymous_code) {
+            self.jit.refresh(pid);
         }
         for m in maps {
             if m.is_anonymous_code() {
@@ -81,6 +86,11 @@ impl AddressSpace {
 
     pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
         self.mappings.iter().rev().find(|m| m.contains(addr))
+    }
+
+    /// The runtime's name of the JIT code at `addr` (its perf map).
+    pub fn jit_name(&self, addr: u64) -> Option<&str> {
+        self.jit.name(addr)
     }
 
     /// Paths of the files mapped executable (each once).

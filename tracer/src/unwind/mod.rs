@@ -315,6 +315,15 @@ impl Unwinder {
             frames.truncate(limit);
             stop = stop::MAX_FRAMES;
         }
+        // The thread's Python frames follow, as whole frames as fit (as
+        // the BPF walk appends them).
+        let py = &ev.py[..(ev.py_n as usize).min(ev.py.len())];
+        for pair in py.chunks_exact(2) {
+            if frames.len() + 2 > tracer_common::MAX_FRAMES {
+                break;
+            }
+            frames.extend_from_slice(pair);
+        }
         if stop == stop::READ_FAILED {
             log::debug!(
                 "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}, holes {:#x}) after {} frames, at {:#x}",

@@ -23,7 +23,9 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
     Ebpf,
 };
-use tracer_common::{maps, rule_slot, CachedRule, CountKey, MissEvent, MISS_HEADER_BYTES};
+use tracer_common::{
+    maps, rule_slot, CachedRule, CountKey, MissEvent, PyNotice, MISS_HEADER_BYTES,
+};
 
 use super::{Rule, Unwinder};
 use crate::{collect::UserWalks, tracee::AddressSpace};
@@ -46,6 +48,8 @@ pub struct Walks {
     live: bool,
     /// Rules the kernel map had no room for.
     pub rules_full: u64,
+    /// A Python process's code objects, named while they live.
+    pub python: Option<crate::python::Names>,
 }
 
 impl Walks {
@@ -59,11 +63,17 @@ impl Walks {
         };
         while let Some(item) = ring.next() {
             let Some(ev) = read_miss(&item) else {
+                if let (Some(names), Some(words)) = (self.python.as_mut(), read_notice(&item)) {
+                    names.learn(&words);
+                }
                 continue;
             };
             self.unwinder.stats.record_bytes += item.len() as u64;
             drop(item);
             let done = self.unwinder.finish(&ev, &mut space, &mut new_rules);
+            if let Some(names) = self.python.as_mut() {
+                names.learn(crate::python::split(&done.frames).1);
+            }
             let key = CountKey {
                 stack: done.key,
                 func: ev.func,
@@ -123,6 +133,17 @@ fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
     Some(ev)
 }
 
+/// The Python words of a [`PyNotice`] record (shorter than any miss).
+fn read_notice(bytes: &[u8]) -> Option<Vec<u64>> {
+    if bytes.len() < std::mem::size_of::<PyNotice>() {
+        return None;
+    }
+    // SAFETY: PyNotice is plain data; the record holds one whole.
+    let ev: PyNotice = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const PyNotice) };
+    let n = (ev.n as usize).min(ev.words.len());
+    Some(ev.words[..n].to_vec())
+}
+
 /// Runs the calling thread at the lowest real-time priority: a walk waiting
 /// in the ring holds a stack copy the ring needs back, and the target runs
 /// on meanwhile, so the thread must not wait behind the target (or behind
@@ -158,6 +179,7 @@ impl UnwindService {
         space: Arc<Mutex<AddressSpace>>,
         live: bool,
         max_frames: u32,
+        python: Option<crate::python::Names>,
     ) -> Result<UnwindService> {
         let ring = crate::probes::pool::ring(ebpf, maps::UNWIND_MISSES)?;
         let rules = BpfHashMap::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_RULES)?)?;
@@ -188,6 +210,7 @@ impl UnwindService {
             remaps: Vec::new(),
             live,
             rules_full: 0,
+            python,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

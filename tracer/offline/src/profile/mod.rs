@@ -405,6 +405,12 @@ pub struct Meta {
     /// (_rjem_) in /usr/bin/server`); empty when there is none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub allocator_beside: String,
+    /// The CPython interpreter whose Python frames the stacks hold, as
+    /// `CPython 3.X in OBJECT`, or why they hold none (`Python 3.X in
+    /// OBJECT, whose frames mtrace cannot read yet`); empty when the
+    /// process runs no Python.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub python: String,
     pub probes: Vec<Probe>,
     /// Every process of the traced tree when there were more than one
     /// (the root first).

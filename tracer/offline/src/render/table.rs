@@ -154,6 +154,9 @@ fn header(profile: &Profile, paint: Paint) -> String {
         if !meta.allocator_beside.is_empty() {
             let _ = writeln!(out, "probes: also {}", meta.allocator_beside);
         }
+        if !meta.python.is_empty() {
+            let _ = writeln!(out, "python: {}", meta.python);
+        }
     }
     if !meta.processes.is_empty() {
         let traced = meta.processes.iter().filter(|p| p.traced).count();

@@ -63,6 +63,7 @@ macro_rules! each_name {
         f($($r)+ m.executable);
         f($($r)+ m.allocator_object);
         f($($r)+ m.allocator_beside);
+        f($($r)+ m.python);
         for p in $($r)+ m.processes {
             f($($r)+ p.name);
             f($($r)+ p.command);

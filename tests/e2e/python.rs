@@ -1,0 +1,213 @@
+//! Python frames in the stacks: every CPython this machine kind has
+//! (Debian's stripped python3.11 with libpython linked in, pyenv's 3.8 to
+//! 3.13 with a shared libpython), traced from launch and by pid. The
+//! script allocates a known number of blocks from a known Python line
+//! through a known chain of Python calls; the stacks must name those
+//! functions and lines, in order, with the exact count.
+
+use std::{fs, path::PathBuf};
+
+use crate::support::{require, run_profiled, trace_by_pid, FixtureProc, Profile};
+
+/// The script: `leaf` allocates a 4000-byte bytearray (one malloc of
+/// 4001 bytes, past pymalloc's 512) `N` times, called from `mid`, from
+/// `Outer.run`, from the module. With `wait`, it says `ready` and waits
+/// for a byte on stdin first (to be attached by pid).
+const SCRIPT: &str = "\
+import sys
+def leaf():
+    return bytearray(4000)
+def mid(i):
+    return leaf()
+class Outer:
+    def run(self, n):
+        keep = []
+        for i in range(n):
+            keep.append(mid(i))
+        return keep
+if len(sys.argv) > 2:
+    print('ready', flush=True)
+    sys.stdin.read(1)
+Outer().run(int(sys.argv[1]))
+";
+
+const N: u64 = 1234;
+
+/// Each Python frame of the chain, innermost first: (name, line) where
+/// 3.11+ names methods by qualified name.
+fn expected(minor: u8) -> Chain {
+    let run = if minor >= 11 { "Outer.run" } else { "run" };
+    vec![
+        ("leaf".into(), 3),
+        ("mid".into(), 5),
+        (run.into(), 10),
+        ("<module>".into(), 15),
+    ]
+}
+
+/// The interpreters to try: (path, minor version).
+fn interpreters() -> Vec<(PathBuf, u8)> {
+    let mut out = vec![(PathBuf::from("/usr/bin/python3.11"), 11)];
+    for (v, minor) in [
+        ("3.8.18", 8),
+        ("3.9.18", 9),
+        ("3.10.13", 10),
+        ("3.11.7", 11),
+        ("3.12.1", 12),
+        ("3.13.0", 13),
+    ] {
+        out.push((
+            PathBuf::from(format!("/root/.pyenv/versions/{v}/bin/python3")),
+            minor,
+        ));
+    }
+    out
+}
+
+fn script(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("alloc_chain.py");
+    fs::write(&path, SCRIPT).unwrap();
+    path
+}
+
+/// A stack's frames in the script, as (function, line), innermost first.
+type Chain = Vec<(String, u64)>;
+
+/// The Python frames of the stacks that pass through the script, with
+/// the calls and bytes under them summed.
+fn script_chains(p: &Profile, script: &str) -> Vec<(Chain, u64, u64)> {
+    let mut out: Vec<(Chain, u64, u64)> = Vec::new();
+    for s in p.allocs() {
+        let chain: Chain = s
+            .frames
+            .iter()
+            .filter(|f| f.file.as_deref() == Some(script))
+            .map(|f| (f.function.clone(), f.line.unwrap_or(0)))
+            .collect();
+        if chain.is_empty() {
+            continue;
+        }
+        match out.iter_mut().find(|(c, _, _)| *c == chain) {
+            Some(e) => {
+                e.1 += s.calls;
+                e.2 += s.bytes;
+            }
+            None => out.push((chain, s.calls, s.bytes)),
+        }
+    }
+    out
+}
+
+/// The chain from `leaf` has exactly `N` calls of 4001 bytes, with the
+/// expected frames, and no stack names the script with a wrong line.
+fn assert_chain(p: &Profile, script: &str, minor: u8, what: &str) {
+    let chains = script_chains(p, script);
+    let want = expected(minor);
+    let leaf: Vec<_> = chains
+        .iter()
+        .filter(|(c, _, _)| c.first().is_some_and(|f| f.0 == "leaf"))
+        .collect();
+    assert_eq!(
+        leaf.len(),
+        1,
+        "{what}: one stack through leaf expected, got {chains:#?}"
+    );
+    let (chain, calls, bytes) = leaf[0];
+    assert_eq!(chain, &want, "{what}: Python frames");
+    assert_eq!((*calls, *bytes), (N, N * 4001), "{what}: calls and bytes");
+    // Python frames take the eval loop's place: none is left where the
+    // script's frames are.
+    for s in p.allocs() {
+        if s.frames.iter().any(|f| f.function == "leaf") {
+            let names = s.names();
+            let at = names.iter().position(|n| *n == "leaf").unwrap();
+            assert!(
+                names[..at].iter().all(|n| *n != "_PyEval_EvalFrameDefault"),
+                "{what}: an eval-loop frame inside leaf: {names:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn python_frames_from_launch_every_version() {
+    let dir = bpf_tempdir!();
+    let path = script(dir.path());
+    let script = path.to_str().unwrap();
+    let n = N.to_string();
+    for (python, minor) in interpreters() {
+        if !require(python.exists(), &format!("{} is missing", python.display())) {
+            continue;
+        }
+        let py = python.to_str().unwrap();
+        let (out, p) = run_profiled(&["--", py, script, &n]);
+        out.assert_exit(0);
+        assert_chain(
+            &p,
+            script,
+            minor,
+            &format!("{py} from launch\n{}", out.describe()),
+        );
+    }
+}
+
+#[test]
+fn python_frames_by_pid() {
+    let dir = bpf_tempdir!();
+    let path = script(dir.path());
+    let script = path.to_str().unwrap();
+    let n = N.to_string();
+    for (python, minor) in [
+        (PathBuf::from("/usr/bin/python3.11"), 11),
+        (
+            PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3"),
+            12,
+        ),
+        (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
+    ] {
+        if !require(python.exists(), &format!("{} is missing", python.display())) {
+            continue;
+        }
+        let mut fx = FixtureProc::start(&python, &[script, &n, "wait"]);
+        let (out, p) = trace_by_pid(&mut fx, &[]);
+        assert_chain(
+            &p,
+            script,
+            minor,
+            &format!("{} by pid\n{}", python.display(), out.describe()),
+        );
+    }
+}
+
+/// An interpreter whose frames mtrace does not know: one line says so, the
+/// stacks are native, the counts exact.
+#[test]
+fn unknown_python_version_says_so_and_keeps_native_stacks() {
+    let dir = bpf_tempdir!();
+    let path = script(dir.path());
+    let script = path.to_str().unwrap();
+    let python = "/root/.pyenv/versions/3.7.16/bin/python3";
+    if !require(
+        std::path::Path::new(python).exists(),
+        "pyenv's 3.7 is missing",
+    ) {
+        return;
+    }
+    let n = N.to_string();
+    let (out, p) = run_profiled(&["--", python, script, &n]);
+    out.assert_exit(0);
+    let said: Vec<_> = out
+        .stderr
+        .iter()
+        .filter(|l| l.contains("Python 3.7") && l.contains("native frames only"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", out.describe());
+    assert!(script_chains(&p, script).is_empty(), "{}", out.describe());
+    // The blocks are all there, under the eval loop's frames.
+    let calls: u64 = p
+        .allocs()
+        .filter(|s| s.bytes == s.calls * 4001)
+        .map(|s| s.calls)
+        .sum();
+    assert!(calls >= N, "{}", out.describe());
+}

@@ -1,0 +1,121 @@
+//! CPython frames in the stacks: where the programs find a thread's
+//! Python frames ([`PythonLayout`], per process) and how they store them
+//! beside the native frames.
+//!
+//! A stack of a Python process is its native frames (return addresses,
+//! innermost first) followed by its Python frames, innermost first, two
+//! words each ([`py_frame_words`]). The tracer puts the Python frames in
+//! place of the interpreter's eval-loop frames: each run of the eval loop
+//! (a native `_PyEval_EvalFrameDefault` frame) ran the Python frames up to
+//! and including the next one marked [`PY_ENTRY`].
+
+/// Most Python frames a stack keeps.
+pub const PY_MAX_FRAMES: usize = 48;
+
+/// The first word of a Python frame has this bit set (no user address
+/// has): it holds the code object's address.
+pub const PY_FRAME: u64 = 1 << 63;
+
+/// The frame is the first its run of the eval loop executed (the last of
+/// the run, innermost first).
+pub const PY_ENTRY: u64 = 1 << 62;
+
+/// The code object's address in a Python frame's first word.
+pub const PY_CODE_MASK: u64 = (1 << 48) - 1;
+
+/// A Python frame's two words: `PY_FRAME | entry | code` and
+/// `check << 32 | instr`, where `instr` says where in the code the frame
+/// is (see `PythonLayout::instr_is_ptr`) and `check` is the code object's
+/// first line number as the probe read it, so that a code object freed
+/// and replaced at the same address is not given the new one's name.
+#[inline(always)]
+pub const fn py_frame_words(code: u64, entry: bool, instr: u32, check: u32) -> [u64; 2] {
+    let e = if entry { PY_ENTRY } else { 0 };
+    [
+        PY_FRAME | e | (code & PY_CODE_MASK),
+        ((check as u64) << 32) | instr as u64,
+    ]
+}
+
+/// How an eval-loop run's first frame is marked.
+pub mod py_entry {
+    /// Every frame is a run of its own (3.10 and before: the eval loop
+    /// recurses per Python call).
+    pub const EVERY: u32 = 0;
+    /// The frame's `is_entry` byte (3.11).
+    pub const FLAG: u32 = 1;
+    /// A shim frame owned by the C stack (`owner == 3`) stands between
+    /// runs (3.12 and later): not a Python frame itself.
+    pub const SHIM: u32 = 2;
+}
+
+/// `PythonLayout::entry` of 3.12+: the owner value of a run's shim frame
+/// (`FRAME_OWNED_BY_CSTACK`).
+pub const PY_OWNED_BY_CSTACK: u8 = 3;
+
+/// Bytes of a frame the programs read at once: every field they use lies
+/// in them.
+pub const PY_FRAME_READ: usize = 128;
+
+/// Most thread states the programs look through for the calling thread's.
+pub const PY_MAX_THREADS: u32 = 64;
+
+/// Where a CPython interpreter keeps its threads' frames, for the
+/// programs: offsets of the fields they follow, by version. `runtime == 0`:
+/// the process runs no Python the programs can read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonLayout {
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    /// `_PyRuntimeState.interpreters.head`.
+    pub interp_head: u32,
+    /// `PyInterpreterState.threads.head`.
+    pub threads_head: u32,
+    /// `PyThreadState.next`.
+    pub tstate_next: u32,
+    /// `PyThreadState.native_thread_id` (the kernel's thread id), or with
+    /// `tid_is_pthread` `thread_id` (the thread's `pthread_self()`, its
+    /// fs base on x86_64).
+    pub tstate_tid: u32,
+    pub tid_is_pthread: u32,
+    /// Where the kernel keeps a thread's fs base: the offset of
+    /// `thread.fsbase` in `struct task_struct` (with `tid_is_pthread`).
+    pub task_fsbase: u32,
+    /// `PyThreadState` to its current frame: the field holding the
+    /// `_PyCFrame` pointer (3.11, 3.12), or the frame itself.
+    pub tstate_frame: u32,
+    /// Non-zero: `tstate_frame` leads to a `_PyCFrame`, whose field at
+    /// `cframe_frame` is the current frame.
+    pub via_cframe: u32,
+    pub cframe_frame: u32,
+    /// Frame fields: the code object, the caller's frame, where it is in
+    /// its code, and the byte marking a run's entry ([`py_entry`]).
+    pub frame_code: u32,
+    pub frame_back: u32,
+    pub frame_instr: u32,
+    pub frame_entry: u32,
+    /// One of [`py_entry`].
+    pub entry: u32,
+    /// Bytes of a frame to read: past the last field used, at most
+    /// [`PY_FRAME_READ`].
+    pub frame_read: u32,
+    /// Non-zero: `frame_instr` holds a pointer into the code object (3.11
+    /// and later; the frame word stores it less the code object's
+    /// address); else the `int` f_lasti.
+    pub instr_is_ptr: u32,
+    /// `PyCodeObject.co_firstlineno` (an `int`).
+    pub code_firstlineno: u32,
+}
+
+/// A Python stack's frames for the tracer to name while their code objects
+/// live: sent when a stack with Python frames is stored for the first time.
+/// Shorter than any [`crate::MissEvent`], which shares its ring.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PyNotice {
+    /// Words in `words` (two per frame).
+    pub n: u32,
+    pub _pad: u32,
+    pub words: [u64; 2 * PY_MAX_FRAMES],
+}

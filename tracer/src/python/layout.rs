@@ -1,0 +1,214 @@
+//! Which CPython a process runs, and where its threads' frames are: the
+//! [`PythonLayout`] the BPF programs follow, by the interpreter's own
+//! version number.
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use tracer_common::{py_entry, PythonLayout, PY_FRAME_READ};
+
+use crate::tracee::{path_in_target, Mapping};
+
+/// A CPython interpreter found in a process.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// The object that defines `_PyRuntime` (the executable, or libpython).
+    pub path: String,
+    pub minor: u8,
+    pub layout: PythonLayout,
+}
+
+impl Interpreter {
+    /// For the report's header: `CPython 3.X in OBJECT`.
+    pub fn describe(&self) -> String {
+        format!("CPython 3.{} in {}", self.minor, self.path)
+    }
+}
+
+/// What a process holds of Python.
+#[derive(Clone, Debug)]
+pub enum Found {
+    /// No CPython interpreter mapped.
+    None,
+    Known(Interpreter),
+    /// An interpreter whose frames mtrace cannot read: why, in one line.
+    Unknown(String),
+}
+
+/// Offsets by minor version (CPython 3.x on x86_64, release builds), from
+/// the interpreters' debug information.
+fn layout_of(minor: u8) -> Option<PythonLayout> {
+    let mut l = PythonLayout {
+        tstate_next: 8,
+        ..PythonLayout::default()
+    };
+    match minor {
+        8..=10 => {
+            l.interp_head = 0x20;
+            l.threads_head = 0x8;
+            // `thread_id`: pthread_self(), compared with the fs base.
+            l.tstate_tid = 0xb0;
+            l.tid_is_pthread = 1;
+            // `PyThreadState.frame`, a PyFrameObject: f_back, f_code, f_lasti.
+            l.tstate_frame = 0x18;
+            l.frame_back = 0x18;
+            l.frame_code = 0x20;
+            l.frame_instr = if minor == 10 { 0x60 } else { 0x68 };
+            l.entry = py_entry::EVERY;
+            l.code_firstlineno = 0x28;
+        }
+        11 => {
+            l.interp_head = 0x28;
+            l.threads_head = 0x10;
+            l.tstate_tid = 0xa0;
+            l.tstate_frame = 0x38;
+            l.via_cframe = 1;
+            l.cframe_frame = 0x8;
+            l.frame_code = 0x20;
+            l.frame_back = 0x30;
+            l.frame_instr = 0x38;
+            l.frame_entry = 0x44;
+            l.entry = py_entry::FLAG;
+            l.instr_is_ptr = 1;
+            l.code_firstlineno = 0x48;
+        }
+        12 | 13 => {
+            l.interp_head = 0x28;
+            l.threads_head = 0x48;
+            l.tstate_tid = 0x90;
+            l.tstate_frame = 0x38;
+            l.via_cframe = 1;
+            l.cframe_frame = 0;
+            l.frame_code = 0;
+            l.frame_back = 0x8;
+            l.frame_instr = 0x38;
+            l.frame_entry = 0x46;
+            l.entry = py_entry::SHIM;
+            l.instr_is_ptr = 1;
+            l.code_firstlineno = 0x44;
+            if minor == 13 {
+                // The frames as 3.12's; the thread state holds the current
+                // frame itself (no _PyCFrame), further along.
+                l.interp_head = 0x278;
+                l.threads_head = 0x1cb0;
+                l.tstate_tid = 0xa0;
+                l.tstate_frame = 0x48;
+                l.via_cframe = 0;
+            }
+        }
+        _ => return None,
+    }
+    let last = [l.frame_code, l.frame_back, l.frame_instr]
+        .into_iter()
+        .map(|o| o + 8)
+        .chain([l.frame_entry + 1])
+        .max()
+        .unwrap_or(0);
+    l.frame_read = last.min(PY_FRAME_READ as u32);
+    Some(l)
+}
+
+/// Looks for a CPython interpreter among the objects `pid` maps: the one
+/// that defines `_PyRuntime`, its version from `Py_Version` (3.11 and
+/// later) or from its name (`libpython3.X`).
+pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
+    let mut seen: Vec<&str> = Vec::new();
+    for m in maps.iter().filter(|m| m.is_file() && m.offset == 0) {
+        let name = crate::profile::short_path(&m.path);
+        if !name.contains("python") || seen.contains(&m.path.as_str()) {
+            continue;
+        }
+        seen.push(&m.path);
+        let Ok(data) = std::fs::read(path_in_target(pid, &m.path)) else {
+            continue;
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        let symbol = |wanted: &str| {
+            file.dynamic_symbols()
+                .chain(file.symbols())
+                .find(|s| s.name() == Ok(wanted) && s.address() != 0)
+        };
+        let Some(runtime) = symbol("_PyRuntime") else {
+            continue;
+        };
+        let Some(first_load) = file.segments().map(|s| s.address()).min() else {
+            continue;
+        };
+        let bias = m.start.wrapping_sub(first_load & !0xfff);
+        let version = symbol("Py_Version")
+            .and_then(|s| read_u32_at(&file, &data, s.address()))
+            .map(|v| ((v >> 24) as u8, (v >> 16) as u8))
+            .or_else(|| version_in_name(name));
+        let Some((major, minor)) = version else {
+            return Found::Unknown(format!(
+                "a Python interpreter of unknown version in {}: native frames only",
+                m.path
+            ));
+        };
+        let Some(mut layout) = (major == 3).then(|| layout_of(minor)).flatten() else {
+            return Found::Unknown(format!(
+                "Python {major}.{minor} in {}, whose frames mtrace cannot read yet: native frames only",
+                m.path
+            ));
+        };
+        layout.runtime = bias.wrapping_add(runtime.address());
+        if layout.tid_is_pthread != 0 {
+            match super::btf::task_fsbase_offset() {
+                Some(off) => layout.task_fsbase = off,
+                None => {
+                    return Found::Unknown(format!(
+                        "Python 3.{minor} in {}, whose threads only the kernel's BTF (/sys/kernel/btf/vmlinux) tells apart: native frames only",
+                        m.path
+                    ))
+                }
+            }
+        }
+        return Found::Known(Interpreter {
+            path: m.path.clone(),
+            minor,
+            layout,
+        });
+    }
+    Found::None
+}
+
+/// `(3, X)` from `libpython3.X.so…` or `python3.X`.
+fn version_in_name(name: &str) -> Option<(u8, u8)> {
+    let rest = &name[name.find("python3.")? + "python3.".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((3, digits.parse().ok()?))
+}
+
+/// The `u32` at virtual address `vaddr` of the file (little-endian).
+fn read_u32_at(file: &object::File, data: &[u8], vaddr: u64) -> Option<u32> {
+    file.segments().find_map(|seg| {
+        let (off, size) = seg.file_range();
+        let addr = seg.address();
+        if vaddr < addr || vaddr + 4 > addr + size {
+            return None;
+        }
+        let at = (off + vaddr - addr) as usize;
+        Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_from_names() {
+        assert_eq!(version_in_name("libpython3.10.so.1.0"), Some((3, 10)));
+        assert_eq!(version_in_name("python3.8"), Some((3, 8)));
+        assert_eq!(version_in_name("python"), None);
+    }
+
+    #[test]
+    fn every_known_layout_reads_within_a_frame_read() {
+        for minor in 8..=13 {
+            let l = layout_of(minor).unwrap();
+            assert!(l.frame_read as usize <= PY_FRAME_READ && l.frame_read >= 16);
+        }
+        assert!(layout_of(7).is_none() && layout_of(14).is_none());
+    }
+}
