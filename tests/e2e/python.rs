@@ -7,7 +7,7 @@
 
 use std::{fs, path::PathBuf};
 
-use crate::support::{require, run_profiled, trace_by_pid, FixtureProc, Profile};
+use crate::support::{profile::Stack, require, run_profiled, trace_by_pid, FixtureProc, Profile};
 
 /// The script: `leaf` allocates a 4000-byte bytearray (one malloc of
 /// 4001 bytes, past pymalloc's 512) `N` times, called from `mid`, from
@@ -73,17 +73,21 @@ fn script(dir: &std::path::Path) -> PathBuf {
 /// A stack's frames in the script, as (function, line), innermost first.
 type Chain = Vec<(String, u64)>;
 
+/// A stack's frames in `script`.
+fn chain_of(s: &Stack, script: &str) -> Chain {
+    s.frames
+        .iter()
+        .filter(|f| f.file.as_deref() == Some(script))
+        .map(|f| (f.function.clone(), f.line.unwrap_or(0)))
+        .collect()
+}
+
 /// The Python frames of the stacks that pass through the script, with
 /// the calls and bytes under them summed.
 fn script_chains(p: &Profile, script: &str) -> Vec<(Chain, u64, u64)> {
     let mut out: Vec<(Chain, u64, u64)> = Vec::new();
     for s in p.allocs() {
-        let chain: Chain = s
-            .frames
-            .iter()
-            .filter(|f| f.file.as_deref() == Some(script))
-            .map(|f| (f.function.clone(), f.line.unwrap_or(0)))
-            .collect();
+        let chain = chain_of(s, script);
         if chain.is_empty() {
             continue;
         }
@@ -210,4 +214,72 @@ fn unknown_python_version_says_so_and_keeps_native_stacks() {
         .map(|s| s.calls)
         .sum();
     assert!(calls >= N, "{}", out.describe());
+}
+
+/// Three threads allocate at once, each from its own function: each
+/// call is under its own thread's Python frames (the thread state is
+/// found by thread id: 3.11+ its native id, before that its pthread).
+const THREADS_SCRIPT: &str = "\
+import threading
+def alloc_a(n):
+    return [bytearray(3000) for _ in range(n)]
+def alloc_b(n):
+    return [bytearray(5000) for _ in range(n)]
+def alloc_c(n):
+    return [bytearray(7000) for _ in range(n)]
+def worker(f, n, barrier):
+    barrier.wait()
+    for _ in range(10):
+        f(n)
+b = threading.Barrier(3)
+ts = [threading.Thread(target=worker, args=(f, n, b))
+      for f, n in ((alloc_a, 100), (alloc_b, 200), (alloc_c, 300))]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+";
+
+#[test]
+fn python_threads_each_under_their_own_frames() {
+    let dir = bpf_tempdir!();
+    let path = dir.path().join("threads.py");
+    fs::write(&path, THREADS_SCRIPT).unwrap();
+    let script = path.to_str().unwrap();
+    for (python, minor) in [
+        (PathBuf::from("/usr/bin/python3.11"), 11),
+        (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
+        (
+            PathBuf::from("/root/.pyenv/versions/3.13.0/bin/python3"),
+            13,
+        ),
+    ] {
+        if !require(python.exists(), &format!("{} is missing", python.display())) {
+            continue;
+        }
+        let py = python.to_str().unwrap();
+        let (out, p) = run_profiled(&["--", py, script]);
+        out.assert_exit(0);
+        for (func, line, size, calls) in [
+            ("alloc_a", 3, 3001, 1000),
+            ("alloc_b", 5, 5001, 2000),
+            ("alloc_c", 7, 7001, 3000),
+        ] {
+            // The comprehension is a frame of its own before 3.12.
+            let outer: Chain = vec![(func.into(), line), ("worker".into(), 11)];
+            // The blocks of that size (the lists holding them grow too).
+            let sum = p
+                .allocs()
+                .filter(|s| s.bytes == s.calls * size)
+                .filter(|s| chain_of(s, script).ends_with(&outer))
+                .fold((0, 0), |(c, b), s| (c + s.calls, b + s.bytes));
+            assert_eq!(
+                sum,
+                (calls, calls * size),
+                "3.{minor}: {func}'s blocks under its own frames: {:#?}\n{}",
+                script_chains(&p, script),
+                out.describe()
+            );
+        }
+    }
 }

@@ -51,6 +51,8 @@ pub fn profile(
         for st in &raw.stacks {
             names.learn(crate::python::split(&st.addrs).1);
         }
+        let q = raw.stack_quality.python.get_or_insert_default();
+        q.unnamed = names.unnamed;
     }
     if let Some(tracker) = tracker {
         add_live(&mut raw, tracker, clock);

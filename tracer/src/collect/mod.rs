@@ -17,7 +17,7 @@ use tracer_common::{
 use self::raw::{RawProfile, RawStack};
 use crate::{
     probes::Probes,
-    profile::{Counts, LiveTotals, Losses, StackQuality},
+    profile::{Counts, LiveTotals, Losses, PythonQuality, StackQuality},
 };
 
 /// Calls whose walk the tracer finished (the BPF walk met a return address
@@ -264,6 +264,13 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
     quality.finished_by_tracer =
         sums[counter::UNWIND_MISSES as usize] - sums[counter::UNWIND_MISSES_LOST as usize];
     quality.walked_in_kernel = sums[counter::WALKS as usize];
+    let python = PythonQuality {
+        cut: sums[counter::PY_CUT as usize],
+        unreadable: sums[counter::PY_READ_FAILED as usize],
+        notices_lost: sums[counter::PY_NOTICES_LOST as usize],
+        unnamed: 0,
+    };
+    quality.python = (python != PythonQuality::default()).then_some(python);
 
     let mut thread_names = BTreeMap::new();
     if let Some(map) = ebpf.map(maps::THREAD_NAMES) {

@@ -149,6 +149,13 @@ impl Merged {
 fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
     add_fields!(a, b; calls, whole, finished_by_tracer, walked_in_kernel);
     a.frame_limit = a.frame_limit.or(b.frame_limit);
+    a.python = match (a.python, b.python) {
+        (Some(mut x), Some(y)) => {
+            add_fields!(x, y; cut, unreadable, unnamed, notices_lost);
+            Some(x)
+        }
+        (x, y) => x.or(y),
+    };
     for (cause, n) in b.truncated {
         *a.truncated.entry(cause).or_default() += n;
     }

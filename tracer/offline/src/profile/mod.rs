@@ -90,6 +90,27 @@ pub struct StackQuality {
     /// `max_frames`. Absent without a limit (or in older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frame_limit: Option<u32>,
+    /// A Python process's frames: what could not be read or named.
+    /// Absent where no CPython interpreter was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonQuality>,
+}
+
+/// How whole a Python process's Python frames are. Each count is of
+/// stacks' frames, not of calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonQuality {
+    /// Python frames left out for want of room (the stack's native frames
+    /// took most of the 127 slots, or more than 48 Python frames).
+    pub cut: u64,
+    /// Walks whose Python frames ended at a frame that could not be read.
+    pub unreadable: u64,
+    /// Code objects that could not be named (gone or replaced before the
+    /// tracer read them): shown as `[python code 0x...]`.
+    pub unnamed: u64,
+    /// New stacks whose notice to the tracer found the ring full (their
+    /// code objects were named later, if they still lived).
+    pub notices_lost: u64,
 }
 
 impl StackQuality {

@@ -633,6 +633,12 @@ by function: malloc 1000, calloc 250, realloc 136
             finished_by_tracer: 0,
             walked_in_kernel: 0,
             frame_limit: Some(126),
+            python: Some(crate::profile::PythonQuality {
+                cut: 1_000_000,
+                unreadable: 1_000_000,
+                unnamed: 1_000_000,
+                notices_lost: 1_000_000,
+            }),
         });
         p.live = Some(crate::profile::LiveTotals {
             peak_bytes: 123 << 30,

@@ -335,6 +335,15 @@ pub fn quality_lines(q: &StackQuality) -> String {
     if !cut.is_empty() {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
+    if let Some(p) = &q.python {
+        let items = [
+            format!("cut {}", p.cut),
+            format!("unreadable {}", p.unreadable),
+            format!("code unnamed {}", p.unnamed),
+            format!("notices lost {}", p.notices_lost),
+        ];
+        out.push_str(&wrap_list("python frames", &items, ""));
+    }
     out
 }
 
