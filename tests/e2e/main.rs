@@ -40,6 +40,7 @@ mod errors;
 mod exec;
 mod families;
 mod hostile;
+mod jit;
 mod lifecycle;
 mod live;
 mod losses;
