@@ -283,3 +283,72 @@ fn python_threads_each_under_their_own_frames() {
         }
     }
 }
+
+/// Live mode: a leak by Python line. `leak` keeps one block in ten, `temp`
+/// frees each at once (`os._exit`: no finalization frees the kept ones
+/// at the end); the module's code is named as the script's own (on
+/// Debian's 3.11, the code object of a `<string>` module run at start-up,
+/// freed, lay at the same address with the same first line: its name
+/// must not stick).
+const LEAK_SCRIPT: &str = "\
+import os, sys
+kept = []
+def leak():
+    kept.append(bytearray(2000))
+def temp():
+    return bytearray(3000)
+def main(n):
+    for i in range(n):
+        temp()
+        if i % 10 == 0:
+            leak()
+main(int(sys.argv[1]))
+os._exit(0)
+";
+
+#[test]
+fn python_leaks_by_line_in_live_mode() {
+    let dir = bpf_tempdir!();
+    let path = dir.path().join("leaky.py");
+    fs::write(&path, LEAK_SCRIPT).unwrap();
+    let script = path.to_str().unwrap();
+    for (python, minor) in [
+        (PathBuf::from("/usr/bin/python3.11"), 11),
+        (
+            PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3"),
+            12,
+        ),
+    ] {
+        if !require(python.exists(), &format!("{} is missing", python.display())) {
+            continue;
+        }
+        let py = python.to_str().unwrap();
+        let (out, p) = run_profiled(&["--live", "--", py, script, "12340"]);
+        out.assert_exit(0);
+        let d = format!("3.{minor}\n{}", out.describe());
+        let at = |func: &str, line: u64, size: u64| {
+            let want: Chain = vec![
+                (func.into(), if func == "leak" { 4 } else { 6 }),
+                ("main".into(), line),
+                ("<module>".into(), 12),
+            ];
+            let stacks: Vec<_> = p
+                .allocs()
+                .filter(|s| s.bytes == s.calls * size && chain_of(s, script) == want)
+                .collect();
+            assert_eq!(
+                stacks.len(),
+                1,
+                "{func}: {:#?}\n{d}",
+                script_chains(&p, script)
+            );
+            stacks[0].live.clone().expect("live statistics")
+        };
+        let leak = at("leak", 11, 2001);
+        assert_eq!(leak["allocations"], 1234, "{d}");
+        assert_eq!(leak["outstanding"], 1234, "{d}");
+        let temp = at("temp", 9, 3001);
+        assert_eq!(temp["allocations"], 12340, "{d}");
+        assert_eq!(temp["outstanding"], 0, "{d}");
+    }
+}

@@ -25,9 +25,10 @@ pub const PY_CODE_MASK: u64 = (1 << 48) - 1;
 
 /// A Python frame's two words: `PY_FRAME | entry | code` and
 /// `check << 32 | instr`, where `instr` says where in the code the frame
-/// is (see `PythonLayout::instr_is_ptr`) and `check` is the code object's
-/// first line number as the probe read it, so that a code object freed
-/// and replaced at the same address is not given the new one's name.
+/// is (see `PythonLayout::instr_is_ptr`) and `check` is
+/// [`py_code_check`] of the code object as the probe read it, so that a
+/// code object freed and replaced at the same address is not given the
+/// new one's name.
 #[inline(always)]
 pub const fn py_frame_words(code: u64, entry: bool, instr: u32, check: u32) -> [u64; 2] {
     let e = if entry { PY_ENTRY } else { 0 };
@@ -35,6 +36,14 @@ pub const fn py_frame_words(code: u64, entry: bool, instr: u32, check: u32) -> [
         PY_FRAME | e | (code & PY_CODE_MASK),
         ((check as u64) << 32) | instr as u64,
     ]
+}
+
+/// What identifies a code object beside its address: its first line and
+/// the addresses of its file and function name objects (every module's
+/// code begins at line 1; its file name object is its own).
+#[inline(always)]
+pub const fn py_code_check(first_line: u32, filename: u64, name: u64) -> u32 {
+    first_line ^ (filename >> 3) as u32 ^ ((name >> 3) as u32).rotate_left(16)
 }
 
 /// How an eval-loop run's first frame is marked.
@@ -104,8 +113,10 @@ pub struct PythonLayout {
     /// and later; the frame word stores it less the code object's
     /// address); else the `int` f_lasti.
     pub instr_is_ptr: u32,
-    /// `PyCodeObject.co_firstlineno` (an `int`).
+    /// `PyCodeObject.co_firstlineno` (an `int`), and `co_filename`, which
+    /// `co_name` follows.
     pub code_firstlineno: u32,
+    pub code_filename: u32,
 }
 
 /// A Python stack's frames for the tracer to name while their code objects

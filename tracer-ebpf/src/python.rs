@@ -6,8 +6,9 @@
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user};
 use tracer_common::{
-    counter, py_entry, py_frame_words, stack_hash_step, PyNotice, PythonLayout, WalkScratch,
-    MAX_FRAMES, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS, PY_OWNED_BY_CSTACK,
+    counter, py_code_check, py_entry, py_frame_words, stack_hash_step, PyNotice, PythonLayout,
+    WalkScratch, MAX_FRAMES, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS,
+    PY_OWNED_BY_CSTACK,
 };
 
 use crate::{
@@ -155,8 +156,11 @@ extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         field_u64(w, l.frame_instr) as u32
     };
-    let check = unsafe { bpf_probe_read_user((code + l.code_firstlineno as u64) as *const u32) }
+    let first = unsafe { bpf_probe_read_user((code + l.code_firstlineno as u64) as *const u32) }
         .unwrap_or(0);
+    let names = unsafe { bpf_probe_read_user((code + l.code_filename as u64) as *const [u64; 2]) }
+        .unwrap_or([0; 2]);
+    let check = py_code_check(first, names[0], names[1]);
     let entry = match l.entry {
         py_entry::EVERY => true,
         py_entry::FLAG => flag != 0,

@@ -53,7 +53,6 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
             l.frame_code = 0x20;
             l.frame_instr = if minor == 10 { 0x60 } else { 0x68 };
             l.entry = py_entry::EVERY;
-            l.code_firstlineno = 0x28;
         }
         11 => {
             l.interp_head = 0x28;
@@ -68,7 +67,6 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
             l.frame_entry = 0x44;
             l.entry = py_entry::FLAG;
             l.instr_is_ptr = 1;
-            l.code_firstlineno = 0x48;
         }
         12 | 13 => {
             l.interp_head = 0x28;
@@ -83,7 +81,6 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
             l.frame_entry = 0x46;
             l.entry = py_entry::SHIM;
             l.instr_is_ptr = 1;
-            l.code_firstlineno = 0x44;
             if minor == 13 {
                 // The frames as 3.12's; the thread state holds the current
                 // frame itself (no _PyCFrame), further along.
@@ -96,6 +93,9 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
         }
         _ => return None,
     }
+    let code = super::code::CodeLayout::for_minor(minor as u32)?;
+    l.code_firstlineno = code.co_firstlineno as u32;
+    l.code_filename = code.co_filename as u32;
     let last = [l.frame_code, l.frame_back, l.frame_instr]
         .into_iter()
         .map(|o| o + 8)
@@ -208,6 +208,9 @@ mod tests {
         for minor in 8..=13 {
             let l = layout_of(minor).unwrap();
             assert!(l.frame_read as usize <= PY_FRAME_READ && l.frame_read >= 16);
+            // The probe reads co_filename and co_name as one.
+            let code = super::super::code::CodeLayout::for_minor(minor as u32).unwrap();
+            assert_eq!(code.co_name, code.co_filename + 8, "3.{minor}");
         }
         assert!(layout_of(7).is_none() && layout_of(14).is_none());
     }

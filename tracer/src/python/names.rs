@@ -5,9 +5,9 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_common::{PY_CODE_MASK, PY_ENTRY, PY_FRAME};
+use tracer_common::{py_code_check, PY_CODE_MASK, PY_ENTRY, PY_FRAME};
 
-use super::code::{self, Code, CodeLayout, ProcessMemory};
+use super::code::{self, Code, CodeLayout, Memory, ProcessMemory};
 use crate::profile::Frame;
 
 /// The native function whose every frame is a run of the eval loop.
@@ -80,7 +80,7 @@ impl Names {
             };
             let code = match code::read_code(mem, self.layout, w.code) {
                 // Another code object at the address since: not this one.
-                Ok(c) if c.first_line == w.check => Some(Arc::new(c)),
+                Ok(c) if self.check(mem, w.code, &c) == Some(w.check) => Some(Arc::new(c)),
                 Ok(_) => None,
                 Err(e) => {
                     log::debug!("python: code object {:#x} unreadable: {e}", w.code);
@@ -92,6 +92,14 @@ impl Names {
             }
             self.known.insert(key, code);
         }
+    }
+
+    /// [`py_code_check`] of the code object read at `addr`.
+    fn check(&self, mem: &ProcessMemory, addr: u64, c: &Code) -> Option<u32> {
+        let mut b = [0u8; 16];
+        mem.read(addr + self.layout.co_filename, &mut b).ok()?;
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        Some(py_code_check(c.first_line, word(0), word(8)))
     }
 
     fn frame(&self, w: PyWord) -> Frame {
