@@ -7,7 +7,10 @@
 
 use std::{fs, path::PathBuf};
 
-use crate::support::{profile::Stack, require, run_profiled, trace_by_pid, FixtureProc, Profile};
+use crate::support::{
+    mtrace::mtrace_command, profile::Stack, require, run_profiled, trace_by_pid, FixtureProc,
+    Mtrace, Profile,
+};
 
 /// The script: `leaf` allocates a 4000-byte bytearray (one malloc of
 /// 4001 bytes, past pymalloc's 512) `N` times, called from `mid`, from
@@ -351,4 +354,134 @@ fn python_leaks_by_line_in_live_mode() {
         assert_eq!(temp["allocations"], 12340, "{d}");
         assert_eq!(temp["outstanding"], 0, "{d}");
     }
+}
+
+/// `--python-objects`: objects of up to 512 bytes, which never reach
+/// malloc, counted by Python line. `make_objs` makes 1000 objects of a
+/// class with no `__dict__` (one PyObject_Malloc each; `repeat` makes no
+/// int objects), `big_buffers` 37 bytearrays of 100000 bytes (the object,
+/// then its buffer of 100001 bytes through PyObject_Realloc, which falls
+/// through to malloc: counted once). Run with `oracle`, the script counts
+/// the same blocks with tracemalloc and prints them, and an object's size.
+const OBJECTS_SCRIPT: &str = "\
+import sys, itertools
+class Obj:
+    __slots__ = ()
+def make_objs(n):
+    return [Obj() for _ in itertools.repeat(None, n)]
+def big_buffers(n):
+    return [bytearray(100000) for _ in itertools.repeat(None, n)]
+oracle = len(sys.argv) > 1
+if oracle:
+    import tracemalloc
+    tracemalloc.start()
+a = make_objs(1000)
+b = big_buffers(37)
+if oracle:
+    snap = tracemalloc.take_snapshot()
+    def count(line, size):
+        return sum(1 for t in snap.traces
+                   if t.traceback[0].filename == __file__
+                   and t.traceback[0].lineno == line and t.size == size)
+    print(count(5, sys.getsizeof(Obj())), count(7, 100001), sys.getsizeof(Obj()))
+";
+
+/// What tracemalloc counts running the script in its oracle mode: Obj
+/// blocks at line 5, buffers at line 7, and an Obj block's size.
+fn tracemalloc_counts(py: &str, script: &str) -> Vec<u64> {
+    let oracle = std::process::Command::new(py)
+        .args([script, "oracle"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&oracle.stdout);
+    let counts: Vec<u64> = said
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(counts[..2], [1000, 37], "tracemalloc under {py}: {said}");
+    counts
+}
+
+/// Calls of `func` (any allocator function when empty) whose innermost
+/// frame in the script is at `line`, with `size` bytes each when given.
+fn calls_at(p: &Profile, script: &str, func: &str, line: u64, size: Option<u64>) -> u64 {
+    p.allocs()
+        .filter(|s| func.is_empty() || s.function == func)
+        .filter(|s| size.is_none_or(|n| s.bytes == s.calls * n))
+        .filter(|s| chain_of(s, script).first().is_some_and(|f| f.1 == line))
+        .map(|s| s.calls)
+        .sum()
+}
+
+#[test]
+fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
+    let dir = bpf_tempdir!();
+    let path = dir.path().join("objects.py");
+    fs::write(&path, OBJECTS_SCRIPT).unwrap();
+    let script = path.to_str().unwrap();
+    for v in ["3.12.1", "3.9.18"] {
+        let python = PathBuf::from(format!("/root/.pyenv/versions/{v}/bin/python3"));
+        if !require(python.exists(), &format!("{} is missing", python.display())) {
+            continue;
+        }
+        let py = python.to_str().unwrap();
+        let counts = tracemalloc_counts(py, script);
+        let (out, p) = run_profiled(&["--python-objects", "--", py, script]);
+        out.assert_exit(0);
+        let d = format!("{v}\n{}", out.describe());
+        assert_eq!(
+            calls_at(&p, script, "PyObject_Malloc", 5, Some(counts[2])),
+            counts[0],
+            "{d}"
+        );
+        // The buffers once each, under PyObject_Realloc, never again as the
+        // malloc it made.
+        assert_eq!(calls_at(&p, script, "", 7, Some(100_001)), counts[1], "{d}");
+        assert_eq!(
+            calls_at(&p, script, "PyObject_Realloc", 7, Some(100_001)),
+            counts[1],
+            "{d}"
+        );
+    }
+}
+
+/// Debian's stripped LTO build copies pymalloc into its callers: with
+/// `--python-objects` one line says what is not seen; under
+/// `PYTHONMALLOC=malloc` every object goes through malloc and is counted
+/// by line without the flag.
+#[test]
+fn debian_python_objects_through_malloc() {
+    let dir = bpf_tempdir!();
+    let path = dir.path().join("objects.py");
+    fs::write(&path, OBJECTS_SCRIPT).unwrap();
+    let script = path.to_str().unwrap();
+    let py = "/usr/bin/python3.11";
+    if !require(
+        std::path::Path::new(py).exists(),
+        "Debian's python3.11 is missing",
+    ) {
+        return;
+    }
+    let (out, _) = run_profiled(&["--python-objects", "--", py, script]);
+    out.assert_exit(0);
+    let said = out
+        .stderr
+        .iter()
+        .filter(|l| l.contains("--python-objects") && l.contains("PYTHONMALLOC=malloc"))
+        .count();
+    assert_eq!(said, 1, "{}", out.describe());
+    let json = dir.path().join("m.json");
+    let mut cmd = mtrace_command(&["-o", json.to_str().unwrap(), "--", py, script]);
+    cmd.env("PYTHONMALLOC", "malloc");
+    let out = Mtrace::spawn(&mut cmd).finish();
+    let p = Profile::load(&json);
+    out.assert_exit(0);
+    let d = out.describe();
+    let counts = tracemalloc_counts(py, script);
+    assert_eq!(
+        calls_at(&p, script, "malloc", 5, Some(counts[2])),
+        counts[0],
+        "{d}"
+    );
+    assert_eq!(calls_at(&p, script, "", 7, Some(100_001)), counts[1], "{d}");
 }

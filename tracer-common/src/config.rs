@@ -6,6 +6,9 @@ use crate::{PythonLayout, EXP_TABLE_LEN, WEIGHT_TABLE_LEN};
 /// (a power of two: the BPF side searches them by halving).
 pub const MAX_BODY_RANGES: usize = 64;
 
+/// Most ranges of [`ProcessConfig::free_bodies`].
+pub const MAX_FREE_BODIES: usize = 8;
+
 /// Address range `[start, end)` of an allocator function in the target.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,13 +53,17 @@ pub struct ProcessConfig {
     /// KiB): where a walk's copy of the main thread's stack may end. 0:
     /// unknown.
     pub stack_start: u64,
-    /// How many entries of `bodies` are valid.
+    /// How many entries of `bodies` and `free_bodies` are valid.
     pub n_bodies: u32,
-    pub _pad: u32,
+    pub n_free_bodies: u32,
     /// Bodies of the probed allocator functions in the target's address
     /// space: a call whose return address lies in one is the allocator
     /// calling itself (realloc -> malloc) and is not counted again.
     pub bodies: [BodyRange; MAX_BODY_RANGES],
+    /// Bodies of probed releasing functions whose own free is the free
+    /// they were called for (CPython's `PyObject_Free` -> free): that
+    /// free is not counted again.
+    pub free_bodies: [BodyRange; MAX_FREE_BODIES],
     /// Its CPython interpreter, when it runs one the programs can read.
     pub python: PythonLayout,
 }
@@ -66,8 +73,9 @@ impl Default for ProcessConfig {
         ProcessConfig {
             stack_start: 0,
             n_bodies: 0,
-            _pad: 0,
+            n_free_bodies: 0,
             bodies: [BodyRange::default(); MAX_BODY_RANGES],
+            free_bodies: [BodyRange::default(); MAX_FREE_BODIES],
             python: PythonLayout::default(),
         }
     }

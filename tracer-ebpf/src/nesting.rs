@@ -2,7 +2,7 @@
 //! probed function's body) or a tail call from a function just counted is
 //! not counted again.
 
-use tracer_common::{EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES};
+use tracer_common::{EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES, MAX_FREE_BODIES};
 
 use crate::maps::{CPU_MARK, MARKS, PROCESS};
 
@@ -36,6 +36,29 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
     }
     let r = unsafe { (*p).bodies[(lo - 1) & (MAX_BODY_RANGES - 1)] };
     addr >= r.start && addr < r.end
+}
+
+/// Is `addr` inside a probed releasing function whose own free is the
+/// free it was called for (CPython's `PyObject_Free`)? Then this free was
+/// counted by that call.
+#[inline(always)]
+pub(crate) fn in_free_body(addr: u64) -> bool {
+    let Some(p) = PROCESS.get_ptr(0) else {
+        return false;
+    };
+    let n = unsafe { (*p).n_free_bodies } as usize;
+    let mut i = 0;
+    while i < MAX_FREE_BODIES {
+        if i >= n {
+            break;
+        }
+        let r = unsafe { (*p).free_bodies[i] };
+        if addr >= r.start && addr < r.end {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 /// Is this call a tail call from another allocator function that was

@@ -17,7 +17,7 @@ use crate::{
     live::{send_free, set_pending},
     maps::{config_u32, enabled, CONFIG, PENDING, STACKS},
     memo::{memo_count, memo_find, memo_frames},
-    nesting::{in_allocator_body, tail_called},
+    nesting::{in_allocator_body, in_free_body, tail_called},
     python::{python_layout, send_python_notice},
     sample::{sample_weight, weighted_bytes},
     scratch::{give_back_scratch, owns_cpu, take_scratch},
@@ -43,7 +43,7 @@ pub(crate) fn record_free(ctx: &ProbeContext, cookie: u64, ptr: u64) -> u32 {
     let scratch = take_scratch(ctx);
     let tail = tail_called(scratch, sp, ret, ip);
     give_back_scratch(scratch);
-    if tail {
+    if tail || in_free_body(ret) {
         bump_counter(counter::NESTED, 1);
         return 0;
     }

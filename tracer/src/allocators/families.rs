@@ -144,7 +144,44 @@ pub const ENTRIES: &[Entry] = &[
     e("__rust_alloc_zeroed", Role::Size),
     e("__rust_realloc", Role::ResizeRust),
     e("__rust_dealloc", Role::Free),
+    // CPython's object and memory allocators (pymalloc), probed only with
+    // `--python-objects` (see [`is_python`]): an object allocation that
+    // falls through to malloc is nested in them.
+    e("PyObject_Malloc", Role::Size),
+    e("PyObject_Calloc", Role::CountSize),
+    e("PyObject_Realloc", Role::Resize),
+    e("PyObject_Free", Role::Free),
+    e("PyMem_Malloc", Role::Size),
+    e("PyMem_Calloc", Role::CountSize),
+    e("PyMem_Realloc", Role::Resize),
+    e("PyMem_Free", Role::Free),
 ];
+
+/// CPython's entry points of [`ENTRIES`]: probed only when asked for.
+pub fn is_python(entry: &Entry) -> bool {
+    entry.symbol.starts_with("PyObject_") || entry.symbol.starts_with("PyMem_")
+}
+
+/// What CPython's allocator entry points reach malloc through where the
+/// build is not one function (pyenv's: `PyObject_Malloc` -> pointer ->
+/// `_PyObject_Malloc` -> ... -> malloc): with `--python-objects`, a call
+/// from inside one is nested. (`PyMem_RawMalloc` is not among them: C
+/// code calls it directly, and its malloc is the only allocation then.)
+pub const PYTHON_INTERNALS: &[&str] = &[
+    "_PyObject_Malloc",
+    "_PyObject_Calloc",
+    "_PyObject_Realloc",
+    "_PyObject_Free",
+    "pymalloc_alloc",
+    "pymalloc_realloc",
+    "pymalloc_free",
+];
+
+/// The [`PYTHON_INTERNALS`] that free: a free made from inside one is the
+/// same free as the probed function's.
+pub fn is_python_free(symbol: &str) -> bool {
+    matches!(plain_name(symbol), "_PyObject_Free" | "pymalloc_free")
+}
 
 /// Functions inside an allocator that are not probed but through which an
 /// allocator calls another one (Rust's `__rust_alloc` -> `__rdl_alloc` ->

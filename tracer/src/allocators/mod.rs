@@ -15,7 +15,7 @@ use std::{fs, path::PathBuf};
 
 use anyhow::Result;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
-use tracer_common::{BodyRange, Role, MAX_BODY_RANGES};
+use tracer_common::{BodyRange, Role, MAX_BODY_RANGES, MAX_FREE_BODIES};
 
 use self::families::Entry;
 use self::placement::place_probe;
@@ -100,6 +100,8 @@ pub struct Internal {
     pub path: String,
     pub file_offset: u64,
     pub size: u64,
+    /// A free made from inside it is the free it was called for.
+    pub frees: bool,
 }
 
 /// What the target allocates through: the object its `malloc` binds to
@@ -137,36 +139,66 @@ impl AllocatorObject {
                     .iter()
                     .map(|i| (i.path.as_str(), i.file_offset, i.size)),
             );
-        let mut out = Vec::new();
-        for (path, file_offset, size) in ranges {
-            if size == 0 {
-                continue;
-            }
-            let m = maps.iter().find(|m| {
-                m.path == path
-                    && m.perms.contains('x')
-                    && file_offset >= m.offset
-                    && file_offset < m.offset + (m.end - m.start)
-            });
-            if let Some(m) = m {
-                let start = m.start + (file_offset - m.offset);
-                out.push(BodyRange {
-                    start,
-                    end: start + size,
-                });
-            }
-        }
-        out.sort_by_key(|r| r.start);
-        out.dedup_by_key(|r| r.start);
+        let out = in_target(ranges, maps);
         if out.len() > MAX_BODY_RANGES {
             log::warn!(
                 "{} allocator functions: the nesting check covers the first {MAX_BODY_RANGES}",
                 out.len()
             );
-            out.truncate(MAX_BODY_RANGES);
         }
-        out
+        out.into_iter().take(MAX_BODY_RANGES).collect()
     }
+
+    /// Runtime address ranges of the functions whose own `free` is the
+    /// free they were called for: CPython's `PyObject_Free` and `PyMem_Free`
+    /// (and what they reach it through), probed themselves.
+    pub fn free_body_ranges(&self, maps: &[Mapping]) -> Vec<BodyRange> {
+        let frees = self
+            .sites
+            .iter()
+            .filter(|s| s.role() == Role::Free && s.funcs.iter().any(|f| families::is_python(f)))
+            .map(|s| (s.path.as_str(), s.file_offset, s.size))
+            .chain(
+                self.internals
+                    .iter()
+                    .filter(|i| i.frees)
+                    .map(|i| (i.path.as_str(), i.file_offset, i.size)),
+            );
+        in_target(frees, maps)
+            .into_iter()
+            .take(MAX_FREE_BODIES)
+            .collect()
+    }
+}
+
+/// Where functions given as (object, file offset, size) lie in the
+/// target, sorted by address.
+fn in_target<'a>(
+    ranges: impl Iterator<Item = (&'a str, u64, u64)>,
+    maps: &[Mapping],
+) -> Vec<BodyRange> {
+    let mut out = Vec::new();
+    for (path, file_offset, size) in ranges {
+        if size == 0 {
+            continue;
+        }
+        let m = maps.iter().find(|m| {
+            m.path == path
+                && m.perms.contains('x')
+                && file_offset >= m.offset
+                && file_offset < m.offset + (m.end - m.start)
+        });
+        if let Some(m) = m {
+            let start = m.start + (file_offset - m.offset);
+            out.push(BodyRange {
+                start,
+                end: start + size,
+            });
+        }
+    }
+    out.sort_by_key(|r| r.start);
+    out.dedup_by_key(|r| r.start);
+    out
 }
 
 /// The objects `pid` maps executable, each once, in the order the dynamic
@@ -192,7 +224,11 @@ fn objects(pid: u32, maps: &[Mapping]) -> Vec<String> {
 /// Looks through the objects `pid` maps for the allocator; `None` when no
 /// object it maps (yet) defines `malloc`. Each entry point is taken from
 /// the first object that defines it, as the dynamic linker binds it.
-pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObject>> {
+pub fn find_in_process(
+    pid: u32,
+    maps: &[Mapping],
+    python: bool,
+) -> Result<Option<AllocatorObject>> {
     let mut chosen: Vec<Option<(usize, Def)>> = vec![None; families::ENTRIES.len()];
     // Prefixed definitions beside the bound ones (each probed as well).
     let mut beside: Vec<(usize, Def)> = Vec::new();
@@ -213,7 +249,7 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
         let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
             continue;
         };
-        let (defs, ints) = definitions(&data);
+        let (defs, ints) = definitions(&data, python);
         if defs.is_empty() {
             continue;
         }
@@ -235,11 +271,12 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
                 Some(_) => {}
             }
         }
-        for (file_offset, size) in ints {
+        for (file_offset, size, frees) in ints {
             internals.push(Internal {
                 path: path.to_string(),
                 file_offset,
                 size,
+                frees,
             });
         }
         files.push((path.to_string(), open_path, data));
@@ -318,8 +355,8 @@ pub fn find_in_process(pid: u32, maps: &[Mapping]) -> Result<Option<AllocatorObj
 
 /// [`find_in_process`] for a process that must have its allocator mapped
 /// already (tracing by pid).
-pub fn require_in_process(pid: u32, maps: &[Mapping]) -> Result<AllocatorObject> {
-    find_in_process(pid, maps)?.ok_or_else(|| {
+pub fn require_in_process(pid: u32, maps: &[Mapping], python: bool) -> Result<AllocatorObject> {
+    find_in_process(pid, maps, python)?.ok_or_else(|| {
         let objects = objects(pid, maps).len();
         user_error!(
             "no malloc found in any of the {objects} objects pid {pid} maps (is it statically linked without symbols, or not using a malloc-compatible allocator?)"
@@ -341,9 +378,13 @@ struct Def {
     prefix: Option<&'static str>,
 }
 
-/// The entry points an ELF object defines, and the (file offset, size) of
-/// the allocator internals it defines.
-fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
+/// An allocator internal an object defines: (file offset, size, whether
+/// it frees).
+type Internal0 = (u64, u64, bool);
+
+/// The entry points an ELF object defines, and the allocator internals it
+/// defines (with `python`, CPython's entry points and internals too).
+fn definitions(data: &[u8], python: bool) -> (Vec<Def>, Vec<Internal0>) {
     let Ok(file) = object::File::parse(data) else {
         return (Vec::new(), Vec::new());
     };
@@ -360,6 +401,9 @@ fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
             continue;
         };
         if let Some((order, entry)) = families::lookup(name) {
+            if families::is_python(entry) && !python {
+                continue;
+            }
             if !defs.iter().any(|d| d.order == order) {
                 defs.push(Def {
                     order,
@@ -371,7 +415,9 @@ fn definitions(data: &[u8]) -> (Vec<Def>, Vec<(u64, u64)>) {
                 });
             }
         } else if families::is_internal(name) {
-            internals.push((file_offset, sym.size()));
+            internals.push((file_offset, sym.size(), false));
+        } else if python && families::PYTHON_INTERNALS.contains(&families::plain_name(name)) {
+            internals.push((file_offset, sym.size(), families::is_python_free(name)));
         }
     }
     (defs, internals)

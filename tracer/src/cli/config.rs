@@ -76,6 +76,7 @@ impl TraceConfig {
                 },
                 floor: args.bench_floor,
                 max_frames: args.max_stack,
+                python_objects: args.python_objects,
             },
             sizes: MapSizes {
                 counts: args.count_map_size,

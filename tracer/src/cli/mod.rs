@@ -171,6 +171,15 @@ pub struct TraceArgs {
     #[arg(long, conflicts_with_all = ["live", "sample_bytes", "sample_every"])]
     pub count_frees: bool,
 
+    /// Python processes: also probe CPython's object and memory allocators
+    /// (PyObject_Malloc, PyMem_Malloc, ... and their Free in live mode), so
+    /// that the objects of up to 512 bytes, which never reach malloc, are
+    /// counted by Python line too. An object allocation that falls through
+    /// to malloc is counted once. Every object allocation then takes a
+    /// uprobe trap (a loop making objects runs several times slower).
+    #[arg(long)]
+    pub python_objects: bool,
+
     /// Launch mode: trace the command only, not the processes it starts
     /// (by default every descendant is traced from its first instruction,
     /// whatever it execs).

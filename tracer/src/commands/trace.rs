@@ -278,7 +278,7 @@ type CgroupRoot = (
     Vec<u32>,
 );
 
-fn cgroup_root(dir: &Path, given: &str) -> Result<CgroupRoot> {
+fn cgroup_root(dir: &Path, given: &str, python_objects: bool) -> Result<CgroupRoot> {
     let members = tracee::cgroup::members_below(dir);
     if members.is_empty() {
         return Err(user_error!("cgroup {given} has no process to trace"));
@@ -287,7 +287,7 @@ fn cgroup_root(dir: &Path, given: &str) -> Result<CgroupRoot> {
         let Ok(maps) = tracee::read_maps(pid) else {
             continue;
         };
-        if let Ok(Some(alloc)) = allocators::find_in_process(pid, &maps) {
+        if let Ok(Some(alloc)) = allocators::find_in_process(pid, &maps, python_objects) {
             let others = members.iter().copied().filter(|&p| p != pid).collect();
             return Ok((pid, alloc, maps, others));
         }
@@ -319,7 +319,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             let (hold, descendants) = ExitHold::start(pid, config.children, on_event);
             let maps = tracee::read_maps(pid)
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
-            let alloc = allocators::require_in_process(pid, &maps)?;
+            let alloc = allocators::require_in_process(pid, &maps, config.mode.python_objects)?;
             let space = Arc::new(Mutex::new(AddressSpace::new()));
             let root = TracedProcess::attach_to(pid, alloc, &maps, &settings, space, &template)?;
             let attached = Attached {
@@ -332,7 +332,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
         }
         Target::Cgroup(given) => {
             let dir = tracee::cgroup::resolve(given)?;
-            let (root, alloc, maps, others) = cgroup_root(&dir, given)?;
+            let (root, alloc, maps, others) = cgroup_root(&dir, given, config.mode.python_objects)?;
             let (adopt_tx, adopt_rx) = std::sync::mpsc::channel();
             let (hold, descendants) =
                 ExitHold::start_with(root, others, true, Some(adopt_rx), on_event);

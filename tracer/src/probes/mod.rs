@@ -84,6 +84,9 @@ pub struct Mode {
     pub floor: bool,
     /// Most frames a stack keeps above the direct caller (`--max-stack`).
     pub max_frames: u32,
+    /// CPython's object and memory allocators probed too
+    /// (`--python-objects`).
+    pub python_objects: bool,
 }
 
 /// Count mode, sampled.
@@ -331,13 +334,16 @@ pub fn attach<T>(
     } = loaded;
     let bodies = alloc.body_ranges(maps);
     let n = bodies.len().min(MAX_BODY_RANGES);
+    let frees = alloc.free_body_ranges(maps);
     let mut process = ProcessConfig {
         stack_start: crate::tracee::start_stack(pid),
         n_bodies: n as u32,
+        n_free_bodies: frees.len() as u32,
         python,
         ..Default::default()
     };
     process.bodies[..n].copy_from_slice(&bodies[..n]);
+    process.free_bodies[..frees.len()].copy_from_slice(&frees);
     let mut map: aya::maps::Array<_, ProcessConfig> =
         aya::maps::Array::try_from(ebpf.map_mut(maps::PROCESS).context("PROCESS map")?)?;
     map.set(0, process, 0)?;

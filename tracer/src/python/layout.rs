@@ -14,6 +14,10 @@ pub struct Interpreter {
     pub path: String,
     pub minor: u8,
     pub layout: PythonLayout,
+    /// Its symbol table lacks `_PyObject_Malloc`: a stripped build, where
+    /// link-time optimisation may have copied the object allocator into its
+    /// callers (Debian's), out of reach of probes on its entry points.
+    pub allocator_hidden: bool,
 }
 
 impl Interpreter {
@@ -167,6 +171,7 @@ pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
             path: m.path.clone(),
             minor,
             layout,
+            allocator_hidden: symbol("_PyObject_Malloc").is_none(),
         });
     }
     Found::None

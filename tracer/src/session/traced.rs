@@ -71,7 +71,8 @@ impl TracedProcess {
         space: Arc<Mutex<AddressSpace>>,
         meta: &Meta,
     ) -> Result<Option<TracedProcess>> {
-        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+        let Some(alloc) = allocators::find_in_process(pid, maps, settings.mode.python_objects)?
+        else {
             return Ok(None);
         };
         TracedProcess::attach_to(pid, alloc, maps, settings, space, meta).map(Some)
@@ -91,6 +92,12 @@ impl TracedProcess {
         let max_frames = settings.mode.max_frames;
         let (interpreter, python_said) = match python::detect(pid, maps) {
             python::Found::Known(i) => {
+                if settings.mode.python_objects && i.allocator_hidden {
+                    python::say_once(&format!(
+                        "--python-objects: {} has no _PyObject_Malloc symbol (stripped; an LTO build such as Debian's copies the object allocator into its callers): only calls through its exported PyObject_*/PyMem_* functions are seen; PYTHONMALLOC=malloc sends every object through malloc",
+                        i.path
+                    ));
+                }
                 let said = i.describe();
                 (Some(i), said)
             }
@@ -214,7 +221,8 @@ impl TracedProcess {
         clock: &Clock,
     ) -> Result<Option<Probes>> {
         let pid = self.pid;
-        let Some(alloc) = allocators::find_in_process(pid, maps)? else {
+        let Some(alloc) = allocators::find_in_process(pid, maps, settings.mode.python_objects)?
+        else {
             return Ok(None);
         };
         // The old program's counts end here, for every function at once.
