@@ -122,6 +122,10 @@ fn assert_chain(p: &Profile, script: &str, minor: u8, what: &str) {
     let (chain, calls, bytes) = leaf[0];
     assert_eq!(chain, &want, "{what}: Python frames");
     assert_eq!((*calls, *bytes), (N, N * 4001), "{what}: calls and bytes");
+    // The report counts them among the stacks that carry Python frames.
+    let py = &p.doc["stack_quality"]["python"];
+    let with = py["with_frames"].as_u64().expect("stack_quality.python");
+    assert!(with >= N, "{what}: {py}");
     // Python frames take the eval loop's place: none is left where the
     // script's frames are.
     for s in p.allocs() {

@@ -63,5 +63,13 @@ pub mod counter {
     /// New Python stacks whose notice found the ring full: their code
     /// objects are named at the end, if they still live.
     pub const PY_NOTICES_LOST: u32 = MAP_FULL + 19;
-    pub const N: u32 = MAP_FULL + 20;
+    /// Walks of a Python process: with Python frames; before (or after)
+    /// the interpreter ran; in a thread with no thread state (not a
+    /// Python thread); in one with a thread state but no Python code
+    /// running.
+    pub const PY_WITH_FRAMES: u32 = MAP_FULL + 20;
+    pub const PY_NO_INTERPRETER: u32 = MAP_FULL + 21;
+    pub const PY_NO_THREAD_STATE: u32 = MAP_FULL + 22;
+    pub const PY_NO_CODE_RUNNING: u32 = MAP_FULL + 23;
+    pub const N: u32 = MAP_FULL + 24;
 }

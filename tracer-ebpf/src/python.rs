@@ -40,6 +40,7 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
     };
     let interp = read_u64(l.runtime + l.interp_head as u64);
     if interp == 0 {
+        bump_counter(counter::PY_NO_INTERPRETER, 1);
         return;
     }
     w.py_ts = read_u64(interp + l.threads_head as u64);
@@ -54,11 +55,18 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
     };
     w.py_frame = 0;
     run_loop(PY_MAX_THREADS, find_thread, w);
-    if w.py_frame == 0 {
-        return;
+    if w.py_frame != 0 {
+        // Shim frames (3.12+) sit between the runs.
+        run_loop(2 * PY_MAX_FRAMES as u32, python_step, w);
     }
-    // Shim frames (3.12+) sit between the runs.
-    run_loop(2 * PY_MAX_FRAMES as u32, python_step, w);
+    let why = if w.py_n != 0 {
+        counter::PY_WITH_FRAMES
+    } else if w.py_me == FOUND {
+        counter::PY_NO_CODE_RUNNING
+    } else {
+        counter::PY_NO_THREAD_STATE
+    };
+    bump_counter(why, 1);
 }
 
 /// A `bpf_loop` of at most `n` calls of `step` on the scratch (a step
@@ -75,6 +83,9 @@ fn run_loop(n: u32, step: extern "C" fn(u64, *mut core::ffi::c_void) -> i64, w: 
         );
     }
 }
+
+/// `py_me` once the calling thread's state is found.
+const FOUND: u64 = u64::MAX;
 
 /// One thread state of the interpreter's list: the calling thread's sets
 /// `py_frame` to its current frame and ends the loop.
@@ -94,6 +105,7 @@ extern "C" fn find_thread(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
             frame = read_u64(frame + l.cframe_frame as u64);
         }
         w.py_frame = frame;
+        w.py_me = FOUND;
         return 1;
     }
     w.py_ts = read_u64(ts + l.tstate_next as u64);

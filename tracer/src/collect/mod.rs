@@ -265,6 +265,10 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         sums[counter::UNWIND_MISSES as usize] - sums[counter::UNWIND_MISSES_LOST as usize];
     quality.walked_in_kernel = sums[counter::WALKS as usize];
     let python = PythonQuality {
+        with_frames: sums[counter::PY_WITH_FRAMES as usize],
+        no_interpreter: sums[counter::PY_NO_INTERPRETER as usize],
+        no_thread_state: sums[counter::PY_NO_THREAD_STATE as usize],
+        no_code_running: sums[counter::PY_NO_CODE_RUNNING as usize],
         cut: sums[counter::PY_CUT as usize],
         unreadable: sums[counter::PY_READ_FAILED as usize],
         notices_lost: sums[counter::PY_NOTICES_LOST as usize],

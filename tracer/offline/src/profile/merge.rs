@@ -151,7 +151,8 @@ fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
     a.frame_limit = a.frame_limit.or(b.frame_limit);
     a.python = match (a.python, b.python) {
         (Some(mut x), Some(y)) => {
-            add_fields!(x, y; cut, unreadable, unnamed, notices_lost);
+            add_fields!(x, y; with_frames, no_interpreter, no_thread_state, no_code_running,
+                cut, unreadable, unnamed, notices_lost);
             Some(x)
         }
         (x, y) => x.or(y),

@@ -100,6 +100,18 @@ pub struct StackQuality {
 /// stacks' frames, not of calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PythonQuality {
+    /// Stacks walked in the process: with Python frames; before the
+    /// interpreter started (or after it ended); in a thread without a
+    /// thread state (not a Python thread); in a Python thread running no
+    /// Python code (in C only). Walks, not calls: sampled, the samples.
+    #[serde(default)]
+    pub with_frames: u64,
+    #[serde(default)]
+    pub no_interpreter: u64,
+    #[serde(default)]
+    pub no_thread_state: u64,
+    #[serde(default)]
+    pub no_code_running: u64,
     /// Python frames left out for want of room (the stack's native frames
     /// took most of the 127 slots, or more than 48 Python frames).
     pub cut: u64,

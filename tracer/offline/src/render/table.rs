@@ -634,6 +634,10 @@ by function: malloc 1000, calloc 250, realloc 136
             walked_in_kernel: 0,
             frame_limit: Some(126),
             python: Some(crate::profile::PythonQuality {
+                with_frames: 1_000_000_000,
+                no_interpreter: 1_000_000,
+                no_thread_state: 1_000_000,
+                no_code_running: 1_000_000,
                 cut: 1_000_000,
                 unreadable: 1_000_000,
                 unnamed: 1_000_000,

@@ -336,13 +336,25 @@ pub fn quality_lines(q: &StackQuality) -> String {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
     if let Some(p) = &q.python {
-        let items = [
-            format!("cut {}", p.cut),
+        let walked = p.with_frames + p.no_interpreter + p.no_thread_state + p.no_code_running;
+        let _ = writeln!(
+            out,
+            "python: {} of {walked} stacks walked carry Python frames",
+            p.with_frames
+        );
+        let without = [
+            format!("no interpreter yet {}", p.no_interpreter),
+            format!("not a Python thread {}", p.no_thread_state),
+            format!("no Python code running {}", p.no_code_running),
+        ];
+        out.push_str(&wrap_list("python: without", &without, ""));
+        let lost = [
+            format!("frames cut {}", p.cut),
             format!("unreadable {}", p.unreadable),
             format!("code unnamed {}", p.unnamed),
             format!("notices lost {}", p.notices_lost),
         ];
-        out.push_str(&wrap_list("python frames", &items, ""));
+        out.push_str(&wrap_list("python", &lost, ""));
     }
     out
 }
