@@ -46,6 +46,27 @@ pub const fn py_code_check(first_line: u32, filename: u64, name: u64) -> u32 {
     first_line ^ (filename >> 3) as u32 ^ ((name >> 3) as u32).rotate_left(16)
 }
 
+/// The end of [`python_stack_key`]: low bits `10`, as every stack key.
+#[inline(always)]
+pub const fn python_key_finish(hash: u64) -> u64 {
+    (hash & !3) | 2
+}
+
+/// The key of a stack with Python frames: the key of its native frames
+/// (`crate::stack_hash_finish`) continued over its Python words, so that
+/// a remembered native walk and the Python frames read at each call make
+/// the same key as a whole walk. Without Python words, the native key.
+pub fn python_stack_key(native: u64, words: &[u64]) -> u64 {
+    if words.is_empty() {
+        return native;
+    }
+    let mut h = native;
+    for &w in words {
+        h = crate::stack_hash_step(h, w);
+    }
+    python_key_finish(h)
+}
+
 /// How an eval-loop run's first frame is marked.
 pub mod py_entry {
     /// Every frame is a run of its own (3.10 and before: the eval loop

@@ -6,8 +6,8 @@
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user};
 use tracer_common::{
-    counter, py_code_check, py_entry, py_frame_words, stack_hash_step, PyNotice, PythonLayout,
-    WalkScratch, MAX_FRAMES, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS,
+    counter, py_code_check, py_entry, py_frame_words, python_key_finish, stack_hash_step, PyNotice,
+    PythonLayout, WalkScratch, MAX_FRAMES, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS,
     PY_OWNED_BY_CSTACK,
 };
 
@@ -168,11 +168,26 @@ extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         field_u64(w, l.frame_instr) as u32
     };
-    let first = unsafe { bpf_probe_read_user((code + l.code_firstlineno as u64) as *const u32) }
-        .unwrap_or(0);
-    let names = unsafe { bpf_probe_read_user((code + l.code_filename as u64) as *const [u64; 2]) }
-        .unwrap_or([0; 2]);
-    let check = py_code_check(first, names[0], names[1]);
+    // The code object's first line and, further on, its file and name
+    // objects: one read (the frame's bytes are used up).
+    // (From the word holding the first line: fields are read as whole
+    // words at multiples of 8.)
+    let from = l.code_firstlineno & !7;
+    let names_at = l.code_filename.wrapping_sub(from);
+    let len = (names_at as usize + 16).clamp(16, PY_FRAME_READ) as u32;
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            w.py_buf.as_mut_ptr() as *mut core::ffi::c_void,
+            len,
+            (code + from as u64) as *const core::ffi::c_void,
+        )
+    };
+    let check = if read == 0 {
+        let first = (field_u64(w, 0) >> ((l.code_firstlineno & 7) * 8)) as u32;
+        py_code_check(first, field_u64(w, names_at), field_u64(w, names_at + 8))
+    } else {
+        0
+    };
     let entry = match l.entry {
         py_entry::EVERY => true,
         py_entry::FLAG => flag != 0,
@@ -185,8 +200,33 @@ extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
+/// The key of a stack with Python frames: the native walk's key
+/// (`native`) continued over the Python words
+/// (`tracer_common::python_stack_key`); `native` itself without any.
+#[inline(always)]
+pub(crate) fn python_key(w: &mut WalkScratch, native: u64) -> u64 {
+    if w.py_n == 0 {
+        return native;
+    }
+    w.hash = native;
+    run_loop(PY_MAX_FRAMES as u32, hash_step, w);
+    python_key_finish(w.hash)
+}
+
+/// Python frame `i` into the key.
+#[inline(never)]
+extern "C" fn hash_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
+    let k = (2 * i) as usize;
+    if k > 2 * PY_MAX_FRAMES - 2 || k + 2 > w.py_n as usize {
+        return 1;
+    }
+    w.hash = stack_hash_step(stack_hash_step(w.hash, w.py[k]), w.py[k + 1]);
+    0
+}
+
 /// Puts the Python frames read behind the native ones (as many whole
-/// frames as the stack has room for) and into the stack's hash.
+/// frames as the stack has room for), for the stack map.
 #[inline(always)]
 pub(crate) fn append_python(w: &mut WalkScratch) {
     if w.py_n != 0 {
@@ -211,7 +251,6 @@ extern "C" fn append_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     w.stack.frames[n] = a;
     w.stack.frames[n + 1] = b;
     unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 2) };
-    w.hash = stack_hash_step(stack_hash_step(w.hash, a), b);
     0
 }
 

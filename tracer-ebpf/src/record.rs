@@ -18,7 +18,7 @@ use crate::{
     maps::{config_u32, enabled, CONFIG, PENDING, STACKS},
     memo::{memo_count, memo_find, memo_frames},
     nesting::{in_allocator_body, in_free_body, tail_called},
-    python::{python_layout, send_python_notice},
+    python::{append_python, python_key, python_layout, read_python, send_python_notice},
     sample::{sample_weight, weighted_bytes},
     scratch::{give_back_scratch, owns_cpu, take_scratch},
     walk::{finish_hash, load_chunk, start_walk, walk_stack},
@@ -112,10 +112,7 @@ pub(crate) fn record_alloc_with_scratch(
         Some(w) => unsafe {
             let bp = (*ctx.regs).rbp;
             start_walk(&mut *w, caller, sp, bp, ip);
-            caller != 0
-                && (*w).limit != 0
-                && python_layout().is_none()
-                && memo_find(w, caller, sp, bp, ip)
+            caller != 0 && (*w).limit != 0 && memo_find(w, caller, sp, bp, ip)
         },
         None => false,
     };
@@ -150,6 +147,26 @@ pub(crate) fn record_alloc_with_scratch(
     };
     let key_tid = tid;
     let (stack, walk, cookie) = walk_stack(ctx, scratch, caller, key_tid, early);
+    // A Python process's stack is its native walk (remembered or not) and
+    // its Python frames, read now.
+    let python = python_layout().is_some();
+    let stack = match walk {
+        Some(w) if python => unsafe {
+            read_python(&mut *w);
+            // (A remembered walk never misses; its `stack` is not filled.)
+            let missed = (*w).memo_hit == 0 && (*w).stack.stop == stop::MISS;
+            if missed {
+                stack
+            } else {
+                python_key(&mut *w, stack)
+            }
+        },
+        Some(w) => {
+            unsafe { (*w).py_n = 0 };
+            stack
+        }
+        None => stack,
+    };
     let func = (cookie as u32) & (MAX_FUNCS - 1);
     let (size, extra) = call_args(ctx, cookie);
     let (calls_inc, bytes_inc) = if sampled {
@@ -200,7 +217,10 @@ pub(crate) fn record_alloc_with_scratch(
         set_pending(p, caller, stack, func, key_tid, size, extra, sp);
     }
     // A remembered walk of this key counts the call itself; else the map.
+    // (A Python process's calls are not counted in the remembered walk:
+    // its key is of the native frames only.)
     let in_memo = owned
+        && !python
         && matches!(walk, Some(w) if unsafe { (*w).memo_hit } != 0
             && memo_count(w, func, key_tid, calls_inc, bytes_inc));
     let counted = count_call(
@@ -228,6 +248,7 @@ pub(crate) fn record_alloc_with_scratch(
             other => other,
         };
         if let Some(w) = walk {
+            append_python(unsafe { &mut *w });
             match STACKS.insert(&stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
                 // A new stack: its Python frames' code objects to name.
                 Ok(()) => send_python_notice(unsafe { &*w }),

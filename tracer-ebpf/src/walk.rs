@@ -12,7 +12,6 @@ use crate::{
     args::{cookie_or, NO_COOKIE},
     maps::{config_u32, CONFIG, MEMO, MEMO_NOWHERE, RULE_CACHE, UNWIND_RULES},
     memo::{memo_claim, memo_note, memo_release},
-    python::{append_python, python_layout, read_python},
 };
 
 /// Sets the walk off from the probe: `[rsp]` is the direct caller, rbp the
@@ -83,31 +82,21 @@ pub(crate) fn walk_stack(
             }
             let cookie = cookie_or(cookie, ctx);
             bump_counter(counter::WALKS, 1);
-            // A Python process's stack depends on its Python frames too,
-            // which a remembered walk does not see.
-            let python = python_layout().is_some();
-            if !python && core::ptr::read_volatile(&(*w).owned) != 0 {
+            if core::ptr::read_volatile(&(*w).owned) != 0 {
                 memo_claim(&mut *w, caller, sp, cookie, tid as u64);
             }
             run_walk(w);
-            if python {
-                read_python(&mut *w);
-            } else {
-                (*w).py_n = 0;
-            }
             let why = (*w).stack.stop;
             if why == stop::MISS {
                 memo_release(&mut *w, None);
                 return (0, Some(w), cookie);
             }
-            append_python(&mut *w);
             let key = finish_hash(&mut *w, why);
             // A walk that could not read the stack may do better next time.
             let done = (why != stop::READ_FAILED).then_some((caller, sp, bp, key));
             memo_release(&mut *w, done);
             return (key, Some(w), cookie);
         }
-        (*w).py_n = 0;
         let why = (*w).stack.stop;
         (finish_hash(&mut *w, why), Some(w), cookie_or(cookie, ctx))
     }

@@ -315,9 +315,11 @@ impl Unwinder {
             frames.truncate(limit);
             stop = stop::MAX_FRAMES;
         }
-        // The thread's Python frames follow, as whole frames as fit (as
-        // the BPF walk appends them).
-        let py = &ev.py[..(ev.py_n as usize).min(ev.py.len())];
+        let native = stack_key(&frames, stop);
+        // The thread's Python frames follow: in the key, all of them; in
+        // the frames, as many whole ones as fit (as the BPF side does).
+        let py = &ev.py[..(ev.py_n as usize).min(ev.py.len()) & !1];
+        let key = tracer_common::python_stack_key(native, py);
         for pair in py.chunks_exact(2) {
             if frames.len() + 2 > tracer_common::MAX_FRAMES {
                 break;
@@ -333,7 +335,6 @@ impl Unwinder {
                 frames.last().copied().unwrap_or(ev.ra)
             );
         }
-        let key = stack_key(&frames, stop);
         Finished { frames, stop, key }
     }
 }
