@@ -24,6 +24,9 @@
 //! kernel times every BPF program run, which says where mtrace's cost on
 //! the target goes (the timing adds some 30 ns per run of its own, so this
 //! pass is not in the table above).
+//!
+//! Then the process-tree rows (`tree`, alone with `--tree-only`) and the
+//! Python rows (`python`, alone with `--python-only`).
 
 use std::{
     fmt::Write as _,
@@ -36,6 +39,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{compile_c, require_root};
 
+mod python;
 mod tree;
 
 struct Mode {
@@ -267,14 +271,41 @@ fn program_times(stderr: &str) -> Vec<ProgramTime> {
     out
 }
 
+/// Runs of every mode when `--runs` is not given; the Python rows take
+/// fewer (each of their runs is a whole process, best of the runs).
+const RUNS: usize = 5;
+const PYTHON_RUNS: usize = 3;
+
+/// Which part of the benchmark runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Only {
+    All,
+    Tree,
+    Python,
+}
+
 pub fn run(
     root: &Path,
     iterations: u64,
-    runs: usize,
+    runs: Option<usize>,
     json_path: &Path,
-    tree_only: bool,
+    only: Only,
 ) -> Result<()> {
     require_root("the benchmark (it loads BPF programs)")?;
+    let python_runs = runs.unwrap_or(PYTHON_RUNS);
+    let runs = runs.unwrap_or(RUNS);
+    if only == Only::Python {
+        let rows = python::run(root, python_runs)?;
+        let mut table = String::new();
+        python::render_table(&rows, python_runs, &mut table);
+        println!("{table}");
+        let json = python::render_json(&rows);
+        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
+            .with_context(|| format!("writing {}", json_path.display()))?;
+        eprintln!("xtask: wrote {}", json_path.display());
+        return Ok(());
+    }
+    let tree_only = only == Only::Tree;
     if tree_only {
         let (rows, make, detach) = tree::run(root, runs)?;
         let mut table = String::new();
@@ -331,14 +362,17 @@ pub fn run(
     }
 
     let (tree_rows, make, detach) = tree::run(root, runs)?;
+    let python_rows = python::run(root, python_runs)?;
     let mut table = render_table(&results, &programs, iterations, runs);
     tree::render_table(&tree_rows, make.as_ref(), &detach, &mut table);
+    python::render_table(&python_rows, python_runs, &mut table);
     println!("{table}");
     let json = render_json(&results, &programs, iterations, runs);
     let json = format!(
-        "{},\n{}\n}}\n",
+        "{},\n{},\n{}\n}}\n",
         json.trim_end().trim_end_matches('}').trim_end(),
-        tree::render_json(&tree_rows, make.as_ref(), &detach)
+        tree::render_json(&tree_rows, make.as_ref(), &detach),
+        python::render_json(&python_rows)
     );
     std::fs::write(json_path, json).with_context(|| format!("writing {}", json_path.display()))?;
     eprintln!("xtask: wrote {}", json_path.display());

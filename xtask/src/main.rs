@@ -6,7 +6,9 @@
 //!   `cargo-web`, `rust-web-src`): rustup's toolchains cannot build
 //!   `core` for `bpfel-unknown-none` here; and its clippy
 //!   (`rust-web-clippy`), which lints the BPF crate for that target;
-//! - LLVM 22 (`llvm-22-dev`) and `bpf-linker` 0.13.0 built against it.
+//! - LLVM 22 (`llvm-22-dev`) and `bpf-linker` 0.13.0 built against it;
+//! - memray and py-spy from PyPI for Debian's `/usr/bin/python3.11`, which
+//!   the Python benchmark and tests compare mtrace with.
 
 use std::{
     env,
@@ -29,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the BPF toolchain (apt packages and bpf-linker); idempotent.
+    /// Install the BPF toolchain (apt packages and bpf-linker) and memray
+    /// and py-spy for Debian's python3.11; idempotent.
     Setup,
     /// Set up, then build mtrace (release).
     Build,
@@ -42,20 +45,26 @@ enum Task {
         args: Vec<String>,
     },
     /// Set up, build, and measure mtrace's overhead on a malloc-heavy
-    /// benchmark against the uprobe floor (needs root).
+    /// benchmark against the uprobe floor, on process trees, and on a
+    /// Python loop against memray (needs root).
     Bench {
         /// Iterations of malloc+free per thread and run.
         #[arg(long, default_value_t = 1_000_000)]
         iterations: u64,
-        /// Runs of every mode (they alternate).
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
+        /// Runs of every mode (they alternate) [default: 5; 3 for the
+        /// Python rows].
+        #[arg(long)]
+        runs: Option<usize>,
         /// Where to write the JSON results.
         #[arg(long, default_value = "target/bench/bench.json")]
         json: PathBuf,
         /// Only the process-tree and Ctrl-C rows.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "python_only")]
         tree_only: bool,
+        /// Only the Python rows: a pure-Python allocation loop untraced,
+        /// under mtrace's modes and under memray.
+        #[arg(long)]
+        python_only: bool,
     },
     /// Set up, build, and install a stripped mtrace to PREFIX/bin (ahead of
     /// glibc's /usr/bin/mtrace on root's PATH), its man pages to
@@ -73,8 +82,9 @@ enum Task {
 /// stack tests (gdb, with libc's debug info) and the C++ compiler of their
 /// fixtures; the browser that opens the HTML report in its test
 /// (chromium), the terminal the live view and the status line are tested
-/// in (tmux), and `man`, which renders the man page in its test.
-const APT_PACKAGES: [&str; 16] = [
+/// in (tmux), and `man`, which renders the man page in its test; and
+/// Debian's pip for its python3.11 (see [`PYPI_PACKAGES`]).
+const APT_PACKAGES: [&str; 17] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -91,9 +101,27 @@ const APT_PACKAGES: [&str; 16] = [
     "chromium",
     "tmux",
     "man-db",
+    "python3-pip",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+/// The Python that the Python benchmark and tests trace: Debian's, stripped,
+/// as a distribution's users run it.
+pub(crate) const PYTHON: &str = "/usr/bin/python3.11";
+/// memray (`python3.11 -m memray`) and py-spy (`py-spy` on PATH), the
+/// Python profilers mtrace is compared with, pinned like bpf-linker.
+///
+/// They go into Debian's python3.11 with Debian's own pip (`python3-pip`,
+/// in [`APT_PACKAGES`]; the machine image has it, and the list makes sure)
+/// and `--break-system-packages` (PEP 668: Debian marks its Python as
+/// externally managed). Installed as root, they land in
+/// /usr/local/lib/python3.11/dist-packages and /usr/local/bin/py-spy,
+/// outside dpkg's files. Not pyenv's pip: that installs into pyenv's own
+/// 3.11.7, whose `-m memray` /usr/bin/python3.11 cannot import, and puts
+/// `py-spy` behind a pyenv shim that fails whenever another pyenv version
+/// is selected.
+const PYPI_PACKAGES: [(&str, &str); 2] = [("memray", "1.20.0"), ("py-spy", "0.4.3")];
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -130,10 +158,16 @@ fn run(task: Task) -> Result<()> {
             runs,
             json,
             tree_only,
+            python_only,
         } => {
             setup()?;
             build()?;
-            bench::run(&root, iterations, runs, &json, tree_only)
+            let only = match (tree_only, python_only) {
+                (true, _) => bench::Only::Tree,
+                (_, true) => bench::Only::Python,
+                _ => bench::Only::All,
+            };
+            bench::run(&root, iterations, runs, &json, only)
         }
         Task::Install { prefix } => {
             setup()?;
@@ -196,6 +230,32 @@ fn setup() -> Result<()> {
                 .env("LLVM_PREFIX", LLVM_PREFIX),
         )?;
     }
+    if !python_tools_ok() {
+        let specs: Vec<String> = PYPI_PACKAGES
+            .iter()
+            .map(|(name, version)| format!("{name}=={version}"))
+            .collect();
+        eprintln!("xtask: installing {} for {PYTHON}", specs.join(" "));
+        require_root("installing memray and py-spy for Debian's python3.11")?;
+        status(
+            Command::new(PYTHON)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--break-system-packages",
+                    "--root-user-action=ignore",
+                ])
+                .args(&specs),
+        )?;
+        if !python_tools_ok() {
+            bail!(
+                "after pip install, `{PYTHON} -c 'import memray'` or `py-spy --version` still fails \
+                 (is a pyenv shim for py-spy ahead of /usr/local/bin on PATH?)"
+            );
+        }
+    }
     if !Command::new("cc")
         .arg("--version")
         .output()
@@ -213,6 +273,22 @@ fn dpkg_installed(package: &str) -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         .unwrap_or(false)
+}
+
+/// memray imports in Debian's python3.11 and `py-spy` on PATH runs, both
+/// at their pinned versions: two short processes (some 60 ms), no pip.
+fn python_tools_ok() -> bool {
+    let version_of = |cmd: &mut Command| {
+        cmd.output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let [(_, memray), (_, py_spy)] = PYPI_PACKAGES;
+    version_of(Command::new(PYTHON).args(["-c", "import memray; print(memray.__version__)"]))
+        .is_some_and(|v| v == memray)
+        && version_of(Command::new("py-spy").arg("--version"))
+            .is_some_and(|v| v == format!("py-spy {py_spy}"))
 }
 
 fn bpf_linker_path() -> PathBuf {
