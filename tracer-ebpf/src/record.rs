@@ -148,25 +148,16 @@ pub(crate) fn record_alloc_with_scratch(
     let key_tid = tid;
     let (stack, walk, cookie) = walk_stack(ctx, scratch, caller, key_tid, early);
     // A Python process's stack is its native walk (remembered or not) and
-    // its Python frames, read now.
+    // its Python frames, read now (a walk handed to the tracer takes them
+    // along).
     let python = python_layout().is_some();
-    let stack = match walk {
-        Some(w) if python => unsafe {
-            read_python(&mut *w);
-            // (A remembered walk never misses; its `stack` is not filled.)
-            let missed = (*w).memo_hit == 0 && (*w).stack.stop == stop::MISS;
-            if missed {
-                stack
-            } else {
-                python_key(&mut *w, stack)
-            }
-        },
-        Some(w) => {
+    if let Some(w) = walk {
+        if python {
+            read_python(unsafe { &mut *w });
+        } else {
             unsafe { (*w).py_n = 0 };
-            stack
         }
-        None => stack,
-    };
+    }
     let func = (cookie as u32) & (MAX_FUNCS - 1);
     let (size, extra) = call_args(ctx, cookie);
     let (calls_inc, bytes_inc) = if sampled {
@@ -205,6 +196,12 @@ pub(crate) fn record_alloc_with_scratch(
                 }
             }
         }
+        _ => stack,
+    };
+    // Its key: the native walk's, continued over the Python frames (also
+    // where the walk ended for want of room to hand it over).
+    let stack = match walk {
+        Some(w) if python => python_key(unsafe { &mut *w }, stack),
         _ => stack,
     };
     let key = CountKey {
