@@ -155,6 +155,22 @@ pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
                 m.path
             ));
         };
+        if minor >= 13 {
+            // 3.13 publishes its own offsets at the start of _PyRuntime:
+            // what they say must be what the table says (a free-threaded
+            // or otherwise configured build lays its structures out
+            // differently).
+            let offsets = read_bytes_at(&file, &data, runtime.address(), DEBUG_OFFSETS_LEN);
+            if let Err(why) = offsets
+                .ok_or("unreadable")
+                .and_then(|d| debug_offsets_agree(d, &layout))
+            {
+                return Found::Unknown(format!(
+                    "Python 3.{minor} in {}, whose own debug offsets ({why}) are not the ones mtrace knows: native frames only",
+                    m.path
+                ));
+            }
+        }
         layout.runtime = bias.wrapping_add(runtime.address());
         if layout.tid_is_pthread != 0 {
             match super::btf::task_fsbase_offset() {
@@ -186,15 +202,64 @@ fn version_in_name(name: &str) -> Option<(u8, u8)> {
 
 /// The `u32` at virtual address `vaddr` of the file (little-endian).
 fn read_u32_at(file: &object::File, data: &[u8], vaddr: u64) -> Option<u32> {
+    let b = read_bytes_at(file, data, vaddr, 4)?;
+    Some(u32::from_le_bytes(b.try_into().ok()?))
+}
+
+/// `len` bytes at virtual address `vaddr` of the file, where its
+/// segments hold them (initialised data).
+fn read_bytes_at<'a>(
+    file: &object::File,
+    data: &'a [u8],
+    vaddr: u64,
+    len: u64,
+) -> Option<&'a [u8]> {
     file.segments().find_map(|seg| {
         let (off, size) = seg.file_range();
         let addr = seg.address();
-        if vaddr < addr || vaddr + 4 > addr + size {
+        if vaddr < addr || vaddr + len > addr + size {
             return None;
         }
         let at = (off + vaddr - addr) as usize;
-        Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+        data.get(at..at + len as usize)
     })
+}
+
+/// Bytes of 3.13's `_Py_DebugOffsets` read: up to its code object part.
+const DEBUG_OFFSETS_LEN: u64 = 352;
+
+/// Whether 3.13's `_Py_DebugOffsets` (`d`, as the interpreter's file
+/// initialises it) give the offsets of `layout` and of the code-object
+/// table; else which one differs.
+fn debug_offsets_agree(d: &[u8], layout: &PythonLayout) -> Result<(), &'static str> {
+    let word = |at: usize| u64::from_le_bytes(d[at..at + 8].try_into().unwrap());
+    if &d[..8] != b"xdebugpy" {
+        return Err("no cookie");
+    }
+    if word(16) != 0 {
+        return Err("free-threaded");
+    }
+    let code = super::code::CodeLayout::for_minor(13).ok_or("no code layout")?;
+    let checks: [(&'static str, usize, u64); 12] = [
+        ("interpreters_head", 40, layout.interp_head as u64),
+        ("threads_head", 72, layout.threads_head as u64),
+        ("next", 168, layout.tstate_next as u64),
+        ("current_frame", 184, layout.tstate_frame as u64),
+        ("native_thread_id", 200, layout.tstate_tid as u64),
+        ("previous", 232, layout.frame_back as u64),
+        ("executable", 240, layout.frame_code as u64),
+        ("instr_ptr", 248, layout.frame_instr as u64),
+        ("owner", 264, layout.frame_entry as u64),
+        ("filename", 280, code.co_filename),
+        ("firstlineno", 312, code.co_firstlineno),
+        ("co_code_adaptive", 344, code.co_code_adaptive.unwrap_or(0)),
+    ];
+    for (what, at, want) in checks {
+        if word(at) != want {
+            return Err(what);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -206,6 +271,26 @@ mod tests {
         assert_eq!(version_in_name("libpython3.10.so.1.0"), Some((3, 10)));
         assert_eq!(version_in_name("python3.8"), Some((3, 8)));
         assert_eq!(version_in_name("python"), None);
+    }
+
+    /// pyenv's 3.13 says its own offsets: the table's.
+    #[test]
+    fn debug_offsets_of_3_13_agree_with_the_table() {
+        let path = "/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0";
+        let Ok(data) = std::fs::read(path) else {
+            assert!(std::env::var_os("CI").is_none(), "{path} missing");
+            return;
+        };
+        let file = object::File::parse(&*data).unwrap();
+        let runtime = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("_PyRuntime"))
+            .unwrap();
+        let d = read_bytes_at(&file, &data, runtime.address(), DEBUG_OFFSETS_LEN).unwrap();
+        assert_eq!(debug_offsets_agree(d, &layout_of(13).unwrap()), Ok(()));
+        let mut other = layout_of(13).unwrap();
+        other.tstate_tid += 8;
+        assert_eq!(debug_offsets_agree(d, &other), Err("native_thread_id"));
     }
 
     #[test]
