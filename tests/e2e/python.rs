@@ -67,6 +67,14 @@ fn interpreters() -> Vec<(PathBuf, u8)> {
     out
 }
 
+/// Those of `list` (path, minor version) this machine has; a missing one
+/// is skipped, or under CI a failure.
+fn available(list: Vec<(PathBuf, u8)>) -> Vec<(PathBuf, u8)> {
+    list.into_iter()
+        .filter(|(python, _)| require(python.exists(), &format!("{} is missing", python.display())))
+        .collect()
+}
+
 fn script(dir: &std::path::Path) -> PathBuf {
     let path = dir.join("alloc_chain.py");
     fs::write(&path, SCRIPT).unwrap();
@@ -146,10 +154,7 @@ fn python_frames_from_launch_every_version() {
     let path = script(dir.path());
     let script = path.to_str().unwrap();
     let n = N.to_string();
-    for (python, minor) in interpreters() {
-        if !require(python.exists(), &format!("{} is missing", python.display())) {
-            continue;
-        }
+    for (python, minor) in available(interpreters()) {
         let py = python.to_str().unwrap();
         let (out, p) = run_profiled(&["--", py, script, &n]);
         out.assert_exit(0);
@@ -168,17 +173,14 @@ fn python_frames_by_pid() {
     let path = script(dir.path());
     let script = path.to_str().unwrap();
     let n = N.to_string();
-    for (python, minor) in [
+    for (python, minor) in available(vec![
         (PathBuf::from("/usr/bin/python3.11"), 11),
         (
             PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3"),
             12,
         ),
         (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
-    ] {
-        if !require(python.exists(), &format!("{} is missing", python.display())) {
-            continue;
-        }
+    ]) {
         let mut fx = FixtureProc::start(&python, &[script, &n, "wait"]);
         let (out, p) = trace_by_pid(&mut fx, &[]);
         assert_chain(
@@ -253,17 +255,14 @@ fn python_threads_each_under_their_own_frames() {
     let path = dir.path().join("threads.py");
     fs::write(&path, THREADS_SCRIPT).unwrap();
     let script = path.to_str().unwrap();
-    for (python, minor) in [
+    for (python, minor) in available(vec![
         (PathBuf::from("/usr/bin/python3.11"), 11),
         (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
         (
             PathBuf::from("/root/.pyenv/versions/3.13.0/bin/python3"),
             13,
         ),
-    ] {
-        if !require(python.exists(), &format!("{} is missing", python.display())) {
-            continue;
-        }
+    ]) {
         let py = python.to_str().unwrap();
         let (out, p) = run_profiled(&["--", py, script]);
         out.assert_exit(0);
@@ -319,16 +318,13 @@ fn python_leaks_by_line_in_live_mode() {
     let path = dir.path().join("leaky.py");
     fs::write(&path, LEAK_SCRIPT).unwrap();
     let script = path.to_str().unwrap();
-    for (python, minor) in [
+    for (python, minor) in available(vec![
         (PathBuf::from("/usr/bin/python3.11"), 11),
         (
             PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3"),
             12,
         ),
-    ] {
-        if !require(python.exists(), &format!("{} is missing", python.display())) {
-            continue;
-        }
+    ]) {
         let py = python.to_str().unwrap();
         let (out, p) = run_profiled(&["--live", "--", py, script, "12340"]);
         out.assert_exit(0);
@@ -426,16 +422,13 @@ fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
     let path = dir.path().join("objects.py");
     fs::write(&path, OBJECTS_SCRIPT).unwrap();
     let script = path.to_str().unwrap();
-    for v in ["3.12.1", "3.9.18"] {
-        let python = PathBuf::from(format!("/root/.pyenv/versions/{v}/bin/python3"));
-        if !require(python.exists(), &format!("{} is missing", python.display())) {
-            continue;
-        }
+    let pyenv = |v: &str| PathBuf::from(format!("/root/.pyenv/versions/{v}/bin/python3"));
+    for (python, v) in available(vec![(pyenv("3.12.1"), 12), (pyenv("3.9.18"), 9)]) {
         let py = python.to_str().unwrap();
         let counts = tracemalloc_counts(py, script);
         let (out, p) = run_profiled(&["--python-objects", "--", py, script]);
         out.assert_exit(0);
-        let d = format!("{v}\n{}", out.describe());
+        let d = format!("3.{v}\n{}", out.describe());
         assert_eq!(
             calls_at(&p, script, "PyObject_Malloc", 5, Some(counts[2])),
             counts[0],

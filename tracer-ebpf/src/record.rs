@@ -29,7 +29,9 @@ use crate::{
 /// realloc(p, 0) does, is a free all the same. Count mode wants the number
 /// of frees; live mode, which block went when. Sampled, frees are not
 /// counted at all. Only a tail call from another release function
-/// (operator delete jumping to free) is the same free again.
+/// (operator delete jumping to free), or a free made inside a probed
+/// release function that frees through it (CPython's `PyObject_Free`), is
+/// the same free again.
 #[inline(always)]
 pub(crate) fn record_free(ctx: &ProbeContext, cookie: u64, ptr: u64) -> u32 {
     if !enabled() {
