@@ -121,7 +121,14 @@ pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
             continue;
         }
         seen.push(&m.path);
-        let Ok(data) = std::fs::read(path_in_target(pid, &m.path)) else {
+        // Mapped, not read: libpython is tens of MiB, and a test suite
+        // starts many interpreters.
+        let Ok(f) = std::fs::File::open(path_in_target(pid, &m.path)) else {
+            continue;
+        };
+        // SAFETY: a read-only mapping of a file the target maps, only read
+        // as bytes (see unwind::object_cfi for the caveat).
+        let Ok(data) = (unsafe { memmap2::Mmap::map(&f) }) else {
             continue;
         };
         let Ok(file) = object::File::parse(&*data) else {
