@@ -54,7 +54,10 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
         bpf_get_current_pid_tgid() & 0xffff_ffff
     };
     w.py_frame = 0;
-    run_loop(PY_MAX_THREADS, find_thread, w);
+    // (A thread state not yet bound to a thread says 0: never match it.)
+    if w.py_me != 0 {
+        run_loop(PY_MAX_THREADS, find_thread, w);
+    }
     if w.py_frame != 0 {
         // Shim frames (3.12+) sit between the runs.
         run_loop(2 * PY_MAX_FRAMES as u32, python_step, w);
