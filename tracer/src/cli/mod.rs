@@ -247,7 +247,9 @@ pub struct TraceArgs {
     pub temporary_under: Duration,
 
     /// Live mode: how many outstanding blocks mtrace tracks at once;
-    /// beyond that, allocations are counted as untracked.
+    /// beyond that, allocations are counted as untracked. The kernel keeps
+    /// as many frees aside (24 bytes each) for when the event buffers are
+    /// full, so that a burst freeing them all loses none.
     #[arg(long, value_name = "N", default_value_t = 262144, value_parser = clap::value_parser!(u32).range(1..))]
     pub live_map_size: u32,
 

@@ -69,6 +69,10 @@ pub struct MapSizes {
     pub unwind_rules: u32,
     /// The ring of walks the tracer finishes, bytes (a power of two).
     pub unwind_ring: u32,
+    /// Live mode: frees the kernel keeps aside when a ring is full (see
+    /// `LostFree`), at least as many as blocks the tracker follows: a
+    /// burst that frees every followed block at once loses none.
+    pub lost_frees: u32,
 }
 
 /// What to attach.
@@ -220,7 +224,10 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
         // Room for the frees a full ring lets through between two drains
         // (24 bytes each).
-        .map_max_entries(maps::LOST_FREES, if mode.live { 32768 } else { 1 })
+        .map_max_entries(
+            maps::LOST_FREES,
+            if mode.live { sizes.lost_frees } else { 1 },
+        )
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
     drop(guard);
