@@ -33,11 +33,15 @@ fn node_jit_frames_are_named_from_its_perf_map() {
     let path = dir.path().join("alloc.js");
     fs::write(&path, SCRIPT).unwrap();
     let script = path.to_str().unwrap();
+    let log = format!("--logfile={}", dir.path().join("v8.log").display());
     let (out, p) = run_profiled(&[
         "--",
         node,
         "--perf-basic-prof",
         "--interpreted-frames-native-stack",
+        // (Its log, which the perf map turns on, goes with the script.)
+        "--no-logfile-per-isolate",
+        &log,
         script,
     ]);
     out.assert_exit(0);

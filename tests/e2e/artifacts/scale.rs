@@ -72,3 +72,53 @@ fn tree_of_a_node_of_100k_children() {
     // Equal totals: by name.
     assert!(lines[3].ends_with("    leaf0"), "{}", lines[3]);
 }
+
+/// mtrace killed while it writes a large output leaves nothing behind: the
+/// file has no name until it is whole (no hidden temporary file, as a named
+/// one left where mtrace died). Killed the moment a file of its is open in
+/// the output directory, whatever it writes first.
+#[test]
+fn killed_while_writing_leaves_no_hidden_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write(
+        dir.path(),
+        "deep.json",
+        &synthetic::deep_stacks(100_000, 35),
+    );
+    let out = dir.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let file = |name: &str| s(&out.join(name)).to_string();
+    let (folded, html, json) = (file("p.folded"), file("p.html"), file("p.json"));
+    let mut m = Mtrace::start(&[
+        "report", &src, "--folded", &folded, "--html", &html, "-o", &json,
+    ]);
+    let pid = m.proc.id();
+    let writing = |pid: u32| -> bool {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten()
+            .filter_map(|e| fs::read_link(e.path()).ok())
+            .any(|target| target.starts_with(&out))
+    };
+    let mut killed = false;
+    let started = std::time::Instant::now();
+    while m.proc.running() && started.elapsed() < TREE_TIMEOUT {
+        if writing(pid) {
+            m.proc.signal(libc::SIGKILL);
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let _ = m.finish();
+    assert!(
+        killed,
+        "mtrace was never seen writing: the test proved nothing"
+    );
+    let left: Vec<String> = crate::support::names_in(&out)
+        .into_iter()
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

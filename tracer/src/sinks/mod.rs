@@ -432,7 +432,7 @@ pub fn write_file(path: &Path, what: &str, bytes: &[u8]) -> Result<()> {
     let fail = |e: std::io::Error| io_error(format!("cannot write {}: {e}", path.display()));
     if device_at(path) {
         write_device(path, bytes).map_err(fail)?;
-    } else {
+    } else if !write_unnamed(output_dir(path), path, bytes).map_err(fail)? {
         let mut tmp = temporary_in(output_dir(path)).map_err(fail)?;
         tmp.write_all(bytes)
             .and_then(|()| tmp.as_file().sync_all())
@@ -442,6 +442,71 @@ pub fn write_file(path: &Path, what: &str, bytes: &[u8]) -> Result<()> {
     }
     say!("mtrace: wrote {what} to {}", path.display());
     Ok(())
+}
+
+/// Writes `bytes` to `path` through a file that has no name until it is
+/// whole (`O_TMPFILE` in `dir`): mtrace killed while writing leaves
+/// nothing behind. Then it is linked under a hidden name and renamed over
+/// `path` (replacing whatever is there, a symbolic link or a FIFO
+/// included, never following it). False when the file system has no
+/// unnamed files (the caller writes a named temporary file instead).
+fn write_unnamed(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    use std::os::{fd::AsRawFd, unix::ffi::OsStrExt};
+    let opened = OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    let mut file = match opened {
+        Ok(f) => f,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+            ) =>
+        {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    };
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    give_to_invoking_user(&file)?;
+    let c =
+        |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let from = c(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for attempt in 0..16 {
+        let name = dir.join(format!(
+            ".mtrace-{}-{stamp:x}-{attempt}.tmp",
+            std::process::id()
+        ));
+        let to = c(&name)?;
+        // SAFETY: two NUL-terminated paths that live across the call.
+        let linked = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if linked == 0 {
+            return std::fs::rename(&name, path)
+                .map(|()| true)
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&name);
+                });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::EEXIST))
 }
 
 /// Mode 0644, and under sudo (`SUDO_UID`/`SUDO_GID` set, running as root)
