@@ -57,3 +57,33 @@ fn escape_sequences_from_the_target_are_printed_escaped() {
         .expect("per thread");
     assert_eq!(thread.name, "\x1b]0;t\x07\r", "{d}");
 }
+
+/// A program run through a symbolic link beside it (as Debian's
+/// `redis-server` -> `redis-check-rdb`) is named as the command named it:
+/// its frames' object is the link, not the file the link points to.
+#[test]
+fn a_program_run_through_a_symlink_is_named_by_the_link() {
+    let dir = bpf_tempdir!();
+    let real = crate::support::copy_executable(
+        crate::support::Fixture::Counts.path(),
+        dir.path(),
+        "counts-real",
+    );
+    let link = dir.path().join("counts-alias");
+    std::os::unix::fs::symlink("counts-real", &link).unwrap();
+    let (out, p) = crate::support::run_profiled(&["--", link.to_str().unwrap()]);
+    out.assert_exit(0);
+    let modules: std::collections::BTreeSet<&str> = p
+        .allocs()
+        .flat_map(|s| s.frames.iter())
+        .filter_map(|f| f.module.as_deref())
+        .filter(|m| m.starts_with(dir.path().to_str().unwrap()))
+        .collect();
+    assert_eq!(
+        modules.into_iter().collect::<Vec<_>>(),
+        [link.to_str().unwrap()],
+        "{}",
+        out.describe()
+    );
+    assert!(real.exists());
+}

@@ -201,7 +201,9 @@ fn mtrace_top_keeps_the_last_state_after_the_target_exits() {
         "mtrace-top-end",
         140,
         40,
-        &shell(dir.path(), &format!("top -- {} 1", fixture.display())),
+        // Two seconds: at least one of the view's ticks before the exit,
+        // however loaded the machine.
+        &shell(dir.path(), &format!("top -- {} 2", fixture.display())),
     );
     let ended = tmux.wait_for("the end of tracing, on the view", |t| {
         t.contains("tracing ended (the target exited), q for the report")

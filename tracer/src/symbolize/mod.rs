@@ -75,8 +75,12 @@ pub fn symbolize(
             });
             for (i, &addr) in addrs.iter().enumerate() {
                 let frames = match results.as_ref().and_then(|r| r.get(i)) {
-                    Some(Symbolized::Sym(sym)) => sym_frames(sym, path, addr),
-                    _ => vec![unknown_frame(Some(path), addr, offsets[i] + 1)],
+                    Some(Symbolized::Sym(sym)) => sym_frames(sym, space.display_path(path), addr),
+                    _ => vec![unknown_frame(
+                        Some(space.display_path(path)),
+                        addr,
+                        offsets[i] + 1,
+                    )],
                 };
                 resolved.insert(addr, frames);
             }

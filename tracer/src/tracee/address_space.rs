@@ -24,6 +24,10 @@ pub struct AddressSpace {
     build_ids: HashMap<String, String>,
     /// Names of JIT code, where the runtime writes a perf map.
     jit: super::perf_map::PerfMap,
+    /// The executable as the command named it, when that is a symbolic
+    /// link to the file mapped (`redis-server` -> `redis-check-rdb`):
+    /// (mapped path, the link's path).
+    exe_alias: Option<(String, String)>,
 }
 
 impl AddressSpace {
@@ -42,6 +46,9 @@ impl AddressSpace {
         }
         if maps.iter().any(Mapping::is_anonymous_code) {
             self.jit.refresh(pid);
+        }
+        if self.exe_alias.is_none() {
+            self.exe_alias = exe_alias(pid);
         }
         for m in maps {
             if m.is_anonymous_code() {
@@ -88,6 +95,15 @@ impl AddressSpace {
         self.mappings.iter().rev().find(|m| m.contains(addr))
     }
 
+    /// The path frames in the object mapped from `path` show: the
+    /// symbolic link the command named for the executable, else `path`.
+    pub fn display_path<'a>(&'a self, path: &'a str) -> &'a str {
+        match &self.exe_alias {
+            Some((mapped, alias)) if mapped == path => alias,
+            _ => path,
+        }
+    }
+
     /// The runtime's name of the JIT code at `addr` (its perf map).
     pub fn jit_name(&self, addr: u64) -> Option<&str> {
         self.jit.name(addr)
@@ -115,6 +131,38 @@ impl AddressSpace {
             frame.build_id = self.build_ids.get(&m.path).cloned();
         }
     }
+}
+
+/// The executable's (mapped path, link path) when the command named it by
+/// a symbolic link to it: its first argument, as a path, or by that name
+/// in the executable's directory (a link beside the file, as Debian's
+/// `redis-server` beside `redis-check-rdb`). Paths are the target's.
+fn exe_alias(pid: u32) -> Option<(String, String)> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let argv0 = String::from_utf8(cmdline.split(|&b| b == 0).next()?.to_vec()).ok()?;
+    let name = std::path::Path::new(&argv0).file_name()?;
+    if Some(name) == exe.file_name() {
+        return None;
+    }
+    let link = if argv0.starts_with('/') {
+        std::path::PathBuf::from(&argv0)
+    } else {
+        exe.parent()?.join(name)
+    };
+    let inside = path_in_target(pid, link.to_str()?);
+    let is_link = std::fs::symlink_metadata(&inside)
+        .ok()?
+        .file_type()
+        .is_symlink();
+    let same = std::fs::canonicalize(&inside).ok()?
+        == std::fs::canonicalize(path_in_target(pid, exe.to_str()?)).ok()?;
+    (is_link && same).then(|| {
+        (
+            exe.to_string_lossy().into_owned(),
+            link.to_string_lossy().into_owned(),
+        )
+    })
 }
 
 /// The GNU build id of an ELF file, read lazily (only the note is read).
