@@ -202,10 +202,19 @@ impl TopView {
         }
         {
             let mut s = self.screen.lock().unwrap();
-            if let Ok(p) = profile() {
-                s.model.update(&printable_profile(&p), tick);
-            }
-            s.model.title = format!("tracing ended ({why}), q for the report; {}", s.model.title);
+            // The final counts; where they cannot be read, the last shown
+            // stay, and the title says so.
+            let unread = match profile() {
+                Ok(p) => {
+                    s.model.update(&printable_profile(&p), tick);
+                    String::new()
+                }
+                Err(e) => format!(" (the last counts shown: the final ones are unreadable: {e})"),
+            };
+            s.model.title = format!(
+                "tracing ended ({why}){unread}, q for the report; {}",
+                s.model.title
+            );
             s.redraw();
         }
         while !self.quit.load(Ordering::Relaxed) && !self.done.load(Ordering::Relaxed) {
