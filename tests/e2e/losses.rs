@@ -143,17 +143,25 @@ fn a_storm_of_cross_thread_frees_leaves_no_freed_block_outstanding() {
     );
 }
 
-/// tests/fixtures/storm.c, built once (the tests run in parallel).
-fn storm() -> &'static std::path::Path {
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
+/// tests/fixtures/NAME.c, a threaded fixture, built once into `built`
+/// (the tests run in parallel).
+fn threaded(
+    name: &str,
+    built: &'static std::sync::OnceLock<std::path::PathBuf>,
+) -> &'static std::path::Path {
+    built.get_or_init(|| {
         crate::support::fixtures::compile_c(
-            "storm",
-            "storm",
+            name,
+            name,
             &["-O2", "-fno-omit-frame-pointer", "-g"],
             &["-pthread"],
         )
     })
+}
+
+fn storm() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    threaded("storm", &BUILT)
 }
 
 /// The stress test of live mode: 8 threads passing blocks to each other
@@ -215,14 +223,7 @@ fn a_minute_of_cross_thread_frees_in_live_mode_is_exact() {
 
 fn burst() -> &'static std::path::Path {
     static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        crate::support::fixtures::compile_c(
-            "burst",
-            "burst",
-            &["-O2", "-fno-omit-frame-pointer", "-g"],
-            &["-pthread"],
-        )
-    })
+    threaded("burst", &BUILT)
 }
 
 /// Live mode under a burst of frees (tests/fixtures/burst.c): 3 million
