@@ -55,6 +55,7 @@ fn man_pages_render() {
     assert_eq!(
         generate(&["man"], dir.path()),
         [
+            "mtrace-agent.1",
             "mtrace-diff.1",
             "mtrace-report.1",
             "mtrace-top.1",
@@ -70,7 +71,7 @@ fn man_pages_render() {
                 "--user <USER>",
                 "sudo mtrace --pid 1234",
                 "127    The command of launch mode is not found.",
-                "mtrace-report(1), mtrace-diff(1), mtrace-top(1)",
+                "mtrace-report(1), mtrace-diff(1), mtrace-top(1), mtrace-agent(1)",
             ][..],
         ),
         (
@@ -83,6 +84,13 @@ fn man_pages_render() {
                 "--pid <PID>",
                 "sudo mtrace top --live --pid 1234",
                 "q quit (then the report)",
+            ][..],
+        ),
+        (
+            "mtrace-agent.1",
+            &[
+                "--listen <ADDR:PORT>",
+                "go tool pprof -seconds 30 http://127.0.0.1:7117/debug/pprof/allocs",
             ][..],
         ),
         (

@@ -31,6 +31,7 @@ macro_rules! bpf_tempdir {
     }};
 }
 
+mod agent;
 mod artifacts;
 mod calltree;
 mod conventions;

@@ -29,6 +29,8 @@ mod watch; // the status line and mtrace top, fed every second
 
 mod sinks; // where profiles go: the report and its files, snapshots
 
+mod agent; // mtrace agent: the trace served over HTTP (pprof, Prometheus)
+
 mod cli; // arguments (clap) and what they mean (config)
 mod commands; // trace (and top), report, diff, generate
 
@@ -52,7 +54,10 @@ fn main() {
         .filter_level(log::LevelFilter::Warn)
         .filter_module(
             "mtrace",
-            if matches!(&cli.sub, Some(Sub::Top(a)) if a.verbose) || cli.trace.verbose {
+            if matches!(&cli.sub, Some(Sub::Top(a)) if a.verbose)
+                || matches!(&cli.sub, Some(Sub::Agent(a)) if a.trace.verbose)
+                || cli.trace.verbose
+            {
                 log::LevelFilter::Debug
             } else {
                 log::LevelFilter::Warn
@@ -63,9 +68,13 @@ fn main() {
     let result = match cli.sub {
         Some(Sub::Report(args)) => commands::report::run(args),
         Some(Sub::Diff(args)) => commands::diff::run(args),
-        Some(Sub::Top(args)) => commands::trace::run(*args, true),
+        Some(Sub::Top(args)) => commands::trace::run(*args, commands::trace::Front::Top),
+        Some(Sub::Agent(args)) => {
+            let args = *args;
+            commands::trace::run(args.trace, commands::trace::Front::Agent(args.listen))
+        }
         Some(Sub::Generate(args)) => commands::generate::run(args),
-        None => commands::trace::run(cli.trace, false),
+        None => commands::trace::run(cli.trace, commands::trace::Front::Report),
     };
     let code = match result {
         Ok(code) => code,
@@ -109,6 +118,9 @@ fn usage_error(e: clap::Error) -> ! {
     say!("mtrace: {}", message.trim_start_matches("error: "));
     // clap's usage line of the (sub)command, or the main one.
     match text.lines().find_map(|l| l.strip_prefix("Usage: ")) {
+        _ if std::env::args().nth(1).as_deref() == Some("agent") => say!(
+            "usage: mtrace agent [OPTIONS] --pid PID | --cgroup PATH | -- COMMAND... (--help for all)"
+        ),
         _ if std::env::args().nth(1).as_deref() == Some("top") => say!(
             "usage: mtrace top [OPTIONS] --pid PID | mtrace top [OPTIONS] -- COMMAND... (--help for all)"
         ),

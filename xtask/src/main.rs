@@ -83,8 +83,10 @@ enum Task {
 /// fixtures; the browser that opens the HTML report in its test
 /// (chromium), the terminal the live view and the status line are tested
 /// in (tmux), and `man`, which renders the man page in its test; and
-/// Debian's pip for its python3.11 (see [`PYPI_PACKAGES`]).
-const APT_PACKAGES: [&str; 17] = [
+/// Debian's pip for its python3.11 (see [`PYPI_PACKAGES`]); the real
+/// clients of `mtrace agent`'s tests, `go tool pprof` (golang-go) and
+/// Prometheus.
+const APT_PACKAGES: [&str; 19] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -102,6 +104,8 @@ const APT_PACKAGES: [&str; 17] = [
     "tmux",
     "man-db",
     "python3-pip",
+    "golang-go",
+    "prometheus",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -50,7 +50,7 @@ In launch mode mtrace exits with the command's exit status.";
     about,
     after_help = EXAMPLES,
     args_conflicts_with_subcommands = true,
-    override_usage = "mtrace [OPTIONS] --pid PID\n       mtrace [OPTIONS] -- CMD [ARGS]...\n       mtrace top [OPTIONS] --pid PID | -- CMD [ARGS]...\n       mtrace report [OPTIONS] PROFILE.json\n       mtrace diff [OPTIONS] BASE.json NEW.json"
+    override_usage = "mtrace [OPTIONS] --pid PID\n       mtrace [OPTIONS] -- CMD [ARGS]...\n       mtrace top [OPTIONS] --pid PID | -- CMD [ARGS]...\n       mtrace agent [OPTIONS] --pid PID | --cgroup PATH | -- CMD [ARGS]...\n       mtrace report [OPTIONS] PROFILE.json\n       mtrace diff [OPTIONS] BASE.json NEW.json"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -73,10 +73,26 @@ pub enum Sub {
     /// A launched command's output goes to a log file meanwhile.
     #[command(after_help = TOP_EXAMPLES)]
     Top(Box<TraceArgs>),
+    /// Trace until stopped and serve what is counted over HTTP: Go heap
+    /// profiles for Parca and Grafana Alloy/Pyroscope, Prometheus metrics.
+    #[command(after_help = AGENT_EXAMPLES)]
+    Agent(Box<AgentArgs>),
     /// Write the man pages or a shell's completions (`cargo xtask install`
     /// runs it on the binary it installs, so they describe that binary).
     #[command(hide = true)]
     Generate(GenerateArgs),
+}
+
+/// `mtrace agent`.
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Address and port to serve on. Loopback by default; any other
+    /// address lets every host that reaches it read the profiles.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:7117")]
+    pub listen: std::net::SocketAddr,
+
+    #[command(flatten)]
+    pub trace: TraceArgs,
 }
 
 /// `mtrace generate`.
@@ -111,6 +127,21 @@ Examples:
 
 Keys: q quit (then the report), up/down select, enter show/hide the stack,
 c/b/l order by calls, bytes, live bytes, t last second or since the start.";
+
+const AGENT_EXAMPLES: &str = "\
+Examples:
+  sudo mtrace agent --pid 1234
+  sudo mtrace agent --cgroup system.slice/redis.service --sample-bytes 512KiB
+  sudo mtrace agent --live --listen 127.0.0.1:7117 --pid 1234
+  go tool pprof -top http://127.0.0.1:7117/debug/pprof/allocs
+  go tool pprof -seconds 30 http://127.0.0.1:7117/debug/pprof/allocs
+
+Endpoints: /debug/pprof/allocs and /debug/pprof/heap (Go's heap profile
+format; ?seconds=N for what was allocated during the next N seconds, in-use
+values left a snapshot; ?pid=PID for one process), /metrics (Prometheus),
+/healthz. GET only. Every traced call pays a uprobe trap (about 0.4-1 us
+here) for as long as the agent runs: see docs/agent.md for the cost of each
+policy.";
 
 const REPORT_EXAMPLES: &str = "\
 Examples:

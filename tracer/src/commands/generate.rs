@@ -74,6 +74,10 @@ fn visible(cmd: &clap::Command) -> clap::Command {
     if let Some(about) = cmd.get_about() {
         out = out.about(about.clone());
     }
+    // Its `--version` (kept among the arguments) needs the version.
+    if let Some(version) = cmd.get_version() {
+        out = out.version(version.to_string());
+    }
     out
 }
 
@@ -306,7 +310,8 @@ mod tests {
                 "mtrace.1",
                 "mtrace-report.1",
                 "mtrace-diff.1",
-                "mtrace-top.1"
+                "mtrace-top.1",
+                "mtrace-agent.1"
             ]
         );
     }

@@ -30,9 +30,30 @@ use crate::{
     watch::{self, StatusLine, Watcher},
 };
 
+/// How a trace shows itself while it runs.
+pub enum Front {
+    /// The status line, then the report.
+    Report,
+    /// `mtrace top`: the full-screen live view, then the report.
+    Top,
+    /// `mtrace agent`: served over HTTP at this address until stopped.
+    Agent(std::net::SocketAddr),
+}
+
 /// A trace; with `top`, under the full-screen live view.
-pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
-    let (config, run_as) = checked_config(&args, top)?;
+pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
+    let top = matches!(front, Front::Top);
+    let (mut config, run_as) = checked_config(&args, top)?;
+    // The agent's port is taken before anything is attached: one in use
+    // is a usage error, not a trace lost.
+    let server = match front {
+        Front::Agent(addr) => {
+            // Every sample carries its process (pid and comm labels, ?pid=).
+            config.outputs.table.per_process = true;
+            Some(crate::agent::Server::bind(addr)?)
+        }
+        _ => None,
+    };
     tracee::check_privileges()?;
     launch::raise_file_limit();
     // Signal handlers before anything else: a Ctrl-C from here on ends the
@@ -55,13 +76,22 @@ pub fn run(args: TraceArgs, top: bool) -> Result<i32> {
     };
     let (attached, mut aside) = attach(&config, top, run_as)?;
     let pid = attached.root.pid;
-    let (mut session, inputs) = start(&config, attached, aside.exit_hold.as_mut(), signals);
+    let (mut session, mut inputs) = start(&config, attached, aside.exit_hold.as_mut(), signals);
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
         Box::new(Report(config.outputs.clone())),
     ];
     let (mut watchers, stop) = watchers(&config, top, pid, aside.command_log.as_deref())?;
-    let inputs = Inputs { stop, ..inputs };
+    if let Some(server) = server {
+        say!(
+            "mtrace agent: {}",
+            crate::agent::describe_listen(server.addr)
+        );
+        let (agent, wake) = crate::agent::AgentWatcher::start(server)?;
+        watchers.push(Box::new(agent));
+        inputs.wake = Some(wake);
+    }
+    inputs.stop = stop;
     let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));
     if let Ok((end @ End::TargetExited(_), _)) = &ran {
         let (why, tick) = (end.describe(None), session.tick());
@@ -137,6 +167,7 @@ fn start(
         signals,
         stop: None,
         cgroup,
+        wake: None,
     };
     (session, inputs)
 }

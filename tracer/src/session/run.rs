@@ -33,6 +33,8 @@ pub struct Inputs {
     /// By cgroup: its directory, and where to send the processes that
     /// join it (the hold seizes them and tells of them as forks).
     pub cgroup: Option<(std::path::PathBuf, std::sync::mpsc::Sender<u32>)>,
+    /// A watcher wants the trace now, not at the next second.
+    pub wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 /// How often the timeline, the status line and the live view are fed.
@@ -74,7 +76,12 @@ impl Session {
             signals,
             stop,
             cgroup,
+            wake,
         } = inputs;
+        let woken = async || match &wake {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        };
         // Live mode: each process's event rings, one per CPU. The BPF
         // programs do not wake us per event; we drain them on a timer,
         // often enough that they cannot fill at any allocation rate a
@@ -166,6 +173,12 @@ impl Session {
         let end = loop {
             tokio::select! {
                 _ = &mut stop => break (End::Stopped, exit_rx),
+                _ = woken() => {
+                    let tick = self.tick();
+                    for w in watchers.iter_mut() {
+                        w.woken(&tick, &|| self.profile())?;
+                    }
+                }
                 _ = second.tick() => {
                     let tick = self.tick();
                     self.timeline.record(tick.elapsed, tick.running, tick.live_bytes, false);

@@ -27,6 +27,12 @@ pub trait Watcher {
     /// `profile` makes the profile so far, for a watcher that shows stacks.
     fn tick(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()>;
 
+    /// Between ticks, a watcher that asked ([`crate::session::Inputs`]'s
+    /// `wake`) is handed the trace now.
+    fn woken(&mut self, _tick: &Tick, _profile: &dyn Fn() -> Result<Profile>) -> Result<()> {
+        Ok(())
+    }
+
     /// The target is gone and tracing has ended (`why`): a watcher that
     /// has the screen shows the last state until the reader is done.
     fn ended(&mut self, _why: &str, _tick: &Tick, _profile: &dyn Fn() -> Result<Profile>) {}

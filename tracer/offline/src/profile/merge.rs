@@ -16,14 +16,14 @@ macro_rules! add_fields {
     };
 }
 
-type StackKey = (
+pub(crate) type StackKey = (
     String,
     Option<u32>,
     Option<u32>,
     Vec<(String, Option<String>, Option<u32>, Option<String>, bool)>,
 );
 
-fn key(e: &StackEntry) -> StackKey {
+pub(crate) fn key(e: &StackEntry) -> StackKey {
     (
         e.func.clone(),
         e.thread.as_ref().map(|t| t.tid),

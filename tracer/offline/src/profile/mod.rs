@@ -13,6 +13,7 @@ pub mod file;
 pub mod merge;
 pub mod snapshot;
 pub mod synthetic;
+pub mod window;
 
 /// One source-level frame. An inlined function gets a frame of its own with
 /// `inlined = true`.

@@ -1,0 +1,490 @@
+//! `mtrace agent`: what real scrapers read from it. `go tool pprof`
+//! (Debian's golang-go) fetches its Go heap profiles, whole and as
+//! `-seconds` windows; Prometheus (Debian's prometheus) scrapes `/metrics`
+//! and answers queries on it. The fixture (tests/fixtures/agent.c)
+//! allocates exactly what the test tells it to, when it tells it.
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use crate::support::{
+    self,
+    fixtures::compile_c,
+    mtrace::{mtrace_command, Mtrace},
+    process::{FixtureProc, Proc, LINE_TIMEOUT},
+};
+
+fn agent_fixture() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        compile_c(
+            "agent",
+            "agent",
+            &["-O2", "-fno-omit-frame-pointer", "-g"],
+            &[],
+        )
+    })
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Tells the fixture `cmd` and waits until it has made the calls.
+fn tell(fx: &mut FixtureProc, cmd: &str) {
+    let stdin = fx.stdin.as_mut().expect("fixture stdin open");
+    writeln!(stdin, "{cmd}").unwrap();
+    stdin.flush().unwrap();
+    fx.stdout.wait_for(|l| l == "done", LINE_TIMEOUT);
+}
+
+/// A running agent and the address it serves on (`--listen 127.0.0.1:0`:
+/// the port the kernel chose, read from its line).
+struct Agent {
+    mtrace: Mtrace,
+    addr: String,
+}
+
+impl Agent {
+    fn start(args: &[&str]) -> Agent {
+        let mut all = vec!["agent", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let mut mtrace = Mtrace::spawn(&mut mtrace_command(&all));
+        let line = mtrace
+            .stderr
+            .wait_for(|l| l.starts_with("mtrace agent: serving on "), LINE_TIMEOUT);
+        let addr = line["mtrace agent: serving on http://".len()..]
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        Agent { mtrace, addr }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        http(&self.addr, "GET", path)
+    }
+}
+
+/// What each test starts with: root (BPF), `tool` installed, a fixture
+/// that has made 100 calls at agent_site_a, and an agent tracing it by
+/// pid (`args` added); None when the test is skipped.
+fn start(
+    tool: &str,
+    package: &str,
+    args: &[&str],
+) -> Option<(tempfile::TempDir, FixtureProc, String, Agent)> {
+    if !support::require_bpf()
+        || !support::require(have(tool), &format!("{tool} ({package}) is not installed"))
+    {
+        return None;
+    }
+    let mut fx = FixtureProc::start(agent_fixture(), &[]);
+    fx.wait_ready();
+    // Calls made before the agent: never counted.
+    tell(&mut fx, "a 100");
+    let pid = fx.pid().to_string();
+    let mut all = args.to_vec();
+    all.extend(["--pid", &pid]);
+    let agent = Agent::start(&all);
+    Some((tempfile::tempdir().unwrap(), fx, pid, agent))
+}
+
+/// One HTTP/1.0 request: the status and the body (as text).
+fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+    (code, body.to_string())
+}
+
+/// One sample of `go tool pprof -raw`: its values and the functions of
+/// its locations, leaf (the allocator) first.
+#[derive(Debug)]
+struct Sample {
+    values: Vec<i64>,
+    functions: Vec<String>,
+    labels: String,
+}
+
+/// `go tool pprof -raw [extra] URL`, parsed: the sample types and the
+/// samples.
+fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw"])
+        .args(extra)
+        .arg(url)
+        .env("PPROF_TMPDIR", dir)
+        .env("HOME", dir)
+        .output()
+        .expect("running go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof failed ({}): {}\n{text}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_raw(&text)
+}
+
+fn parse_raw(text: &str) -> (Vec<String>, Vec<Sample>) {
+    let mut lines = text.lines().peekable();
+    let mut types = Vec::new();
+    let mut raw: Vec<(Vec<i64>, Vec<u64>, String)> = Vec::new();
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut section = "";
+    while let Some(line) = lines.next() {
+        match line {
+            "Samples:" => {
+                section = "samples";
+                let header = lines.next().unwrap_or_default();
+                types = header
+                    .split_whitespace()
+                    .map(|t| t.trim_end_matches("[dflt]").to_string())
+                    .collect();
+                continue;
+            }
+            "Locations" => {
+                section = "locations";
+                continue;
+            }
+            "Mappings" => {
+                section = "mappings";
+                continue;
+            }
+            _ => {}
+        }
+        match section {
+            "samples" => {
+                if let Some((values, locs)) = line.split_once(':').filter(|(v, _)| {
+                    !v.trim().is_empty() && v.split_whitespace().all(|x| x.parse::<i64>().is_ok())
+                }) {
+                    raw.push((
+                        values
+                            .split_whitespace()
+                            .map(|v| v.parse().unwrap())
+                            .collect(),
+                        locs.split_whitespace()
+                            .map(|v| v.parse().unwrap())
+                            .collect(),
+                        String::new(),
+                    ));
+                } else if let Some(last) = raw.last_mut() {
+                    last.2.push_str(line.trim());
+                    last.2.push(' ');
+                }
+            }
+            "locations" => {
+                // "    12: 0x12f2 M=1 agent_site_a /path/agent.c:18 s=0"
+                let mut parts = line.split_whitespace();
+                if let Some(id) = parts
+                    .next()
+                    .and_then(|i| i.trim_end_matches(':').parse().ok())
+                {
+                    let function = parts.nth(2).unwrap_or_default().to_string();
+                    names.insert(id, function);
+                }
+            }
+            _ => {}
+        }
+    }
+    let samples = raw
+        .into_iter()
+        .map(|(values, locs, labels)| Sample {
+            values,
+            functions: locs.iter().map(|l| names[l].clone()).collect(),
+            labels,
+        })
+        .collect();
+    (types, samples)
+}
+
+/// The values of the sample whose second location (the allocator's
+/// caller) is `site`, summed.
+fn at_site(samples: &[Sample], site: &str) -> Vec<i64> {
+    let mut sum: Vec<i64> = Vec::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.functions.get(1).map(String::as_str) == Some(site))
+    {
+        sum.resize(s.values.len(), 0);
+        for (a, v) in sum.iter_mut().zip(&s.values) {
+            *a += v;
+        }
+    }
+    sum
+}
+
+/// A metric line's value (`name{labels} value`), the labels given as
+/// they are written.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn go_tool_pprof_reads_exact_counts_and_windows() {
+    let Some((dir, mut fx, pid, agent)) = start("go", "Debian's golang-go", &[]) else {
+        return;
+    };
+    tell(&mut fx, "a 1234");
+    tell(&mut fx, "b 55");
+
+    let (types, samples) = pprof_raw(dir.path(), &agent.url("/debug/pprof/allocs"), &[]);
+    assert_eq!(types, ["alloc_objects/count", "alloc_space/bytes"]);
+    assert_eq!(at_site(&samples, "agent_site_a"), [1234, 1_234_000]);
+    assert_eq!(at_site(&samples, "agent_site_b"), [55, 55 * 24]);
+    let a = samples
+        .iter()
+        .find(|s| s.functions[1] == "agent_site_a")
+        .unwrap();
+    assert_eq!(a.functions[0], "malloc");
+    assert!(
+        a.labels.contains("bytes:[1000 bytes]") && a.labels.contains(&format!("pid:[{pid}]")),
+        "labels of agent_site_a's sample: {}",
+        a.labels
+    );
+
+    // A window: exactly what was allocated during it.
+    let window = {
+        let (d, url) = (dir.path().to_path_buf(), agent.url("/debug/pprof/allocs"));
+        std::thread::spawn(move || pprof_raw(&d, &url, &["-seconds", "6"]))
+    };
+    std::thread::sleep(Duration::from_millis(2500));
+    tell(&mut fx, "a 500");
+    tell(&mut fx, "k 7");
+    let (_, samples) = window.join().unwrap();
+    assert_eq!(at_site(&samples, "agent_site_a"), [500, 500_000]);
+    assert_eq!(at_site(&samples, "agent_site_keep"), [7, 7 * 777]);
+    assert_eq!(at_site(&samples, "agent_site_b"), Vec::<i64>::new());
+
+    // Prometheus' view of the same counts.
+    let (code, text) = agent.get("/metrics");
+    assert_eq!(code, 200);
+    let series = |func: &str| {
+        format!("mtrace_allocation_calls_total{{pid=\"{pid}\",comm=\"agent\",function=\"{func}\"}}")
+    };
+    assert_eq!(
+        metric(&text, &series("malloc")),
+        Some((1234 + 500 + 7) as f64),
+        "{text}"
+    );
+    assert_eq!(metric(&text, &series("calloc")), Some(55.0), "{text}");
+    assert_eq!(
+        metric(&text, "mtrace_lost_total{what=\"calls_map_full\"}"),
+        Some(0.0)
+    );
+
+    // What it refuses, each with its own status.
+    assert_eq!(agent.get("/healthz").0, 200);
+    let (code, why) = agent.get("/debug/pprof/heap");
+    assert_eq!(code, 501, "{why}");
+    assert!(why.contains("--live"), "{why}");
+    assert_eq!(http(&agent.addr, "POST", "/debug/pprof/allocs").0, 405);
+    assert_eq!(agent.get("/debug/pprof/allocs?seconds=0").0, 400);
+    assert_eq!(agent.get("/debug/pprof/allocs?pid=1").0, 404);
+    assert_eq!(agent.get("/nothing").0, 404);
+    let (code, _) = agent.get(&format!("/debug/pprof/allocs?pid={pid}"));
+    assert_eq!(code, 200);
+
+    // The target's end ends the agent, which exits 0.
+    drop(fx.stdin.take());
+    let finished = agent.mtrace.finish();
+    finished.assert_exit(0);
+}
+
+#[test]
+fn heap_profile_keeps_in_use_whole_across_windows() {
+    let Some((dir, mut fx, pid, agent)) = start("go", "Debian's golang-go", &["--live"]) else {
+        return;
+    };
+    tell(&mut fx, "k 123");
+    tell(&mut fx, "a 10");
+    let url = agent.url("/debug/pprof/heap");
+    let (types, samples) = pprof_raw(dir.path(), &url, &[]);
+    assert_eq!(
+        types,
+        [
+            "alloc_objects/count",
+            "alloc_space/bytes",
+            "inuse_objects/count",
+            "inuse_space/bytes"
+        ]
+    );
+    assert_eq!(
+        at_site(&samples, "agent_site_keep"),
+        [123, 123 * 777, 123, 123 * 777]
+    );
+    assert_eq!(at_site(&samples, "agent_site_a"), [10, 10_000, 0, 0]);
+
+    // A window with five more kept: allocations are the window's, what
+    // is in use is the whole heap (Go's ?seconds= subtracts it too).
+    let window = {
+        let (d, url) = (dir.path().to_path_buf(), url.clone());
+        std::thread::spawn(move || pprof_raw(&d, &url, &["-seconds", "5"]))
+    };
+    std::thread::sleep(Duration::from_millis(2000));
+    tell(&mut fx, "k 5");
+    let (_, samples) = window.join().unwrap();
+    assert_eq!(
+        at_site(&samples, "agent_site_keep"),
+        [5, 5 * 777, 128, 128 * 777]
+    );
+    assert_eq!(at_site(&samples, "agent_site_a"), Vec::<i64>::new());
+    let (_, text) = agent.get("/metrics");
+    assert_eq!(
+        metric(
+            &text,
+            &format!("mtrace_live_bytes{{pid=\"{pid}\",comm=\"agent\"}}")
+        ),
+        Some((128 * 777) as f64),
+        "{text}"
+    );
+    drop(fx.stdin.take());
+    agent.mtrace.finish().assert_exit(0);
+}
+
+/// A port free now on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET /api/v1/query?query=Q` of Prometheus: the first result's value.
+fn prom_query(addr: &str, query: &str) -> Option<f64> {
+    let mut q = String::new();
+    for b in query.bytes() {
+        if b.is_ascii_alphanumeric() || b"_-.".contains(&b) {
+            q.push(b as char);
+        } else {
+            q.push_str(&format!("%{b:02X}"));
+        }
+    }
+    let (code, body) = http(addr, "GET", &format!("/api/v1/query?query={q}"));
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let value = v["data"]["result"].get(0)?["value"][1]
+        .as_str()?
+        .to_string();
+    value.parse().ok()
+}
+
+/// Polls `query` until `ok` holds of its value; the last value seen.
+fn prom_until(addr: &str, query: &str, within: Duration, ok: impl Fn(f64) -> bool) -> Option<f64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = prom_query(addr, query);
+        if v.is_some_and(&ok) || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn prometheus_scrapes_the_allocation_rate() {
+    let Some((dir, mut fx, pid, agent)) = start("prometheus", "Debian's prometheus", &[]) else {
+        return;
+    };
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n  - job_name: mtrace\n    static_configs:\n      - targets: ['{}']\n",
+            agent.addr
+        ),
+    )
+    .unwrap();
+    let prom_addr = format!("127.0.0.1:{}", free_port());
+    let mut prom = Proc::spawn(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "prometheus",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(&prom_addr).is_err() {
+        assert!(prom.running(), "prometheus exited");
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never listened on {prom_addr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let up = prom_until(
+        &prom_addr,
+        "up{job=\"mtrace\"}",
+        Duration::from_secs(30),
+        |v| v == 1.0,
+    );
+    assert_eq!(up, Some(1.0), "Prometheus never scraped the agent");
+
+    // 200 calls every 50 ms for 8 s: 4,000 calls a second.
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(8) {
+        let tick = Instant::now();
+        tell(&mut fx, "a 200");
+        sent += 200;
+        std::thread::sleep(Duration::from_millis(50).saturating_sub(tick.elapsed()));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let series = format!("mtrace_allocation_calls_total{{pid=\"{pid}\",function=\"malloc\"}}");
+    let rate = prom_query(&prom_addr, &format!("rate({series}[5s])"));
+    let expected = sent as f64 / elapsed;
+    assert!(
+        rate.is_some_and(|r| (r - expected).abs() < expected * 0.25),
+        "rate {rate:?}, sent {expected:.0} calls a second"
+    );
+    // Once a scrape follows the last call: the exact count.
+    let total = prom_until(&prom_addr, &series, Duration::from_secs(10), |v| {
+        v == sent as f64
+    });
+    assert_eq!(total, Some(sent as f64));
+    let lost = prom_query(&prom_addr, "sum(mtrace_lost_total)");
+    assert_eq!(lost, Some(0.0));
+    let rss = prom_query(&prom_addr, "mtrace_agent_resident_bytes");
+    assert!(rss.is_some_and(|r| r > 0.0), "agent RSS {rss:?}");
+
+    prom.signal(libc::SIGTERM);
+    drop(fx.stdin.take());
+    agent.mtrace.finish().assert_exit(0);
+}

@@ -1,0 +1,196 @@
+//! What a trace counted between two readings of it: the `?seconds=N`
+//! profiles of `mtrace agent`.
+//!
+//! Cumulative counts (calls and bytes per stack, per function, the totals
+//! and the losses) are the later reading less the earlier one; what is a
+//! state rather than a count (the blocks still allocated, live mode's
+//! heap) is the later reading's as it is. Go's own `?seconds=` subtracts
+//! the in-use values too, which makes them meaningless (golang/go#57765).
+
+use super::{merge, Losses, Profile};
+
+/// `later` less `earlier`, two readings of one trace, `later` taken
+/// second. A stack that `later` has and `earlier` lacks counts whole; one
+/// with no new calls stays only while it still holds live blocks.
+pub fn between(earlier: &Profile, later: &Profile) -> Profile {
+    let before: std::collections::HashMap<merge::StackKey, &super::StackEntry> =
+        earlier.stacks.iter().map(|e| (merge::key(e), e)).collect();
+    let mut out = later.clone();
+    out.stacks.retain_mut(|e| {
+        if let Some(old) = before.get(&merge::key(e)) {
+            e.counts.calls = e.counts.calls.saturating_sub(old.counts.calls);
+            e.counts.bytes = e.counts.bytes.saturating_sub(old.counts.bytes);
+            if let (Some(now), Some(then)) = (e.live.as_mut(), old.live.as_ref()) {
+                now.allocations = now.allocations.saturating_sub(then.allocations);
+                now.allocated_bytes = now.allocated_bytes.saturating_sub(then.allocated_bytes);
+                now.frees = now.frees.saturating_sub(then.frees);
+                now.temporaries = now.temporaries.saturating_sub(then.temporaries);
+            }
+        }
+        e.counts.calls > 0 || e.live.as_ref().is_some_and(|l| l.outstanding > 0)
+    });
+    let t = &mut out.totals;
+    for (func, counts) in t.per_func.iter_mut() {
+        if let Some(old) = earlier.totals.per_func.get(func) {
+            counts.calls = counts.calls.saturating_sub(old.calls);
+            counts.bytes = counts.bytes.saturating_sub(old.bytes);
+        }
+    }
+    t.per_func.retain(|_, c| c.calls > 0);
+    t.allocs.calls = t.allocs.calls.saturating_sub(earlier.totals.allocs.calls);
+    t.allocs.bytes = t.allocs.bytes.saturating_sub(earlier.totals.allocs.bytes);
+    t.frees = t.frees.saturating_sub(earlier.totals.frees);
+    t.nested = t.nested.saturating_sub(earlier.totals.nested);
+    out.losses = losses_between(&earlier.losses, &later.losses);
+    if let (Some(now), Some(then)) = (out.live.as_mut(), earlier.live.as_ref()) {
+        now.tracked_allocations = now
+            .tracked_allocations
+            .saturating_sub(then.tracked_allocations);
+        now.temporaries = now.temporaries.saturating_sub(then.temporaries);
+        now.failed = now.failed.saturating_sub(then.failed);
+        now.untracked = now.untracked.saturating_sub(then.untracked);
+        now.frees_unknown = now.frees_unknown.saturating_sub(then.frees_unknown);
+        now.events_lost = now.events_lost.saturating_sub(then.events_lost);
+        now.frees_kept = now.frees_kept.saturating_sub(then.frees_kept);
+        now.frees_lost = now.frees_lost.saturating_sub(then.frees_lost);
+    }
+    if let (Some(now), Some(then)) = (out.meta.sampling.as_mut(), earlier.meta.sampling.as_ref()) {
+        now.samples = now.samples.saturating_sub(then.samples);
+    }
+    if let (Some(now), Some(then)) = (out.stack_quality.as_mut(), earlier.stack_quality.as_ref()) {
+        now.calls = now.calls.saturating_sub(then.calls);
+        now.whole = now.whole.saturating_sub(then.whole);
+        now.finished_by_tracer = now
+            .finished_by_tracer
+            .saturating_sub(then.finished_by_tracer);
+        now.walked_in_kernel = now.walked_in_kernel.saturating_sub(then.walked_in_kernel);
+        for (why, n) in now.truncated.iter_mut() {
+            *n = n.saturating_sub(then.truncated.get(why).copied().unwrap_or(0));
+        }
+        now.truncated.retain(|_, n| *n > 0);
+    }
+    out.meta.duration_secs = (later.meta.duration_secs - earlier.meta.duration_secs).max(0.0);
+    out.timeline = None;
+    out.snapshot = None;
+    out
+}
+
+fn losses_between(earlier: &Losses, later: &Losses) -> Losses {
+    Losses {
+        map_full: later.map_full.saturating_sub(earlier.map_full),
+        stack_walk_failed: later
+            .stack_walk_failed
+            .saturating_sub(earlier.stack_walk_failed),
+        stack_collisions: later
+            .stack_collisions
+            .saturating_sub(earlier.stack_collisions),
+        stack_map_full: later.stack_map_full.saturating_sub(earlier.stack_map_full),
+        caller_unreadable: later
+            .caller_unreadable
+            .saturating_sub(earlier.caller_unreadable),
+        thread_names_full: later
+            .thread_names_full
+            .saturating_sub(earlier.thread_names_full),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Counts, LiveStats, StackEntry};
+
+    fn entry(func: &str, caller: &str, calls: u64, bytes: u64) -> StackEntry {
+        StackEntry {
+            func: func.into(),
+            frames: vec![crate::profile::Frame {
+                function: caller.into(),
+                ..Default::default()
+            }],
+            counts: Counts { calls, bytes },
+            ..Default::default()
+        }
+    }
+
+    fn profile(stacks: Vec<StackEntry>, secs: f64) -> Profile {
+        let mut p = Profile {
+            stacks,
+            ..Default::default()
+        };
+        p.meta.duration_secs = secs;
+        for e in &p.stacks {
+            p.totals.allocs.add(e.counts);
+            p.totals
+                .per_func
+                .entry(e.func.clone())
+                .or_default()
+                .add(e.counts);
+        }
+        p
+    }
+
+    #[test]
+    fn counts_are_subtracted_and_new_stacks_kept_whole() {
+        let a = profile(
+            vec![entry("malloc", "f", 10, 100), entry("malloc", "g", 5, 50)],
+            2.0,
+        );
+        let b = profile(
+            vec![
+                entry("malloc", "f", 14, 140),
+                entry("malloc", "g", 5, 50),
+                entry("calloc", "h", 3, 9),
+            ],
+            7.5,
+        );
+        let d = between(&a, &b);
+        let rows: Vec<(&str, u64, u64)> = d
+            .stacks
+            .iter()
+            .map(|e| {
+                (
+                    e.frames[0].function.as_str(),
+                    e.counts.calls,
+                    e.counts.bytes,
+                )
+            })
+            .collect();
+        assert_eq!(rows, [("f", 4, 40), ("h", 3, 9)]);
+        assert_eq!(
+            d.totals.allocs,
+            Counts {
+                calls: 7,
+                bytes: 49
+            }
+        );
+        assert_eq!(
+            d.totals.per_func["malloc"],
+            Counts {
+                calls: 4,
+                bytes: 40
+            }
+        );
+        assert_eq!(d.totals.per_func["calloc"], Counts { calls: 3, bytes: 9 });
+        assert_eq!(d.meta.duration_secs, 5.5);
+    }
+
+    #[test]
+    fn what_is_still_allocated_is_the_later_state() {
+        let live = |allocations, outstanding| LiveStats {
+            allocations,
+            outstanding,
+            outstanding_bytes: outstanding * 8,
+            ..Default::default()
+        };
+        let mut a = entry("malloc", "f", 10, 80);
+        a.live = Some(live(10, 6));
+        let mut b = entry("malloc", "f", 10, 80);
+        b.live = Some(live(10, 6));
+        let d = between(&profile(vec![a], 1.0), &profile(vec![b], 2.0));
+        // No new call, but six blocks still held: the row stays, with its
+        // in-use state whole and nothing allocated in the window.
+        assert_eq!(d.stacks.len(), 1);
+        let l = d.stacks[0].live.as_ref().unwrap();
+        assert_eq!((d.stacks[0].counts.calls, l.allocations), (0, 0));
+        assert_eq!((l.outstanding, l.outstanding_bytes), (6, 48));
+    }
+}
