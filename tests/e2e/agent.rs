@@ -488,3 +488,71 @@ fn prometheus_scrapes_the_allocation_rate() {
     drop(fx.stdin.take());
     agent.mtrace.finish().assert_exit(0);
 }
+
+/// A service restarted under a new pid: the agent on its cgroup counts
+/// the process that exits and the one that comes after it, each under
+/// its own pid, and goes on serving while the cgroup is empty between.
+#[test]
+fn agent_on_a_cgroup_follows_a_restarted_service() {
+    need_bpf!();
+    let cg = crate::scopes::TestCgroup::new("agent");
+    let mut first = FixtureProc::start(agent_fixture(), &[]);
+    first.wait_ready();
+    cg.add(first.pid());
+    tell(&mut first, "a 100");
+    let agent = Agent::start(&["--cgroup", cg.path()]);
+    tell(&mut first, "a 300");
+    let first_pid = first.pid();
+    drop(first.stdin.take());
+    first.proc.wait_timeout(Duration::from_secs(10));
+    let traced = |agent: &Agent| {
+        let (_, text) = agent.get("/metrics");
+        metric(&text, "mtrace_processes_traced")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while traced(&agent) != Some(0.0) {
+        assert!(Instant::now() < deadline, "the exited process stays traced");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        agent.get("/healthz").0,
+        200,
+        "the agent ended with the cgroup empty"
+    );
+
+    let mut second = FixtureProc::start(agent_fixture(), &[]);
+    second.wait_ready();
+    cg.add(second.pid());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while traced(&agent) != Some(1.0) {
+        assert!(Instant::now() < deadline, "the new process is not traced");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tell(&mut second, "b 40");
+    let (_, text) = agent.get("/metrics");
+    let series = |pid: u32, func: &str| {
+        format!("mtrace_allocation_calls_total{{pid=\"{pid}\",comm=\"agent\",function=\"{func}\"}}")
+    };
+    assert_eq!(
+        metric(&text, &series(first_pid, "malloc")),
+        Some(300.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &series(second.pid(), "calloc")),
+        Some(40.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &series(second.pid(), "malloc")),
+        None,
+        "{text}"
+    );
+
+    drop(second.stdin.take());
+    second.proc.wait_timeout(Duration::from_secs(10));
+    let mut mtrace = agent.mtrace;
+    mtrace.proc.signal(libc::SIGINT);
+    mtrace.finish().assert_exit(0);
+}

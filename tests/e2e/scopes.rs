@@ -14,12 +14,12 @@ use crate::{
 
 /// A cgroup of the test's own under the cgroup2 mount, removed when
 /// dropped (its processes must be gone by then).
-struct TestCgroup {
+pub struct TestCgroup {
     dir: PathBuf,
 }
 
 impl TestCgroup {
-    fn new(name: &str) -> TestCgroup {
+    pub fn new(name: &str) -> TestCgroup {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
         let mount = mounts
             .lines()
@@ -33,7 +33,7 @@ impl TestCgroup {
         TestCgroup { dir }
     }
 
-    fn path(&self) -> &str {
+    pub fn path(&self) -> &str {
         self.dir.to_str().unwrap()
     }
 
@@ -42,7 +42,7 @@ impl TestCgroup {
         format!("echo $$ > {}/cgroup.procs", self.dir.display())
     }
 
-    fn add(&self, pid: u32) {
+    pub fn add(&self, pid: u32) {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
     }
 }

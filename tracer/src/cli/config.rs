@@ -93,6 +93,7 @@ impl TraceConfig {
             schedule: Schedule {
                 duration: args.duration.map(Duration::from_secs_f64),
                 interval: args.interval.map(Duration::from_secs_f64),
+                until_stopped: false,
             },
             snapshot_dir: args.snapshot_dir.clone(),
             min_age_ns: (args.min_age * 1e9) as u64,

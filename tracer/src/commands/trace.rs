@@ -50,6 +50,7 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
         Front::Agent(addr) => {
             // Every sample carries its process (pid and comm labels, ?pid=).
             config.outputs.table.per_process = true;
+            config.schedule.until_stopped = true;
             Some(crate::agent::Server::bind(addr)?)
         }
         _ => None,

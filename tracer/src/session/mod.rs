@@ -202,7 +202,11 @@ impl Session {
                     .map(|t| t.live_bytes)
                     .sum()
             }),
-            processes: self.procs.len(),
+            // The root's counts stay until the end, after it has exited.
+            processes: self.procs.len()
+                - usize::from(
+                    self.root_exit_code().is_some() && self.procs.contains_key(&self.root),
+                ),
         }
     }
 

@@ -57,6 +57,9 @@ const CGROUP_SCAN_EVERY: Duration = Duration::from_millis(100);
 pub struct Schedule {
     pub duration: Option<Duration>,
     pub interval: Option<Duration>,
+    /// `mtrace agent`: a cgroup that empties is waited on (a service that
+    /// restarts comes back into it) until the trace is stopped.
+    pub until_stopped: bool,
 }
 
 impl Session {
@@ -241,7 +244,7 @@ impl Session {
                 }
                 _ = cgroup_due(&mut cgroup_scan) => {
                     if let Some((dir, adopt)) = &cgroup {
-                        if !crate::tracee::cgroup::populated(dir) {
+                        if !schedule.until_stopped && !crate::tracee::cgroup::populated(dir) {
                             break (End::CgroupEmpty, exit_rx);
                         }
                         for pid in crate::tracee::cgroup::members_below(dir) {

@@ -140,7 +140,13 @@ pub(super) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> O
         if r > 0 {
             return Some(Waited::Tracee(r as u32, status));
         }
-        if r == 0 {
+        // A hold (`stop` given) with no tracee left waits on for processes
+        // handed over (a cgroup that empties and fills again) until it is
+        // stopped.
+        let none_left = r < 0
+            && stop.is_some()
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD);
+        if r == 0 || none_left {
             if asked() {
                 return Some(Waited::Asked);
             }
