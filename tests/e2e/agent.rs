@@ -251,7 +251,9 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn go_tool_pprof_reads_exact_counts_and_windows() {
-    let Some((dir, mut fx, pid, agent)) = start("go", "Debian's golang-go", &[]) else {
+    let Some((dir, mut fx, pid, agent)) =
+        start("go", "Debian's golang-go", &["--policy", "always"])
+    else {
         return;
     };
     tell(&mut fx, "a 1234");
@@ -413,7 +415,9 @@ fn prom_until(addr: &str, query: &str, within: Duration, ok: impl Fn(f64) -> boo
 
 #[test]
 fn prometheus_scrapes_the_allocation_rate() {
-    let Some((dir, mut fx, pid, agent)) = start("prometheus", "Debian's prometheus", &[]) else {
+    let Some((dir, mut fx, pid, agent)) =
+        start("prometheus", "Debian's prometheus", &["--policy", "always"])
+    else {
         return;
     };
     let config = dir.path().join("prometheus.yml");
@@ -500,7 +504,7 @@ fn agent_on_a_cgroup_follows_a_restarted_service() {
     first.wait_ready();
     cg.add(first.pid());
     tell(&mut first, "a 100");
-    let agent = Agent::start(&["--cgroup", cg.path()]);
+    let agent = Agent::start(&["--policy", "always", "--cgroup", cg.path()]);
     tell(&mut first, "a 300");
     let first_pid = first.pid();
     drop(first.stdin.take());
@@ -555,4 +559,75 @@ fn agent_on_a_cgroup_follows_a_restarted_service() {
     let mut mtrace = agent.mtrace;
     mtrace.proc.signal(libc::SIGINT);
     mtrace.finish().assert_exit(0);
+}
+
+/// The windows policy on a process that allocates in a tight loop
+/// (longrun.c: one malloc, realloc and calloc per iteration), probes in
+/// for 0.5 s every 2 s: the breakpoints are seen in the code and out of it
+/// in turn, what is served says so, the estimates of the three functions
+/// agree (each is called once per iteration), and the process runs on to
+/// its correct end with no probe left once the agent stops.
+#[test]
+fn windows_policy_probes_part_of_the_time_and_says_so() {
+    need_bpf!();
+    let target = crate::lifecycle::Longrun::start_for("8");
+    let pid = target.fx.pid().to_string();
+    let agent = Agent::start(&["--window", "0.5", "--every", "2", "--pid", &pid]);
+    let mut target = target;
+    target.fx.release();
+    let (mut seen_in, mut seen_out) = (0, 0);
+    let watching = Instant::now();
+    while watching.elapsed() < Duration::from_secs(6) {
+        if target.probed() {
+            seen_in += 1;
+        } else {
+            seen_out += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        seen_in > 5 && seen_out > 5,
+        "probes seen in {seen_in} times, out {seen_out} times"
+    );
+    let (_, text) = agent.get("/metrics");
+    let (secs, probed, windows) = (
+        metric(&text, "mtrace_trace_seconds").unwrap(),
+        metric(&text, "mtrace_probed_seconds_total").unwrap(),
+        metric(&text, "mtrace_windows_total").unwrap(),
+    );
+    assert!(windows >= 3.0, "{windows} windows in {secs} s");
+    let share = probed / secs;
+    assert!(
+        (0.15..0.45).contains(&share),
+        "probed {probed} s of {secs} s"
+    );
+    let calls = |func: &str| {
+        metric(
+            &text,
+            &format!(
+                "mtrace_allocation_calls_total{{pid=\"{pid}\",comm=\"longrun\",function=\"{func}\"}}"
+            ),
+        )
+        .unwrap_or_else(|| panic!("no {func} row in {text}"))
+    };
+    let (m, r, c) = (calls("malloc"), calls("realloc"), calls("calloc"));
+    for other in [r, c] {
+        assert!(
+            (other - m).abs() <= m * 0.01 + 2.0,
+            "malloc {m}, realloc {r}, calloc {c}"
+        );
+    }
+    assert!(text.contains("sampling=\"windows\""), "{text}");
+    let mut mtrace = agent.mtrace;
+    mtrace.proc.signal(libc::SIGINT);
+    let finished = mtrace.finish();
+    finished.assert_exit(0);
+    // The report says how its counts came about.
+    assert!(
+        finished.stdout.contains("windows: probes in "),
+        "{}",
+        finished.stdout
+    );
+    target.assert_restored();
+    assert!(target.finish() > 0);
 }

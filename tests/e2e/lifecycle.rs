@@ -176,7 +176,7 @@ impl Longrun {
     }
 
     /// Looping for `seconds` once released.
-    fn start_for(seconds: &str) -> Longrun {
+    pub(crate) fn start_for(seconds: &str) -> Longrun {
         let mut fx = FixtureProc::start(Fixture::Longrun.path(), &[seconds]);
         let mut funcs = Vec::new();
         for name in ["malloc", "free", "calloc", "realloc"] {

@@ -69,10 +69,7 @@ fn main() {
         Some(Sub::Report(args)) => commands::report::run(args),
         Some(Sub::Diff(args)) => commands::diff::run(args),
         Some(Sub::Top(args)) => commands::trace::run(*args, commands::trace::Front::Top),
-        Some(Sub::Agent(args)) => {
-            let args = *args;
-            commands::trace::run(args.trace, commands::trace::Front::Agent(args.listen))
-        }
+        Some(Sub::Agent(args)) => commands::trace::run_agent(*args),
         Some(Sub::Generate(args)) => commands::generate::run(args),
         None => commands::trace::run(cli.trace, commands::trace::Front::Report),
     };

@@ -210,10 +210,11 @@ fn profile(shared: &Shared, q: &Query, default_type: &str) -> Routed {
             window
         }
     };
-    let profile = match q.pid {
+    let mut profile = match q.pid {
         None => profile,
         Some(pid) => only_process(profile, pid)?,
     };
+    crate::profile::window::scale_windows(&mut profile);
     let bytes =
         pprof::render_go_heap(&profile, default_type).map_err(|e| (500, format!("{e:#}")))?;
     Ok(Response::from_data(bytes)

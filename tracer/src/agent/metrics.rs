@@ -64,18 +64,20 @@ fn per_process(profile: &Profile) -> BTreeMap<(u32, String, String), Counts> {
 }
 
 pub fn render(reading: &Reading) -> Vec<u8> {
-    let p = &reading.profile;
+    let mut scaled = reading.profile.clone();
+    crate::profile::window::scale_windows(&mut scaled);
+    let p = &scaled;
     let mut o = Out(String::new());
     o.family(
         "mtrace_up",
         "gauge",
         "1 while the agent traces (the mode, the allocator and the sampling as labels).",
     );
-    let sampling = p
-        .meta
-        .sampling
-        .as_ref()
-        .map_or("exact".to_string(), |s| format!("{}:{}", s.kind, s.rate));
+    let sampling = match (&p.meta.sampling, &p.meta.windows) {
+        (Some(s), _) => format!("{}:{}", s.kind, s.rate),
+        (None, Some(_)) => "windows".to_string(),
+        (None, None) => "exact".to_string(),
+    };
     o.sample(
         "mtrace_up",
         &[
@@ -96,6 +98,34 @@ pub fn render(reading: &Reading) -> Vec<u8> {
         &[],
         format!("{:.3}", p.meta.duration_secs),
     );
+    if let Some(w) = &p.meta.windows {
+        o.family(
+            "mtrace_probed_seconds_total",
+            "counter",
+            "Windows policy: seconds with the probes in (counts are scaled by mtrace_trace_seconds over this).",
+        );
+        o.sample(
+            "mtrace_probed_seconds_total",
+            &[],
+            format!("{:.3}", w.probed_secs),
+        );
+        o.family(
+            "mtrace_windows_total",
+            "counter",
+            "Windows policy: windows begun.",
+        );
+        o.sample("mtrace_windows_total", &[], w.windows);
+        o.family(
+            "mtrace_window_slowdown_ratio",
+            "gauge",
+            "Windows policy: the last window's estimated slowdown of the traced processes while probed.",
+        );
+        o.sample(
+            "mtrace_window_slowdown_ratio",
+            &[],
+            format!("{:.4}", w.last_slowdown),
+        );
+    }
     o.family(
         "mtrace_processes_traced",
         "gauge",

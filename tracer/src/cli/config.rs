@@ -35,6 +35,8 @@ pub enum Target {
 /// A trace, as the arguments ask for it.
 pub struct TraceConfig {
     pub target: Target,
+    /// `mtrace agent --policy windows`.
+    pub windows: Option<crate::session::duty::Windows>,
     pub mode: Mode,
     pub sizes: MapSizes,
     pub schedule: Schedule,
@@ -95,6 +97,7 @@ impl TraceConfig {
                 interval: args.interval.map(Duration::from_secs_f64),
                 until_stopped: false,
             },
+            windows: None,
             snapshot_dir: args.snapshot_dir.clone(),
             min_age_ns: (args.min_age * 1e9) as u64,
             temporary_ns: args.temporary_under.as_nanos() as u64,

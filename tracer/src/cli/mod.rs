@@ -83,6 +83,13 @@ pub enum Sub {
     Generate(GenerateArgs),
 }
 
+/// `mtrace agent --policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    Windows,
+    Always,
+}
+
 /// `mtrace agent`.
 #[derive(Args, Debug)]
 pub struct AgentArgs {
@@ -90,6 +97,28 @@ pub struct AgentArgs {
     /// address lets every host that reaches it read the profiles.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:7117")]
     pub listen: std::net::SocketAddr,
+
+    /// How the traced processes pay: `windows` (the default in count
+    /// mode) puts the probes in for --window seconds, then takes them out
+    /// for as long as keeps the average slowdown within --budget, and
+    /// scales the windows' exact counts to the whole time; `always` keeps
+    /// them in (exact counts, or sampled with --sample-bytes; needed by
+    /// --live), and every call pays a trap.
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyArg>,
+
+    /// Windows policy: seconds each window lasts.
+    #[arg(long, value_name = "SECS", default_value = "0.2", value_parser = parse_duration)]
+    pub window: f64,
+
+    /// Windows policy: the slowdown allowed on average, in percent.
+    #[arg(long, value_name = "PCT", default_value = "2", value_parser = parse_percent)]
+    pub budget: f64,
+
+    /// Windows policy: a window every SECS seconds, whatever it costs
+    /// (instead of --budget).
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub every: Option<f64>,
 
     #[command(flatten)]
     pub trace: TraceArgs,

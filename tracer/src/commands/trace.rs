@@ -36,8 +36,47 @@ pub enum Front {
     Report,
     /// `mtrace top`: the full-screen live view, then the report.
     Top,
-    /// `mtrace agent`: served over HTTP at this address until stopped.
-    Agent(std::net::SocketAddr),
+    /// `mtrace agent`: served over HTTP at this address until stopped,
+    /// with the windows policy or not.
+    Agent(std::net::SocketAddr, Option<session::duty::Windows>),
+}
+
+/// `mtrace agent`: its policy checked, then a trace served over HTTP.
+pub fn run_agent(args: crate::cli::AgentArgs) -> Result<i32> {
+    use crate::cli::PolicyArg;
+    let t = &args.trace;
+    let always_needed = t.live || t.sample_bytes.is_some() || t.sample_every.is_some();
+    let windows = match (args.policy, always_needed) {
+        (Some(PolicyArg::Windows), true) => {
+            return Err(anyhow::Error::new(UserError::with_code(
+                "--policy windows counts exact windows: not with --live (frees would be missed) or sampling; use --policy always",
+                EXIT_USAGE,
+            )))
+        }
+        (Some(PolicyArg::Always), _) | (None, true) => None,
+        (Some(PolicyArg::Windows), false) | (None, false) => {
+            if args.budget <= 0.0 {
+                return Err(anyhow::Error::new(UserError::with_code(
+                    "--budget must be above 0%",
+                    EXIT_USAGE,
+                )));
+            }
+            let window = std::time::Duration::from_secs_f64(args.window.max(0.01));
+            let every = args.every.map(std::time::Duration::from_secs_f64);
+            if every.is_some_and(|e| e < window) {
+                return Err(anyhow::Error::new(UserError::with_code(
+                    "--every must be at least --window",
+                    EXIT_USAGE,
+                )));
+            }
+            Some(session::duty::Windows {
+                window,
+                budget: args.budget / 100.0,
+                every,
+            })
+        }
+    };
+    run(args.trace, Front::Agent(args.listen, windows))
 }
 
 /// A trace; with `top`, under the full-screen live view.
@@ -47,7 +86,8 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
     // The agent's port is taken before anything is attached: one in use
     // is a usage error, not a trace lost.
     let server = match front {
-        Front::Agent(addr) => {
+        Front::Agent(addr, windows) => {
+            config.windows = windows;
             // Every sample carries its process (pid and comm labels, ?pid=).
             config.outputs.table.per_process = true;
             config.schedule.until_stopped = true;
@@ -145,6 +185,8 @@ fn start(
         per_process: config.outputs.table.per_process,
         max_processes: config.max_processes,
         min_age_ns: config.min_age_ns,
+        windows: config.windows,
+        bounded: config.schedule.until_stopped,
     };
     let mut session = Session::new(root, meta, options);
     // The processes it had created are probed before tracing is said to
@@ -201,7 +243,8 @@ fn conclude(
         }
         log_unwind(root, config);
     }
-    let profile = session.profile()?;
+    let mut profile = session.profile()?;
+    crate::profile::window::scale_windows(&mut profile);
     if profile.totals.allocs.calls == 0 {
         // Loud: a process that allocates through something mtrace did not
         // probe must not look like one that allocates nothing.

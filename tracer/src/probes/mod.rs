@@ -169,6 +169,10 @@ pub struct Probes {
     links: Vec<multi::Link>,
     /// Its programs, loaded for `links`.
     pub programs: Vec<multi::Program>,
+    /// What `links` attach: kept to put the probes back after a pause.
+    plan: multi::LinkPlan,
+    /// The process probed.
+    pid: u32,
     pub ebpf: Ebpf,
     made_for: (Mode, MapSizes),
     /// Every attached probe.
@@ -371,6 +375,8 @@ pub fn attach<T>(
         frees_counted,
         ebpf,
         programs,
+        plan,
+        pid,
         made_for,
         links,
         objects,
@@ -423,6 +429,15 @@ impl Probes {
     /// Takes every probe out, side by side.
     pub fn take_out(&mut self) {
         multi::close_all(self.take_links());
+    }
+
+    /// Puts the probes back after [`Probes::take_links`] (a pause of the
+    /// windows policy); the counts went on being kept meanwhile.
+    pub fn resume(&mut self) -> Result<()> {
+        if self.links.is_empty() {
+            self.links = self.plan.attach(&self.programs, Some(self.pid))?;
+        }
+        Ok(())
     }
 
     /// Its links, for the caller to close (the probes stay in until then).

@@ -5,6 +5,7 @@
 //! loop ([`run`]).
 
 mod detach;
+pub mod duty;
 mod end;
 mod run;
 mod traced;
@@ -41,7 +42,15 @@ pub struct Options {
     pub max_processes: usize,
     /// Live mode: blocks at least this old are leak suspects.
     pub min_age_ns: u64,
+    /// `mtrace agent --policy windows`.
+    pub windows: Option<duty::Windows>,
+    /// `mtrace agent`: what is kept of gone processes is bounded (their
+    /// rows joined per command, their records the newest only).
+    pub bounded: bool,
 }
+
+/// `Options::bounded`: gone processes whose rows keep their pid, at most.
+const GONE_WITH_PID: u32 = 64;
 
 /// Everything needed to turn the kernel maps into a profile at any time.
 pub struct Session {
@@ -63,6 +72,11 @@ pub struct Session {
     root_code: Option<i32>,
     /// The links of every process, closing once counting has stopped.
     letting_go: Option<std::thread::JoinHandle<()>>,
+    /// The windows policy at work.
+    duty: Option<duty::Duty>,
+    /// Gone processes joined into `ended` under their pid since its pids
+    /// were last forgotten.
+    gone_with_pid: u32,
 }
 
 impl Session {
@@ -79,7 +93,7 @@ impl Session {
         };
         tree.probed(&root);
         let mode = options.settings.mode;
-        Session {
+        let mut session = Session {
             root: pid,
             procs: [(pid, root)].into(),
             ended: merge::Merged::default(),
@@ -94,7 +108,11 @@ impl Session {
             timeline: Recorder::new(1.0, mode.live || mode.count_frees),
             root_code: None,
             letting_go: None,
-        }
+            duty: options.windows.map(duty::Duty::new),
+            gone_with_pid: 0,
+        };
+        session.begin_window();
+        session
     }
 
     /// The root process while it has probes in.
@@ -160,6 +178,7 @@ impl Session {
                 Vec::new()
             },
             processes_unlisted: self.tree.unlisted,
+            windows: self.duty.as_ref().map(duty::Duty::info),
             ..self.meta.clone()
         };
         profile.timeline = Some(self.timeline.timeline().clone());

@@ -173,8 +173,17 @@ impl Session {
         };
         tokio::pin!(stop);
 
+        let duty_due = |due: Option<Instant>| async move {
+            match due {
+                Some(due) => tokio::time::sleep_until(due.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+
         let end = loop {
+            let next_switch = self.duty.as_ref().map(|d| d.due);
             tokio::select! {
+                _ = duty_due(next_switch) => self.switch_duty(),
                 _ = &mut stop => break (End::Stopped, exit_rx),
                 _ = woken() => {
                     let tick = self.tick();
@@ -238,6 +247,7 @@ impl Session {
                     self.snapshot(sinks)?;
                 }
                 _ = refresh.tick() => {
+                    self.keep_paused();
                     for proc in self.procs.values() {
                         proc.space.lock().unwrap().refresh(proc.pid);
                     }

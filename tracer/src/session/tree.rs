@@ -269,10 +269,39 @@ impl Session {
                     proc.finish()?;
                     let profile = self.proc_profile(&proc)?;
                     self.ended.add(profile);
+                    if self.options.bounded {
+                        self.bound_gone();
+                    }
                     detach::let_go(proc.release(), true);
                 }
                 Ok(true)
             }
+        }
+    }
+}
+
+impl Session {
+    /// `Options::bounded`, after a process is gone: past
+    /// [`super::GONE_WITH_PID`] gone processes their rows are joined per
+    /// command (pid 0), and past [`Meta::MAX_PROCESS_RECORDS`] records the
+    /// oldest of a gone process is dropped (counted as unlisted).
+    fn bound_gone(&mut self) {
+        self.gone_with_pid += 1;
+        if self.gone_with_pid > super::GONE_WITH_PID {
+            self.ended.forget_pids();
+            self.gone_with_pid = 0;
+        }
+        while self.tree.processes.len() > Meta::MAX_PROCESS_RECORDS {
+            let Some(i) = self
+                .tree
+                .processes
+                .iter()
+                .position(|p| p.exit_code.is_some() && p.pid != self.root)
+            else {
+                break;
+            };
+            self.tree.processes.remove(i);
+            self.tree.unlisted += 1;
         }
     }
 }

@@ -74,6 +74,37 @@ impl Merged {
         self.out.unwrap_or_default()
     }
 
+    /// Processes that are gone are joined per command name: every row
+    /// that names its process by pid names it by pid 0 from now on, and
+    /// rows that then read the same are one. What a long trace keeps of
+    /// processes come and gone grows with the commands and stacks it saw,
+    /// not with the processes.
+    pub fn forget_pids(&mut self) {
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let rows = std::mem::take(&mut out.stacks);
+        self.index.clear();
+        for mut entry in rows {
+            if let Some(p) = entry.process.as_mut() {
+                p.pid = 0;
+            }
+            let k = key(&entry);
+            match self.index.get(&k) {
+                Some(&i) => {
+                    let row = &mut out.stacks[i];
+                    row.counts.add(entry.counts);
+                    row.truncated |= entry.truncated;
+                    row.live = add_live(row.live.take(), entry.live);
+                }
+                None => {
+                    self.index.insert(k, out.stacks.len());
+                    out.stacks.push(entry);
+                }
+            }
+        }
+    }
+
     /// Joins `part` (newer than every part so far).
     pub fn add(&mut self, mut part: Profile) {
         let Some(out) = self.out.as_mut() else {
@@ -239,6 +270,37 @@ mod tests {
             ..Probe::default()
         }];
         p
+    }
+
+    /// Gone processes of one command become one row per stack under pid
+    /// 0; a later process keeps its pid until the next forgetting.
+    #[test]
+    fn forgotten_pids_join_rows_of_one_command() {
+        let of = |pid: u32, calls: u64| {
+            let mut e = entry("malloc", &[("work", 0x1000)], calls);
+            e.process = Some(crate::profile::ProcessRef {
+                pid,
+                name: "worker".into(),
+            });
+            part(vec![e], "malloc", "libc.so.6")
+        };
+        let mut m = Merged::default();
+        m.add(of(10, 3));
+        m.add(of(11, 4));
+        assert_eq!(m.get().unwrap().stacks.len(), 2);
+        m.forget_pids();
+        m.add(of(12, 5));
+        let rows: Vec<(u32, u64)> = m
+            .get()
+            .unwrap()
+            .stacks
+            .iter()
+            .map(|e| (e.process.as_ref().unwrap().pid, e.counts.calls))
+            .collect();
+        assert_eq!(rows, [(0, 7), (12, 5)]);
+        m.forget_pids();
+        assert_eq!(m.get().unwrap().stacks.len(), 1);
+        assert_eq!(m.get().unwrap().totals.allocs.calls, 12);
     }
 
     /// `env` (libc) then the program it runs (jemalloc): the same stack

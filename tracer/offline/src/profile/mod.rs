@@ -405,6 +405,24 @@ pub struct SamplingInfo {
     pub samples: u64,
 }
 
+/// The windows policy's record: how much of the trace the probes were in.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowsInfo {
+    /// Seconds with the probes in, over the trace.
+    pub probed_secs: f64,
+    /// Windows begun.
+    pub windows: u64,
+    pub window_secs: f64,
+    /// The slowdown allowed on average (0.02: 2%).
+    pub budget: f64,
+    /// The last window's slowdown while the probes were in.
+    pub last_slowdown: f64,
+    /// Counts have been multiplied by this (the trace's duration over
+    /// `probed_secs`); 0 while they are the windows' own.
+    #[serde(default)]
+    pub scale: f64,
+}
+
 /// What was traced, when and how.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
@@ -425,6 +443,10 @@ pub struct Meta {
     /// Count mode, sampled: counts are unbiased estimates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingInfo>,
+    /// `mtrace agent`'s windows policy: the counts are those of the
+    /// windows in which the probes were in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<WindowsInfo>,
     /// Object the probes sit in (for example `/usr/lib/x86_64-linux-gnu/libc.so.6`).
     pub allocator_object: String,
     /// Its family: glibc, musl, jemalloc, tcmalloc, mimalloc (empty in

@@ -70,9 +70,48 @@ pub fn between(earlier: &Profile, later: &Profile) -> Profile {
         now.truncated.retain(|_, n| *n > 0);
     }
     out.meta.duration_secs = (later.meta.duration_secs - earlier.meta.duration_secs).max(0.0);
+    if let (Some(now), Some(then)) = (out.meta.windows.as_mut(), earlier.meta.windows.as_ref()) {
+        now.probed_secs = (now.probed_secs - then.probed_secs).max(0.0);
+        now.windows = now.windows.saturating_sub(then.windows);
+    }
     out.timeline = None;
     out.snapshot = None;
     out
+}
+
+/// Scales the windows' counts of `profile` to its whole duration (the
+/// ratio estimator: duration over time probed), once; says so in
+/// `meta.windows.scale`. A profile without windows is left as it is.
+pub fn scale_windows(profile: &mut Profile) {
+    let Some(w) = profile.meta.windows.as_mut() else {
+        return;
+    };
+    if w.scale != 0.0 {
+        return;
+    }
+    // Probes in throughout (the windows back to back; the readings' own
+    // moments differ by milliseconds): the counts are exact.
+    let factor = if w.probed_secs > 0.0 && w.probed_secs < profile.meta.duration_secs * 0.995 {
+        profile.meta.duration_secs / w.probed_secs
+    } else {
+        1.0
+    };
+    w.scale = factor;
+    if factor == 1.0 {
+        return;
+    }
+    let scale = |n: &mut u64| *n = (*n as f64 * factor).round() as u64;
+    for e in &mut profile.stacks {
+        scale(&mut e.counts.calls);
+        scale(&mut e.counts.bytes);
+    }
+    for c in profile.totals.per_func.values_mut() {
+        scale(&mut c.calls);
+        scale(&mut c.bytes);
+    }
+    scale(&mut profile.totals.allocs.calls);
+    scale(&mut profile.totals.allocs.bytes);
+    scale(&mut profile.totals.frees);
 }
 
 fn losses_between(earlier: &Losses, later: &Losses) -> Losses {
@@ -171,6 +210,53 @@ mod tests {
         );
         assert_eq!(d.totals.per_func["calloc"], Counts { calls: 3, bytes: 9 });
         assert_eq!(d.meta.duration_secs, 5.5);
+    }
+
+    #[test]
+    fn windows_scale_to_the_whole_duration_once() {
+        let mut p = profile(vec![entry("malloc", "f", 10, 1000)], 60.0);
+        p.meta.windows = Some(crate::profile::WindowsInfo {
+            probed_secs: 6.0,
+            windows: 3,
+            ..Default::default()
+        });
+        scale_windows(&mut p);
+        scale_windows(&mut p);
+        assert_eq!(
+            p.stacks[0].counts,
+            Counts {
+                calls: 100,
+                bytes: 10_000
+            }
+        );
+        assert_eq!(
+            p.totals.allocs,
+            Counts {
+                calls: 100,
+                bytes: 10_000
+            }
+        );
+        assert_eq!(p.meta.windows.as_ref().unwrap().scale, 10.0);
+        // A window of the agent: its own probed time, its own scale.
+        let mut a = profile(vec![entry("malloc", "f", 10, 1000)], 60.0);
+        a.meta.windows = Some(crate::profile::WindowsInfo {
+            probed_secs: 6.0,
+            ..Default::default()
+        });
+        let mut b = profile(vec![entry("malloc", "f", 14, 1400)], 80.0);
+        b.meta.windows = Some(crate::profile::WindowsInfo {
+            probed_secs: 8.0,
+            ..Default::default()
+        });
+        let mut d = between(&a, &b);
+        scale_windows(&mut d);
+        assert_eq!(
+            d.stacks[0].counts,
+            Counts {
+                calls: 40,
+                bytes: 4000
+            }
+        );
     }
 
     #[test]

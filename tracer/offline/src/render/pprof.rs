@@ -182,6 +182,10 @@ pub fn render_go_heap(profile: &Profile, default_type: &str) -> Result<Vec<u8>> 
         _ => 1,
     };
     message.default_sample_type = b.string(default_type);
+    if let Some(w) = &profile.meta.windows {
+        let line = text::windows_line(w, profile.meta.duration_secs);
+        message.comment.push(b.string(&line));
+    }
     let entries = profile.stacks.iter().filter(|e| is_allocation(e));
     for (sample, entry) in message.sample.iter_mut().zip(entries) {
         if let Some(mean) = entry.counts.bytes.checked_div(entry.counts.calls) {

@@ -203,6 +203,10 @@ fn header(profile: &Profile, paint: Paint) -> String {
         let _ = writeln!(out, "sampled: {how}, {}", count(s.samples, "sample"));
         out.push_str("sampled: calls and bytes are unbiased estimates, frees are not counted\n");
     }
+    if let Some(w) = &meta.windows {
+        out.push_str(&super::text::windows_line(w, meta.duration_secs));
+        out.push('\n');
+    }
     out
 }
 

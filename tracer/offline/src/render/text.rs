@@ -313,6 +313,30 @@ fn fold_pairs(s: &mut Vec<char>, width: usize, open_ch: char, close_ch: char) {
 
 /// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
 /// on one line (for pprof's comment).
+/// How a windows policy's counts came about: `windows: probes in 6.0 s
+/// of 60.0 s (10.0%, 3 windows), counts scaled x10.00`.
+pub fn windows_line(w: &crate::profile::WindowsInfo, duration_secs: f64) -> String {
+    let pct = if duration_secs > 0.0 {
+        w.probed_secs * 100.0 / duration_secs
+    } else {
+        100.0
+    };
+    let scaled = if w.scale == 0.0 {
+        "counts are the windows' own".to_string()
+    } else if w.scale == 1.0 {
+        "counts exact (probes in throughout)".to_string()
+    } else {
+        format!("counts scaled x{:.2} (estimates)", w.scale)
+    };
+    format!(
+        "windows: probes in {:.1} s of {:.1} s ({pct:.1}%, {} {}), {scaled}",
+        w.probed_secs,
+        duration_secs,
+        w.windows,
+        if w.windows == 1 { "window" } else { "windows" }
+    )
+}
+
 pub fn quality_line(q: &StackQuality) -> String {
     let mut line = format!("stacks: {}", whole_text(q));
     if let Some(limit) = limit_text(q) {
