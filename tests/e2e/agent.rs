@@ -631,3 +631,25 @@ fn windows_policy_probes_part_of_the_time_and_says_so() {
     target.assert_restored();
     assert!(target.finish() > 0);
 }
+
+/// What the agent refuses before anything is attached, in one line each:
+/// a port in use (exit 1), windows with live mode (exit 2), a budget of
+/// nothing (exit 2).
+#[test]
+fn agent_refusals_are_one_line() {
+    need_bpf!();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let me = std::process::id().to_string();
+    let out = crate::support::mtrace::run_mtrace(&["agent", "--listen", &addr, "--pid", &me]);
+    out.assert_exit(1);
+    out.assert_error(&format!("cannot listen on {addr}"));
+    let out = crate::support::mtrace::run_mtrace(&[
+        "agent", "--policy", "windows", "--live", "--pid", &me,
+    ]);
+    out.assert_exit(2);
+    out.assert_error("--policy windows counts exact windows");
+    let out = crate::support::mtrace::run_mtrace(&["agent", "--budget", "0", "--pid", &me]);
+    out.assert_exit(2);
+    out.assert_error("--budget must be above 0%");
+}

@@ -39,6 +39,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{compile_c, require_root};
 
+mod agent;
 mod python;
 mod tree;
 
@@ -282,7 +283,11 @@ pub enum Only {
     All,
     Tree,
     Python,
+    Agent,
 }
+
+/// The agent's soak run, seconds.
+pub const SOAK_SECS: u64 = 600;
 
 pub fn run(
     root: &Path,
@@ -290,6 +295,7 @@ pub fn run(
     runs: Option<usize>,
     json_path: &Path,
     only: Only,
+    soak_secs: u64,
 ) -> Result<()> {
     require_root("the benchmark (it loads BPF programs)")?;
     let python_runs = runs.unwrap_or(PYTHON_RUNS);
@@ -300,6 +306,17 @@ pub fn run(
         python::render_table(&rows, python_runs, &mut table);
         println!("{table}");
         let json = python::render_json(&rows);
+        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
+            .with_context(|| format!("writing {}", json_path.display()))?;
+        eprintln!("xtask: wrote {}", json_path.display());
+        return Ok(());
+    }
+    if only == Only::Agent {
+        let (rows, soak) = agent::run(root, runs, soak_secs)?;
+        let mut table = String::new();
+        agent::render_table(&rows, soak.as_ref(), runs, &mut table);
+        println!("{table}");
+        let json = agent::render_json(&rows, soak.as_ref());
         std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
             .with_context(|| format!("writing {}", json_path.display()))?;
         eprintln!("xtask: wrote {}", json_path.display());
@@ -363,16 +380,19 @@ pub fn run(
 
     let (tree_rows, make, detach) = tree::run(root, runs)?;
     let python_rows = python::run(root, python_runs)?;
+    let (agent_rows, soak) = agent::run(root, runs, soak_secs)?;
     let mut table = render_table(&results, &programs, iterations, runs);
     tree::render_table(&tree_rows, make.as_ref(), &detach, &mut table);
     python::render_table(&python_rows, python_runs, &mut table);
+    agent::render_table(&agent_rows, soak.as_ref(), runs, &mut table);
     println!("{table}");
     let json = render_json(&results, &programs, iterations, runs);
     let json = format!(
-        "{},\n{},\n{}\n}}\n",
+        "{},\n{},\n{},\n{}\n}}\n",
         json.trim_end().trim_end_matches('}').trim_end(),
         tree::render_json(&tree_rows, make.as_ref(), &detach),
-        python::render_json(&python_rows)
+        python::render_json(&python_rows),
+        agent::render_json(&agent_rows, soak.as_ref())
     );
     std::fs::write(json_path, json).with_context(|| format!("writing {}", json_path.display()))?;
     eprintln!("xtask: wrote {}", json_path.display());

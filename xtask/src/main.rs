@@ -63,8 +63,15 @@ enum Task {
         tree_only: bool,
         /// Only the Python rows: a pure-Python allocation loop untraced,
         /// under mtrace's modes and under memray.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "agent_only")]
         python_only: bool,
+        /// Only the agent rows: each policy's cost on the bench loop and on
+        /// Redis, and the ten-minute soak run.
+        #[arg(long, conflicts_with = "tree_only")]
+        agent_only: bool,
+        /// Seconds of the agent's soak run (0: none).
+        #[arg(long, default_value_t = bench::SOAK_SECS)]
+        soak_secs: u64,
     },
     /// Set up, build, and install a stripped mtrace to PREFIX/bin (ahead of
     /// glibc's /usr/bin/mtrace on root's PATH), its man pages to
@@ -85,8 +92,8 @@ enum Task {
 /// in (tmux), and `man`, which renders the man page in its test; and
 /// Debian's pip for its python3.11 (see [`PYPI_PACKAGES`]); the real
 /// clients of `mtrace agent`'s tests, `go tool pprof` (golang-go) and
-/// Prometheus.
-const APT_PACKAGES: [&str; 19] = [
+/// Prometheus, and the Redis server and client its benchmark traces.
+const APT_PACKAGES: [&str; 21] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -106,6 +113,8 @@ const APT_PACKAGES: [&str; 19] = [
     "python3-pip",
     "golang-go",
     "prometheus",
+    "redis-server",
+    "redis-tools",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -163,15 +172,18 @@ fn run(task: Task) -> Result<()> {
             json,
             tree_only,
             python_only,
+            agent_only,
+            soak_secs,
         } => {
             setup()?;
             build()?;
-            let only = match (tree_only, python_only) {
-                (true, _) => bench::Only::Tree,
-                (_, true) => bench::Only::Python,
+            let only = match (tree_only, python_only, agent_only) {
+                (true, _, _) => bench::Only::Tree,
+                (_, true, _) => bench::Only::Python,
+                (_, _, true) => bench::Only::Agent,
                 _ => bench::Only::All,
             };
-            bench::run(&root, iterations, runs, &json, only)
+            bench::run(&root, iterations, runs, &json, only, soak_secs)
         }
         Task::Install { prefix } => {
             setup()?;

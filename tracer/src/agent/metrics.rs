@@ -132,6 +132,17 @@ pub fn render(reading: &Reading) -> Vec<u8> {
         "Processes with probes in now.",
     );
     o.sample("mtrace_processes_traced", &[], reading.tick.processes);
+    o.family(
+        "mtrace_processes_seen_total",
+        "counter",
+        "Processes the trace has seen start or found in its scope, traced or not.",
+    );
+    let listed = p.meta.processes.len().max(1) as u64;
+    o.sample(
+        "mtrace_processes_seen_total",
+        &[],
+        listed + p.meta.processes_unlisted,
+    );
     let rows = per_process(p);
     for (name, help, of) in [
         (

@@ -168,9 +168,15 @@ Examples:
 Endpoints: /debug/pprof/allocs and /debug/pprof/heap (Go's heap profile
 format; ?seconds=N for what was allocated during the next N seconds, in-use
 values left a snapshot; ?pid=PID for one process), /metrics (Prometheus),
-/healthz. GET only. Every traced call pays a uprobe trap (about 0.4-1 us
-here) for as long as the agent runs: see docs/agent.md for the cost of each
-policy.";
+/healthz. GET only.
+
+Cost: by default (--policy windows) the probes are in for --window seconds,
+then out for as long as keeps the traced processes' average slowdown within
+--budget (2%): a tight allocation loop is probed 2% of the time, a process
+whose calls cost it little all the time; counts are scaled to the whole time
+and labelled as estimates. --policy always keeps them in: exact counts, and
+every call pays a uprobe trap (about 0.4-1 us here). docs/agent.md has the
+measured cost of each.";
 
 const REPORT_EXAMPLES: &str = "\
 Examples:

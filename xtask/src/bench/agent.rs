@@ -1,0 +1,380 @@
+//! The agent rows: what `mtrace agent` costs the processes it traces, per
+//! policy, on the bench loop (bench.c, launched under the agent, its own
+//! ns per iteration) and on a Redis server by pid (its CPU time per
+//! request under redis-benchmark, and the requests a second), against
+//! untraced runs taken in turn with them; and a soak run: the agent on a
+//! shell loop that starts a short program every 0.1 s, its RSS, CPU and
+//! descriptors read from its own /metrics every 10 s.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::compile_c;
+
+/// The policies compared: name, `mtrace agent` arguments.
+const POLICIES: [(&str, &[&str]); 3] = [
+    ("windows (default)", &[]),
+    ("always, exact", &["--policy", "always"]),
+    (
+        "always, sampled 512 KiB",
+        &["--policy", "always", "--sample-bytes", "524288"],
+    ),
+];
+
+/// Redis runs per policy, at least (its CPU per request varies by about
+/// 8% from run to run on this machine).
+const REDIS_RUNS: usize = 7;
+
+/// The goal the rows are read against.
+const GOAL_PCT: f64 = 2.0;
+
+pub struct CostRow {
+    workload: &'static str,
+    policy: &'static str,
+    /// ns per iteration (bench loop) or CPU µs per request (Redis).
+    untraced: f64,
+    traced: f64,
+    /// Redis: requests a second, untraced and traced.
+    rps: Option<(f64, f64)>,
+    /// Share of the time the probes were in (windows policy).
+    probed_pct: Option<f64>,
+}
+
+pub struct Soak {
+    secs: f64,
+    /// Processes the agent saw start.
+    processes: u64,
+    /// (seconds, RSS KiB, CPU s, open fds) every 10 s.
+    points: Vec<(f64, u64, f64, u64)>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The agent, started on `target` args; the address it serves on.
+fn agent(mtrace: &Path, policy: &[&str], target: &[&str]) -> Result<(Child, String)> {
+    let mut child = Command::new(mtrace)
+        .args(["agent", "--listen", "127.0.0.1:0"])
+        .args(policy)
+        .args(target)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting mtrace agent")?;
+    let err = child.stderr.take().context("agent stderr")?;
+    let mut lines = BufReader::new(err).lines().map_while(Result::ok);
+    let addr = lines
+        .find_map(|l| {
+            l.strip_prefix("mtrace agent: serving on http://")
+                .map(|a| a.split('/').next().unwrap_or_default().to_string())
+        })
+        .context("the agent never said where it serves")?;
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok((child, addr))
+}
+
+fn get(addr: &str, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn stop(mut child: Child) -> Result<String> {
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_string(&mut out)?;
+    }
+    child.wait()?;
+    Ok(out)
+}
+
+fn ns_per_iter(text: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("ns_per_iter ")?.trim().parse().ok())
+}
+
+/// The probed share from the report's `windows: probes in X s of Y s (Z%`.
+fn probed_pct(report: &str) -> Option<f64> {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("windows: probes in "))?;
+    line.split('(').nth(1)?.split('%').next()?.parse().ok()
+}
+
+fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> {
+    let mut rows = Vec::new();
+    for (policy, args) in POLICIES {
+        // The windows policy runs long enough for several periods (one
+        // window every 10 s at most); the others pay a trap per call.
+        let iterations = if args.is_empty() {
+            "1000000000"
+        } else {
+            "20000000"
+        };
+        let (mut base, mut traced, mut probed) = (Vec::new(), Vec::new(), Vec::new());
+        for run in 0..runs {
+            eprint!(
+                "\rxtask: bench agent, bench loop, {policy:<24} run {}",
+                run + 1
+            );
+            let out = Command::new(bench).args([iterations, "1"]).output()?;
+            base.push(ns_per_iter(&String::from_utf8_lossy(&out.stdout)).context("bench output")?);
+            let (child, _) = agent(
+                mtrace,
+                args,
+                &["--", &bench.display().to_string(), iterations, "1"],
+            )?;
+            let out = child.wait_with_output()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            traced.push(ns_per_iter(&text).context("bench output under the agent")?);
+            probed.extend(probed_pct(&text));
+        }
+        rows.push(CostRow {
+            workload: "bench loop (ns/iter)",
+            policy,
+            untraced: median(base),
+            traced: median(traced),
+            rps: None,
+            probed_pct: (!probed.is_empty()).then(|| median(probed)),
+        });
+    }
+    Ok(rows)
+}
+
+/// utime + stime of `pid`, seconds.
+fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    Ok(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+/// One redis-benchmark run: server CPU µs per request, requests a second.
+fn redis_run(pid: u32, port: u16, requests: u64) -> Result<(f64, f64)> {
+    let before = cpu_secs(pid)?;
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port.to_string(), "-t", "set,get", "-c", "20", "-q"])
+        .args(["-n", &requests.to_string()])
+        .output()?;
+    let cpu = cpu_secs(pid)? - before;
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let rates: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    if rates.len() < 2 {
+        bail!("redis-benchmark said {text:?}");
+    }
+    Ok((
+        cpu * 1e6 / (2 * requests) as f64,
+        rates.iter().sum::<f64>() / rates.len() as f64,
+    ))
+}
+
+fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut server = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting redis-server")?;
+    let pid = server.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            bail!("redis-server did not listen");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let requests = 200_000;
+    let result = (|| {
+        let mut rows = Vec::new();
+        for (policy, args) in POLICIES {
+            let (mut base, mut traced, mut rb, mut rt, mut probed) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for run in 0..runs {
+                eprint!("\rxtask: bench agent, redis, {policy:<24} run {}", run + 1);
+                let (c, r) = redis_run(pid, port, requests)?;
+                base.push(c);
+                rb.push(r);
+                let (child, _) = agent(mtrace, args, &["--pid", &pid.to_string()])?;
+                std::thread::sleep(Duration::from_millis(500));
+                let (c, r) = redis_run(pid, port, requests)?;
+                traced.push(c);
+                rt.push(r);
+                probed.extend(probed_pct(&stop(child)?));
+            }
+            rows.push(CostRow {
+                workload: "redis by pid (CPU us/request)",
+                policy,
+                untraced: median(base),
+                traced: median(traced),
+                rps: Some((median(rb), median(rt))),
+                probed_pct: (!probed.is_empty()).then(|| median(probed)),
+            });
+        }
+        Ok(rows)
+    })();
+    let _ = server.kill();
+    let _ = server.wait();
+    result
+}
+
+fn soak(mtrace: &Path, bench: &Path, secs: u64) -> Result<Soak> {
+    let script = format!(
+        "while :; do {} 200000 1 >/dev/null; sleep 0.1; done",
+        bench.display()
+    );
+    let (child, addr) = agent(mtrace, &[], &["--", "sh", "-c", &script])?;
+    let started = Instant::now();
+    let mut points = Vec::new();
+    let mut processes = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(10));
+        eprint!(
+            "\rxtask: bench agent, soak {:>4.0} s of {secs}",
+            started.elapsed().as_secs_f64()
+        );
+        let text = get(&addr, "/metrics")?;
+        let rss = metric(&text, "mtrace_agent_resident_bytes").unwrap_or(0.0) as u64 / 1024;
+        let cpu = metric(&text, "mtrace_agent_cpu_seconds_total").unwrap_or(0.0);
+        let fds = metric(&text, "mtrace_agent_open_fds").unwrap_or(0.0) as u64;
+        processes = metric(&text, "mtrace_processes_seen_total").unwrap_or(0.0) as u64;
+        points.push((started.elapsed().as_secs_f64(), rss, cpu, fds));
+    }
+    // The shell loop first (launch mode would pass Ctrl-C's end on to it).
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-f", &script])
+        .status();
+    stop(child)?;
+    Ok(Soak {
+        secs: started.elapsed().as_secs_f64(),
+        processes,
+        points,
+    })
+}
+
+pub fn run(root: &Path, runs: usize, soak_secs: u64) -> Result<(Vec<CostRow>, Option<Soak>)> {
+    let out_dir = root.join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let bench = out_dir.join("bench-agent");
+    compile_c(&root.join("xtask/bench/bench.c"), &bench, &["-pthread"])?;
+    let mtrace = root.join("target/release/mtrace");
+    let mut rows = bench_loop(&mtrace, &bench, runs)?;
+    if Command::new("redis-benchmark")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        // A run varies by about 8% here: more of them.
+        rows.extend(redis(&mtrace, runs.max(REDIS_RUNS))?);
+    } else {
+        eprintln!("\nxtask: no redis-server/redis-benchmark: the Redis rows are left out");
+    }
+    let soak = if soak_secs > 0 {
+        Some(soak(&mtrace, &bench, soak_secs)?)
+    } else {
+        None
+    };
+    eprintln!();
+    Ok((rows, soak))
+}
+
+pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (goal: {GOAL_PCT}% on average)\n\n| workload | policy | untraced | traced | overhead | probed | requests/s untraced -> traced |\n|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let pct = (r.traced / r.untraced - 1.0) * 100.0;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {} | {} |",
+            r.workload,
+            r.policy,
+            r.untraced,
+            r.traced,
+            r.probed_pct.map_or("-".into(), |p| format!("{p:.1}%")),
+            r.rps
+                .map_or("-".into(), |(a, b)| format!("{a:.0} -> {b:.0}")),
+        );
+    }
+    if let Some(s) = soak {
+        let _ = writeln!(
+            out,
+            "\nagent soak: {:.0} s, a short program started every ~0.1 s ({} processes seen)\n\n| s | agent RSS KiB | agent CPU s | open fds |\n|---|---|---|---|",
+            s.secs, s.processes
+        );
+        for (t, rss, cpu, fds) in &s.points {
+            let _ = writeln!(out, "| {t:.0} | {rss} | {cpu:.2} | {fds} |");
+        }
+    }
+}
+
+pub fn render_json(rows: &[CostRow], soak: Option<&Soak>) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"probed_pct\": {}, \"rps\": {}}}",
+                r.workload,
+                r.policy,
+                r.untraced,
+                r.traced,
+                r.probed_pct.map_or("null".into(), |p| format!("{p:.2}")),
+                r.rps.map_or("null".into(), |(a, b)| format!("[{a:.0}, {b:.0}]")),
+            )
+        })
+        .collect();
+    let soak = soak.map_or("null".to_string(), |s| {
+        let points: Vec<String> = s
+            .points
+            .iter()
+            .map(|(t, rss, cpu, fds)| format!("[{t:.1}, {rss}, {cpu:.3}, {fds}]"))
+            .collect();
+        format!(
+            "{{\"secs\": {:.1}, \"processes\": {}, \"points_s_rsskib_cpus_fds\": [{}]}}",
+            s.secs,
+            s.processes,
+            points.join(", ")
+        )
+    });
+    format!(
+        "  \"agent\": [\n{}\n  ],\n  \"agent_soak\": {soak}",
+        rows.join(",\n")
+    )
+}
