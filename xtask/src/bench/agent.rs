@@ -61,8 +61,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The agent, started on `target` args; the address it serves on.
-fn agent(mtrace: &Path, policy: &[&str], target: &[&str]) -> Result<(Child, String)> {
+/// The agent, started on `target` args; the address it serves on and
+/// the pid it traces first.
+fn agent(mtrace: &Path, policy: &[&str], target: &[&str]) -> Result<(Child, String, u32)> {
     let mut child = Command::new(mtrace)
         .args(["agent", "--listen", "127.0.0.1:0"])
         .args(policy)
@@ -74,14 +75,22 @@ fn agent(mtrace: &Path, policy: &[&str], target: &[&str]) -> Result<(Child, Stri
         .context("starting mtrace agent")?;
     let err = child.stderr.take().context("agent stderr")?;
     let mut lines = BufReader::new(err).lines().map_while(Result::ok);
+    let mut traced = 0;
     let addr = lines
         .find_map(|l| {
+            if let Some(rest) = l.strip_prefix("mtrace: tracing pid ") {
+                traced = rest
+                    .split(' ')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+            }
             l.strip_prefix("mtrace agent: serving on http://")
                 .map(|a| a.split('/').next().unwrap_or_default().to_string())
         })
         .context("the agent never said where it serves")?;
     std::thread::spawn(move || lines.for_each(drop));
-    Ok((child, addr))
+    Ok((child, addr, traced))
 }
 
 fn get(addr: &str, path: &str) -> Result<String> {
@@ -142,7 +151,7 @@ fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> 
             );
             let out = Command::new(bench).args([iterations, "1"]).output()?;
             base.push(ns_per_iter(&String::from_utf8_lossy(&out.stdout)).context("bench output")?);
-            let (child, _) = agent(
+            let (child, _, _) = agent(
                 mtrace,
                 args,
                 &["--", &bench.display().to_string(), iterations, "1"],
@@ -231,7 +240,7 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
                 let (c, r) = redis_run(pid, port, requests)?;
                 base.push(c);
                 rb.push(r);
-                let (child, _) = agent(mtrace, args, &["--pid", &pid.to_string()])?;
+                let (child, _, _) = agent(mtrace, args, &["--pid", &pid.to_string()])?;
                 std::thread::sleep(Duration::from_millis(500));
                 let (c, r) = redis_run(pid, port, requests)?;
                 traced.push(c);
@@ -259,7 +268,7 @@ fn soak(mtrace: &Path, bench: &Path, secs: u64) -> Result<Soak> {
         "while :; do {} 200000 1 >/dev/null; sleep 0.1; done",
         bench.display()
     );
-    let (child, addr) = agent(mtrace, &[], &["--", "sh", "-c", &script])?;
+    let (child, addr, shell) = agent(mtrace, &[], &["--", "sh", "-c", &script])?;
     let started = Instant::now();
     let mut points = Vec::new();
     let mut processes = 0;
@@ -276,10 +285,11 @@ fn soak(mtrace: &Path, bench: &Path, secs: u64) -> Result<Soak> {
         processes = metric(&text, "mtrace_processes_seen_total").unwrap_or(0.0) as u64;
         points.push((started.elapsed().as_secs_f64(), rss, cpu, fds));
     }
-    // The shell loop first (launch mode would pass Ctrl-C's end on to it).
-    let _ = Command::new("pkill")
-        .args(["-KILL", "-f", &script])
-        .status();
+    // The shell loop ends (its last program runs out); the agent, whose
+    // command it was, ends with it.
+    if shell != 0 {
+        unsafe { libc::kill(shell as i32, libc::SIGKILL) };
+    }
     stop(child)?;
     Ok(Soak {
         secs: started.elapsed().as_secs_f64(),
@@ -317,7 +327,8 @@ pub fn run(root: &Path, runs: usize, soak_secs: u64) -> Result<(Vec<CostRow>, Op
 pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mut String) {
     let _ = writeln!(
         out,
-        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (goal: {GOAL_PCT}% on average)\n\n| workload | policy | untraced | traced | overhead | probed | requests/s untraced -> traced |\n|---|---|---|---|---|---|---|"
+        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average)\n\n| workload | policy | untraced | traced | overhead | probed | requests/s untraced -> traced |\n|---|---|---|---|---|---|---|",
+        runs.max(REDIS_RUNS)
     );
     for r in rows {
         let pct = (r.traced / r.untraced - 1.0) * 100.0;

@@ -132,6 +132,7 @@ pub(super) enum Waited {
 pub(super) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> Option<Waited> {
     let mut status = 0;
     let flags = libc::__WALL | if stop.is_some() { libc::WNOHANG } else { 0 };
+    let waiting = std::time::Instant::now();
     loop {
         if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             return None;
@@ -150,7 +151,14 @@ pub(super) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> O
             if asked() {
                 return Some(Waited::Asked);
             }
-            std::thread::sleep(POLL);
+            // Busy trees are answered within POLL; a hold that has seen
+            // nothing for a while (an agent on a quiet service, for weeks)
+            // looks ten times less often.
+            std::thread::sleep(if waiting.elapsed() < QUIET_AFTER {
+                POLL
+            } else {
+                QUIET_POLL
+            });
             continue;
         }
         if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
@@ -162,3 +170,7 @@ pub(super) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> O
 /// How often a hold (by pid) looks for a stop of its tracees and for the
 /// end of the trace.
 const POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// How often a hold looks once nothing has happened for [`QUIET_AFTER`].
+const QUIET_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+const QUIET_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
