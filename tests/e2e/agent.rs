@@ -444,12 +444,14 @@ fn prometheus_scrapes_the_allocation_rate() {
             .stderr(Stdio::null()),
         "prometheus",
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(&prom_addr).is_err() {
+    // Listening comes before ready (its storage opening): the query API
+    // answers 503 until /-/ready says 200.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(&prom_addr).is_err() || http(&prom_addr, "GET", "/-/ready").0 != 200 {
         assert!(prom.running(), "prometheus exited");
         assert!(
             Instant::now() < deadline,
-            "prometheus never listened on {prom_addr}"
+            "prometheus never became ready on {prom_addr}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

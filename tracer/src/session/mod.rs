@@ -52,6 +52,10 @@ pub struct Options {
 /// `Options::bounded`: gone processes whose rows keep their pid, at most.
 const GONE_WITH_PID: u32 = 64;
 
+/// `Options::bounded`: process records kept, at most (the oldest gone
+/// one goes first).
+const AGENT_RECORDS: usize = 1024;
+
 /// Everything needed to turn the kernel maps into a profile at any time.
 pub struct Session {
     /// The process traced by pid, or the command launched.

@@ -283,7 +283,7 @@ impl Session {
 impl Session {
     /// `Options::bounded`, after a process is gone: past
     /// [`super::GONE_WITH_PID`] gone processes their rows are joined per
-    /// command (pid 0), and past [`Meta::MAX_PROCESS_RECORDS`] records the
+    /// command (pid 0), and past [`super::AGENT_RECORDS`] records the
     /// oldest of a gone process is dropped (counted as unlisted).
     fn bound_gone(&mut self) {
         self.gone_with_pid += 1;
@@ -291,7 +291,7 @@ impl Session {
             self.ended.forget_pids();
             self.gone_with_pid = 0;
         }
-        while self.tree.processes.len() > Meta::MAX_PROCESS_RECORDS {
+        while self.tree.processes.len() > super::AGENT_RECORDS {
             let Some(i) = self
                 .tree
                 .processes
