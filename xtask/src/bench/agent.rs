@@ -46,6 +46,26 @@ pub struct CostRow {
     rps: Option<(f64, f64)>,
     /// Share of the time the probes were in (windows policy).
     probed_pct: Option<f64>,
+    /// Each run's traced over the untraced run just before it, less one:
+    /// their mean and its standard error, percent.
+    paired: (f64, f64),
+}
+
+/// Windows policy on the bench loop: runs at least (the effect is near
+/// this machine's run-to-run noise, so its standard error matters).
+const WINDOWS_RUNS: usize = 7;
+
+/// Mean and standard error of `traced[i] / untraced[i] - 1`, percent.
+fn paired(untraced: &[f64], traced: &[f64]) -> (f64, f64) {
+    let d: Vec<f64> = untraced
+        .iter()
+        .zip(traced)
+        .map(|(u, t)| (t / u - 1.0) * 100.0)
+        .collect();
+    let n = d.len() as f64;
+    let mean = d.iter().sum::<f64>() / n;
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, (var / n).sqrt())
 }
 
 pub struct Soak {
@@ -138,10 +158,10 @@ fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> 
     for (policy, args) in POLICIES {
         // The windows policy runs long enough for several periods (one
         // window every 10 s at most); the others pay a trap per call.
-        let iterations = if args.is_empty() {
-            "1000000000"
+        let (iterations, runs) = if args.is_empty() {
+            ("600000000", runs.max(WINDOWS_RUNS))
         } else {
-            "20000000"
+            ("20000000", runs)
         };
         let (mut base, mut traced, mut probed) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..runs {
@@ -164,6 +184,7 @@ fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> 
         rows.push(CostRow {
             workload: "bench loop (ns/iter)",
             policy,
+            paired: paired(&base, &traced),
             untraced: median(base),
             traced: median(traced),
             rps: None,
@@ -250,6 +271,7 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
             rows.push(CostRow {
                 workload: "redis by pid (CPU us/request)",
                 policy,
+                paired: paired(&base, &traced),
                 untraced: median(base),
                 traced: median(traced),
                 rps: Some((median(rb), median(rt))),
@@ -327,18 +349,20 @@ pub fn run(root: &Path, runs: usize, soak_secs: u64) -> Result<(Vec<CostRow>, Op
 pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mut String) {
     let _ = writeln!(
         out,
-        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average)\n\n| workload | policy | untraced | traced | overhead | probed | requests/s untraced -> traced |\n|---|---|---|---|---|---|---|",
+        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average)\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead, mean ± s.e. | probed | requests/s untraced -> traced |\n|---|---|---|---|---|---|---|---|",
         runs.max(REDIS_RUNS)
     );
     for r in rows {
         let pct = (r.traced / r.untraced - 1.0) * 100.0;
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {:+.1}% ± {:.1}% | {} | {} |",
             r.workload,
             r.policy,
             r.untraced,
             r.traced,
+            r.paired.0,
+            r.paired.1,
             r.probed_pct.map_or("-".into(), |p| format!("{p:.1}%")),
             r.rps
                 .map_or("-".into(), |(a, b)| format!("{a:.0} -> {b:.0}")),
@@ -361,11 +385,13 @@ pub fn render_json(rows: &[CostRow], soak: Option<&Soak>) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"probed_pct\": {}, \"rps\": {}}}",
+                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"paired_pct\": [{:.3}, {:.3}], \"probed_pct\": {}, \"rps\": {}}}",
                 r.workload,
                 r.policy,
                 r.untraced,
                 r.traced,
+                r.paired.0,
+                r.paired.1,
                 r.probed_pct.map_or("null".into(), |p| format!("{p:.2}")),
                 r.rps.map_or("null".into(), |(a, b)| format!("[{a:.0}, {b:.0}]")),
             )
