@@ -64,9 +64,17 @@ fn per_process(profile: &Profile) -> BTreeMap<(u32, String, String), Counts> {
 }
 
 pub fn render(reading: &Reading) -> Vec<u8> {
-    let mut scaled = reading.profile.clone();
-    crate::profile::window::scale_windows(&mut scaled);
-    let p = &scaled;
+    // Only a windows policy's counts are scaled (on a copy: the reading is
+    // shared with other requests).
+    let scaled;
+    let p = if reading.profile.meta.windows.is_some() {
+        let mut copy = reading.profile.clone();
+        crate::profile::window::scale_windows(&mut copy);
+        scaled = copy;
+        &scaled
+    } else {
+        &reading.profile
+    };
     let mut o = Out(String::new());
     o.family(
         "mtrace_up",
@@ -179,29 +187,22 @@ pub fn render(reading: &Reading) -> Vec<u8> {
                 row.1 += l.outstanding_bytes;
             }
         }
-        o.family(
-            "mtrace_live_bytes",
-            "gauge",
-            "Live mode: bytes allocated and not yet freed, per process, among the blocks followed.",
-        );
-        for ((pid, comm), (_, bytes)) in &live {
-            o.sample(
+        for (name, what, of) in [
+            (
                 "mtrace_live_bytes",
-                &[("pid", &pid.to_string()), ("comm", comm)],
-                bytes,
+                "bytes",
+                (|r: &(u64, u64)| r.1) as fn(&(u64, u64)) -> u64,
+            ),
+            ("mtrace_live_blocks", "blocks", |r: &(u64, u64)| r.0),
+        ] {
+            o.family(
+                name,
+                "gauge",
+                &format!("Live mode: {what} allocated and not yet freed, per process, among the blocks followed."),
             );
-        }
-        o.family(
-            "mtrace_live_blocks",
-            "gauge",
-            "Live mode: blocks allocated and not yet freed, per process, among the blocks followed.",
-        );
-        for ((pid, comm), (blocks, _)) in &live {
-            o.sample(
-                "mtrace_live_blocks",
-                &[("pid", &pid.to_string()), ("comm", comm)],
-                blocks,
-            );
+            for ((pid, comm), row) in &live {
+                o.sample(name, &[("pid", &pid.to_string()), ("comm", comm)], of(row));
+            }
         }
     }
     o.family(

@@ -198,12 +198,7 @@ impl Session {
                     log::warn!("pid {}: stopping the count: {e:#}", proc.pid);
                 }
             }
-            let links: Vec<_> = self
-                .procs
-                .values_mut()
-                .flat_map(|p| p.probes.take_links())
-                .collect();
-            crate::probes::multi::close_all(links);
+            crate::probes::multi::close_all(self.take_all_links());
         } else {
             // Every link in, then counting starts for all functions at once.
             for proc in self.procs.values_mut() {
@@ -220,17 +215,18 @@ impl Session {
         }
     }
 
-    /// During a pause: a process probed since (a new one) is paused too.
+    /// During a pause: a process probed since (a new one) is paused too,
+    /// its counting stopped before its probes go.
     pub(super) fn keep_paused(&mut self) {
         if self.duty.as_ref().is_some_and(|d| !d.on) {
+            let mut links = Vec::new();
             for proc in self.procs.values_mut() {
-                let _ = proc.probes.set_enabled(false);
+                let taken = proc.probes.take_links();
+                if !taken.is_empty() {
+                    let _ = proc.probes.set_enabled(false);
+                    links.extend(taken);
+                }
             }
-            let links: Vec<_> = self
-                .procs
-                .values_mut()
-                .flat_map(|p| p.probes.take_links())
-                .collect();
             if !links.is_empty() {
                 std::thread::spawn(move || crate::probes::multi::close_all(links));
             }

@@ -260,6 +260,15 @@ impl Session {
         Ok(())
     }
 
+    /// Every process's links, for the caller to close (the probes stay in
+    /// until then).
+    fn take_all_links(&mut self) -> Vec<crate::probes::multi::Link> {
+        self.procs
+            .values_mut()
+            .flat_map(|p| p.probes.take_links())
+            .collect()
+    }
+
     /// Live mode: every process's events to its tracker.
     fn drain_all(&mut self) {
         for proc in self.procs.values_mut() {
@@ -276,11 +285,7 @@ impl Session {
         // Nothing counts any more: the probes go now, side by side, while
         // the maps are read and the report written (by pid, the target
         // stops paying for them as soon as the kernel has them out).
-        let links: Vec<_> = self
-            .procs
-            .values_mut()
-            .flat_map(|p| p.probes.take_links())
-            .collect();
+        let links = self.take_all_links();
         if !links.is_empty() {
             self.letting_go = Some(std::thread::spawn(move || {
                 crate::probes::multi::close_all(links);

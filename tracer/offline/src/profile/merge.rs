@@ -89,19 +89,7 @@ impl Merged {
             if let Some(p) = entry.process.as_mut() {
                 p.pid = 0;
             }
-            let k = key(&entry);
-            match self.index.get(&k) {
-                Some(&i) => {
-                    let row = &mut out.stacks[i];
-                    row.counts.add(entry.counts);
-                    row.truncated |= entry.truncated;
-                    row.live = add_live(row.live.take(), entry.live);
-                }
-                None => {
-                    self.index.insert(k, out.stacks.len());
-                    out.stacks.push(entry);
-                }
-            }
+            join_row(&mut out.stacks, &mut self.index, entry);
         }
     }
 
@@ -140,21 +128,7 @@ impl Merged {
             ..part.meta
         };
         for entry in part.stacks {
-            let k = key(&entry);
-            match index.get(&k) {
-                Some(&i) => {
-                    let row = &mut out.stacks[i];
-                    row.counts.add(entry.counts);
-                    row.truncated |= entry.truncated;
-                    row.live = add_live(row.live.take(), entry.live);
-                    // The newest addresses.
-                    row.frames = entry.frames;
-                }
-                None => {
-                    index.insert(k, out.stacks.len());
-                    out.stacks.push(entry);
-                }
-            }
+            join_row(&mut out.stacks, index, entry);
         }
         for (func, counts) in part.totals.per_func {
             out.totals.per_func.entry(func).or_default().add(counts);
@@ -174,6 +148,26 @@ impl Merged {
             (a, b) => a.or(b),
         };
         out.snapshot = part.snapshot;
+    }
+}
+
+/// `entry` into `stacks` (indexed by `index`): added to the row that
+/// reads the same, whose frames become `entry`'s (the newest addresses),
+/// or a row of its own.
+fn join_row(stacks: &mut Vec<StackEntry>, index: &mut HashMap<StackKey, usize>, entry: StackEntry) {
+    let k = key(&entry);
+    match index.get(&k) {
+        Some(&i) => {
+            let row = &mut stacks[i];
+            row.counts.add(entry.counts);
+            row.truncated |= entry.truncated;
+            row.live = add_live(row.live.take(), entry.live);
+            row.frames = entry.frames;
+        }
+        None => {
+            index.insert(k, stacks.len());
+            stacks.push(entry);
+        }
     }
 }
 

@@ -101,17 +101,15 @@ pub fn scale_windows(profile: &mut Profile) {
         return;
     }
     let scale = |n: &mut u64| *n = (*n as f64 * factor).round() as u64;
-    for e in &mut profile.stacks {
-        scale(&mut e.counts.calls);
-        scale(&mut e.counts.bytes);
-    }
-    for c in profile.totals.per_func.values_mut() {
+    let t = &mut profile.totals;
+    let counts = (profile.stacks.iter_mut().map(|e| &mut e.counts))
+        .chain(t.per_func.values_mut())
+        .chain([&mut t.allocs]);
+    for c in counts {
         scale(&mut c.calls);
         scale(&mut c.bytes);
     }
-    scale(&mut profile.totals.allocs.calls);
-    scale(&mut profile.totals.allocs.bytes);
-    scale(&mut profile.totals.frees);
+    scale(&mut t.frees);
 }
 
 fn losses_between(earlier: &Losses, later: &Losses) -> Losses {
