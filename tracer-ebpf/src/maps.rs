@@ -2,7 +2,7 @@
 //! before load, and the task storage map type aya-ebpf lacks.
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
 };
@@ -61,9 +61,10 @@ pub(crate) static WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries
 /// The threads' last counted allocator entries ([`EntryMark`]), slot by a
 /// hash of the thread. Two threads whose hashes meet share a slot; each
 /// CPU's last mark ([`CPU_MARK`]) covers the thread that finds its slot
-/// taken, unless it also moved to another CPU in between.
+/// taken, unless it also moved to another CPU in between. Mappable, so
+/// that the tracer zeroes it for the next process in one write.
 #[map]
-pub(crate) static MARKS: Array<EntryMark> = Array::with_max_entries(MARK_SLOTS, 0);
+pub(crate) static MARKS: Array<EntryMark> = Array::with_max_entries(MARK_SLOTS, BPF_F_MMAPABLE);
 
 /// The last entry mark made on each CPU.
 #[map]

@@ -127,6 +127,15 @@ pub struct AllocatorObject {
 }
 
 impl AllocatorObject {
+    /// The same allocator as another process of the same files sees it:
+    /// attached through that process's root.
+    fn for_pid(mut self, pid: u32) -> AllocatorObject {
+        for site in &mut self.sites {
+            site.open_path = path_in_target(pid, &site.path);
+        }
+        self
+    }
+
     /// Runtime address ranges of the probed functions (and the internals)
     /// in the target, sorted, for the BPF nesting check.
     pub fn body_ranges(&self, maps: &[Mapping]) -> Vec<BodyRange> {
@@ -224,18 +233,31 @@ fn objects(pid: u32, maps: &[Mapping]) -> Vec<String> {
 /// Looks through the objects `pid` maps for the allocator; `None` when no
 /// object it maps (yet) defines `malloc`. Each entry point is taken from
 /// the first object that defines it, as the dynamic linker binds it.
+/// The same objects, unchanged, give the same answer: a process of a tree
+/// that runs what another ran is answered from [`found::get`].
 pub fn find_in_process(
     pid: u32,
     maps: &[Mapping],
     python: bool,
 ) -> Result<Option<AllocatorObject>> {
+    let objects = objects(pid, maps);
+    let key = found::Key::of(pid, &objects, python);
+    if let Some(hit) = found::get(&key) {
+        return Ok(hit.map(|a| a.for_pid(pid)));
+    }
+    let answer = find_among(pid, objects, python)?;
+    found::put(key, answer.clone());
+    Ok(answer)
+}
+
+fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<AllocatorObject>> {
     let mut chosen: Vec<Option<(usize, Def)>> = vec![None; families::ENTRIES.len()];
     // Prefixed definitions beside the bound ones (each probed as well).
     let mut beside: Vec<(usize, Def)> = Vec::new();
     let mut internals = Vec::new();
     let mut defining: Vec<String> = Vec::new();
     let mut files: Vec<(String, PathBuf, memmap2::Mmap)> = Vec::new();
-    for path in objects(pid, maps) {
+    for path in objects {
         let path = path.as_str();
         if is_dynamic_linker(path) {
             continue;
@@ -483,5 +505,64 @@ mod tests {
         for f in ["PyObject_Malloc", "PyObject_Free", "PyMem_Realloc"] {
             assert!(asked.contains(&f), "{f} in {asked:?}");
         }
+    }
+}
+
+/// The answers of [`find_in_process`], by the objects a process maps.
+mod found {
+    use std::sync::Mutex;
+
+    use super::AllocatorObject;
+    use crate::tracee::{path_in_target, FileId};
+
+    /// The objects in link-map order, each with its identity (`None`
+    /// when it could not be looked at: such a key is never stored).
+    #[derive(Clone, PartialEq, Eq)]
+    pub(super) struct Key {
+        python: bool,
+        objects: Vec<(String, Option<FileId>)>,
+    }
+
+    impl Key {
+        pub(super) fn of(pid: u32, objects: &[String], python: bool) -> Key {
+            let objects = objects
+                .iter()
+                .map(|path| (path.clone(), FileId::of(&path_in_target(pid, path))))
+                .collect();
+            Key { python, objects }
+        }
+
+        fn whole(&self) -> bool {
+            self.objects.iter().all(|(_, id)| id.is_some())
+        }
+    }
+
+    /// The answers kept, the most recent first.
+    const KEPT: usize = 32;
+
+    type Answer = Option<AllocatorObject>;
+
+    static FOUND: Mutex<Vec<(Key, Answer)>> = Mutex::new(Vec::new());
+
+    pub(super) fn get(key: &Key) -> Option<Answer> {
+        if !key.whole() {
+            return None;
+        }
+        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+        let i = found.iter().position(|(k, _)| k == key)?;
+        let entry = found.remove(i);
+        let answer = entry.1.clone();
+        found.insert(0, entry);
+        Some(answer)
+    }
+
+    pub(super) fn put(key: Key, answer: Answer) {
+        if !key.whole() {
+            return;
+        }
+        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+        found.retain(|(k, _)| *k != key);
+        found.insert(0, (key, answer));
+        found.truncate(KEPT);
     }
 }

@@ -386,6 +386,14 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
         ..Default::default()
     };
     let (on_event, tree_rx) = tree_channel();
+    let tree = match &config.target {
+        Target::Pid(_) => config.children,
+        Target::Cgroup(_) => true,
+        Target::Command(_) => config.follow,
+    };
+    if tree {
+        crate::probes::pool::keep_spares();
+    }
     let (attached, exit_hold, command_log) = match &config.target {
         Target::Pid(pid) => {
             let pid = *pid;

@@ -278,11 +278,6 @@ pub fn attach<T>(
     }
 
     let load_started = std::time::Instant::now();
-    let made_for = (mode, sizes);
-    let (mut loaded, how) = match pool::take(made_for) {
-        Some(loaded) => (loaded, "reused"),
-        None => (load(config, mode, sizes)?, "loaded"),
-    };
     if alloc.sites.len() > MAX_FUNCS as usize {
         return Err(user_error!(
             "{} allocator functions in {}: mtrace probes at most {MAX_FUNCS}",
@@ -329,6 +324,23 @@ pub fn attach<T>(
         });
         funcs.push(FuncInfo { name, role });
     }
+    let made_for = (mode, sizes);
+    let (mut loaded, how) = match pool::take(made_for) {
+        Some(loaded) => (loaded, "reused"),
+        None => {
+            if pool::spares_wanted() {
+                // The next process's object verifies on another CPU while
+                // this one's does.
+                let (config, names) = (config.clone(), plan.programs());
+                pool::prepare(made_for, move || {
+                    let mut loaded = load(config, mode, sizes)?;
+                    loaded.programs = multi::load(&bpf_object()?, &loaded.ebpf, &names)?;
+                    Ok(loaded)
+                });
+            }
+            (load(config, mode, sizes)?, "loaded")
+        }
+    };
     let missing: Vec<&'static str> = plan
         .programs()
         .into_iter()

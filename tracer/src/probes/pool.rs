@@ -8,7 +8,11 @@
 
 use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Condvar, Mutex,
+    },
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -32,20 +36,91 @@ pub struct Loaded {
     pub made_for: (Mode, MapSizes),
 }
 
-static POOL: Mutex<Vec<Loaded>> = Mutex::new(Vec::new());
+/// The objects waiting, and those being loaded for the pool (see
+/// [`prepare`]), by what they are made for.
+struct Pool {
+    ready: Vec<Loaded>,
+    preparing: Vec<(Mode, MapSizes)>,
+}
 
-/// An emptied object loaded for `made_for`, if one waits.
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    ready: Vec::new(),
+    preparing: Vec::new(),
+});
+
+/// Signalled when an object being prepared is ready (or failed).
+static PREPARED: Condvar = Condvar::new();
+
+/// Whether an object is prepared beside each one loaded for a process:
+/// set where processes keep coming (a tree, a cgroup).
+static SPARES: AtomicBool = AtomicBool::new(false);
+
+/// Processes keep coming: each time one needs an object none waits for,
+/// another is loaded beside it for the next.
+pub fn keep_spares() {
+    SPARES.store(true, Ordering::Relaxed);
+}
+
+/// Whether an object should be prepared beside the one being loaded.
+pub fn spares_wanted() -> bool {
+    SPARES.load(Ordering::Relaxed)
+}
+
+/// Longest wait for an object being prepared (its verification takes a
+/// few hundred milliseconds at most; beyond that, one is loaded anew).
+const PREPARE_WAIT: Duration = Duration::from_secs(2);
+
+/// An emptied object loaded for `made_for`: one waiting, or one being
+/// prepared, once it is ready.
 pub fn take(made_for: (Mode, MapSizes)) -> Option<Loaded> {
+    let deadline = Instant::now() + PREPARE_WAIT;
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    let i = pool.iter().position(|l| l.made_for == made_for)?;
-    Some(pool.swap_remove(i))
+    loop {
+        if let Some(i) = pool.ready.iter().position(|l| l.made_for == made_for) {
+            return Some(pool.ready.swap_remove(i));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !pool.preparing.contains(&made_for) || left.is_zero() {
+            return None;
+        }
+        pool = PREPARED
+            .wait_timeout(pool, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// Loads an object with `load` on a thread of its own, for [`take`].
+pub fn prepare(made_for: (Mode, MapSizes), load: impl FnOnce() -> Result<Loaded> + Send + 'static) {
+    POOL.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .preparing
+        .push(made_for);
+    std::thread::spawn(move || {
+        let loaded = load();
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = pool.preparing.iter().position(|m| *m == made_for) {
+            pool.preparing.swap_remove(i);
+        }
+        match loaded {
+            Ok(loaded) => pool.ready.push(loaded),
+            Err(e) => log::debug!("a spare BPF object not loaded: {e:#}"),
+        }
+        PREPARED.notify_all();
+    });
 }
 
 /// Empties `loaded` (its links closed) and keeps it for the next process;
 /// dropped instead when it cannot be emptied.
 pub fn give_back(loaded: Loaded) {
     match empty(&loaded.ebpf) {
-        Ok(()) => POOL.lock().unwrap_or_else(|e| e.into_inner()).push(loaded),
+        Ok(()) => {
+            POOL.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .ready
+                .push(loaded);
+            PREPARED.notify_all();
+        }
         Err(e) => log::debug!("a BPF object not kept for reuse: {e:#}"),
     }
 }
@@ -138,7 +213,9 @@ fn empty(ebpf: &Ebpf) -> Result<()> {
             info.value_size() as usize,
             info.max_entries(),
         );
+        let mappable = info.map_flags() & aya_obj::generated::BPF_F_MMAPABLE != 0;
         let result = match kind {
+            Kind::Array if mappable => zero_mapped(data.fd().as_fd(), value_size, entries),
             Kind::Array => zero_array(fd, value_size, entries),
             Kind::PerCpuArray => {
                 let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
@@ -152,6 +229,17 @@ fn empty(ebpf: &Ebpf) -> Result<()> {
         };
         result.with_context(|| format!("emptying the {name} map"))?;
     }
+    Ok(())
+}
+
+/// Every entry of a mappable array map to zeros, through a mapping of it
+/// (a batch update copies and checks each entry on its own).
+fn zero_mapped(fd: BorrowedFd, value_size: usize, entries: u32) -> std::io::Result<()> {
+    let len = value_size.next_multiple_of(8) * entries as usize;
+    // SAFETY: a shared mapping of the map's values, written as bytes only
+    // while the object serves no process (its programs do not run).
+    let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&fd)? };
+    map.fill(0);
     Ok(())
 }
 

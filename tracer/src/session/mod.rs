@@ -81,6 +81,10 @@ pub struct Session {
     /// Gone processes joined into `ended` under their pid since its pids
     /// were last forgotten.
     gone_with_pid: u32,
+    /// Processes that are gone, still to be read ([`Session::settle`]),
+    /// and since when the first has waited.
+    gone: Vec<u32>,
+    gone_since: Option<Instant>,
 }
 
 impl Session {
@@ -114,6 +118,8 @@ impl Session {
             letting_go: None,
             duty: options.windows.map(duty::Duty::new),
             gone_with_pid: 0,
+            gone: Vec::new(),
+            gone_since: None,
         };
         session.begin_window();
         session

@@ -53,6 +53,10 @@ const ROOT_GONE_WAIT: Duration = Duration::from_millis(50);
 /// By cgroup: how often its processes are listed.
 const CGROUP_SCAN_EVERY: Duration = Duration::from_millis(100);
 
+/// How long a gone process waits to be read when no other process of the
+/// tree is answered meanwhile.
+const SETTLE_AFTER: Duration = Duration::from_millis(2);
+
 /// When the loop ends and when it writes snapshots.
 pub struct Schedule {
     pub duration: Option<Duration>,
@@ -182,8 +186,10 @@ impl Session {
 
         let end = loop {
             let next_switch = self.duty.as_ref().map(|d| d.due);
+            let settle_at = self.gone_since.map(|t| t + SETTLE_AFTER);
             tokio::select! {
                 _ = duty_due(next_switch) => self.switch_duty(),
+                _ = duty_due(settle_at) => self.settle(),
                 _ = &mut stop => break (End::Stopped, exit_rx),
                 _ = woken() => {
                     let tick = self.tick();
@@ -282,6 +288,7 @@ impl Session {
                 },
             }
         };
+        self.settle();
         self.drain_all();
         Ok(end)
     }
@@ -294,6 +301,8 @@ impl Session {
         log::debug!("{what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
         if let Some(reply) = req.reply {
             let _ = reply.send(done.map_err(|e| format!("{e:#}")));
+            // The process answered runs on meanwhile.
+            self.settle();
         } else if let Err(e) = done {
             log::warn!("{e:#}");
         }

@@ -172,6 +172,12 @@ impl Session {
 
     /// What the launch thread (or the exit hold) tells of the tree.
     pub(super) fn on_tree_event(&mut self, event: OwnedTreeEvent) -> Result<bool> {
+        // A new process takes the object a gone one leaves.
+        if matches!(event, OwnedTreeEvent::Exec { .. })
+            || matches!(event, OwnedTreeEvent::Fork { vfork: false, .. })
+        {
+            self.settle();
+        }
         match event {
             OwnedTreeEvent::Fork {
                 parent,
@@ -265,17 +271,37 @@ impl Session {
                 if pid == self.root {
                     return Ok(true);
                 }
-                if let Some(mut proc) = self.procs.remove(&pid) {
-                    proc.finish()?;
-                    let profile = self.proc_profile(&proc)?;
-                    self.ended.add(profile);
-                    if self.options.bounded {
-                        self.bound_gone();
-                    }
-                    detach::let_go(proc.release(), true);
+                // Read and let go once the next process of the tree is
+                // under way (see `settle`).
+                if self.procs.contains_key(&pid) && !self.gone.contains(&pid) {
+                    self.gone.push(pid);
+                    self.gone_since.get_or_insert_with(std::time::Instant::now);
                 }
                 Ok(true)
             }
+        }
+    }
+
+    /// The processes that are gone are read, joined into what ended, and
+    /// their objects emptied for the next. Until then a gone process
+    /// stays among the traced ones, its counts whole in any profile taken
+    /// meanwhile: its reading is put off so that it overlaps the start of
+    /// the process the tree runs next, rather than hold up its answer.
+    pub(super) fn settle(&mut self) {
+        self.gone_since = None;
+        for pid in std::mem::take(&mut self.gone) {
+            let Some(mut proc) = self.procs.remove(&pid) else {
+                continue;
+            };
+            let read = proc.finish().and_then(|()| self.proc_profile(&proc));
+            match read {
+                Ok(profile) => self.ended.add(profile),
+                Err(e) => log::warn!("pid {pid}: counts unread: {e:#}"),
+            }
+            if self.options.bounded {
+                self.bound_gone();
+            }
+            detach::let_go(proc.release(), true);
         }
     }
 }

@@ -6,11 +6,11 @@
 //! that defines `malloc` is the one calls bind to, whatever the addresses
 //! the objects were mapped at.
 
-use std::{fs::File, os::unix::fs::FileExt};
+use std::{fs::File, os::unix::fs::FileExt, path::Path, sync::Mutex};
 
 use object::{Object, ObjectSymbol};
 
-use super::proc::{path_in_target, Mapping};
+use super::proc::{path_in_target, FileId, Mapping};
 
 /// `r_debug.r_state` after the dynamic linker has finished loading (or
 /// unloading) a set of objects.
@@ -26,6 +26,54 @@ const MAX_OBJECTS: usize = 4096;
 pub struct DynamicLinker {
     pub r_debug: u64,
     pub debug_state: Option<u64>,
+}
+
+/// What [`DynamicLinker::find`] needs of the dynamic linker's file, as
+/// addresses in the file: read once per file (every exec of a tree maps
+/// the same one).
+#[derive(Clone, Copy)]
+struct LinkerSymbols {
+    first_load: u64,
+    r_debug: u64,
+    debug_state: Option<u64>,
+}
+
+/// The dynamic linkers read, by file (a handful at most: one per libc on
+/// the host).
+static LINKERS: Mutex<Vec<(FileId, LinkerSymbols)>> = Mutex::new(Vec::new());
+
+/// Files kept in [`LINKERS`].
+const LINKERS_KEPT: usize = 8;
+
+impl LinkerSymbols {
+    fn of(path: &Path) -> Option<LinkerSymbols> {
+        let id = FileId::of(path)?;
+        let mut known = LINKERS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, s)) = known.iter().find(|(k, _)| *k == id) {
+            return Some(*s);
+        }
+        let data = std::fs::read(path).ok()?;
+        let file = object::File::parse(&*data).ok()?;
+        let symbol = |name: &str| {
+            file.dynamic_symbols()
+                .chain(file.symbols())
+                .find(|s| s.name() == Ok(name))
+                .map(|s| s.address())
+        };
+        let symbols = LinkerSymbols {
+            first_load: file
+                .segments()
+                .map(|s| object::ObjectSegment::address(&s))
+                .min()?,
+            r_debug: symbol("_r_debug")?,
+            debug_state: symbol("_dl_debug_state"),
+        };
+        if known.len() >= LINKERS_KEPT {
+            known.remove(0);
+        }
+        known.push((id, symbols));
+        Some(symbols)
+    }
 }
 
 /// Paths of the executable mappings of the dynamic linker (`ld-linux*`,
@@ -50,22 +98,11 @@ impl DynamicLinker {
             .iter()
             .filter(|m| m.path == ld.path)
             .min_by_key(|m| m.start)?;
-        let data = std::fs::read(path_in_target(pid, &ld.path)).ok()?;
-        let file = object::File::parse(&*data).ok()?;
-        let first_load = file
-            .segments()
-            .map(|s| object::ObjectSegment::address(&s))
-            .min()?;
-        let bias = first.start.checked_sub(first_load & !0xfff)?;
-        let symbol = |name: &str| {
-            file.dynamic_symbols()
-                .chain(file.symbols())
-                .find(|s| s.name() == Ok(name))
-                .map(|s| bias + s.address())
-        };
+        let symbols = LinkerSymbols::of(&path_in_target(pid, &ld.path))?;
+        let bias = first.start.checked_sub(symbols.first_load & !0xfff)?;
         Some(DynamicLinker {
-            r_debug: symbol("_r_debug")?,
-            debug_state: symbol("_dl_debug_state"),
+            r_debug: bias + symbols.r_debug,
+            debug_state: symbols.debug_state.map(|a| bias + a),
         })
     }
 

@@ -1,7 +1,10 @@
 //! What we learn about the traced process from /proc: does it exist, is it
 //! a user process, what does it map, what is it called.
 
-use std::{fs, io, path::PathBuf};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
@@ -75,6 +78,34 @@ pub fn read_maps(pid: u32) -> io::Result<Vec<Mapping>> {
 /// A path inside the target's mount namespace, reachable from ours.
 pub fn path_in_target(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+/// What tells a file's contents apart without reading them, for caches of
+/// what was read from a file: a file replaced (even by one of the same
+/// size and times) is another inode, one rewritten in place has a new
+/// change time, which no user can set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileId {
+    /// The file at `path` as it is now (`None`: not there).
+    pub fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path).ok()?;
+        Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 const PF_KTHREAD: u64 = 0x0020_0000;
