@@ -33,6 +33,7 @@ use std::{
     collections::HashMap,
     os::fd::AsRawFd,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -151,7 +152,7 @@ fn is_call_site(ra: u64, space: &AddressSpace, pid: u32) -> bool {
 pub struct Unwinder {
     pid: u32,
     /// Per mapped path; `None` when the object could not be loaded.
-    objects: HashMap<String, Option<ObjectCfi>>,
+    objects: HashMap<String, Option<Arc<ObjectCfi>>>,
     /// Every rule computed so far, by return address.
     rules: HashMap<u64, Rule>,
     pub stats: UnwindStats,
@@ -197,7 +198,7 @@ impl Unwinder {
             } else {
                 PathBuf::from("/usr/lib/debug")
             };
-            match ObjectCfi::load_with_debug_dir(&fd_path, &debug) {
+            match ObjectCfi::shared(&fd_path, &debug) {
                 Ok(o) => Some(o),
                 Err(e) => {
                     log::debug!("unwind: no call-frame information for {path}: {e:#}");

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use gimli::{
@@ -14,6 +14,16 @@ use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment};
 
 use super::Rule;
+use crate::tracee::FileId;
+
+/// Objects loaded, by file and debug directory, oldest first: a tree's
+/// processes map the same few dozen files.
+#[allow(clippy::type_complexity)]
+static LOADED: Mutex<Vec<((FileId, PathBuf), Arc<ObjectCfi>)>> = Mutex::new(Vec::new());
+
+/// Files kept in [`LOADED`] (the oldest gives way; processes that use it
+/// keep theirs).
+const LOADED_KEPT: usize = 64;
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -147,6 +157,25 @@ impl ObjectCfi {
     /// `debug_dir/.build-id/xx/yyyy.debug`. For a process in another mount
     /// namespace, pass `/proc/PID/root/usr/lib/debug` (and open the object
     /// itself through `/proc/PID/root` or `/proc/PID/map_files`).
+    /// [`ObjectCfi::load_with_debug_dir`], shared: every process of a
+    /// tree that maps the same file (and looks for debug files in the same
+    /// place) uses the one loaded first, its indexes built (and a separate
+    /// debug file inflated) once.
+    pub fn shared(path: &Path, debug_dir: &Path) -> Result<Arc<ObjectCfi>> {
+        let id = FileId::of(path).with_context(|| format!("{}", path.display()))?;
+        let key = (id, debug_dir.to_owned());
+        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, o)) = loaded.iter().find(|(k, _)| *k == key) {
+            return Ok(o.clone());
+        }
+        let o = Arc::new(ObjectCfi::load_with_debug_dir(path, debug_dir)?);
+        if loaded.len() >= LOADED_KEPT {
+            loaded.remove(0);
+        }
+        loaded.push((key, o.clone()));
+        Ok(o)
+    }
+
     pub fn load_with_debug_dir(path: &Path, debug_dir: &Path) -> Result<ObjectCfi> {
         let data = map(path)?;
         let elf = parse_elf(&data, path)?;
