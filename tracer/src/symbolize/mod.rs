@@ -23,7 +23,7 @@ use crate::{
     collect::raw::RawProfile,
     profile::{Frame, Meta, Profile, StackEntry, Thread, Totals},
     python::{split, Names},
-    tracee::AddressSpace,
+    tracee::{AddressSpace, FileId},
 };
 
 thread_local! {
@@ -39,6 +39,37 @@ thread_local! {
         .enable_inlined_fns(true)
         .enable_demangling(true)
         .build();
+}
+
+thread_local! {
+    /// What the symbolizer said of each (file, offset) asked about, with
+    /// no process's module name or address in it: the processes of a tree
+    /// run the same files, and looking an address up again (its line, its
+    /// inlined calls) cost more than anything else a gone process's
+    /// reading did. `None`: nothing known there.
+    static KNOWN: std::cell::RefCell<Known> = std::cell::RefCell::new(HashMap::new());
+}
+
+/// See [`KNOWN`].
+type Known = HashMap<(FileId, u64), Option<Vec<Frame>>>;
+
+/// Entries [`KNOWN`] holds before it starts over.
+const KNOWN_KEPT: usize = 1 << 16;
+
+/// The frames at `addr` (at `offset` in the file shown as `module`), from
+/// what is known of the offset.
+fn frames_at(known: Option<&[Frame]>, module: &str, addr: u64, offset: u64) -> Vec<Frame> {
+    match known {
+        Some(frames) => frames
+            .iter()
+            .map(|f| Frame {
+                module: Some(module.to_string()),
+                addr,
+                ..f.clone()
+            })
+            .collect(),
+        None => vec![unknown_frame(Some(module), addr, offset + 1)],
+    }
 }
 
 pub fn symbolize(
@@ -60,31 +91,53 @@ pub fn symbolize(
     }
     let mut resolved: HashMap<u64, Vec<Frame>> = HashMap::new();
     SYMBOLIZER.with(|symbolizer| {
+        let mut known = KNOWN.with(|k| k.take());
         for (path, mut addrs) in by_file {
             addrs.sort_unstable();
             addrs.dedup();
+            let display = space.display_path(path);
+            let file = space.file(path);
+            let id = file.and_then(FileId::of_file);
             // Return addresses point after the call: look up the call
-            // itself.
-            let offsets: Vec<u64> = addrs
-                .iter()
-                .map(|&a| space.mapping(a).unwrap().file_offset(a).saturating_sub(1))
-                .collect();
-            let results = space.file(path).and_then(|f| {
+            // itself. What was symbolized for another process of the same
+            // file is taken as it is.
+            let mut todo: Vec<(u64, u64)> = Vec::new();
+            for &addr in &addrs {
+                let offset = space
+                    .mapping(addr)
+                    .unwrap()
+                    .file_offset(addr)
+                    .saturating_sub(1);
+                match id.and_then(|id| known.get(&(id, offset))) {
+                    Some(k) => {
+                        resolved.insert(addr, frames_at(k.as_deref(), display, addr, offset));
+                    }
+                    None => todo.push((addr, offset)),
+                }
+            }
+            if todo.is_empty() {
+                continue;
+            }
+            let offsets: Vec<u64> = todo.iter().map(|&(_, o)| o).collect();
+            let results = file.and_then(|f| {
                 let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", f.as_raw_fd())));
                 symbolizer.symbolize(&src, Input::FileOffset(&offsets)).ok()
             });
-            for (i, &addr) in addrs.iter().enumerate() {
-                let frames = match results.as_ref().and_then(|r| r.get(i)) {
-                    Some(Symbolized::Sym(sym)) => sym_frames(sym, space.display_path(path), addr),
-                    _ => vec![unknown_frame(
-                        Some(space.display_path(path)),
-                        addr,
-                        offsets[i] + 1,
-                    )],
+            for (i, &(addr, offset)) in todo.iter().enumerate() {
+                let found = match results.as_ref().and_then(|r| r.get(i)) {
+                    Some(Symbolized::Sym(sym)) => Some(sym_frames(sym, "", 0)),
+                    _ => None,
                 };
-                resolved.insert(addr, frames);
+                resolved.insert(addr, frames_at(found.as_deref(), display, addr, offset));
+                if let Some(id) = id {
+                    if known.len() >= KNOWN_KEPT {
+                        known.clear();
+                    }
+                    known.insert((id, offset), found);
+                }
             }
         }
+        KNOWN.with(|k| k.replace(known));
     });
 
     let mut stacks = Vec::new();

@@ -84,7 +84,7 @@ pub fn path_in_target(pid: u32, path: &str) -> PathBuf {
 /// what was read from a file: a file replaced (even by one of the same
 /// size and times) is another inode, one rewritten in place has a new
 /// change time, which no user can set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FileId {
     dev: u64,
     ino: u64,
@@ -96,15 +96,23 @@ pub struct FileId {
 impl FileId {
     /// The file at `path` as it is now (`None`: not there).
     pub fn of(path: &Path) -> Option<FileId> {
+        fs::metadata(path).ok().map(|m| FileId::of_metadata(&m))
+    }
+
+    /// An open file as it is now.
+    pub fn of_file(file: &fs::File) -> Option<FileId> {
+        file.metadata().ok().map(|m| FileId::of_metadata(&m))
+    }
+
+    fn of_metadata(m: &fs::Metadata) -> FileId {
         use std::os::unix::fs::MetadataExt;
-        let m = fs::metadata(path).ok()?;
-        Some(FileId {
+        FileId {
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
             mtime: (m.mtime(), m.mtime_nsec()),
             ctime: (m.ctime(), m.ctime_nsec()),
-        })
+        }
     }
 }
 
