@@ -655,3 +655,66 @@ fn agent_refusals_are_one_line() {
     out.assert_exit(2);
     out.assert_error("--budget must be above 0%");
 }
+
+/// A local client that opens connection after connection and sends
+/// nothing, or sends a head without end, neither grows the agent nor
+/// locks a scraper out: idle connections beyond the limit give way to new
+/// ones (the one waiting longest for its head is closed), a head past
+/// 16 KiB is refused with 431, and the agent keeps a few threads.
+#[test]
+fn agent_keeps_serving_through_a_flood_of_idle_connections() {
+    need_bpf!();
+    let mut fx = FixtureProc::start(agent_fixture(), &[]);
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let agent = Agent::start(&["--pid", &pid]);
+    assert_eq!(agent.get("/healthz").0, 200);
+
+    let idle: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(&agent.addr).expect("connecting"))
+        .collect();
+    // Each answered while 300 idle connections wait (the limit is 64).
+    for _ in 0..3 {
+        let (code, body) = agent.get("/healthz");
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) = agent.get("/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("mtrace_up 1"), "{body}");
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", agent.mtrace.proc.child.id())).unwrap();
+    let threads: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap();
+    assert!(threads < 40, "the agent runs {threads} threads");
+    // Most idle connections were closed for the new ones.
+    let closed = idle
+        .into_iter()
+        .filter(|s| {
+            let mut s = s;
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            matches!(s.read(&mut [0u8; 1]), Ok(0))
+        })
+        .count();
+    assert!(closed >= 300 - 64, "only {closed} idle connections closed");
+
+    // A head that never ends.
+    let mut s = TcpStream::connect(&agent.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head = String::from("GET /metrics HTTP/1.1\r\n");
+    while head.len() < 20_000 {
+        head.push_str("X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+    }
+    let _ = s.write_all(head.as_bytes());
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    assert_eq!(agent.get("/healthz").0, 200);
+
+    drop(fx.stdin.take());
+    agent.mtrace.finish().assert_exit(0);
+}

@@ -1,27 +1,54 @@
-//! The agent's HTTP endpoints (tiny_http: GET only, nothing that writes).
+//! The agent's HTTP endpoints: GET and HEAD only, nothing that writes.
 //!
-//! Each request gets a thread of its own, so that a `?seconds=60` profile
-//! does not hold up a scrape of `/metrics`; at most [`MAX_IN_FLIGHT`] at
-//! once, more are turned away with 503.
+//! Connections are tokio tasks on a thread of their own (an idle one
+//! costs a few KiB, not a thread); a request's head is parsed by
+//! `httparse`; each request is answered on a blocking thread, so that a
+//! `?seconds=60` profile does not hold up a scrape of `/metrics`. Every
+//! answer closes its connection. Written here rather than taken whole
+//! from a crate: tiny_http (used before) gives every connection a thread
+//! for as long as the client keeps it open and has neither a limit nor a
+//! timeout, so a local client that opened connections and sent nothing
+//! made the agent's threads grow without bound; hyper would bring a
+//! server framework for four GET routes.
+//!
+//! Bounds: at most [`MAX_CONNECTIONS`] open (when full, the one that has
+//! waited longest for its request head is closed for the new one, so idle
+//! connections cannot lock a scraper out), a head within [`HEAD_TIMEOUT`]
+//! and [`MAX_HEAD`] bytes, at most [`MAX_IN_FLIGHT`] requests answered at
+//! once (more get 503).
 
 use std::{
+    collections::VecDeque,
     net::{SocketAddr, TcpListener},
     sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use tiny_http::{Header, Method, Request, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{metrics, Reading, Shared};
 use crate::{profile::Profile, render::pprof};
 
-/// Requests served side by side at most.
+/// Requests answered side by side at most.
 const MAX_IN_FLIGHT: usize = 16;
+
+/// Connections open at once at most.
+const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest request head read (431 beyond).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// How long an answer may take to be written (a client that reads
+/// nothing is dropped).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Longest `?seconds=` window.
 const MAX_SECONDS: u64 = 3600;
@@ -29,8 +56,9 @@ const MAX_SECONDS: u64 = 3600;
 /// The listening socket, bound before anything is attached (a port in
 /// use is a usage error, not a trace lost), then served.
 pub struct Server {
-    http: Arc<tiny_http::Server>,
+    listener: Option<TcpListener>,
     pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -39,11 +67,10 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .map_err(|e| crate::user_error!("cannot listen on {addr}: {e}"))?;
         let addr = listener.local_addr()?;
-        let http = tiny_http::Server::from_listener(listener, None)
-            .map_err(|e| anyhow::anyhow!("serving on {addr}: {e}"))?;
         Ok(Server {
-            http: Arc::new(http),
+            listener: Some(listener),
             addr,
+            stop: None,
             thread: None,
         })
     }
@@ -51,73 +78,283 @@ impl Server {
     /// Answers requests from `shared`'s readings, on a thread, until
     /// [`Server::stop`].
     pub fn serve(&mut self, shared: Arc<Shared>) -> Result<()> {
-        let http = self.http.clone();
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
+        let listener = self.listener.take().context("the agent serves once")?;
+        listener.set_nonblocking(true)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("the agent's HTTP runtime")?;
         let thread = std::thread::Builder::new()
             .name("mtrace-agent-http".into())
             .spawn(move || {
-                while let Ok(req) = http.recv() {
-                    if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
-                        in_flight.fetch_sub(1, Ordering::SeqCst);
-                        let _ = req.respond(text(503, "too many requests at once\n"));
-                        continue;
-                    }
-                    let (shared, in_flight) = (shared.clone(), in_flight.clone());
-                    let spawned = std::thread::Builder::new()
-                        .name("mtrace-agent-req".into())
-                        .spawn(move || {
-                            answer(req, &shared, started);
-                            in_flight.fetch_sub(1, Ordering::SeqCst);
-                        });
-                    if let Err(e) = spawned {
-                        log::warn!("agent: no thread for a request: {e}");
-                    }
-                }
+                runtime.block_on(accept(listener, shared, stopped));
+                // Answers under way finish on their threads, unwaited.
+                runtime.shutdown_background();
             })
             .context("starting the agent's HTTP thread")?;
+        self.stop = Some(stop);
         self.thread = Some(thread);
         Ok(())
     }
 
     /// Stops accepting; requests under way finish on their own threads.
     pub fn stop(mut self) {
-        self.http.unblock();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-type Answer = Response<std::io::Cursor<Vec<u8>>>;
+/// Connections still waiting for their request head, oldest first: the
+/// first to close when the connections are at their limit.
+#[derive(Default)]
+struct Waiting {
+    next: AtomicU64,
+    open: AtomicUsize,
+    heads: Mutex<VecDeque<(u64, tokio::task::AbortHandle)>>,
+}
+
+impl Waiting {
+    fn done(&self, id: u64) {
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        heads.retain(|(i, _)| *i != id);
+    }
+}
+
+/// Counts a connection open while it lives (an aborted task drops it too).
+struct Open(Arc<Waiting>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn accept(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        log::warn!("agent: the listening socket could not be served");
+        return;
+    };
+    let started = Instant::now();
+    let waiting = Arc::new(Waiting::default());
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, say: a moment for some to close.
+                    log::debug!("agent: accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        if waiting.open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            let oldest = waiting
+                .heads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            match oldest {
+                Some((_, idle)) => idle.abort(),
+                None => {
+                    waiting.open.fetch_sub(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        let mut stream = stream;
+                        let answer = text(503, "too many connections at once\n");
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(1),
+                            write_answer(&mut stream, &answer, false),
+                        )
+                        .await;
+                    });
+                    continue;
+                }
+            }
+        }
+        let open = Open(waiting.clone());
+        let id = waiting.next.fetch_add(1, Ordering::Relaxed);
+        let (shared, in_flight, w) = (shared.clone(), in_flight.clone(), waiting.clone());
+        let task = tokio::spawn(async move {
+            let _open = open;
+            connection(stream, id, &w, shared, in_flight, started).await;
+        });
+        let mut heads = waiting.heads.lock().unwrap_or_else(|e| e.into_inner());
+        if !task.is_finished() {
+            heads.push_back((id, task.abort_handle()));
+        }
+    }
+}
+
+/// One connection: its request head read and parsed, answered, closed.
+async fn connection(
+    mut stream: tokio::net::TcpStream,
+    id: u64,
+    waiting: &Waiting,
+    shared: Arc<Shared>,
+    in_flight: Arc<AtomicUsize>,
+    started: Instant,
+) {
+    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await;
+    waiting.done(id);
+    let (method, target) = match head {
+        Err(_) => {
+            let _ = write_answer(&mut stream, &text(408, "no request in time\n"), false).await;
+            return;
+        }
+        Ok(Err(answer)) => {
+            let _ = write_answer(&mut stream, &answer, false).await;
+            return;
+        }
+        Ok(Ok(None)) => return,
+        Ok(Ok(Some(request))) => request,
+    };
+    let head_only = method == "HEAD";
+    let answer = if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
+        in_flight.fetch_sub(1, Ordering::SeqCst);
+        text(503, "too many requests at once\n")
+    } else {
+        let answered = tokio::task::spawn_blocking(move || {
+            let answer = answer(&method, &target, &shared, started);
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            answer
+        })
+        .await;
+        answered.unwrap_or_else(|e| text(500, &format!("{e}\n")))
+    };
+    let written =
+        tokio::time::timeout(WRITE_TIMEOUT, write_answer(&mut stream, &answer, head_only)).await;
+    if let Ok(Err(e)) = written {
+        log::debug!("agent: answering a request: {e}");
+    }
+}
+
+/// The request's method and target, `None` when the client closed
+/// without sending one, or the answer to a head that cannot be read.
+async fn read_head(
+    stream: &mut tokio::net::TcpStream,
+) -> std::result::Result<Option<(String, String)>, Answer> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| text(400, &format!("{e}\n")))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                let method = req.method.unwrap_or_default().to_string();
+                let target = req.path.unwrap_or_default().to_string();
+                return Ok(Some((method, target)));
+            }
+            Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => {}
+            Ok(httparse::Status::Partial) => {
+                return Err(text(431, "request head too large\n"));
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(text(431, "too many request headers\n"));
+            }
+            Err(e) => return Err(text(400, &format!("bad request: {e}\n"))),
+        }
+    }
+}
+
+async fn write_answer(
+    stream: &mut tokio::net::TcpStream,
+    answer: &Answer,
+    head_only: bool,
+) -> std::io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        answer.code,
+        reason(answer.code),
+        answer.body.len()
+    );
+    for (name, value) in &answer.headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    if !head_only {
+        stream.write_all(&answer.body).await?;
+    }
+    stream.shutdown().await
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// A response: status, headers beside the length, body.
+struct Answer {
+    code: u16,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn data(body: Vec<u8>) -> Answer {
+        Answer {
+            code: 200,
+            headers: Vec::new(),
+            body,
+        }
+    }
+
+    fn with_header(mut self, name: &'static str, value: &str) -> Answer {
+        self.headers.push((name, value.to_string()));
+        self
+    }
+}
 
 fn text(code: u16, body: &str) -> Answer {
-    Response::from_string(body)
-        .with_status_code(code)
-        .with_header(header("Content-Type", "text/plain; charset=utf-8"))
+    Answer {
+        code,
+        headers: Vec::new(),
+        body: body.as_bytes().to_vec(),
+    }
+    .with_header("Content-Type", "text/plain; charset=utf-8")
 }
 
-fn header(name: &str, value: &str) -> Header {
-    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
-}
-
-fn answer(req: Request, shared: &Shared, started: Instant) {
-    let response = if !matches!(req.method(), Method::Get | Method::Head) {
-        text(
+fn answer(method: &str, target: &str, shared: &Shared, started: Instant) -> Answer {
+    if !matches!(method, "GET" | "HEAD") {
+        return text(
             405,
             "only GET: the agent serves what it counted and changes nothing\n",
         )
-        .with_header(header("Allow", "GET, HEAD"))
-    } else {
-        let url = req.url().to_string();
-        let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
-        match route(path, query, shared, started) {
-            Ok(r) => r,
-            Err((code, why)) => text(code, &format!("{why}\n")),
-        }
-    };
-    if let Err(e) = req.respond(response) {
-        log::debug!("agent: answering a request: {e}");
+        .with_header("Allow", "GET, HEAD");
+    }
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    match route(path, query, shared, started) {
+        Ok(r) => r,
+        Err((code, why)) => text(code, &format!("{why}\n")),
     }
 }
 
@@ -139,8 +376,8 @@ fn route(path: &str, query: &str, shared: &Shared, started: Instant) -> Routed {
         "/healthz" => healthz(shared, started),
         "/metrics" => {
             let reading = shared.fresh().map_err(|e| (503, e))?;
-            Ok(Response::from_data(metrics::render(&reading))
-                .with_header(header("Content-Type", metrics::CONTENT_TYPE)))
+            Ok(Answer::data(metrics::render(&reading))
+                .with_header("Content-Type", metrics::CONTENT_TYPE))
         }
         "/debug/pprof/allocs" => profile(shared, &query, "alloc_space"),
         "/debug/pprof/heap" => profile(shared, &query, "inuse_space"),
@@ -217,12 +454,12 @@ fn profile(shared: &Shared, q: &Query, default_type: &str) -> Routed {
     crate::profile::window::scale_windows(&mut profile);
     let bytes =
         pprof::render_go_heap(&profile, default_type).map_err(|e| (500, format!("{e:#}")))?;
-    Ok(Response::from_data(bytes)
-        .with_header(header("Content-Type", "application/octet-stream"))
-        .with_header(header(
+    Ok(Answer::data(bytes)
+        .with_header("Content-Type", "application/octet-stream")
+        .with_header(
             "Content-Disposition",
             "attachment; filename=\"profile.pb.gz\"",
-        )))
+        ))
 }
 
 /// `?pid=`: the stacks of one process of the scope.
