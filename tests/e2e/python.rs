@@ -192,6 +192,59 @@ fn python_frames_by_pid() {
     }
 }
 
+/// An interpreter stripped of its own symbols, with no debug file where
+/// debuggers look (Debian's python3.11 without python3.11-dbg, here a
+/// copy without its build id and debug link, so that no installed debug
+/// file can match it): its Python frames are read all the same, and the
+/// report says why its C frames are addresses and what names them. One
+/// with symbols (pyenv's) says nothing of the kind.
+#[test]
+fn stripped_python_says_what_names_its_frames() {
+    let dir = bpf_tempdir!();
+    let path = script(dir.path());
+    let script = path.to_str().unwrap();
+    let n = N.to_string();
+    let debian = std::path::Path::new("/usr/bin/python3.11");
+    let pyenv = std::path::Path::new("/root/.pyenv/versions/3.11.7/bin/python3");
+    if !require(debian.exists(), "Debian's python3.11 is missing")
+        || !require(pyenv.exists(), "pyenv's 3.11.7 is missing")
+    {
+        return;
+    }
+    let copy = dir.path().join("python3.11");
+    let objcopy = std::process::Command::new("objcopy")
+        .args(["--remove-section", ".note.gnu.build-id"])
+        .args(["--remove-section", ".gnu_debuglink"])
+        .arg(debian)
+        .arg(&copy)
+        .status()
+        .expect("objcopy (binutils)");
+    assert!(objcopy.success());
+    let said = |p: &Profile| p.doc["meta"]["python"].as_str().unwrap_or("").to_string();
+
+    let (out, p) = run_profiled(&["--", copy.to_str().unwrap(), script, &n]);
+    out.assert_exit(0);
+    assert_chain(
+        &p,
+        script,
+        11,
+        &format!("stripped copy\n{}", out.describe()),
+    );
+    let line = said(&p);
+    assert!(
+        line.contains("stripped, no debug file installed")
+            && line.contains("python3.11-dbg of the same version names them"),
+        "{line}"
+    );
+    assert!(out.stdout.contains(&line), "{}", out.describe());
+
+    let (out, p) = run_profiled(&["--", pyenv.to_str().unwrap(), script, &n]);
+    out.assert_exit(0);
+    let line = said(&p);
+    assert!(line.starts_with("CPython 3.11 in "), "{line}");
+    assert!(!line.contains("stripped"), "{line}");
+}
+
 /// An interpreter whose frames mtrace does not know: one line says so, the
 /// stacks are native, the counts exact.
 #[test]

@@ -18,13 +18,65 @@ pub struct Interpreter {
     /// link-time optimisation may have copied the object allocator into its
     /// callers (Debian's), out of reach of probes on its entry points.
     pub allocator_hidden: bool,
+    /// Its file has no symbols of its own functions and no debug file is
+    /// installed for it: the interpreter's C frames are addresses.
+    pub unnamed: bool,
+    /// The target's root is a Debian system (`/etc/debian_version`).
+    pub debian: bool,
 }
 
 impl Interpreter {
-    /// For the report's header: `CPython 3.X in OBJECT`.
+    /// For the report's header: `CPython 3.X in OBJECT`, and what to
+    /// install when the interpreter's own frames cannot be named.
     pub fn describe(&self) -> String {
-        format!("CPython 3.{} in {}", self.minor, self.path)
+        let mut said = format!("CPython 3.{} in {}", self.minor, self.path);
+        if self.unnamed {
+            let remedy = if self.debian {
+                format!("Debian's python3.{}-dbg of the same version", self.minor)
+            } else {
+                "its distribution's debug symbols".to_string()
+            };
+            said.push_str(&format!(
+                " (stripped, no debug file installed: its own C functions show as addresses; {remedy} names them)"
+            ));
+        }
+        said
     }
+}
+
+/// Whether `file` (at `path` in `pid`'s root) has neither a symbol table
+/// nor a debug file where debuggers look: by build id under
+/// /usr/lib/debug/.build-id, or by its `.gnu_debuglink` name beside it,
+/// in its `.debug` directory or under /usr/lib/debug.
+fn without_symbols(pid: u32, path: &str, file: &object::File) -> bool {
+    if file.section_by_name(".symtab").is_some() || file.section_by_name(".debug_info").is_some() {
+        return false;
+    }
+    let root = |p: &str| path_in_target(pid, p);
+    if let Ok(Some(id)) = file.build_id() {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        if hex.len() > 2 {
+            let by_id = format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+            if root(&by_id).exists() {
+                return false;
+            }
+        }
+    }
+    if let Ok(Some((name, _))) = file.gnu_debuglink() {
+        let name = String::from_utf8_lossy(name);
+        let dir = path.rsplit_once('/').map_or("", |(d, _)| d);
+        let found = [
+            format!("{dir}/{name}"),
+            format!("{dir}/.debug/{name}"),
+            format!("/usr/lib/debug{dir}/{name}"),
+        ]
+        .iter()
+        .any(|p| root(p).is_file());
+        if found {
+            return false;
+        }
+    }
+    true
 }
 
 /// What a process holds of Python.
@@ -195,6 +247,8 @@ pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
             minor,
             layout,
             allocator_hidden: symbol("_PyObject_Malloc").is_none(),
+            unnamed: without_symbols(pid, &m.path, &file),
+            debian: path_in_target(pid, "/etc/debian_version").exists(),
         });
     }
     Found::None
