@@ -49,6 +49,68 @@ pub struct CostRow {
     /// Each run's traced over the untraced run just before it, less one:
     /// their mean and its standard error, percent.
     paired: (f64, f64),
+    /// Redis: of the stacks that hold 1% of the exact trace's calls or
+    /// more (its last run's report), how many this policy's report (its
+    /// last run) has, and whether it ranks them as the exact trace does.
+    top: Option<(usize, usize, bool)>,
+}
+
+/// The share of the exact trace's calls from which a stack's rank is
+/// compared.
+const MAJOR_PCT: f64 = 1.0;
+
+/// The report's stacks in its order, each as its function and frames,
+/// with its calls; and the trace's total calls.
+fn report_stacks(report: &str) -> (Vec<(String, f64)>, f64) {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    let mut current: Option<(Vec<String>, f64)> = None;
+    let flush = |c: Option<(Vec<String>, f64)>, out: &mut Vec<(String, f64)>| {
+        out.extend(c.map(|(f, n)| (f.join(";"), n)));
+    };
+    for line in report.lines() {
+        if let Some(rest) = line.strip_prefix('#') {
+            flush(current.take(), &mut out);
+            let head = rest.split("  process ").next().unwrap_or(rest);
+            let mut words = head.split_whitespace();
+            let calls = words.nth(1).and_then(|c| c.parse().ok()).unwrap_or(0.0);
+            let func = head.split_whitespace().last().unwrap_or_default();
+            current = Some((vec![func.to_string()], calls));
+        } else if let Some((frames, _)) = current.as_mut() {
+            if line.starts_with("    ") {
+                frames.push(line.trim().to_string());
+            } else {
+                flush(current.take(), &mut out);
+            }
+        }
+    }
+    flush(current, &mut out);
+    let total = report
+        .lines()
+        .find_map(|l| l.strip_prefix("total: ")?.split(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    (out, total)
+}
+
+/// Of the exact trace's stacks with [`MAJOR_PCT`] of its calls or more:
+/// how many `other` has, and whether `other` ranks every two of them
+/// whose exact counts differ as the exact trace does.
+fn top_agreement(
+    exact: &(Vec<(String, f64)>, f64),
+    other: &[(String, f64)],
+) -> (usize, usize, bool) {
+    let major: Vec<&(String, f64)> = exact
+        .0
+        .iter()
+        .filter(|(_, n)| *n * 100.0 >= MAJOR_PCT * exact.1)
+        .collect();
+    let rank = |key: &str| other.iter().position(|(k, _)| k == key);
+    let found = major.iter().filter(|(k, _)| rank(k).is_some()).count();
+    let ordered = major.iter().all(|(a, na)| {
+        major.iter().all(|(b, nb)| {
+            na <= nb || matches!((rank(a), rank(b)), (Some(ra), Some(rb)) if ra < rb)
+        })
+    });
+    (found, major.len(), ordered)
 }
 
 /// Windows policy on the bench loop: runs at least (the effect is near
@@ -189,6 +251,7 @@ fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> 
             traced: median(traced),
             rps: None,
             probed_pct: (!probed.is_empty()).then(|| median(probed)),
+            top: None,
         });
     }
     Ok(rows)
@@ -253,9 +316,11 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
     let requests = 200_000;
     let result = (|| {
         let mut rows = Vec::new();
+        let mut reports: Vec<(Vec<(String, f64)>, f64)> = Vec::new();
         for (policy, args) in POLICIES {
             let (mut base, mut traced, mut rb, mut rt, mut probed) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut last_report = String::new();
             for run in 0..runs {
                 eprint!("\rxtask: bench agent, redis, {policy:<24} run {}", run + 1);
                 let (c, r) = redis_run(pid, port, requests)?;
@@ -266,8 +331,11 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
                 let (c, r) = redis_run(pid, port, requests)?;
                 traced.push(c);
                 rt.push(r);
-                probed.extend(probed_pct(&stop(child)?));
+                let report = stop(child)?;
+                probed.extend(probed_pct(&report));
+                last_report = report;
             }
+            reports.push(report_stacks(&last_report));
             rows.push(CostRow {
                 workload: "redis by pid (CPU us/request)",
                 policy,
@@ -276,7 +344,18 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
                 traced: median(traced),
                 rps: Some((median(rb), median(rt))),
                 probed_pct: (!probed.is_empty()).then(|| median(probed)),
+                top: None,
             });
+        }
+        // The exact policy's stacks are the reference.
+        if let Some(exact) = POLICIES
+            .iter()
+            .position(|(_, args)| *args == ["--policy", "always"])
+            .and_then(|i| reports.get(i).cloned())
+        {
+            for (row, (stacks, _)) in rows.iter_mut().zip(&reports) {
+                row.top = Some(top_agreement(&exact, stacks));
+            }
         }
         Ok(rows)
     })();
@@ -349,14 +428,14 @@ pub fn run(root: &Path, runs: usize, soak_secs: u64) -> Result<(Vec<CostRow>, Op
 pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mut String) {
     let _ = writeln!(
         out,
-        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average)\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead, mean ± s.e. | probed | requests/s untraced -> traced |\n|---|---|---|---|---|---|---|---|",
+        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average); major stacks: of the stacks with {MAJOR_PCT}% of the exact trace's calls or more (last runs' reports), how many the policy's report has, ranked as in the exact trace or not\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead, mean ± s.e. | probed | requests/s untraced -> traced | major stacks |\n|---|---|---|---|---|---|---|---|---|",
         runs.max(REDIS_RUNS)
     );
     for r in rows {
         let pct = (r.traced / r.untraced - 1.0) * 100.0;
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {:+.1}% ± {:.1}% | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {:+.1}% ± {:.1}% | {} | {} | {} |",
             r.workload,
             r.policy,
             r.untraced,
@@ -366,6 +445,14 @@ pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mu
             r.probed_pct.map_or("-".into(), |p| format!("{p:.1}%")),
             r.rps
                 .map_or("-".into(), |(a, b)| format!("{a:.0} -> {b:.0}")),
+            r.top.map_or("-".into(), |(n, of, ranked)| format!(
+                "{n}/{of}, {}",
+                if ranked {
+                    "same ranking"
+                } else {
+                    "ranked otherwise"
+                }
+            )),
         );
     }
     if let Some(s) = soak {
@@ -385,7 +472,7 @@ pub fn render_json(rows: &[CostRow], soak: Option<&Soak>) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"paired_pct\": [{:.3}, {:.3}], \"probed_pct\": {}, \"rps\": {}}}",
+                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"paired_pct\": [{:.3}, {:.3}], \"probed_pct\": {}, \"rps\": {}, \"top\": {}}}",
                 r.workload,
                 r.policy,
                 r.untraced,
@@ -394,6 +481,7 @@ pub fn render_json(rows: &[CostRow], soak: Option<&Soak>) -> String {
                 r.paired.1,
                 r.probed_pct.map_or("null".into(), |p| format!("{p:.2}")),
                 r.rps.map_or("null".into(), |(a, b)| format!("[{a:.0}, {b:.0}]")),
+                r.top.map_or("null".into(), |(n, of, ranked)| format!("[{n}, {of}, {ranked}]")),
             )
         })
         .collect();
