@@ -510,10 +510,8 @@ mod tests {
 
 /// The answers of [`find_in_process`], by the objects a process maps.
 mod found {
-    use std::sync::Mutex;
-
     use super::AllocatorObject;
-    use crate::tracee::{path_in_target, FileId};
+    use crate::tracee::{path_in_target, FileId, Kept};
 
     /// The objects in link-map order, each with its identity (`None`
     /// when it could not be looked at: such a key is never stored).
@@ -537,32 +535,18 @@ mod found {
         }
     }
 
-    /// The answers kept, the most recent first.
-    const KEPT: usize = 32;
-
     type Answer = Option<AllocatorObject>;
 
-    static FOUND: Mutex<Vec<(Key, Answer)>> = Mutex::new(Vec::new());
+    /// The answers kept (32 sets of objects).
+    static FOUND: Kept<Key, Answer> = Kept::new(32);
 
     pub(super) fn get(key: &Key) -> Option<Answer> {
-        if !key.whole() {
-            return None;
-        }
-        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
-        let i = found.iter().position(|(k, _)| k == key)?;
-        let entry = found.remove(i);
-        let answer = entry.1.clone();
-        found.insert(0, entry);
-        Some(answer)
+        key.whole().then(|| FOUND.get(key)).flatten()
     }
 
     pub(super) fn put(key: Key, answer: Answer) {
-        if !key.whole() {
-            return;
+        if key.whole() {
+            FOUND.put(key, answer);
         }
-        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
-        found.retain(|(k, _)| *k != key);
-        found.insert(0, (key, answer));
-        found.truncate(KEPT);
     }
 }

@@ -6,11 +6,11 @@
 //! that defines `malloc` is the one calls bind to, whatever the addresses
 //! the objects were mapped at.
 
-use std::{fs::File, os::unix::fs::FileExt, path::Path, sync::Mutex};
+use std::{fs::File, os::unix::fs::FileExt, path::Path};
 
 use object::{Object, ObjectSymbol};
 
-use super::proc::{path_in_target, FileId, Mapping};
+use super::proc::{path_in_target, FileId, Kept, Mapping};
 
 /// `r_debug.r_state` after the dynamic linker has finished loading (or
 /// unloading) a set of objects.
@@ -40,17 +40,13 @@ struct LinkerSymbols {
 
 /// The dynamic linkers read, by file (a handful at most: one per libc on
 /// the host).
-static LINKERS: Mutex<Vec<(FileId, LinkerSymbols)>> = Mutex::new(Vec::new());
-
-/// Files kept in [`LINKERS`].
-const LINKERS_KEPT: usize = 8;
+static LINKERS: Kept<FileId, LinkerSymbols> = Kept::new(8);
 
 impl LinkerSymbols {
     fn of(path: &Path) -> Option<LinkerSymbols> {
         let id = FileId::of(path)?;
-        let mut known = LINKERS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, s)) = known.iter().find(|(k, _)| *k == id) {
-            return Some(*s);
+        if let Some(s) = LINKERS.get(&id) {
+            return Some(s);
         }
         let data = std::fs::read(path).ok()?;
         let file = object::File::parse(&*data).ok()?;
@@ -68,10 +64,7 @@ impl LinkerSymbols {
             r_debug: symbol("_r_debug")?,
             debug_state: symbol("_dl_debug_state"),
         };
-        if known.len() >= LINKERS_KEPT {
-            known.remove(0);
-        }
-        known.push((id, symbols));
+        LINKERS.put(id, symbols);
         Some(symbols)
     }
 }

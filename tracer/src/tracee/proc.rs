@@ -93,6 +93,42 @@ pub struct FileId {
     ctime: (i64, i64),
 }
 
+/// What was read from files, by a key naming them (by [`FileId`]): at
+/// most `most` entries, the one used least recently giving way. Shared
+/// by threads; two that miss the same key at once both read it, and the
+/// later answer stays.
+pub struct Kept<K, V> {
+    entries: std::sync::Mutex<Vec<(K, V)>>,
+    most: usize,
+}
+
+impl<K: PartialEq, V: Clone> Kept<K, V> {
+    pub const fn new(most: usize) -> Kept<K, V> {
+        Kept {
+            entries: std::sync::Mutex::new(Vec::new()),
+            most,
+        }
+    }
+
+    pub fn get(&self, key: &K) -> Option<V> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let i = entries.iter().position(|(k, _)| k == key)?;
+        let entry = entries.remove(i);
+        let value = entry.1.clone();
+        entries.push(entry);
+        Some(value)
+    }
+
+    pub fn put(&self, key: K, value: V) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.retain(|(k, _)| *k != key);
+        if entries.len() >= self.most {
+            entries.remove(0);
+        }
+        entries.push((key, value));
+    }
+}
+
 impl FileId {
     /// The file at `path` as it is now (`None`: not there).
     pub fn of(path: &Path) -> Option<FileId> {

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use gimli::{
@@ -14,16 +14,12 @@ use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment};
 
 use super::Rule;
-use crate::tracee::FileId;
+use crate::tracee::{FileId, Kept};
 
-/// Objects loaded, by file and debug directory, oldest first: a tree's
-/// processes map the same few dozen files.
-#[allow(clippy::type_complexity)]
-static LOADED: Mutex<Vec<((FileId, PathBuf), Arc<ObjectCfi>)>> = Mutex::new(Vec::new());
-
-/// Files kept in [`LOADED`] (the oldest gives way; processes that use it
-/// keep theirs).
-const LOADED_KEPT: usize = 64;
+/// Objects loaded, by file and debug directory: a tree's processes map
+/// the same few dozen files (one that gives way stays with the processes
+/// that use it).
+static LOADED: Kept<(FileId, PathBuf), Arc<ObjectCfi>> = Kept::new(64);
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -164,15 +160,11 @@ impl ObjectCfi {
     pub fn shared(path: &Path, debug_dir: &Path) -> Result<Arc<ObjectCfi>> {
         let id = FileId::of(path).with_context(|| format!("{}", path.display()))?;
         let key = (id, debug_dir.to_owned());
-        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, o)) = loaded.iter().find(|(k, _)| *k == key) {
-            return Ok(o.clone());
+        if let Some(o) = LOADED.get(&key) {
+            return Ok(o);
         }
         let o = Arc::new(ObjectCfi::load_with_debug_dir(path, debug_dir)?);
-        if loaded.len() >= LOADED_KEPT {
-            loaded.remove(0);
-        }
-        loaded.push((key, o.clone()));
+        LOADED.put(key, o.clone());
         Ok(o)
     }
 

@@ -55,6 +55,29 @@ pub struct CostRow {
     top: Option<(usize, usize, bool)>,
 }
 
+impl CostRow {
+    /// A policy's row from its runs: untraced and traced figures taken in
+    /// turn, and the shares probed each run reported.
+    fn of(
+        workload: &'static str,
+        policy: &'static str,
+        base: Vec<f64>,
+        traced: Vec<f64>,
+        probed: Vec<f64>,
+    ) -> CostRow {
+        CostRow {
+            workload,
+            policy,
+            paired: paired(&base, &traced),
+            untraced: median(base),
+            traced: median(traced),
+            rps: None,
+            probed_pct: (!probed.is_empty()).then(|| median(probed)),
+            top: None,
+        }
+    }
+}
+
 /// The share of the exact trace's calls from which a stack's rank is
 /// compared.
 const MAJOR_PCT: f64 = 1.0;
@@ -243,16 +266,13 @@ fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> 
             traced.push(ns_per_iter(&text).context("bench output under the agent")?);
             probed.extend(probed_pct(&text));
         }
-        rows.push(CostRow {
-            workload: "bench loop (ns/iter)",
+        rows.push(CostRow::of(
+            "bench loop (ns/iter)",
             policy,
-            paired: paired(&base, &traced),
-            untraced: median(base),
-            traced: median(traced),
-            rps: None,
-            probed_pct: (!probed.is_empty()).then(|| median(probed)),
-            top: None,
-        });
+            base,
+            traced,
+            probed,
+        ));
     }
     Ok(rows)
 }
@@ -337,14 +357,14 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
             }
             reports.push(report_stacks(&last_report));
             rows.push(CostRow {
-                workload: "redis by pid (CPU us/request)",
-                policy,
-                paired: paired(&base, &traced),
-                untraced: median(base),
-                traced: median(traced),
                 rps: Some((median(rb), median(rt))),
-                probed_pct: (!probed.is_empty()).then(|| median(probed)),
-                top: None,
+                ..CostRow::of(
+                    "redis by pid (CPU us/request)",
+                    policy,
+                    base,
+                    traced,
+                    probed,
+                )
             });
         }
         // The exact policy's stacks are the reference.
