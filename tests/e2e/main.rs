@@ -34,6 +34,7 @@ macro_rules! bpf_tempdir {
 mod agent;
 mod artifacts;
 mod calltree;
+mod coexist;
 mod conventions;
 mod counts;
 mod edge;

@@ -40,6 +40,31 @@ pub struct Config {
     pub exp_table: [u32; EXP_TABLE_LEN],
     /// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i) / 256`.
     pub weight_table: [u32; WEIGHT_TABLE_LEN],
+    /// Where the kernel keeps the return addresses its return probes hid.
+    pub kernel: KernelOffsets,
+}
+
+/// Byte offsets in the running kernel's structures (from its BTF) of what
+/// leads from the current task to the return addresses a uretprobe
+/// replaced with the kernel's trampoline: `task_struct.utask`,
+/// `uprobe_task.return_instances`, each `return_instance`'s `stack` (the
+/// stack slot it replaced), `orig_ret_vaddr` and `next`; and the
+/// trampoline's address, `task_struct.mm` -> `mm_struct.uprobes_state.
+/// xol_area` -> `xol_area.vaddr`. `known` is 0 when the kernel's BTF does
+/// not have them all: hidden return addresses then end the walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub known: u32,
+    pub task_utask: u32,
+    pub task_mm: u32,
+    pub mm_xol_area: u32,
+    pub xol_vaddr: u32,
+    pub utask_returns: u32,
+    pub return_stack: u32,
+    pub return_orig: u32,
+    pub return_next: u32,
+    pub _pad: u32,
 }
 
 /// What the programs know of the process they serve, written by the

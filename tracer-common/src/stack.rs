@@ -100,6 +100,19 @@ pub struct WalkScratch {
     /// register across the walk, which multiplied the states the verifier
     /// follows.
     pub owned: u64,
+    /// The walk met a return address a return probe had replaced with the
+    /// kernel's trampoline and took the real one from the kernel (such a
+    /// walk is not remembered: the trampoline's word says nothing of the
+    /// address it hides); `caller` the direct caller's real return address
+    /// when it was the one replaced (0: it was not); `prev_hash` the hash
+    /// before the last frame.
+    pub hidden: u64,
+    pub caller: u64,
+    pub prev_hash: u64,
+    /// For a walk handed to the tracer: `MissEvent::trampoline` and
+    /// `MissEvent::hidden`.
+    pub trampoline: u64,
+    pub hidden_at: [[u64; 2]; crate::MAX_HIDDEN],
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

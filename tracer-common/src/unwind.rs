@@ -171,6 +171,10 @@ pub const fn is_miss_stack_id(stack: u64) -> bool {
 /// kernel.
 pub const STACK_COPY: usize = 65536;
 
+/// Most return addresses hidden by return probes (see `MissEvent::hidden`)
+/// a [`MissEvent`] carries.
+pub const MAX_HIDDEN: usize = 8;
+
 /// A walk the BPF side could not finish for want of a rule, with a copy of
 /// the stack from there up. The tracer finishes the walk, adds the rules,
 /// and counts the call under its whole stack.
@@ -211,6 +215,12 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     pub bp: u64,
     /// Non-zero when `bp` is known.
     pub bp_ok: u64,
+    /// The kernel's return-probe trampoline in this process, and each
+    /// pending return probe's stack slot with the return address it hid
+    /// there (`[0, 0]`: none): where `copy` holds the trampoline at such a
+    /// slot, the walk goes on from the hidden address.
+    pub trampoline: u64,
+    pub hidden: [[u64; 2]; MAX_HIDDEN],
     pub frames: [u64; MAX_FRAMES],
     /// The thread's Python frames (`py_n` words, see
     /// [`crate::py_frame_words`]), to follow the native ones once the walk

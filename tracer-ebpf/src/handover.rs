@@ -9,6 +9,7 @@ use tracer_common::{
 
 use crate::{
     aggregate::bump_counter,
+    hidden::note_hidden,
     live::now_ns,
     maps::{PROCESS, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
     walk::finish_hash,
@@ -60,6 +61,7 @@ pub(crate) fn send_miss(
         top = start + 64;
     }
     let total = top - base;
+    note_hidden(w);
     let head = (id, func, tid, caller, calls, bytes);
     let sent = if total <= MISS_COPY_SIZES[0] as u64 {
         send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, base, total)
@@ -136,6 +138,12 @@ fn send_copy<const N: usize>(
         (*ev).sp = w.sp;
         (*ev).bp = w.bp;
         (*ev).bp_ok = w.bp_ok;
+        (*ev).trampoline = w.trampoline;
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            (*ev).hidden.as_mut_ptr() as *mut core::ffi::c_void,
+            core::mem::size_of_val(&w.hidden_at) as u32,
+            w.hidden_at.as_ptr() as *const core::ffi::c_void,
+        );
         (*ev).skip = ((w.sp - 8) & 4095) as u32;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).frames.as_mut_ptr() as *mut core::ffi::c_void,

@@ -15,7 +15,8 @@
 //! concern: [`record`] (what the entry programs do, in order), [`nesting`],
 //! [`sample`], [`scratch`] (the per-CPU scratch levels and who owns the
 //! CPU's counts), [`walk`] (the frame walk), [`memo`] (remembered walks),
-//! [`handover`] (walks the tracer finishes), [`aggregate`] (the counts),
+//! [`handover`] (walks the tracer finishes), [`hidden`] (return addresses
+//! a return probe hid), [`aggregate`] (the counts),
 //! [`live`] (live mode's pending calls and events) and [`args`] (cookies
 //! and arguments). Every map and the `CONFIG` global are in [`maps`].
 #![no_std]
@@ -42,6 +43,7 @@
 mod aggregate;
 mod args;
 mod handover;
+mod hidden;
 mod live;
 mod maps;
 mod memo;

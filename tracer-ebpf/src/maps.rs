@@ -7,9 +7,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
 };
 use tracer_common::{
-    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, LostFree, Pending,
-    ProcessConfig, StackFrames, UnwindRule, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
-    MAX_FRAMES, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS, WEIGHT_TABLE_LEN,
+    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, KernelOffsets, LostFree,
+    Pending, ProcessConfig, StackFrames, UnwindRule, WalkMemo, WalkScratch, EXP_TABLE_LEN,
+    MARK_SLOTS, MAX_FRAMES, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS,
+    WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -23,6 +24,18 @@ pub(crate) static CONFIG: Config = Config {
     sample_scale: 0,
     exp_table: [0; EXP_TABLE_LEN],
     weight_table: [0; WEIGHT_TABLE_LEN],
+    kernel: KernelOffsets {
+        known: 0,
+        task_utask: 0,
+        task_mm: 0,
+        mm_xol_area: 0,
+        xol_vaddr: 0,
+        utask_returns: 0,
+        return_stack: 0,
+        return_orig: 0,
+        return_next: 0,
+        _pad: 0,
+    },
 };
 
 /// A `u32` field of [`CONFIG`], read from the global at run time (the

@@ -4,7 +4,10 @@
 
 use tracer_common::{EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES, MAX_FREE_BODIES};
 
-use crate::maps::{CPU_MARK, MARKS, PROCESS};
+use crate::{
+    hidden::hidden_return,
+    maps::{CPU_MARK, MARKS, PROCESS},
+};
 
 /// Is `addr` inside one of the probed allocator functions? Then this call
 /// is the allocator calling itself and was counted by the outer call.
@@ -65,7 +68,10 @@ pub(crate) fn in_free_body(addr: u64) -> bool {
 /// just counted? It arrives with the same stack pointer and return address
 /// (glibc's reallocarray -> realloc -> malloc; operator delete -> free).
 /// The mark stays, so a chain of tail calls is counted once; the next
-/// counted call replaces it. The thread's mark is in its slot of
+/// counted call replaces it. A return probe on the function just counted
+/// (another tool's, or another trace's) puts the kernel's trampoline in
+/// the return address's place after the count: the address it hides is
+/// the one compared then. The thread's mark is in its slot of
 /// [`MARKS`] unless another thread took the slot since: then in its CPU's
 /// last mark, unless another thread counted a call there since too.
 #[inline(always)]
@@ -85,7 +91,11 @@ pub(crate) fn tail_called(scratch: Option<*mut WalkScratch>, sp: u64, ret: u64, 
             *cpu
         }
     };
-    if last.me == me && last.sp == sp && last.ret == ret && last.ip != ip {
+    if last.me == me
+        && last.sp == sp
+        && last.ip != ip
+        && (last.ret == ret || (last.ret != 0 && hidden_return(sp, ret) == last.ret))
+    {
         return true;
     }
     let mark = EntryMark { me, ip, sp, ret };

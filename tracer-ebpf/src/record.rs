@@ -149,6 +149,11 @@ pub(crate) fn record_alloc_with_scratch(
     };
     let key_tid = tid;
     let (stack, walk, cookie) = walk_stack(ctx, scratch, caller, key_tid, early);
+    // The direct caller a return probe hid, found by the walk.
+    let caller = match walk {
+        Some(w) if unsafe { core::ptr::read_volatile(&(*w).caller) } != 0 => unsafe { (*w).caller },
+        _ => caller,
+    };
     // A Python process's stack is its native walk (remembered or not) and
     // its Python frames, read now (a walk handed to the tracer takes them
     // along).

@@ -10,6 +10,7 @@ use tracer_common::{
 use crate::{
     aggregate::bump_counter,
     args::{cookie_or, NO_COOKIE},
+    hidden::hidden_return,
     maps::{config_u32, CONFIG, MEMO, MEMO_NOWHERE, RULE_CACHE, UNWIND_RULES},
     memo::{memo_claim, memo_note, memo_release},
 };
@@ -44,6 +45,8 @@ pub(crate) fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64, ip:
         core::ptr::write_volatile(&mut w.memo_bp_at, 0);
         core::ptr::write_volatile(&mut w.memo_uses_bp, 0);
         core::ptr::write_volatile(&mut w.noting, 0);
+        core::ptr::write_volatile(&mut w.hidden, 0);
+        core::ptr::write_volatile(&mut w.caller, 0);
     }
 }
 
@@ -92,8 +95,10 @@ pub(crate) fn walk_stack(
                 return (0, Some(w), cookie);
             }
             let key = finish_hash(&mut *w, why);
-            // A walk that could not read the stack may do better next time.
-            let done = (why != stop::READ_FAILED).then_some((caller, sp, bp, key));
+            // A walk that could not read the stack may do better next time;
+            // one that met a hidden return address is not remembered.
+            let keep = why != stop::READ_FAILED && core::ptr::read_volatile(&(*w).hidden) == 0;
+            let done = keep.then_some((caller, sp, bp, key));
             memo_release(&mut *w, done);
             return (key, Some(w), cookie);
         }
@@ -107,13 +112,17 @@ pub(crate) fn walk_stack(
 fn run_walk(mut w: *mut WalkScratch) {
     unsafe {
         aya_ebpf::helpers::generated::bpf_loop(
-            (MAX_FRAMES / FRAMES_PER_STEP + 1) as u32,
+            (MAX_FRAMES / FRAMES_PER_STEP + 1 + MAX_REVEALED) as u32,
             unwind_step as *mut core::ffi::c_void,
             &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
             0,
         );
     }
 }
+
+/// Steps added for the walk to go on from hidden return addresses (each
+/// one ends a step early).
+const MAX_REVEALED: usize = 4;
 
 /// Frames a `bpf_loop` step of the walk takes on (a callback call per
 /// frame would cost more than the frame).
@@ -130,11 +139,27 @@ extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let mut k = 0;
     while k < FRAMES_PER_STEP {
         if unwind_frame(w, e) != 0 {
-            return 1;
+            break;
         }
         k += 1;
     }
-    0
+    if k == FRAMES_PER_STEP {
+        return 0;
+    }
+    // Where the walk ended at an address without a rule of its own, that
+    // address may be the kernel's trampoline in place of a return address
+    // (read from the slot below the frame's CFA): the walk goes on from
+    // the real one.
+    let why = w.stack.stop;
+    if why == stop::MISS || why == stop::NO_CFI || why == stop::BAD_FRAME {
+        let real = hidden_return(w.sp - 8, w.ra);
+        if real != 0 {
+            reveal(w, real);
+            w.stack.stop = stop::MAX_FRAMES;
+            return 0;
+        }
+    }
+    1
 }
 
 /// One frame of the walk: finds the rule of the current return address,
@@ -144,8 +169,7 @@ extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// (`stack.stop` says why), 0 to go on.
 #[inline(always)]
 fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
-    let ra = w.ra;
-    let Some(rule) = rule_of(ra) else {
+    let Some(rule) = rule_of(w.ra) else {
         w.stack.stop = stop::MISS;
         return 1;
     };
@@ -214,10 +238,26 @@ fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
     }
     w.stack.frames[n] = next;
     unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 1) };
+    w.prev_hash = w.hash;
     w.hash = stack_hash_step(w.hash, next);
     w.ra = next;
     w.sp = cfa;
     0
+}
+
+/// Puts `real` in place of the return address the walk is at (`ra`, the
+/// last frame, or the direct caller when there is none yet).
+#[inline(always)]
+fn reveal(w: &mut WalkScratch, real: u64) {
+    unsafe { core::ptr::write_volatile(&mut w.hidden, 1) };
+    let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
+    if n == 0 {
+        w.caller = real;
+    } else if n <= MAX_FRAMES {
+        w.stack.frames[n - 1] = real;
+        w.hash = stack_hash_step(w.prev_hash, real);
+    }
+    w.ra = real;
 }
 
 /// The rule of return address `ra`: from the direct-mapped cache (an array

@@ -2,6 +2,7 @@
 //! Dropping [`Probes`] detaches everything (the kernel also detaches when
 //! mtrace dies: the links are file descriptors).
 
+pub mod kernel;
 pub mod multi;
 pub mod pool;
 
@@ -267,6 +268,7 @@ pub fn attach<T>(
         sample_scale: 0,
         exp_table: exp_table(),
         weight_table: weight_table(),
+        kernel: kernel::offsets(),
     });
     if let Some(Sampling::Every(n)) = mode.sampling {
         // Over the exponential table's mean, which its cut-off tail puts

@@ -130,7 +130,31 @@ fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
     };
     // What the record holds of the copy, whatever the header says.
     ev.copied = ev.copied.min((len - MISS_HEADER_BYTES) as u32);
+    reveal_hidden(&mut ev);
     Some(ev)
+}
+
+/// Puts in `ev.copy` the return addresses that return probes hid where it
+/// holds the kernel's trampoline in their place (`MissEvent::hidden`).
+fn reveal_hidden(ev: &mut MissEvent) {
+    if ev.trampoline == 0 {
+        return;
+    }
+    // The copy starts at the page of `sp - 8`.
+    let base = ev.sp.wrapping_sub(8) & !4095;
+    let copied = (ev.copied as usize).min(ev.copy.len());
+    for &[slot, real] in &ev.hidden {
+        let Some(at) = slot.checked_sub(base).map(|d| d as usize) else {
+            continue;
+        };
+        if slot == 0 || at + 8 > copied {
+            continue;
+        }
+        let word = &mut ev.copy[at..at + 8];
+        if u64::from_ne_bytes(word.try_into().unwrap()) == ev.trampoline {
+            word.copy_from_slice(&real.to_ne_bytes());
+        }
+    }
 }
 
 /// The Python words of a [`PyNotice`] record (shorter than any miss).

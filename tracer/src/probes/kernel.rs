@@ -1,0 +1,106 @@
+//! Where the running kernel keeps the return addresses its return probes
+//! hid ([`KernelOffsets`]), from its BTF: another tool's uretprobe on a
+//! function the target runs replaces that function's return address on the
+//! stack with the kernel's trampoline, and the programs take the real one
+//! from the thread's pending returns.
+
+use std::sync::OnceLock;
+
+use btf_rs::{Backend, Btf, Member, Type};
+use tracer_common::KernelOffsets;
+
+/// The offsets, worked out once per run (`known` 0 when the kernel's BTF
+/// lacks one of them: hidden return addresses then end a stack, as they
+/// did before).
+pub fn offsets() -> KernelOffsets {
+    static OFFSETS: OnceLock<KernelOffsets> = OnceLock::new();
+    *OFFSETS.get_or_init(|| {
+        let found = read("/sys/kernel/btf/vmlinux");
+        if found.is_none() {
+            log::debug!("kernel BTF: no offsets of pending return probes");
+        }
+        found.unwrap_or_default()
+    })
+}
+
+/// The offsets from the BTF file at `path`.
+fn read(path: &str) -> Option<KernelOffsets> {
+    // Mapped rather than parsed whole: a few lookups in several MiB.
+    let btf = Btf::from_file_with_backend(path, Backend::Mmap)
+        .or_else(|_| Btf::from_file(path))
+        .ok()?;
+    let at = |st: &str, member: &str| offset_of(&btf, st, member);
+    Some(KernelOffsets {
+        known: 1,
+        task_utask: at("task_struct", "utask")?,
+        task_mm: at("task_struct", "mm")?,
+        mm_xol_area: at("mm_struct", "uprobes_state")? + at("uprobes_state", "xol_area")?,
+        xol_vaddr: at("xol_area", "vaddr")?,
+        utask_returns: at("uprobe_task", "return_instances")?,
+        return_stack: at("return_instance", "stack")?,
+        return_orig: at("return_instance", "orig_ret_vaddr")?,
+        return_next: at("return_instance", "next")?,
+        _pad: 0,
+    })
+}
+
+/// The byte offset of `member` in struct `name` (looked for in anonymous
+/// structs and unions inside it too).
+fn offset_of(btf: &Btf, name: &str, member: &str) -> Option<u32> {
+    btf.resolve_types_by_name(name)
+        .ok()?
+        .iter()
+        .find_map(|t| match t {
+            Type::Struct(s) => bits_in(btf, &s.members, member, 0),
+            _ => None,
+        })
+        .filter(|bits| bits % 8 == 0)
+        .map(|bits| bits / 8)
+}
+
+/// The bit offset of `member` among `members`, `base` bits in.
+fn bits_in(btf: &Btf, members: &[Member], member: &str, base: u32) -> Option<u32> {
+    members.iter().find_map(|m| {
+        let name = btf.resolve_name(m).ok()?;
+        if name == member {
+            return Some(base + m.bit_offset());
+        }
+        if !name.is_empty() {
+            return None;
+        }
+        // An anonymous struct or union: through any qualifiers to it.
+        let mut t = btf.resolve_chained_type(m).ok()?;
+        for _ in 0..8 {
+            match t {
+                Type::Struct(ref s) | Type::Union(ref s) => {
+                    return bits_in(btf, &s.members, member, base + m.bit_offset())
+                }
+                Type::Const(_) | Type::Volatile(_) | Type::Typedef(_) => {
+                    t = btf.resolve_chained_type(t.as_btf_type()?).ok()?
+                }
+                _ => return None,
+            }
+        }
+        None
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel this runs on has them all, each where its struct can
+    /// hold it (a word apart in `return_instance`).
+    #[test]
+    fn offsets_of_the_running_kernel() {
+        if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+            assert!(std::env::var_os("CI").is_none(), "no kernel BTF under CI");
+            return;
+        }
+        let k = read("/sys/kernel/btf/vmlinux").expect("offsets in the kernel's BTF");
+        assert_eq!(k.known, 1);
+        assert!(k.task_utask > 0 && k.task_mm > 0 && k.task_utask != k.task_mm);
+        assert_eq!(k.return_orig, k.return_stack + 8);
+        assert!(k.return_next > k.return_orig);
+    }
+}
