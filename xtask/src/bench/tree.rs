@@ -53,8 +53,12 @@ pub struct DetachRow {
     mode: &'static str,
     /// SIGINT to mtrace's exit, milliseconds, every run.
     ms: Vec<f64>,
-    /// SIGINT to the last probe out (mtrace -v's "every probe out" after
-    /// counting stopped, plus SIGINT to the stop), milliseconds.
+    /// SIGINT to the target's code free of every breakpoint (its
+    /// executable mappings read back equal to their files), milliseconds.
+    free_ms: Vec<f64>,
+    /// SIGINT to mtrace's last link closed (-v's "every probe out" after
+    /// counting stopped, plus SIGINT to the stop): the kernel's release
+    /// of a link waits out a grace period after the breakpoints are gone.
     out_ms: Vec<f64>,
 }
 
@@ -224,14 +228,20 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, V
     compile_c(&root.join("xtask/bench/bench.c"), &busy, &["-pthread"])?;
     let mut detach = Vec::new();
     for (mode, args) in [("count", &[][..]), ("live", &["--live"][..])] {
-        let (mut ms, mut out_ms) = (Vec::new(), Vec::new());
+        let (mut ms, mut free_ms, mut out_ms) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             eprint!("\rxtask: bench Ctrl-C by pid, {mode:<10}");
-            let (exit, out) = ctrl_c(&mtrace, &busy, args)?;
+            let (exit, free, out) = ctrl_c(&mtrace, &busy, args)?;
             ms.push(exit);
+            free_ms.push(free);
             out_ms.push(out);
         }
-        detach.push(DetachRow { mode, ms, out_ms });
+        detach.push(DetachRow {
+            mode,
+            ms,
+            free_ms,
+            out_ms,
+        });
     }
     eprintln!();
     Ok((rows, Some(make), detach))
@@ -253,8 +263,8 @@ fn tempdir(under: &Path) -> Result<std::path::PathBuf> {
 
 /// By pid, on the benchmark in a long loop (two threads): mtrace attaches,
 /// traces a second, gets SIGINT; milliseconds from the signal to its exit,
-/// and to the last probe out.
-fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<(f64, f64)> {
+/// to the target's code free of breakpoints, and to the last link closed.
+fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<(f64, f64, f64)> {
     let mut target = Command::new(busy)
         .args(["1000000000", "2"])
         .stdin(Stdio::null())
@@ -288,11 +298,23 @@ fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<(f64, f64)> {
         out_after_stop
     });
     std::thread::sleep(Duration::from_secs(1));
-    // Timed from before kill(1) runs: over by its start-up, a millisecond.
+    let text = Text::of(target.id())?;
+    if attached && text.clean()? {
+        bail!("no breakpoint in the benchmark's code while mtrace traces it");
+    }
+    // Timed from before kill(2): the target is watched from the signal on.
     let sent = Instant::now();
-    Command::new("kill")
-        .args(["-INT", &tracer.id().to_string()])
-        .status()?;
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let mut free = None;
+    while sent.elapsed() < Duration::from_secs(10) {
+        if text.clean()? {
+            free = Some(sent.elapsed().as_secs_f64() * 1e3);
+            break;
+        }
+        // Each look reads the whole code (~2 MiB): leave the CPUs to
+        // mtrace and the target in between.
+        std::thread::sleep(Duration::from_micros(500));
+    }
     let status = tracer.wait()?;
     let ms = sent.elapsed().as_secs_f64() * 1e3;
     let _ = target.kill();
@@ -305,7 +327,63 @@ fn ctrl_c(mtrace: &Path, busy: &Path, args: &[&str]) -> Result<(f64, f64)> {
     let (Some(after), Some(stopped)) = (out_after_stop, stopped) else {
         bail!("mtrace -v did not say when its probes were out");
     };
-    Ok((ms, stopped.duration_since(sent).as_secs_f64() * 1e3 + after))
+    let Some(free) = free else {
+        bail!("the benchmark's code still had breakpoints 10 s after Ctrl-C");
+    };
+    Ok((
+        ms,
+        free,
+        stopped.duration_since(sent).as_secs_f64() * 1e3 + after,
+    ))
+}
+
+/// A process's executable file mappings and what their files hold there:
+/// a uprobe is a breakpoint written into the process's copy of the page.
+struct Text {
+    mem: std::fs::File,
+    /// (address, the file's bytes mapped there).
+    maps: Vec<(u64, Vec<u8>)>,
+}
+
+impl Text {
+    fn of(pid: u32) -> Result<Text> {
+        use std::os::unix::fs::FileExt;
+        let mut maps = Vec::new();
+        for line in std::fs::read_to_string(format!("/proc/{pid}/maps"))?.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+                continue;
+            }
+            let (start, end) = f[0].split_once('-').context("a maps range")?;
+            let start = u64::from_str_radix(start, 16)?;
+            let len = u64::from_str_radix(end, 16)? - start;
+            let offset = u64::from_str_radix(f[2], 16)?;
+            let file = std::fs::File::open(f[5])?;
+            let mut bytes = vec![0; len as usize];
+            // The mapping may run past the file's end: that part is zeroes.
+            let n = file.read_at(&mut bytes, offset)?;
+            bytes.truncate(n);
+            maps.push((start, bytes));
+        }
+        Ok(Text {
+            mem: std::fs::File::open(format!("/proc/{pid}/mem"))?,
+            maps,
+        })
+    }
+
+    /// Whether every executable mapping reads as its file.
+    fn clean(&self) -> Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = Vec::new();
+        for (at, want) in &self.maps {
+            buf.resize(want.len(), 0);
+            self.mem.read_exact_at(&mut buf, *at)?;
+            if buf != *want {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 pub fn render_table(
@@ -347,7 +425,7 @@ pub fn render_table(
     }
     let _ = writeln!(
         out,
-        "\nby pid, on the benchmark in 2 threads: Ctrl-C (SIGINT) to the last probe out, and to mtrace's exit (report written), ms\n\n| mode | to the last probe out, median | max | to exit, median | max |\n|---|---|---|---|---|"
+        "\nby pid, on the benchmark in 2 threads: Ctrl-C (SIGINT) to the target's code free of every breakpoint, to mtrace's last link closed (the kernel waits out a grace period after the breakpoints are gone), and to mtrace's exit (report written), ms\n\n| mode | target free, median | max | last link closed, median | max | exit, median | max |\n|---|---|---|---|---|---|---|"
     );
     let median_max = |v: &[f64]| {
         let mut v = v.to_vec();
@@ -355,11 +433,12 @@ pub fn render_table(
         (v[v.len() / 2], v.last().copied().unwrap_or(0.0))
     };
     for d in detach {
+        let (fm, fx) = median_max(&d.free_ms);
         let (om, ox) = median_max(&d.out_ms);
         let (em, ex) = median_max(&d.ms);
         let _ = writeln!(
             out,
-            "| {} | {om:.0} | {ox:.0} | {em:.0} | {ex:.0} |",
+            "| {} | {fm:.0} | {fx:.0} | {om:.0} | {ox:.0} | {em:.0} | {ex:.0} |",
             d.mode
         );
     }
@@ -390,8 +469,9 @@ pub fn render_json(rows: &[TreeRow], make: Option<&MakeRow>, detach: &[DetachRow
                     .join(", ")
             };
             format!(
-                "    {{\"mode\": \"{}\", \"ctrl_c_to_last_probe_out_ms\": [{}], \"ctrl_c_to_exit_ms\": [{}]}}",
+                "    {{\"mode\": \"{}\", \"ctrl_c_to_target_free_ms\": [{}], \"ctrl_c_to_last_link_closed_ms\": [{}], \"ctrl_c_to_exit_ms\": [{}]}}",
                 d.mode,
+                list(&d.free_ms),
                 list(&d.out_ms),
                 list(&d.ms)
             )
