@@ -2,7 +2,8 @@
 //! arguments, its threads' names) cannot drive the terminal of whoever
 //! runs mtrace: every character a terminal acts on reaches stdout and
 //! stderr escaped (`\u{1b}`), while the JSON profile keeps the names as
-//! they were, with the counts exact.
+//! they were, with the counts exact. A C function's name is its own,
+//! never demangled as if it were a C++ type code.
 
 use crate::support::{
     fixtures::{compile_c, copy_executable},
@@ -86,4 +87,25 @@ fn a_program_run_through_a_symlink_is_named_by_the_link() {
         out.describe()
     );
     assert!(real.exists());
+}
+
+/// C functions named `a`, `b`, `d`, `i` and `v` (C++'s codes of signed
+/// char, bool, double, int and void) are named so in the profile, and
+/// no frame is named as a type, each with its one malloc
+/// (tests/fixtures/shortnames.c).
+#[test]
+fn c_functions_named_like_cxx_type_codes_keep_their_names() {
+    need_bpf!();
+    let program = compile_c("shortnames", "shortnames", &["-O2", "-g"], &[]);
+    let (out, p) = run_profiled(&["--", program.to_str().unwrap()]);
+    out.assert_exit(0);
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    for (name, size) in [("a", 10), ("b", 20), ("d", 30), ("i", 40), ("v", 50)] {
+        assert_eq!(p.site("malloc", name), (1, size), "{name}\n{d}");
+    }
+    for s in p.allocs() {
+        for wrong in ["signed char", "bool", "double", "int", "void"] {
+            assert!(!s.names().contains(&wrong), "{wrong} as a frame\n{d}");
+        }
+    }
 }

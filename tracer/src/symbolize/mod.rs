@@ -37,7 +37,11 @@ thread_local! {
     static SYMBOLIZER: Symbolizer = Symbolizer::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
-        .enable_demangling(true)
+        // Names are demangled here (`demangled`): blazesym's demangling
+        // takes a C function's name for a C++ type code when the unit's
+        // language is not C++ or Rust (`a` -> `signed char`, `d` ->
+        // `double`).
+        .enable_demangling(false)
         .build();
 }
 
@@ -240,10 +244,34 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
         .inlined
         .iter()
         .rev()
-        .map(|inl| frame(&inl.name, inl.code_info.as_ref(), true))
+        .map(|inl| frame(&demangled(&inl.name), inl.code_info.as_ref(), true))
         .collect();
-    frames.push(frame(&sym.name, sym.code_info.as_deref(), false));
+    frames.push(frame(
+        &demangled(&sym.name),
+        sym.code_info.as_deref(),
+        false,
+    ));
     frames
+}
+
+/// `name` demangled when it is mangled: a Rust name (legacy `_ZN...E`
+/// or v0 `_R`, without its hash) or a C++ one (`_Z`); any other name is
+/// a C or assembly name, kept as it is even where it reads as a C++
+/// type code (`a`, `d`, `Pv`).
+fn demangled(name: &str) -> std::borrow::Cow<'_, str> {
+    let mangled = ["_Z", "__Z", "_R", "__R"]
+        .iter()
+        .any(|p| name.starts_with(p));
+    if !mangled {
+        return name.into();
+    }
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return format!("{d:#}").into();
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|s| s.demangle().ok())
+        .map_or(name.into(), Into::into)
 }
 
 /// A frame in code no file backs (a JIT's): its address, and the
@@ -272,5 +300,26 @@ fn unknown_frame(module: Option<&str>, addr: u64, offset: u64) -> Frame {
         addr,
         inlined: false,
         ..Frame::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::demangled;
+
+    /// C names stay as they are, even those that read as C++ type codes;
+    /// C++ and Rust names are demangled as gdb shows them.
+    #[test]
+    fn only_mangled_names_are_demangled() {
+        for c in ["a", "b", "d", "i", "v", "Pv", "St", "main", "__libc_malloc"] {
+            assert_eq!(demangled(c), c);
+        }
+        assert_eq!(demangled("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(demangled("_Znwm"), "operator new(unsigned long)");
+        assert_eq!(
+            demangled("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(demangled("_RNvCs1234_7mycrate4main"), "mycrate::main");
     }
 }
