@@ -376,6 +376,7 @@ fn cgroup_root(dir: &Path, given: &str, python_objects: bool) -> Result<CgroupRo
 /// Probes the target: by pid, or by launching the command.
 fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Attached, Aside)> {
     let started = Instant::now();
+    crate::probes::kernel::prepare();
     let settings = settings(config);
     // What every process's profile shares.
     let template = Meta {

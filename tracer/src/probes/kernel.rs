@@ -15,12 +15,23 @@ use tracer_common::KernelOffsets;
 pub fn offsets() -> KernelOffsets {
     static OFFSETS: OnceLock<KernelOffsets> = OnceLock::new();
     *OFFSETS.get_or_init(|| {
+        let started = std::time::Instant::now();
         let found = read("/sys/kernel/btf/vmlinux");
-        if found.is_none() {
-            log::debug!("kernel BTF: no offsets of pending return probes");
+        match found {
+            Some(_) => log::debug!(
+                "kernel BTF: offsets of pending return probes read in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            ),
+            None => log::debug!("kernel BTF: no offsets of pending return probes"),
         }
         found.unwrap_or_default()
     })
+}
+
+/// Starts working the offsets out on a thread of their own (~15 ms of
+/// lookups in the kernel's BTF), so that the first load finds them done.
+pub fn prepare() {
+    std::thread::spawn(offsets);
 }
 
 /// The offsets from the BTF file at `path`.
