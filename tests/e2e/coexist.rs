@@ -9,7 +9,7 @@
 
 use std::{ffi::CString, os::fd::FromRawFd, path::Path};
 
-use crate::support::{fixtures::compile_c, trace_by_pid, FixtureProc};
+use crate::support::{fixtures::compile_c, trace_by_pid, FixtureProc, Mtrace};
 
 /// hidden.c, built without frame pointers (once).
 fn hidden() -> std::path::PathBuf {
@@ -168,4 +168,28 @@ fn another_tools_return_probes_hide_no_frame_and_add_no_call() {
         }
         p.assert_no_losses();
     }
+}
+
+/// A second mtrace, in live mode, on another process of the same libc
+/// (its return probes on realloc fire in this trace's target too: what
+/// once made a test beside it count glibc's realloc(NULL) -> malloc tail
+/// call twice) leaves this trace exact and whole.
+#[test]
+fn a_live_trace_of_another_process_leaves_this_one_exact() {
+    need_bpf!();
+    let program = hidden();
+    let mut other = FixtureProc::start(&program, &["--loop"]);
+    other.wait_ready();
+    let other_pid = other.pid().to_string();
+    let mut live = Mtrace::start(&["--live", "-o", "/dev/null", "--pid", &other_pid]);
+    live.wait_tracing();
+    let mut fx = FixtureProc::start(&program, &[]);
+    let (out, p) = trace_by_pid(&mut fx, &[]);
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    assert_eq!(p.calls_of("malloc"), Some(300), "{d}");
+    assert_eq!(p.calls_of("realloc"), Some(300), "{d}");
+    assert_eq!(p.site("realloc", "realloc_site"), (300, 300 * 56), "{d}");
+    assert!(p.allocs().all(|s| !s.truncated), "stacks whole\n{d}");
+    live.proc.signal(libc::SIGINT);
+    live.finish().assert_exit(0);
 }
