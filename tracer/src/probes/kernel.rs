@@ -16,7 +16,7 @@ pub fn offsets() -> KernelOffsets {
     static OFFSETS: OnceLock<KernelOffsets> = OnceLock::new();
     *OFFSETS.get_or_init(|| {
         let started = std::time::Instant::now();
-        let found = read("/sys/kernel/btf/vmlinux");
+        let found = read();
         match found {
             Some(_) => log::debug!(
                 "kernel BTF: offsets of pending return probes read in {:.1} ms",
@@ -34,12 +34,18 @@ pub fn prepare() {
     std::thread::spawn(offsets);
 }
 
-/// The offsets from the BTF file at `path`.
-fn read(path: &str) -> Option<KernelOffsets> {
-    // Mapped rather than parsed whole: a few lookups in several MiB.
-    let btf = Btf::from_file_with_backend(path, Backend::Mmap)
+/// The running kernel's BTF, mapped rather than parsed whole: a few
+/// lookups in several MiB.
+pub fn kernel_btf() -> Option<Btf> {
+    let path = "/sys/kernel/btf/vmlinux";
+    Btf::from_file_with_backend(path, Backend::Mmap)
         .or_else(|_| Btf::from_file(path))
-        .ok()?;
+        .ok()
+}
+
+/// The offsets from the kernel's BTF.
+fn read() -> Option<KernelOffsets> {
+    let btf = kernel_btf()?;
     let at = |st: &str, member: &str| offset_of(&btf, st, member);
     Some(KernelOffsets {
         known: 1,
@@ -57,7 +63,7 @@ fn read(path: &str) -> Option<KernelOffsets> {
 
 /// The byte offset of `member` in struct `name` (looked for in anonymous
 /// structs and unions inside it too).
-fn offset_of(btf: &Btf, name: &str, member: &str) -> Option<u32> {
+pub fn offset_of(btf: &Btf, name: &str, member: &str) -> Option<u32> {
     btf.resolve_types_by_name(name)
         .ok()?
         .iter()
@@ -108,7 +114,7 @@ mod tests {
             assert!(std::env::var_os("CI").is_none(), "no kernel BTF under CI");
             return;
         }
-        let k = read("/sys/kernel/btf/vmlinux").expect("offsets in the kernel's BTF");
+        let k = read().expect("offsets in the kernel's BTF");
         assert_eq!(k.known, 1);
         assert!(k.task_utask > 0 && k.task_mm > 0 && k.task_utask != k.task_mm);
         assert_eq!(k.return_orig, k.return_stack + 8);
