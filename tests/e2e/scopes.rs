@@ -2,6 +2,7 @@
 //! directory, present and to come, and none outside it).
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -188,4 +189,137 @@ fn a_path_that_is_not_a_cgroup_or_an_empty_one_is_refused() {
     let out = crate::support::run_mtrace(&["--cgroup", cg.path()]);
     out.assert_exit(1);
     out.assert_error("has no process to trace");
+}
+
+/// (allocator function, direct caller) -> calls of the allocation stacks
+/// of a profile, of the processes `keep` takes (pid, name).
+fn tally(
+    p: &crate::support::Profile,
+    keep: &dyn Fn(u64, &str) -> bool,
+) -> BTreeMap<(String, String), u64> {
+    let mut out = BTreeMap::new();
+    for s in p.allocs() {
+        let (pid, name) = s
+            .process
+            .as_ref()
+            .map_or((0, ""), |r| (r.pid as u64, r.name.as_str()));
+        if keep(pid, name) {
+            let key = (s.function.clone(), s.caller().unwrap_or("").to_string());
+            *out.entry(key).or_default() += s.calls;
+        }
+    }
+    out
+}
+
+/// `--all`: processes the test starts while mtrace runs, none of them
+/// through mtrace (the counts fixture directly and from a shell that
+/// forks and execs it, C++ -O2 without frame pointers) are each counted
+/// under their pid exactly as a trace of that program alone counts it,
+/// per function and direct caller, and what the shell's child ran
+/// before its exec is not theirs. A static program, whose allocator no
+/// process mapped before, has its probes added once seen, and stderr
+/// says its calls before then are not counted.
+#[test]
+fn all_counts_every_process_as_a_trace_of_it_alone_would() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let counts_static = Fixture::CountsStatic.path_str();
+    let cxx = crate::unwind::CXX.objects()[0].clone();
+    let cxx = cxx.to_str().unwrap();
+    // The oracle: each program traced alone from its first instruction.
+    let alone = |program: &str| {
+        let (out, p) = crate::support::run_profiled(&["--max-stack", "0", "--", program]);
+        out.assert_exit(0);
+        tally(&p, &|_, _| true)
+    };
+    let (counts_alone, cxx_alone) = (alone(counts), alone(cxx));
+    assert!(
+        counts_alone.values().sum::<u64>() >= 1281,
+        "{counts_alone:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let mut m = Mtrace::start(&["--all", "--per-process", "-o", json.to_str().unwrap()]);
+    m.wait_tracing();
+    let run = |argv: &[&str]| {
+        let mut c = std::process::Command::new(argv[0]);
+        c.args(&argv[1..]).stdout(std::process::Stdio::null());
+        let mut child = c.spawn().unwrap();
+        let pid = child.id();
+        assert!(child.wait().unwrap().success(), "{argv:?}");
+        pid
+    };
+    let direct = run(&[counts]);
+    run(&["sh", "-c", &format!("{counts}; exit 0")]);
+    let cxx_pid = run(&[cxx]);
+    let static_pid = run(&[counts_static]);
+    std::thread::sleep(Duration::from_millis(600));
+    m.proc.signal(libc::SIGINT);
+    let out = m.finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    let p = crate::support::Profile::load(&json);
+    assert_eq!(p.doc["meta"]["scope"], "host", "{d}");
+
+    let of = |pid: u32, name: &'static str| tally(&p, &move |p, n| p == pid as u64 && n == name);
+    assert_eq!(
+        of(direct, "counts"),
+        counts_alone,
+        "counts (pid {direct})\n{d}"
+    );
+    // The shell's child is the counts fixture once it exec'd (its only
+    // other run), and no call before that is counted as the fixture's.
+    let children: Vec<u64> = p.doc["meta"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "counts" && e["pid"] != direct)
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(children.len(), 1, "the shell's counts child\n{d}");
+    assert_eq!(
+        of(children[0] as u32, "counts"),
+        counts_alone,
+        "counts from a shell (pid {})\n{d}",
+        children[0]
+    );
+    assert_eq!(
+        of(cxx_pid, "cxx"),
+        cxx_alone,
+        "cxx (pid {cxx_pid})\n{}\n{d}",
+        p.doc["meta"]["processes"]
+    );
+    // The static program: said, and never more than it made.
+    assert!(
+        out.stderr.iter().any(|l| l.contains(&format!(
+            " after pid {static_pid} started it: its calls before then are not counted"
+        ))),
+        "{d}"
+    );
+    let static_calls: u64 = of(static_pid, "counts-static").values().sum();
+    assert!(static_calls <= counts_alone.values().sum::<u64>(), "{d}");
+}
+
+/// mtrace --all killed with SIGKILL leaves no breakpoint in a process it
+/// probed, and no program of its in the kernel.
+#[test]
+fn sigkilled_mtrace_leaves_nothing_on_the_host() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    sigkilled_mtrace_leaves_no_breakpoints_in(&|_| vec!["--all".into()]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let left = || {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .filter(|p| p.name_as_str() == Some("host_alloc"))
+            .count()
+    };
+    while left() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(left(), 0, "host_alloc programs left in the kernel");
 }

@@ -20,10 +20,10 @@ use crate::support::{
 /// A fixture program of tests/fixtures/unwind, by name, built in a
 /// directory of its own (so that it finds its libraries next to it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Program(&'static str);
+pub(crate) struct Program(&'static str);
 
 const CHAINS: Program = Program("chains");
-const CXX: Program = Program("cxx");
+pub(crate) const CXX: Program = Program("cxx");
 const RUST: Program = Program("rust");
 const NO_CFI: Program = Program("nocfi");
 const MIXED: Program = Program("mixed");
@@ -103,7 +103,7 @@ impl Program {
     }
 
     /// The built program, and its libraries; built once per test run.
-    fn objects(self) -> Vec<PathBuf> {
+    pub(crate) fn objects(self) -> Vec<PathBuf> {
         static BUILT: OnceLock<Mutex<HashMap<Program, PathBuf>>> = OnceLock::new();
         let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
         let dir = built.entry(self).or_insert_with(|| build(self)).clone();

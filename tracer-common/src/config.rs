@@ -42,6 +42,8 @@ pub struct Config {
     pub weight_table: [u32; WEIGHT_TABLE_LEN],
     /// Where the kernel keeps the return addresses its return probes hid.
     pub kernel: KernelOffsets,
+    /// Where it keeps a mapping's file (the host scope's callers).
+    pub vma: crate::VmaOffsets,
 }
 
 /// Byte offsets in the running kernel's structures (from its BTF) of what

@@ -9,6 +9,7 @@
 mod config;
 mod counters;
 mod events;
+mod host;
 pub mod maps;
 mod python;
 mod roles;
@@ -19,6 +20,7 @@ mod unwind;
 pub use config::*;
 pub use counters::*;
 pub use events::*;
+pub use host::*;
 pub use python::*;
 pub use roles::*;
 pub use sampling::*;
@@ -41,4 +43,10 @@ mod pod {
     unsafe impl aya::Pod for LostFree {}
     unsafe impl aya::Pod for WalkMemo {}
     unsafe impl aya::Pod for PyNotice {}
+    unsafe impl aya::Pod for HostKey {}
+    unsafe impl aya::Pod for HostValue {}
+    unsafe impl aya::Pod for HostFunc {}
+    unsafe impl aya::Pod for HostBodies {}
+    unsafe impl aya::Pod for HostExec {}
+    unsafe impl aya::Pod for HostProcess {}
 }

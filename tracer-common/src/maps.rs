@@ -43,8 +43,25 @@ pub const PROCESS: &str = "PROCESS";
 /// The global the tracer writes before load ([`crate::Config`]).
 pub const CONFIG: &str = "CONFIG";
 
+/// Host scope (`--all`): per (process, function, caller's file and
+/// offset), calls and bytes ([`crate::HostKey`], [`crate::HostValue`]).
+pub const HOST_COUNTS: &str = "HOST_COUNTS";
+/// Host scope: exact calls and bytes per function-table row.
+pub const HOST_TOTALS: &str = "HOST_TOTALS";
+/// Host scope: the function table ([`crate::HostFunc`]).
+pub const HOST_FUNCS: &str = "HOST_FUNCS";
+/// Host scope: allocator bodies per file ([`crate::HostBodies`]).
+pub const HOST_BODIES: &str = "HOST_BODIES";
+/// Host scope: each process's name ([`crate::HostProcess`], one per exec)
+/// at its first counted call.
+pub const HOST_NAMES: &str = "HOST_NAMES";
+/// Host scope: processes that exec'd ([`crate::HostExec`]).
+pub const HOST_EXECS: &str = "HOST_EXECS";
+/// Host scope: the tracer's own process id, which the programs skip.
+pub const HOST_SELF: &str = "HOST_SELF";
+
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 15] = [
+pub const ALL_MAPS: [&str; 23] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -60,7 +77,20 @@ pub const ALL_MAPS: [&str; 15] = [
     WALK,
     MEMO,
     PROCESS,
+    HOST_COUNTS,
+    HOST_TOTALS,
+    HOST_FUNCS,
+    HOST_BODIES,
+    HOST_NAMES,
+    HOST_EXECS,
+    HOST_SELF,
+    "HOST_MARKS",
 ];
+
+/// The host scope's programs: every allocating entry point, file-wide,
+/// and the exec tracepoint.
+pub const HOST_ALLOC: &str = "host_alloc";
+pub const HOST_EXEC: &str = "host_exec";
 
 /// The benchmark's floor: a program that does nothing, attached where the
 /// real entry probes go, and its return-probe twin.

@@ -44,6 +44,7 @@ mod aggregate;
 mod args;
 mod handover;
 mod hidden;
+mod host;
 mod live;
 mod maps;
 mod memo;
@@ -55,8 +56,8 @@ mod scratch;
 mod walk;
 
 use aya_ebpf::{
-    macros::{uprobe, uretprobe},
-    programs::{ProbeContext, RetProbeContext},
+    macros::{tracepoint, uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use tracer_common::Role;
 
@@ -81,6 +82,19 @@ pub fn alloc(ctx: ProbeContext) -> u32 {
 pub fn release(ctx: ProbeContext) -> u32 {
     let cookie = attach_cookie(&ctx);
     record_free(&ctx, cookie, probe_arg(&ctx, cookie, 0))
+}
+
+/// Host scope (`--all`): every allocating entry point of every allocator
+/// file, attached file-wide (see [`host`]).
+#[uprobe]
+pub fn host_alloc(ctx: ProbeContext) -> u32 {
+    host::record(&ctx)
+}
+
+/// Host scope: a process exec'd.
+#[tracepoint]
+pub fn host_exec(ctx: TracePointContext) -> u32 {
+    host::exec(&ctx)
 }
 
 /// The benchmark's floor: attached where the real probes go, does nothing.

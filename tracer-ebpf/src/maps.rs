@@ -7,10 +7,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
 };
 use tracer_common::{
-    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, KernelOffsets, LostFree,
-    Pending, ProcessConfig, StackFrames, UnwindRule, WalkMemo, WalkScratch, EXP_TABLE_LEN,
-    MARK_SLOTS, MAX_FRAMES, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS,
-    WEIGHT_TABLE_LEN,
+    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFunc,
+    HostKey, HostMark, HostProcess, HostValue, KernelOffsets, LostFree, Pending, ProcessConfig,
+    StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
+    MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE,
+    WALK_LEVELS, WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -35,6 +36,16 @@ pub(crate) static CONFIG: Config = Config {
         return_orig: 0,
         return_next: 0,
         _pad: 0,
+    },
+    vma: VmaOffsets {
+        known: 0,
+        vm_start: 0,
+        vm_pgoff: 0,
+        vm_file: 0,
+        file_inode: 0,
+        inode_ino: 0,
+        inode_sb: 0,
+        sb_dev: 0,
     },
 };
 
@@ -160,6 +171,48 @@ pub(crate) static COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1,
 #[unsafe(link_section = ".maps")]
 #[unsafe(export_name = "PENDING")]
 pub(crate) static PENDING: TaskStorage<Pending> = TaskStorage::new();
+
+/// Host scope: per (process, function, caller's place in its file), calls
+/// and bytes. Per CPU; not preallocated (size set by the tracer).
+#[map]
+pub(crate) static HOST_COUNTS: PerCpuHashMap<HostKey, HostValue> =
+    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope: exact calls (`[f]`) and bytes (`[MAX_HOST_FUNCS + f]`) per
+/// function-table row, kept apart from `HOST_COUNTS` so that they stay
+/// exact when it is full.
+#[map]
+pub(crate) static HOST_TOTALS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(2 * MAX_HOST_FUNCS, 0);
+
+/// Host scope: the function table, filled by the tracer before each
+/// file's probes go in.
+#[map]
+pub(crate) static HOST_FUNCS: Array<HostFunc> = Array::with_max_entries(MAX_HOST_FUNCS, 0);
+
+/// Host scope: each file's allocator bodies, by the index its functions
+/// name.
+#[map]
+pub(crate) static HOST_BODIES: Array<HostBodies> = Array::with_max_entries(MAX_HOST_FILES, 0);
+
+/// Host scope: each process's name (`comm`) when its first key was made.
+#[map]
+pub(crate) static HOST_NAMES: HashMap<HostProcess, Comm> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope: processes that exec'd, for the tracer.
+#[map]
+pub(crate) static HOST_EXECS: RingBuf = RingBuf::with_byte_size(1 << 18, 0);
+
+/// Host scope: the tracer's own process id (its allocations are not the
+/// host's).
+#[map]
+pub(crate) static HOST_SELF: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Host scope: each thread's last counted entry.
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "HOST_MARKS")]
+pub(crate) static HOST_MARKS: TaskStorage<HostMark> = TaskStorage::new();
 
 /// A BTF-defined task storage map (aya-ebpf 0.2.1 has none): one value per
 /// thread, created on first use.

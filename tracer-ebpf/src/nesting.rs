@@ -2,7 +2,9 @@
 //! probed function's body) or a tail call from a function just counted is
 //! not counted again.
 
-use tracer_common::{EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES, MAX_FREE_BODIES};
+use tracer_common::{
+    BodyRange, EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES, MAX_FREE_BODIES,
+};
 
 use crate::{
     hidden::hidden_return,
@@ -13,12 +15,21 @@ use crate::{
 /// is the allocator calling itself and was counted by the outer call.
 #[inline(always)]
 pub(crate) fn in_allocator_body(addr: u64) -> bool {
-    // The ranges are sorted and do not overlap: the last one starting at or
-    // below `addr` is the only candidate. Six halvings cover 64.
     let Some(p) = PROCESS.get_ptr(0) else {
         return false;
     };
-    let n = unsafe { (*p).n_bodies } as usize;
+    in_ranges(
+        unsafe { &(*p).bodies },
+        unsafe { (*p).n_bodies } as usize,
+        addr,
+    )
+}
+
+/// Is `addr` in one of the first `n` of `ranges` (sorted, not
+/// overlapping)? The last range starting at or below `addr` is the only
+/// candidate; seven halvings cover 64.
+#[inline(always)]
+pub(crate) fn in_ranges(ranges: &[BodyRange; MAX_BODY_RANGES], n: usize, addr: u64) -> bool {
     let (mut lo, mut hi) = (0usize, n.min(MAX_BODY_RANGES));
     let mut step = 0;
     while step < 7 {
@@ -26,8 +37,7 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
             break;
         }
         let mid = ((lo + hi) / 2) & (MAX_BODY_RANGES - 1);
-        let start = unsafe { (*p).bodies[mid].start };
-        if addr < start {
+        if addr < ranges[mid].start {
             hi = mid;
         } else {
             lo = mid + 1;
@@ -37,7 +47,7 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
     if lo == 0 {
         return false;
     }
-    let r = unsafe { (*p).bodies[(lo - 1) & (MAX_BODY_RANGES - 1)] };
+    let r = ranges[(lo - 1) & (MAX_BODY_RANGES - 1)];
     addr >= r.start && addr < r.end
 }
 

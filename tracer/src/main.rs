@@ -29,7 +29,8 @@ mod watch; // the status line and mtrace top, fed every second
 
 mod sinks; // where profiles go: the report and its files, snapshots
 
-mod agent; // mtrace agent: the trace served over HTTP (pprof, Prometheus)
+mod agent;
+mod host; // --all: file-wide probes in every process, counts by process and caller // mtrace agent: the trace served over HTTP (pprof, Prometheus)
 
 mod cli; // arguments (clap) and what they mean (config)
 mod commands; // trace (and top), report, diff, generate

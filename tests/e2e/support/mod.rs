@@ -32,10 +32,57 @@ pub use profile::{validate_profile, Profile};
 /// being root fails the test instead.
 #[must_use]
 pub fn require_bpf() -> bool {
-    require(
+    let ok = require(
         unsafe { libc::geteuid() } == 0,
         "the e2e tests need root (BPF and uprobes)",
-    )
+    );
+    if ok {
+        hold(false);
+    }
+    ok
+}
+
+/// [`require_bpf`] for a test that probes every process on the host
+/// (`--all`): it runs alone, once every other BPF test has ended and
+/// before any starts. Its breakpoints would be in every other test's
+/// processes, whose checks that their code is restored after mtrace,
+/// or whose timing, they would upset.
+pub fn require_bpf_alone() -> bool {
+    let ok = require(
+        unsafe { libc::geteuid() } == 0,
+        "the e2e tests need root (BPF and uprobes)",
+    );
+    if ok {
+        hold(true);
+    }
+    ok
+}
+
+/// Held shared by every BPF test, alone by a host-wide one, until the
+/// test's thread ends (or the thread's next test takes it again).
+static HOST_WIDE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+enum Held {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<Held>> = const { std::cell::RefCell::new(None) };
+}
+
+fn hold(alone: bool) {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        // What this thread held for an earlier test (or earlier in this
+        // one) first: a lock is never waited for while holding it.
+        *h = None;
+        *h = Some(if alone {
+            Held::Alone(HOST_WIDE.write().unwrap_or_else(|e| e.into_inner()))
+        } else {
+            Held::Shared(HOST_WIDE.read().unwrap_or_else(|e| e.into_inner()))
+        });
+    });
 }
 
 /// Whether what a test needs (`needed`) holds. When it does not: false,

@@ -59,11 +59,17 @@ impl Mtrace {
         }
     }
 
-    /// Waits for `mtrace: tracing pid PID (...` and returns PID.
+    /// Waits for the line that says tracing began (`mtrace: tracing pid
+    /// PID (...`) and returns PID; 0 for `--all`, which names none.
     pub fn wait_tracing(&mut self) -> u32 {
-        let line = self
-            .stderr
-            .wait_for(|l| l.starts_with("mtrace: tracing pid "), LINE_TIMEOUT);
+        const HOST: &str = "mtrace: tracing every process on the host";
+        let line = self.stderr.wait_for(
+            |l| l.starts_with("mtrace: tracing pid ") || l.starts_with(HOST),
+            LINE_TIMEOUT,
+        );
+        if line.starts_with(HOST) {
+            return 0;
+        }
         let rest = &line["mtrace: tracing pid ".len()..];
         let (pid, _) = rest
             .split_once(" (")

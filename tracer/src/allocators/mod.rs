@@ -375,6 +375,13 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
     }))
 }
 
+/// The allocator of a program that would map `paths` (in this order), as
+/// they are on this host: for probes in files before any process maps
+/// them (the host scope).
+pub fn find_in_files(paths: Vec<String>) -> Result<Option<AllocatorObject>> {
+    find_among(std::process::id(), paths, false)
+}
+
 /// [`find_in_process`] for a process that must have its allocator mapped
 /// already (tracing by pid).
 pub fn require_in_process(pid: u32, maps: &[Mapping], python: bool) -> Result<AllocatorObject> {

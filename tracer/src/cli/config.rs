@@ -30,6 +30,8 @@ pub enum Target {
     Command(Vec<String>),
     /// `--cgroup`, as given.
     Cgroup(String),
+    /// `--all`: every process on the host.
+    Host,
 }
 
 /// A trace, as the arguments ask for it.
@@ -64,6 +66,7 @@ impl TraceConfig {
     /// `None` when there is nothing to trace (no pid, no command).
     pub fn from_args(args: &TraceArgs) -> Option<TraceConfig> {
         let target = match (args.pid, &args.cgroup, args.command.is_empty()) {
+            _ if args.all => Target::Host,
             (Some(pid), _, _) => Target::Pid(pid),
             (None, Some(cgroup), _) => Target::Cgroup(cgroup.clone()),
             (None, None, false) => Target::Command(args.command.clone()),

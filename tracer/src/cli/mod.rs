@@ -211,6 +211,18 @@ pub struct TraceArgs {
     #[arg(long, value_name = "PATH", conflicts_with_all = ["pid", "command"])]
     pub cgroup: Option<String>,
 
+    /// Trace every process on the host that allocates, present and to
+    /// come, each call under its process and its direct caller (no deeper
+    /// stack: for whole stacks name a scope, --pid, --cgroup or a
+    /// command). One probe per allocating function of each allocator file,
+    /// in every process that maps it: every process on the host takes a
+    /// uprobe trap (~0.4-1 us) per allocating call while it runs, and none
+    /// after it ends (kill -9 included). Count mode only; rows are per
+    /// process.
+    #[arg(long, conflicts_with_all = ["pid", "cgroup", "command", "live", "sample_bytes",
+          "sample_every", "count_frees", "python_objects", "children", "user", "no_follow"])]
+    pub all: bool,
+
     /// Stop tracing after this many seconds (default: until Ctrl-C, SIGTERM
     /// or the target's exit).
     #[arg(short, long, value_name = "SECS", value_parser = parse_duration)]

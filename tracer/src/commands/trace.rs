@@ -95,6 +95,21 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
         }
         _ => None,
     };
+    if config.target == Target::Host {
+        if server.is_some() {
+            return Err(anyhow::Error::new(UserError::with_code(
+                "mtrace agent takes --pid, --cgroup or a command, not --all yet",
+                EXIT_USAGE,
+            )));
+        }
+        if config.outputs.table.per_thread {
+            return Err(anyhow::Error::new(UserError::with_code(
+                "--all counts per process, not per thread",
+                EXIT_USAGE,
+            )));
+        }
+        return crate::host::run(config, top);
+    }
     tracee::check_privileges()?;
     launch::raise_file_limit();
     // Signal handlers before anything else: a Ctrl-C from here on ends the
@@ -270,7 +285,7 @@ fn conclude(
 fn checked_config(args: &TraceArgs, top: bool) -> Result<(TraceConfig, Option<RunAs>)> {
     let Some(config) = TraceConfig::from_args(args) else {
         return Err(anyhow::Error::new(UserError::with_code(
-            "nothing to trace: give --pid PID, --cgroup PATH or a command after `--` (see mtrace --help)",
+            "nothing to trace: give --pid PID, --cgroup PATH, --all or a command after `--` (see mtrace --help)",
             EXIT_USAGE,
         )));
     };
@@ -391,6 +406,8 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
         Target::Pid(_) => config.children,
         Target::Cgroup(_) => true,
         Target::Command(_) => config.follow,
+        // Traced by `host::run`, never attached here.
+        Target::Host => unreachable!("--all is traced by host::run"),
     };
     if tree {
         crate::probes::pool::keep_spares();
@@ -430,6 +447,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             };
             (attached, Some(hold), None)
         }
+        Target::Host => unreachable!("--all is traced by host::run"),
         Target::Command(argv) => {
             // The live view has the terminal: the command's output goes
             // to a log meanwhile (mtrace's own is back once it started).
@@ -525,7 +543,7 @@ fn tracing_line(config: &TraceConfig, root: &TracedProcess) -> String {
 }
 
 /// The live view (`top`) and the receiver of its `q`, or the status line.
-type Watchers = (Vec<Box<dyn Watcher>>, Option<oneshot::Receiver<()>>);
+pub(crate) type Watchers = (Vec<Box<dyn Watcher>>, Option<oneshot::Receiver<()>>);
 
 fn watchers(
     config: &TraceConfig,
@@ -653,7 +671,7 @@ fn log_program_times(programs: &[multi::Program]) {
     }
 }
 
-fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()

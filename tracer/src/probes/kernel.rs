@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use btf_rs::{Backend, Btf, Member, Type};
-use tracer_common::KernelOffsets;
+use tracer_common::{KernelOffsets, VmaOffsets, VMA_COPY};
 
 /// The offsets, worked out once per run (`known` 0 when the kernel's BTF
 /// lacks one of them: hidden return addresses then end a stack, as they
@@ -24,6 +24,33 @@ pub fn offsets() -> KernelOffsets {
             ),
             None => log::debug!("kernel BTF: no offsets of pending return probes"),
         }
+        found.unwrap_or_default()
+    })
+}
+
+/// Where the kernel keeps a mapping's start, page offset and file, and a
+/// file's device and inode (the host scope's callers); `known` 0 when its
+/// BTF lacks one, or one lies beyond the part of a mapping the programs
+/// copy.
+pub fn vma_offsets() -> VmaOffsets {
+    static OFFSETS: OnceLock<VmaOffsets> = OnceLock::new();
+    *OFFSETS.get_or_init(|| {
+        let btf = kernel_btf();
+        let found = btf.and_then(|btf| {
+            let at = |st: &str, member: &str| offset_of(&btf, st, member);
+            let o = VmaOffsets {
+                known: 1,
+                vm_start: at("vm_area_struct", "vm_start")?,
+                vm_pgoff: at("vm_area_struct", "vm_pgoff")?,
+                vm_file: at("vm_area_struct", "vm_file")?,
+                file_inode: at("file", "f_inode")?,
+                inode_ino: at("inode", "i_ino")?,
+                inode_sb: at("inode", "i_sb")?,
+                sb_dev: at("super_block", "s_dev")?,
+            };
+            let copied = |at: u32| (at as usize) + 8 <= VMA_COPY && at.is_multiple_of(8);
+            (copied(o.vm_start) && copied(o.vm_pgoff) && copied(o.vm_file)).then_some(o)
+        });
         found.unwrap_or_default()
     })
 }
@@ -105,6 +132,15 @@ fn bits_in(btf: &Btf, members: &[Member], member: &str, base: u32) -> Option<u32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel this runs on has the mapping's offsets, inside the copy.
+    #[test]
+    fn mapping_offsets_of_the_running_kernel() {
+        let o = vma_offsets();
+        assert_eq!(o.known, 1, "{o:?}");
+        assert_eq!(o.vm_start, 0, "{o:?}");
+        assert!(o.vm_file > o.vm_start && o.inode_sb != o.inode_ino, "{o:?}");
+    }
 
     /// The kernel this runs on has them all, each where its struct can
     /// hold it (a word apart in `return_instance`).

@@ -9,9 +9,9 @@ pub mod pool;
 use anyhow::{Context, Result};
 use aya::{Ebpf, EbpfLoader};
 use tracer_common::{
-    maps, Config, ProcessConfig, PythonLayout, Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT,
-    EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
-    WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    maps, Config, ProcessConfig, PythonLayout, Role, VmaOffsets, COOKIE_ARGS_SHIFT,
+    COOKIE_ROLE_SHIFT, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY,
+    SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
@@ -26,13 +26,13 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// The cookie of a probe site: the function's index in the run's table,
 /// where its arguments are, and its role.
-fn cookie(site: &ProbeSite, func: u32) -> u64 {
+pub(crate) fn cookie(site: &ProbeSite, func: u32) -> u64 {
     func as u64 | site.args << COOKIE_ARGS_SHIFT | (site.role() as u64) << COOKIE_ROLE_SHIFT
 }
 
 /// The embedded BPF object, or for experiments on the programs the file
 /// named by `MTRACE_BPF_OBJECT`.
-fn bpf_object() -> Result<std::borrow::Cow<'static, [u8]>> {
+pub(crate) fn bpf_object() -> Result<std::borrow::Cow<'static, [u8]>> {
     match std::env::var_os("MTRACE_BPF_OBJECT") {
         Some(path) => Ok(std::borrow::Cow::Owned(std::fs::read(&path).with_context(
             || format!("reading MTRACE_BPF_OBJECT={}", path.to_string_lossy()),
@@ -193,14 +193,10 @@ pub struct Probes {
     pub max_frames: u32,
 }
 
-/// Loads the BPF object for `mode` and `sizes` (its programs are loaded
-/// as processes need them).
-fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded> {
-    // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
-    // share them); rings no CPU uses, and all in count mode, get a page.
-    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
-    let shared = guard.get_or_insert_with(|| SharedLoader {
+/// The shared loader (made on first use) with `config` as the object's
+/// global.
+fn configured(shared: &mut Option<SharedLoader>, config: Box<Config>) -> &mut EbpfLoader<'static> {
+    let shared = shared.get_or_insert_with(|| SharedLoader {
         loader: EbpfLoader::new(),
         config: None,
     });
@@ -215,7 +211,17 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         // replaced the loader's one reference to it.
         drop(unsafe { Box::from_raw(old.as_ptr()) });
     }
-    let loader = &mut shared.loader;
+    &mut shared.loader
+}
+
+/// Loads the BPF object for `mode` and `sizes` (its programs are loaded
+/// as processes need them).
+fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded> {
+    // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
+    // share them); rings no CPU uses, and all in count mode, get a page.
+    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+    let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
+    let loader = configured(&mut guard, config);
     for (i, name) in maps::EVENTS.iter().enumerate() {
         let used = mode.live && (i as u32) < cpus;
         loader.map_max_entries(name, if used { sizes.events } else { 4096 });
@@ -241,6 +247,40 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         programs: Vec::new(),
         made_for: (mode, sizes),
     })
+}
+
+/// Loads the BPF object for the host scope (`--all`): count mode, the
+/// direct caller only, `host_counts` keys; the maps of the per-process
+/// programs at their smallest.
+pub fn load_host(host_counts: u32) -> Result<Ebpf> {
+    let config = Box::new(Config {
+        per_thread: 0,
+        live: 0,
+        sample_mode: SAMPLE_NONE,
+        max_frames: 0,
+        sample_param: 0,
+        sample_scale: 0,
+        exp_table: exp_table(),
+        weight_table: weight_table(),
+        kernel: kernel::offsets(),
+        vma: kernel::vma_offsets(),
+    });
+    let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
+    let loader = configured(&mut guard, config);
+    for name in maps::EVENTS {
+        loader.map_max_entries(name, 4096);
+    }
+    let ebpf = loader
+        .allow_unsupported_maps()
+        .map_max_entries(maps::COUNTS, 1)
+        .map_max_entries(maps::STACKS, 1)
+        .map_max_entries(maps::UNWIND_RULES, 1)
+        .map_max_entries(maps::UNWIND_MISSES, 4096)
+        .map_max_entries(maps::LOST_FREES, 1)
+        .map_max_entries(maps::HOST_COUNTS, host_counts)
+        .load(&bpf_object()?)
+        .context("loading the BPF programs")?;
+    Ok(ebpf)
 }
 
 /// Loads the BPF object, calls `before` with it (for what must run before
@@ -269,6 +309,7 @@ pub fn attach<T>(
         exp_table: exp_table(),
         weight_table: weight_table(),
         kernel: kernel::offsets(),
+        vma: VmaOffsets::default(),
     });
     if let Some(Sampling::Every(n)) = mode.sampling {
         // Over the exponential table's mean, which its cut-off tail puts

@@ -90,6 +90,18 @@ impl Signals {
             usr1: signal(SignalKind::user_defined1())?,
         })
     }
+
+    /// The next signal that ends a trace: SIGINT or SIGTERM (the host
+    /// scope, which writes no snapshots, lets SIGUSR1 pass).
+    pub async fn ending(&mut self) -> i32 {
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => return libc::SIGINT,
+                _ = self.term.recv() => return libc::SIGTERM,
+                _ = self.usr1.recv() => {}
+            }
+        }
+    }
 }
 
 /// A descriptor that becomes readable when `pid` exits. Opened before the

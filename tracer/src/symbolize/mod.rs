@@ -212,6 +212,55 @@ pub fn symbolize(
     }
 }
 
+/// The frames at each of `returns` (return addresses as file offsets in
+/// `file`, shown as `module`): the host scope's callers, whose processes
+/// may be gone. An offset nothing is known at reads as `module+offset`.
+pub fn returns_in_file(file: &std::fs::File, module: &str, returns: &[u64]) -> Vec<Vec<Frame>> {
+    let id = FileId::of_file(file);
+    // The call itself, not what follows it.
+    let offsets: Vec<u64> = returns.iter().map(|r| r.saturating_sub(1)).collect();
+    let mut known = KNOWN.with(|k| k.take());
+    let todo: Vec<u64> = offsets
+        .iter()
+        .copied()
+        .filter(|o| id.is_none_or(|id| !known.contains_key(&(id, *o))))
+        .collect();
+    let mut fresh: HashMap<u64, Option<Vec<Frame>>> = HashMap::new();
+    if !todo.is_empty() {
+        SYMBOLIZER.with(|symbolizer| {
+            let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
+            let results = symbolizer.symbolize(&src, Input::FileOffset(&todo)).ok();
+            for (i, &o) in todo.iter().enumerate() {
+                let found = match results.as_ref().and_then(|r| r.get(i)) {
+                    Some(Symbolized::Sym(sym)) => Some(sym_frames(sym, "", 0)),
+                    _ => None,
+                };
+                fresh.insert(o, found);
+            }
+        });
+    }
+    let frames = offsets
+        .iter()
+        .map(|&o| {
+            let k = match fresh.get(&o) {
+                Some(f) => f.clone(),
+                None => id.and_then(|id| known.get(&(id, o)).cloned()).flatten(),
+            };
+            frames_at(k.as_deref(), module, o + 1, o)
+        })
+        .collect();
+    if let Some(id) = id {
+        for (o, f) in fresh {
+            if known.len() >= KNOWN_KEPT {
+                known.clear();
+            }
+            known.insert((id, o), f);
+        }
+    }
+    KNOWN.with(|k| k.replace(known));
+    frames
+}
+
 fn func_name(funcs: &[FuncInfo], func: u32) -> String {
     funcs
         .get(func as usize)

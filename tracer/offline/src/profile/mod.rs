@@ -468,6 +468,12 @@ pub struct Meta {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub python: String,
     pub probes: Vec<Probe>,
+    /// How the probes were placed, when not in each traced process by its
+    /// pid: `host` (`--all`: file-wide probes in every process that maps
+    /// an allocator, each call counted under its process and direct
+    /// caller). Empty for per-pid probes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scope: String,
     /// Every process of the traced tree when there were more than one
     /// (the root first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

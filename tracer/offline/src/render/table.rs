@@ -84,23 +84,36 @@ const BY_PROCESS_SHOWN: usize = 5;
 /// Per process (rows split with `--per-process`): the processes that
 /// allocated most, by calls, with their executable and cgroup.
 fn by_process(profile: &Profile) -> String {
-    let mut per: std::collections::HashMap<u32, (u64, u64)> = Default::default();
+    // By pid and name: a process that exec'd is two programs.
+    let mut per: std::collections::HashMap<(u32, &str), (u64, u64)> = Default::default();
     for e in profile.stacks.iter().filter(|e| e.func != FREE_FUNC) {
         if let Some(p) = &e.process {
-            let sum = per.entry(p.pid).or_default();
+            let sum = per.entry((p.pid, p.name.as_str())).or_default();
             sum.0 += e.counts.calls;
             sum.1 += e.counts.bytes;
         }
     }
-    let mut rows: Vec<(u32, u64, u64)> = per.into_iter().map(|(pid, (c, b))| (pid, c, b)).collect();
-    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut rows: Vec<(u32, &str, u64, u64)> = per
+        .into_iter()
+        .map(|((pid, name), (c, b))| (pid, name, c, b))
+        .collect();
+    rows.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(b.1)));
     let mut out = String::new();
-    for &(pid, calls, b) in rows.iter().take(BY_PROCESS_SHOWN) {
-        let meta = profile.meta.processes.iter().rev().find(|p| p.pid == pid);
+    for &(pid, name, calls, b) in rows.iter().take(BY_PROCESS_SHOWN) {
+        let meta = {
+            let of_pid = || profile.meta.processes.iter().rev().filter(|p| p.pid == pid);
+            of_pid()
+                .find(|p| p.name == name)
+                .or_else(|| of_pid().next())
+        };
         let _ = write!(
             out,
             "by process: {} (pid {pid}): {} calls, {}",
-            meta.map_or("?", |m| m.name.as_str()),
+            if name.is_empty() {
+                meta.map_or("?", |m| m.name.as_str())
+            } else {
+                name
+            },
             thousands(calls),
             bytes(b)
         );
@@ -136,6 +149,12 @@ fn header(profile: &Profile, paint: Paint) -> String {
     if !meta.command.is_empty() {
         let _ = writeln!(out, "command: {}", meta.command);
     }
+    if meta.scope == "host" {
+        let _ = writeln!(
+            out,
+            "scope: the whole host (--all): file-wide probes in every process that maps an allocator; each call under its process and direct caller"
+        );
+    }
     if !meta.allocator_object.is_empty() {
         let _ = write!(out, "probes: {}", meta.allocator_object);
         match (
@@ -168,10 +187,15 @@ fn header(profile: &Profile, paint: Paint) -> String {
         let untraced: Vec<_> = meta.processes.iter().filter(|p| !p.traced).collect();
         // Processes beyond the profile's records were untraced too.
         let not_traced = untraced.len() as u64 + meta.processes_unlisted;
-        let _ = write!(
-            out,
-            "processes: {traced} traced ({exited} exited during the trace)"
-        );
+        if meta.scope == "host" {
+            // What exited is not followed there: every process is in.
+            let _ = write!(out, "processes: {traced} allocated (one per exec)");
+        } else {
+            let _ = write!(
+                out,
+                "processes: {traced} traced ({exited} exited during the trace)"
+            );
+        }
         if not_traced > 0 {
             let _ = write!(out, ", {not_traced} not traced");
         }

@@ -1,0 +1,518 @@
+//! The host scope, `mtrace --all` and `mtrace top --all`: every process on
+//! the host that allocates, at the cost of one BPF object and one link per
+//! allocator file. The probes are file-wide (the kernel puts them in every
+//! process that maps the file, present and future), so a new process costs
+//! mtrace nothing; each call is counted in the kernel under its process,
+//! its function and its direct caller's place in the caller's file. There
+//! is no stack walk here: unwind rules are per process, and this scope
+//! keeps no per-process state in the kernel. Processes outside any other
+//! scope take the trap of every allocating call while it runs (see
+//! docs/counting.md).
+
+mod files;
+mod probes;
+mod read;
+
+use std::{
+    cell::RefCell,
+    collections::{HashMap, HashSet, VecDeque},
+    fs,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use tracer_common::{maps, HostExec, HostProcess, MAX_HOST_FUNCS};
+
+use self::{
+    files::{all_pids, FileIndex},
+    probes::HostProbes,
+};
+use crate::{
+    cli::config::TraceConfig,
+    collect::Running,
+    profile::{Meta, ProcessMeta, Profile},
+    render::text::printable,
+    say,
+    session::{End, Signals},
+    sinks::{Outcome, Report, Sink},
+    tracee::{self, launch},
+    user_error,
+    watch::{self, StatusLine, Tick, Watcher},
+};
+
+/// Most processes whose names and command lines are kept (the first
+/// seen give way first).
+const PROCESSES_KEPT: usize = 65536;
+
+/// What is known of the host's processes, by process and address space
+/// (one per exec): read from `/proc` when first seen (at the start, with
+/// address space 0, or at an exec), so that one gone before the report
+/// still has its name and command line.
+#[derive(Default)]
+pub struct Processes {
+    metas: HashMap<HostProcess, ProcessMeta>,
+    order: VecDeque<HostProcess>,
+}
+
+impl Processes {
+    /// Reads what `/proc` says of `pid` now (`exe`: the path it exec'd,
+    /// which outlives it; `mm`: its address space since, 0 at the start).
+    fn note(&mut self, pid: u32, mm: u64, exe: Option<&str>) {
+        let mut meta = proc_meta(pid);
+        if let Some(exe) = exe {
+            if meta.executable.is_empty() {
+                meta.executable = exe.to_string();
+            }
+            if meta.name.is_empty() {
+                meta.name = exe.rsplit('/').next().unwrap_or(exe).to_string();
+            }
+        }
+        let key = HostProcess {
+            tgid: pid,
+            _pad: 0,
+            mm,
+        };
+        if self.metas.insert(key, meta).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > PROCESSES_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.metas.remove(&old);
+            }
+        }
+    }
+
+    /// The record of process `p`, whose name was `comm` when it first
+    /// allocated: from its exec, else from the start's scan or from `/proc`
+    /// now when the name there is the same (it has not exec'd since),
+    /// else the name alone.
+    fn meta(&self, p: HostProcess, comm: &str) -> ProcessMeta {
+        let same = |m: &ProcessMeta| comm.is_empty() || m.name == comm;
+        if let Some(m) = self.metas.get(&p) {
+            let mut m = m.clone();
+            if !comm.is_empty() {
+                // The name it had when it allocated (the exec's path
+                // named it only when it was already gone).
+                m.name = comm.to_string();
+            }
+            return m;
+        }
+        let at_start = HostProcess { mm: 0, ..p };
+        if let Some(m) = self.metas.get(&at_start).filter(|m| same(m)) {
+            return m.clone();
+        }
+        let now = proc_meta(p.tgid);
+        if !now.name.is_empty() && same(&now) {
+            return now;
+        }
+        ProcessMeta {
+            pid: p.tgid,
+            name: comm.to_string(),
+            traced: true,
+            ..ProcessMeta::default()
+        }
+    }
+}
+
+/// What `/proc` says of `pid` now (empty fields when it is gone).
+fn proc_meta(pid: u32) -> ProcessMeta {
+    let known = |s: String| if s == "?" { String::new() } else { s };
+    ProcessMeta {
+        pid,
+        ppid: tracee::ppid(pid).unwrap_or(0),
+        name: known(tracee::comm(pid)),
+        command: known(tracee::cmdline(pid)),
+        executable: tracee::executable(pid),
+        cgroup: tracee::cgroup::of(pid),
+        traced: true,
+        ..ProcessMeta::default()
+    }
+}
+
+/// After an exec, when to look at the process's files again: the dynamic
+/// linker maps its libraries only once the program runs.
+const RECHECKS_MS: [u64; 3] = [5, 50, 500];
+
+/// The host scope under way: its probes, what it knows of files and
+/// processes, and the processes whose files it looks at again.
+struct Host {
+    probes: HostProbes,
+    index: FileIndex,
+    procs: Processes,
+    /// The C library the dynamic linker's cache names (beside an
+    /// executable that has an allocator of its own).
+    libc: Option<String>,
+    /// Executables looked at for an allocator of their own, by file.
+    classified: HashSet<files::FileKey>,
+    /// (when, pid): processes whose files to look at again.
+    rechecks: VecDeque<(Instant, u32)>,
+    /// Processes whose probes went in after they started.
+    late: u64,
+}
+
+impl Host {
+    /// Probes every process on the host now, and the allocator libraries
+    /// installed (a program that maps one later is counted from its first
+    /// call).
+    fn start(counts: u32) -> Result<Host> {
+        let mut host = Host {
+            probes: HostProbes::load(counts)?,
+            index: FileIndex::default(),
+            procs: Processes::default(),
+            libc: None,
+            classified: HashSet::new(),
+            rechecks: VecDeque::new(),
+            late: 0,
+        };
+        let me = std::process::id();
+        for pid in all_pids().into_iter().filter(|&p| p != me) {
+            let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                continue;
+            };
+            if text.is_empty() {
+                continue;
+            }
+            host.index.note(pid, &text);
+            host.procs.note(pid, 0, None);
+            if let Err(e) = host.probes.add_process(pid, &text) {
+                say!("mtrace: pid {pid}: {e:#}");
+            }
+        }
+        let installed = installed_allocators();
+        host.libc = installed.first().and_then(|set| set.first()).cloned();
+        for paths in &installed {
+            if let Err(e) = host.probes.add_files(paths) {
+                log::debug!("probing {paths:?}: {e:#}");
+            }
+        }
+        host.note_probed();
+        Ok(host)
+    }
+
+    /// The probed files are known files (their callers are symbolized
+    /// through them).
+    fn note_probed(&mut self) {
+        for f in &self.probes.files {
+            self.index.note_known(f.key, &f.path);
+        }
+    }
+
+    /// `n` probes went in for a process already started (`what`): said,
+    /// since its calls before then are not counted.
+    fn added_late(&mut self, n: usize, what: String) {
+        if n == 0 {
+            return;
+        }
+        self.late += 1;
+        self.note_probed();
+        say!("mtrace: {n} probes added {what}: its calls before then are not counted");
+    }
+
+    /// A process exec'd: its record, its executable's own allocator (a
+    /// static program's, or Rust's shims: probed from the file, which
+    /// outlives a process too short to be looked at), and its files
+    /// looked at again once the dynamic linker has mapped them.
+    fn on_exec(&mut self, e: &HostExec) {
+        let end = e.path.iter().position(|&b| b == 0).unwrap_or(e.path.len());
+        let path = String::from_utf8_lossy(&e.path[..end]).into_owned();
+        self.procs.note(e.tgid, e.mm, Some(&path));
+        self.index.note_file(e.tgid, &path);
+        if let Some((key, exe)) = executable_file(e.tgid, &path) {
+            if self.classified.insert(key) {
+                let files: Vec<String> = std::iter::once(exe.clone())
+                    .chain(self.libc.clone())
+                    .collect();
+                match self.probes.add_files(&files) {
+                    Ok(n) => {
+                        self.added_late(n, format!("to {exe} after pid {} started it", e.tgid))
+                    }
+                    Err(err) => log::debug!("{exe}: {err:#}"),
+                }
+            }
+        }
+        let now = Instant::now();
+        for ms in RECHECKS_MS {
+            self.rechecks
+                .push_back((now + Duration::from_millis(ms), e.tgid));
+        }
+    }
+
+    /// Looks again at the files of the processes due.
+    fn recheck(&mut self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        self.rechecks.retain(|&(at, pid)| {
+            if at <= now {
+                due.push(pid);
+            }
+            at > now
+        });
+        due.dedup();
+        for pid in due {
+            let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                continue;
+            };
+            self.index.note(pid, &text);
+            match self.probes.add_process(pid, &text) {
+                Ok(n) => self.added_late(
+                    n,
+                    format!(
+                        "for pid {pid} ({}) after it started",
+                        printable(&tracee::comm(pid))
+                    ),
+                ),
+                Err(e) => say!("mtrace: pid {pid}: {e:#}"),
+            }
+        }
+    }
+
+    /// The profile so far (`meta` without the probes' part).
+    fn profile(&mut self, mut meta: Meta) -> Result<Profile> {
+        meta.allocator_object = self
+            .probes
+            .files
+            .iter()
+            .map(|f| match f.family {
+                "" => f.path.clone(),
+                family => format!("{} ({family})", f.path),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        read::profile(&self.probes, &mut self.index, &self.procs, meta)
+    }
+}
+
+/// `mtrace --all` / `mtrace top --all`.
+pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
+    tracee::check_privileges()?;
+    launch::raise_file_limit();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut signals = {
+        let _in_runtime = rt.enter();
+        Signals::new()?
+    };
+    if crate::probes::kernel::vma_offsets().known == 0 {
+        return Err(user_error!(
+            "--all needs the kernel's BTF (/sys/kernel/btf/vmlinux) to name the callers' files"
+        ));
+    }
+    let started = Instant::now();
+    let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut host = Host::start(config.sizes.counts)?;
+    if host.probes.links() == 0 {
+        return Err(user_error!(
+            "--all: no process on the host maps an allocator mtrace knows"
+        ));
+    }
+    host.probes.set_enabled(true)?;
+    say!(
+        "mtrace: tracing every process on the host (--all): {} probes in {} files ({}), attached in {:.0} ms",
+        host.probes.funcs.len(),
+        host.probes.files.len(),
+        host.probes
+            .files
+            .iter()
+            .map(|f| crate::profile::short_path(&f.path).to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+
+    let mut execs = RingBuf::try_from(
+        host.probes
+            .ebpf
+            .take_map(maps::HOST_EXECS)
+            .context("BPF map HOST_EXECS missing")?,
+    )?;
+    let (mut watchers, mut stop) = host_watchers(top)?;
+    let cell = RefCell::new(host);
+    let meta = |elapsed: f64| Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: 0,
+        command: "every process on the host (--all)".into(),
+        start_time: start_time.clone(),
+        duration_secs: elapsed,
+        kernel_release: crate::commands::trace::kernel_release(),
+        mode: "count".into(),
+        scope: "host".into(),
+        ..Meta::default()
+    };
+    let deadline = config.schedule.duration.map(|d| started + d);
+    let end = rt.block_on(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        let mut poll = tokio::time::interval(Duration::from_millis(5));
+        let until = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(until);
+        let quit = async {
+            match stop.as_mut() {
+                Some(rx) => {
+                    let _ = rx.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(quit);
+        loop {
+            tokio::select! {
+                sig = signals.ending() => break End::Interrupted(sig),
+                _ = &mut until => break End::Duration,
+                _ = &mut quit => break End::Stopped,
+                _ = poll.tick() => {
+                    let mut host = cell.borrow_mut();
+                    while let Some(item) = execs.next() {
+                        if item.len() >= std::mem::size_of::<HostExec>() {
+                            // SAFETY: the programs write a `HostExec` per record.
+                            let e = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostExec) };
+                            host.on_exec(&e);
+                        }
+                    }
+                    host.recheck();
+                }
+                _ = tick.tick() => {
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let t = running_tick(&cell.borrow().probes, elapsed);
+                    for w in watchers.iter_mut() {
+                        if let Err(e) = w.tick(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
+                            log::debug!("watcher: {e:#}");
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut host = cell.into_inner();
+    host.probes.set_enabled(false)?;
+    drop(watchers);
+    say!(
+        "mtrace: tracing ended after {elapsed:.1} s: {}",
+        end.describe(config.schedule.duration)
+    );
+    if host.late > 0 {
+        say!(
+            "mtrace: {} processes had probes added after they started (see above)",
+            host.late
+        );
+    }
+    let profile = host.profile(meta(elapsed))?;
+    if host.probes.unprobed > 0 {
+        say!(
+            "mtrace: {} allocator functions not probed: more than {MAX_HOST_FUNCS} functions or {} files",
+            host.probes.unprobed,
+            tracer_common::MAX_HOST_FILES
+        );
+    }
+    let mut report = Report(config.outputs.clone());
+    let mut finished = Outcome::default();
+    finished.add(report.finish(&profile));
+    host.probes.detach();
+    finished.result()?;
+    Ok(0)
+}
+
+/// The status line, or the live view and the receiver of its `q`.
+fn host_watchers(top: bool) -> Result<crate::commands::trace::Watchers> {
+    let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
+    let mut stop = None;
+    if top {
+        let (view, rx) = watch::top::TopView::start(
+            "mtrace top --all: every process on the host, count mode, by process".into(),
+            false,
+        )?;
+        watchers.push(Box::new(view));
+        stop = Some(rx);
+    } else if let Some(line) = StatusLine::new() {
+        watchers.push(Box::new(line));
+    }
+    Ok((watchers, stop))
+}
+
+/// The totals so far, for the status line.
+fn running_tick(probes: &HostProbes, elapsed: f64) -> Tick {
+    let mut running = Running::default();
+    if let Some(Ok(totals)) = probes
+        .ebpf
+        .map(maps::HOST_TOTALS)
+        .map(PerCpuArray::<&MapData, u64>::try_from)
+    {
+        for f in 0..probes.funcs.len() as u32 {
+            running.calls += totals.get(&f, 0).map_or(0, |v| v.iter().sum());
+            running.bytes += totals
+                .get(&(MAX_HOST_FUNCS + f), 0)
+                .map_or(0, |v| v.iter().sum());
+        }
+    }
+    Tick {
+        elapsed,
+        running,
+        live_bytes: None,
+        processes: 0,
+    }
+}
+
+/// The file process `pid` exec'd as `path` (the path exec was given:
+/// relative to its working directory, when it is relative), resolved,
+/// with its identity.
+fn executable_file(pid: u32, path: &str) -> Option<(files::FileKey, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let full = if path.starts_with('/') {
+        std::path::PathBuf::from(path)
+    } else {
+        fs::read_link(format!("/proc/{pid}/cwd")).ok()?.join(path)
+    };
+    let full = fs::canonicalize(full).ok()?;
+    let m = fs::metadata(&full).ok()?;
+    Some((
+        (files::kernel_dev(m.dev()), m.ino()),
+        full.to_string_lossy().into_owned(),
+    ))
+}
+
+/// The allocator libraries the dynamic linker's cache names (`ldconfig
+/// -p`), each as the files a program using it would map: libstdc++ after
+/// the C library (it defines `operator new`, not `malloc`), jemalloc,
+/// tcmalloc and mimalloc alone. Paths resolved (the probes' files).
+fn installed_allocators() -> Vec<Vec<String>> {
+    let Ok(out) = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lib = |name: &str| -> Option<String> {
+        text.lines()
+            .filter(|l| l.trim_start().starts_with(&format!("{name} ")) && l.contains("x86-64"))
+            .find_map(|l| l.split(" => ").nth(1))
+            .and_then(|p| fs::canonicalize(p.trim()).ok())
+            .map(|p| p.to_string_lossy().into_owned())
+    };
+    let Some(libc) = lib("libc.so.6") else {
+        return Vec::new();
+    };
+    let mut sets = vec![vec![libc.clone()]];
+    if let Some(cxx) = lib("libstdc++.so.6") {
+        sets.push(vec![libc.clone(), cxx]);
+    }
+    for name in [
+        "libjemalloc.so.2",
+        "libtcmalloc.so.4",
+        "libtcmalloc_minimal.so.4",
+        "libmimalloc.so.2",
+    ] {
+        if let Some(p) = lib(name) {
+            sets.push(vec![p]);
+        }
+    }
+    sets
+}

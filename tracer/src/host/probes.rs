@@ -1,0 +1,281 @@
+//! The host scope's probes: one BPF object for the run, and for every
+//! allocator file a process on the host allocates through, one link that
+//! puts the allocating entry points' probes in every process that maps
+//! the file (now or later). Each process's allocator is found as for a
+//! traced process ([`crate::allocators::find_in_process`]); a file already
+//! probed costs nothing more, a site not yet probed in it one more link.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use aya::{maps::Array, programs::TracePoint, Ebpf};
+use tracer_common::{
+    maps, BodyRange, HostBodies, HostFunc, MAX_HOST_BODIES, MAX_HOST_FILES, MAX_HOST_FUNCS,
+};
+
+use super::files::{kernel_dev, mapped_files, FileKey};
+use crate::{
+    allocators::{find_in_files, find_in_process, AllocatorObject, ProbeSite},
+    probes::{self, multi},
+    tracee::parse_maps,
+};
+
+/// A row of the host's function table: an allocating function in one file.
+#[derive(Clone, Debug)]
+pub struct HostFuncInfo {
+    pub name: String,
+    pub probe: crate::profile::Probe,
+}
+
+/// An allocator file with probes in it.
+#[derive(Debug)]
+pub struct ProbedFile {
+    pub key: FileKey,
+    pub path: String,
+    pub family: &'static str,
+    bodies: Vec<BodyRange>,
+}
+
+pub struct HostProbes {
+    /// Dropped, they take every probe out of every process; first.
+    links: Vec<multi::Link>,
+    program: multi::Program,
+    pub ebpf: Ebpf,
+    pub funcs: Vec<HostFuncInfo>,
+    pub files: Vec<ProbedFile>,
+    /// (file, probe's file offset) -> row of `funcs`.
+    sites: HashMap<(u32, u64), u32>,
+    /// Sites left unprobed: the function table or the files' table was
+    /// full.
+    pub unprobed: u64,
+}
+
+impl HostProbes {
+    /// Loads the object (`counts`: keys the aggregation map holds), with
+    /// the exec tracepoint attached; no allocator probed yet.
+    pub fn load(counts: u32) -> Result<HostProbes> {
+        let mut ebpf = probes::load_host(counts)?;
+        let object = probes::bpf_object()?;
+        let mut programs = multi::load(&object, &ebpf, &[maps::HOST_ALLOC])?;
+        let program = programs.pop().context("the host program")?;
+        let me: &mut TracePoint = ebpf
+            .program_mut(maps::HOST_EXEC)
+            .context("the exec tracepoint program")?
+            .try_into()?;
+        me.load().context("loading the exec tracepoint program")?;
+        // The link is the program's: detached when the object is dropped.
+        me.attach("sched", "sched_process_exec")
+            .context("attaching to sched_process_exec")?;
+        let mut own: Array<_, u32> = Array::try_from(
+            ebpf.map_mut(maps::HOST_SELF)
+                .context("BPF map HOST_SELF missing")?,
+        )?;
+        own.set(0, std::process::id(), 0)?;
+        Ok(HostProbes {
+            links: Vec::new(),
+            program,
+            ebpf,
+            funcs: Vec::new(),
+            files: Vec::new(),
+            sites: HashMap::new(),
+            unprobed: 0,
+        })
+    }
+
+    /// Probes what process `pid` (whose `/proc/PID/maps` reads `maps`)
+    /// allocates through and is not probed yet; returns how many sites
+    /// went in. A process whose allocator cannot be found adds none.
+    pub fn add_process(&mut self, pid: u32, maps: &str) -> Result<usize> {
+        let mappings = parse_maps(maps);
+        let Ok(Some(alloc)) = find_in_process(pid, &mappings, false) else {
+            return Ok(0);
+        };
+        let keys: HashMap<String, FileKey> = mapped_files(maps).map(|(k, p)| (p, k)).collect();
+        self.add(&alloc, &keys)
+    }
+
+    /// Probes the allocator of a program that would map `paths` (in this
+    /// order), as they are on this host, before any process maps them.
+    pub fn add_files(&mut self, paths: &[String]) -> Result<usize> {
+        let Some(alloc) = find_in_files(paths.to_vec())? else {
+            return Ok(0);
+        };
+        let mut keys: HashMap<String, FileKey> = HashMap::new();
+        for p in paths {
+            if let Ok(m) = std::fs::metadata(p) {
+                use std::os::unix::fs::MetadataExt;
+                keys.insert(p.clone(), (kernel_dev(m.dev()), m.ino()));
+            }
+        }
+        self.add(&alloc, &keys)
+    }
+
+    /// Probes `alloc`'s sites not probed yet (`keys`: each file's
+    /// identity, by the path `alloc` names it by).
+    fn add(&mut self, alloc: &AllocatorObject, keys: &HashMap<String, FileKey>) -> Result<usize> {
+        let mut by_path: Vec<(String, Vec<&ProbeSite>)> = Vec::new();
+        for site in alloc.sites.iter().filter(|s| s.role().allocates()) {
+            match by_path.iter_mut().find(|(p, _)| *p == site.path) {
+                Some((_, v)) => v.push(site),
+                None => by_path.push((site.path.clone(), vec![site])),
+            }
+        }
+        let mut added = 0;
+        for (path, sites) in by_path {
+            let Some(&key) = keys.get(&path) else {
+                continue;
+            };
+            let family = if path == alloc.path { alloc.family } else { "" };
+            let Some(file) = self.file_index(key, &path, family) else {
+                self.unprobed += sites.len() as u64;
+                continue;
+            };
+            // The file's bodies: every probed function of it and the
+            // allocator's internals in it.
+            let mut bodies: Vec<BodyRange> = sites
+                .iter()
+                .map(|s| BodyRange {
+                    start: s.file_offset,
+                    end: s.file_offset + s.size.max(1),
+                })
+                .chain(
+                    alloc
+                        .internals
+                        .iter()
+                        .filter(|i| i.path == path)
+                        .map(|i| BodyRange {
+                            start: i.file_offset,
+                            end: i.file_offset + i.size.max(1),
+                        }),
+                )
+                .collect();
+            bodies.extend(self.files[file as usize].bodies.iter().copied());
+            self.set_bodies(file, bodies)?;
+            let (mut offsets, mut cookies) = (Vec::new(), Vec::new());
+            for site in sites {
+                let at = site.file_offset + site.probe_offset;
+                if self.sites.contains_key(&(file, at)) {
+                    continue;
+                }
+                let func = self.funcs.len() as u32;
+                if func >= MAX_HOST_FUNCS {
+                    self.unprobed += 1;
+                    continue;
+                }
+                let mut table: Array<_, HostFunc> = Array::try_from(
+                    self.ebpf
+                        .map_mut(maps::HOST_FUNCS)
+                        .context("BPF map HOST_FUNCS missing")?,
+                )?;
+                table.set(
+                    func,
+                    HostFunc {
+                        file,
+                        _pad: 0,
+                        probe_offset: at,
+                    },
+                    0,
+                )?;
+                self.sites.insert((file, at), func);
+                self.funcs.push(HostFuncInfo {
+                    name: site.display_name(),
+                    probe: crate::profile::Probe {
+                        function: site.display_name(),
+                        offset: site.probe_offset,
+                        instruction: site.instruction.clone(),
+                        emulated: site.emulated,
+                    },
+                });
+                offsets.push(at);
+                cookies.push(probes::cookie(site, func));
+            }
+            if offsets.is_empty() {
+                continue;
+            }
+            let open = &alloc
+                .sites
+                .iter()
+                .find(|s| s.path == path)
+                .expect("a site of the file")
+                .open_path;
+            let link = self
+                .program
+                .attach(open, &offsets, &cookies, false, None)
+                .with_context(|| format!("attaching {} uprobes to {path}", offsets.len()))?;
+            self.links.push(link);
+            added += offsets.len();
+        }
+        Ok(added)
+    }
+
+    /// The index of file `key` in the files' table, added when new
+    /// (`None`: the table is full).
+    fn file_index(&mut self, key: FileKey, path: &str, family: &'static str) -> Option<u32> {
+        if let Some(i) = self.files.iter().position(|f| f.key == key) {
+            return Some(i as u32);
+        }
+        if self.files.len() >= MAX_HOST_FILES as usize {
+            return None;
+        }
+        self.files.push(ProbedFile {
+            key,
+            path: path.to_string(),
+            family,
+            bodies: Vec::new(),
+        });
+        Some(self.files.len() as u32 - 1)
+    }
+
+    /// Sets file `file`'s bodies (sorted, overlaps joined; the first
+    /// `MAX_HOST_BODIES`) in the kernel's table, before any probe of it
+    /// that needs them goes in.
+    fn set_bodies(&mut self, file: u32, mut bodies: Vec<BodyRange>) -> Result<()> {
+        bodies.sort_by_key(|b| (b.start, b.end));
+        let mut joined: Vec<BodyRange> = Vec::new();
+        for b in bodies {
+            match joined.last_mut() {
+                Some(last) if b.start <= last.end => last.end = last.end.max(b.end),
+                _ => joined.push(b),
+            }
+        }
+        joined.truncate(MAX_HOST_BODIES);
+        if joined == self.files[file as usize].bodies {
+            return Ok(());
+        }
+        let mut value = HostBodies {
+            n: joined.len() as u32,
+            ..HostBodies::default()
+        };
+        value.ranges[..joined.len()].copy_from_slice(&joined);
+        let mut table: Array<_, HostBodies> = Array::try_from(
+            self.ebpf
+                .map_mut(maps::HOST_BODIES)
+                .context("BPF map HOST_BODIES missing")?,
+        )?;
+        table.set(file, value, 0)?;
+        self.files[file as usize].bodies = joined;
+        Ok(())
+    }
+
+    /// Counting on or off, for every process at once.
+    pub fn set_enabled(&mut self, on: bool) -> Result<()> {
+        let mut flag: Array<_, u32> = Array::try_from(
+            self.ebpf
+                .map_mut(maps::ENABLED)
+                .context("BPF map ENABLED missing")?,
+        )?;
+        flag.set(0, on as u32, 0)?;
+        Ok(())
+    }
+
+    /// Takes every probe out of every process (each link's close waits
+    /// for the kernel; they overlap).
+    pub fn detach(&mut self) {
+        multi::close_all(std::mem::take(&mut self.links));
+    }
+
+    /// Links in place.
+    pub fn links(&self) -> usize {
+        self.links.len()
+    }
+}
