@@ -187,6 +187,62 @@ fn mtrace_top_shows_the_stacks_live_and_q_prints_the_report() {
     assert_eq!(bytes, calls * 48);
 }
 
+/// `mtrace top --all`: who allocates on the host, one row per process
+/// with its most frequent stack; a process the test starts elsewhere
+/// shows under its name and pid; `p` turns to one row per stack; `q`
+/// ends with the report, whose profile counts the process as the
+/// fixture itself counts its calls.
+#[test]
+fn mtrace_top_all_shows_who_allocates_on_the_host() {
+    if !crate::support::require_bpf_alone() || !need_tmux() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let json = dir.path().join("top.json");
+    let tmux = Tmux::start(
+        "mtrace-top-all",
+        160,
+        40,
+        &shell(dir.path(), &format!("top --all -o {}", json.display())),
+    );
+    tmux.wait_for("the host view", |t| t.contains("processes, by calls"));
+    let fixture = std::process::Command::new(steady())
+        .arg("4")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = fixture.id();
+    let row = format!("[steady ({pid})] malloc ← steady_site");
+    let shown = tmux.wait_for("the fixture's row", |t| t.contains(&row));
+    assert!(shown.contains("mtrace top --all"), "{shown}");
+    tmux.keys("p");
+    tmux.wait_for("rows per stack", |t| t.contains("stacks, by calls"));
+    let out = fixture.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let made: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .strip_prefix("calls=")
+        .and_then(|n| n.parse().ok())
+        .expect("the fixture's calls=N");
+    tmux.keys("q");
+    let report = tmux.wait_for("the report", |t| t.contains("tracing ended after"));
+    assert!(report.contains("stopped from the live view"), "{report}");
+    assert_eq!(wait_exit(dir.path()), 0);
+    let start = Instant::now();
+    while !json.exists() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let p = Profile::load(&json);
+    assert_eq!(p.doc["meta"]["scope"], "host");
+    let counted: u64 = p
+        .allocs()
+        .filter(|s| s.process.as_ref().is_some_and(|r| r.pid == pid))
+        .filter(|s| s.function == "malloc" && s.caller() == Some("steady_site"))
+        .map(|s| s.calls)
+        .sum();
+    assert_eq!(counted, made, "steady_site's mallocs in pid {pid}");
+}
+
 /// The target exits while the live view shows it: the last state stays
 /// on the screen, saying so, until q; then the report.
 #[test]

@@ -563,7 +563,7 @@ fn watchers(
                 None => String::new(),
             }
         );
-        let (view, stop_rx) = watch::top::TopView::start(title, config.mode.live)?;
+        let (view, stop_rx) = watch::top::TopView::start(title, config.mode.live, false)?;
         watchers.push(Box::new(view));
         stop = Some(stop_rx);
     } else if let Some(line) = StatusLine::new() {

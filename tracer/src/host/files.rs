@@ -19,6 +19,10 @@ pub type FileKey = (u32, u64);
 #[derive(Default)]
 pub struct FileIndex {
     seen: HashMap<FileKey, Vec<(u32, String)>>,
+    /// Files looked for in every process and not found: not looked for
+    /// again (a view redrawn every second would read every process's
+    /// mappings each time).
+    missing: std::collections::HashSet<FileKey>,
 }
 
 /// Most places kept per file.
@@ -81,6 +85,23 @@ impl FileIndex {
     /// Whether `key` was seen.
     pub fn knows(&self, key: FileKey) -> bool {
         self.seen.contains_key(&key)
+    }
+
+    /// Looks for the files of `keys` not seen yet in every process alive
+    /// now, once: one still not found is not looked for again.
+    pub fn find(&mut self, keys: impl Iterator<Item = FileKey>) {
+        let unknown: Vec<FileKey> = keys
+            .filter(|k| !self.knows(*k) && !self.missing.contains(k))
+            .collect();
+        if unknown.is_empty() {
+            return;
+        }
+        self.rescan();
+        for k in unknown {
+            if !self.knows(k) && self.missing.len() < FILES_KEPT {
+                self.missing.insert(k);
+            }
+        }
     }
 
     /// The file `key`, opened (with the path to show), from where it was

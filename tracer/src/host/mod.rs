@@ -73,44 +73,54 @@ impl Processes {
             _pad: 0,
             mm,
         };
-        if self.metas.insert(key, meta).is_none() {
-            self.order.push_back(key);
-        }
-        while self.order.len() > PROCESSES_KEPT {
-            if let Some(old) = self.order.pop_front() {
-                self.metas.remove(&old);
-            }
-        }
+        self.keep(key, meta);
     }
 
     /// The record of process `p`, whose name was `comm` when it first
     /// allocated: from its exec, else from the start's scan or from `/proc`
     /// now when the name there is the same (it has not exec'd since),
     /// else the name alone.
-    fn meta(&self, p: HostProcess, comm: &str) -> ProcessMeta {
+    /// What is found is kept: a view redrawn every second reads `/proc`
+    /// once per process.
+    fn meta(&mut self, p: HostProcess, comm: &str) -> ProcessMeta {
         let same = |m: &ProcessMeta| comm.is_empty() || m.name == comm;
-        if let Some(m) = self.metas.get(&p) {
-            let mut m = m.clone();
+        if let Some(m) = self.metas.get_mut(&p) {
             if !comm.is_empty() {
                 // The name it had when it allocated (the exec's path
                 // named it only when it was already gone).
                 m.name = comm.to_string();
             }
-            return m;
-        }
-        let at_start = HostProcess { mm: 0, ..p };
-        if let Some(m) = self.metas.get(&at_start).filter(|m| same(m)) {
             return m.clone();
         }
-        let now = proc_meta(p.tgid);
-        if !now.name.is_empty() && same(&now) {
-            return now;
+        let at_start = HostProcess { mm: 0, ..p };
+        let found = match self.metas.get(&at_start).filter(|m| same(m)) {
+            Some(m) => m.clone(),
+            None => {
+                let now = proc_meta(p.tgid);
+                if !now.name.is_empty() && same(&now) {
+                    now
+                } else {
+                    ProcessMeta {
+                        pid: p.tgid,
+                        name: comm.to_string(),
+                        traced: true,
+                        ..ProcessMeta::default()
+                    }
+                }
+            }
+        };
+        self.keep(p, found.clone());
+        found
+    }
+
+    fn keep(&mut self, p: HostProcess, meta: ProcessMeta) {
+        if self.metas.insert(p, meta).is_none() {
+            self.order.push_back(p);
         }
-        ProcessMeta {
-            pid: p.tgid,
-            name: comm.to_string(),
-            traced: true,
-            ..ProcessMeta::default()
+        while self.order.len() > PROCESSES_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.metas.remove(&old);
+            }
         }
     }
 }
@@ -129,6 +139,10 @@ fn proc_meta(pid: u32) -> ProcessMeta {
         ..ProcessMeta::default()
     }
 }
+
+/// A live view's refresh costs at most 1/VIEW_SHARE of the time between
+/// refreshes.
+const VIEW_SHARE: u32 = 20;
 
 /// After an exec, when to look at the process's files again: the dynamic
 /// linker maps its libraries only once the program runs.
@@ -279,7 +293,7 @@ impl Host {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        read::profile(&self.probes, &mut self.index, &self.procs, meta)
+        read::profile(&self.probes, &mut self.index, &mut self.procs, meta)
     }
 }
 
@@ -341,6 +355,7 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
         ..Meta::default()
     };
     let deadline = config.schedule.duration.map(|d| started + d);
+    let mut next_view = Instant::now();
     let end = rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
@@ -378,13 +393,23 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
                     host.recheck();
                 }
                 _ = tick.tick() => {
+                    // The live view's profile of a busy host is read and
+                    // symbolized anew each time, and every allocation
+                    // mtrace makes takes its own probes' trap: a view
+                    // that took long is redrawn less often, so that it
+                    // costs at most a twentieth of a CPU.
+                    if Instant::now() < next_view {
+                        continue;
+                    }
                     let elapsed = started.elapsed().as_secs_f64();
                     let t = running_tick(&cell.borrow().probes, elapsed);
+                    let began = Instant::now();
                     for w in watchers.iter_mut() {
                         if let Err(e) = w.tick(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
                             log::debug!("watcher: {e:#}");
                         }
                     }
+                    next_view = began + (began.elapsed() * VIEW_SHARE).max(Duration::from_secs(1));
                 }
             }
         }
@@ -425,8 +450,10 @@ fn host_watchers(top: bool) -> Result<crate::commands::trace::Watchers> {
     let mut stop = None;
     if top {
         let (view, rx) = watch::top::TopView::start(
-            "mtrace top --all: every process on the host, count mode, by process".into(),
+            "mtrace top --all: every process on the host, count mode (p: per process or per stack)"
+                .into(),
             false,
+            true,
         )?;
         watchers.push(Box::new(view));
         stop = Some(rx);

@@ -48,6 +48,8 @@ pub struct HostProbes {
     /// Sites left unprobed: the function table or the files' table was
     /// full.
     pub unprobed: u64,
+    /// mtrace's own executable, never probed.
+    own: Option<FileKey>,
 }
 
 impl HostProbes {
@@ -79,6 +81,10 @@ impl HostProbes {
             files: Vec::new(),
             sites: HashMap::new(),
             unprobed: 0,
+            own: std::fs::metadata("/proc/self/exe").ok().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (kernel_dev(m.dev()), m.ino())
+            }),
         })
     }
 
@@ -125,6 +131,12 @@ impl HostProbes {
             let Some(&key) = keys.get(&path) else {
                 continue;
             };
+            if Some(key) == self.own {
+                // mtrace's own Rust allocator shims: mtrace is not one of
+                // the host's processes, and each probe in it is a trap
+                // on every allocation it makes.
+                continue;
+            }
             let family = if path == alloc.path { alloc.family } else { "" };
             let Some(file) = self.file_index(key, &path, family) else {
                 self.unprobed += sites.len() as u64;

@@ -20,7 +20,7 @@ use crate::profile::{
 pub fn profile(
     probes: &HostProbes,
     index: &mut FileIndex,
-    processes: &Processes,
+    processes: &mut Processes,
     mut meta: Meta,
 ) -> Result<Profile> {
     let ebpf = &probes.ebpf;
@@ -67,9 +67,7 @@ pub fn profile(
             by_file.entry((v.dev, v.ino)).or_default().push(v.offset);
         }
     }
-    if by_file.keys().any(|&f| !index.knows(f)) {
-        index.rescan();
-    }
+    index.find(by_file.keys().copied());
     let mut frames: HashMap<(u32, u64, u64), Vec<Frame>> = HashMap::new();
     for (file, mut offsets) in by_file {
         offsets.sort_unstable();

@@ -83,7 +83,12 @@ pub fn draw(frame: &mut Frame, model: &Model, state: &mut UiState) {
             }
         ));
     }
-    head_cells.push("function ← caller ← ...".into());
+    let per_process = state.by_process && !model.process_rows.is_empty();
+    head_cells.push(if per_process {
+        "process: its most frequent stack".into()
+    } else {
+        "function ← caller ← ...".into()
+    });
     let header_row = Row::new(head_cells).style(Style::new().bold());
     let body: Vec<Row> = rows
         .iter()
@@ -122,8 +127,9 @@ pub fn draw(frame: &mut Frame, model: &Model, state: &mut UiState) {
     let table = Table::new(body, widths)
         .header(header_row)
         .block(Block::default().borders(Borders::TOP).title(format!(
-            "{} stacks, by {} {}",
+            "{} {}, by {} {}",
             rows.len(),
+            if per_process { "processes" } else { "stacks" },
             match state.sort {
                 SortKey::Calls => "calls",
                 SortKey::Bytes => "bytes",
@@ -152,7 +158,7 @@ pub fn draw(frame: &mut Frame, model: &Model, state: &mut UiState) {
     }
     frame.render_widget(
         Paragraph::new(
-            "q quit (then the report)  ↑↓ select  enter stack  c calls  b bytes  l live  t rate/total",
+            "q quit (then the report)  ↑↓ select  enter stack  c calls  b bytes  l live  t rate/total  p per process",
         )
         .dim(),
         help,

@@ -78,8 +78,13 @@ pub struct TopView {
 
 impl TopView {
     /// Takes over the terminal (standard error); returns the view and what
-    /// tells the session to stop (`q`).
-    pub fn start(title: String, live: bool) -> Result<(TopView, oneshot::Receiver<()>)> {
+    /// tells the session to stop (`q`). Rows are per process from the
+    /// start when `by_process` (the host scope's "who allocates").
+    pub fn start(
+        title: String,
+        live: bool,
+        by_process: bool,
+    ) -> Result<(TopView, oneshot::Receiver<()>)> {
         check_terminal()?;
         terminal::enable_raw_mode()?;
         let mut err = std::io::stderr();
@@ -94,7 +99,10 @@ impl TopView {
         let screen = Arc::new(Mutex::new(Screen {
             terminal,
             model: Model::new(title, live),
-            state: UiState::default(),
+            state: UiState {
+                by_process,
+                ..UiState::default()
+            },
         }));
         screen.lock().unwrap().redraw();
         let done = Arc::new(AtomicBool::new(false));
@@ -168,6 +176,7 @@ fn read_keys(
                     KeyCode::Char('b') => st.sort = SortKey::Bytes,
                     KeyCode::Char('l') if live => st.sort = SortKey::Live,
                     KeyCode::Char('t') | KeyCode::Char('r') => st.by_rate = !st.by_rate,
+                    KeyCode::Char('p') => st.by_process = !st.by_process,
                     _ => {}
                 }
                 s.redraw();

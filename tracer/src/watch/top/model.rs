@@ -37,6 +37,9 @@ pub struct Model {
     pub live: bool,
     pub tick: Option<TickView>,
     pub rows: Vec<TopRow>,
+    /// One row per process (when the stacks say their process), each
+    /// with its most frequent stack: who allocates.
+    pub process_rows: Vec<TopRow>,
     /// Allocation calls per second, oldest first.
     pub rates: VecDeque<u64>,
     /// Each row's totals at the previous tick, for the rates.
@@ -60,6 +63,8 @@ pub struct UiState {
     pub by_rate: bool,
     pub table: TableState,
     pub expanded: bool,
+    /// One row per process rather than per stack.
+    pub by_process: bool,
 }
 
 impl Default for UiState {
@@ -69,6 +74,7 @@ impl Default for UiState {
             by_rate: true,
             table: TableState::default().with_selected(Some(0)),
             expanded: true,
+            by_process: false,
         }
     }
 }
@@ -114,6 +120,7 @@ impl Model {
             });
             now.insert(key, (st.counts.calls, st.counts.bytes));
         }
+        let process_rows = self.per_process(&rows, &mut now, dt);
         let last = self.tick.map(|t| t.tick.running).unwrap_or_default();
         let view = TickView {
             tick: *tick,
@@ -126,13 +133,59 @@ impl Model {
         }
         self.tick = Some(view);
         self.rows = rows;
+        self.process_rows = process_rows;
         self.prev = now;
         self.prev_t = tick.elapsed;
     }
 
+    /// Rows of `stacks` joined by process (`who`), each showing its
+    /// most frequent stack; their totals at this tick go in `now`.
+    fn per_process(
+        &self,
+        stacks: &[TopRow],
+        now: &mut HashMap<String, (u64, u64)>,
+        dt: f64,
+    ) -> Vec<TopRow> {
+        let mut by: HashMap<&str, (TopRow, u64)> = HashMap::new();
+        for r in stacks {
+            let Some(who) = r.who.as_deref() else {
+                continue;
+            };
+            let (row, top) = by.entry(who).or_insert_with(|| (TopRow::default(), 0));
+            row.calls += r.calls;
+            row.bytes += r.bytes;
+            if r.calls > *top {
+                *top = r.calls;
+                row.func = r.func.clone();
+                row.frames = r.frames.clone();
+                row.who = r.who.clone();
+            }
+        }
+        by.into_values()
+            .map(|(mut row, _)| {
+                let key = format!("#process {}", row.who.as_deref().unwrap_or(""));
+                let (calls0, bytes0) = self.prev.get(&key).copied().unwrap_or((0, 0));
+                row.calls_rate = row.calls.saturating_sub(calls0) as f64 / dt;
+                row.bytes_rate = row.bytes.saturating_sub(bytes0) as f64 / dt;
+                now.insert(key, (row.calls, row.bytes));
+                row
+            })
+            .collect()
+    }
+
+    /// The rows shown: per process when the reader asked and the stacks
+    /// say their process, else per stack.
+    pub fn shown(&self, state: &UiState) -> &[TopRow] {
+        if state.by_process && !self.process_rows.is_empty() {
+            &self.process_rows
+        } else {
+            &self.rows
+        }
+    }
+
     /// The rows in the order the reader chose.
     pub fn sorted(&self, state: &UiState) -> Vec<&TopRow> {
-        let mut rows: Vec<&TopRow> = self.rows.iter().collect();
+        let mut rows: Vec<&TopRow> = self.shown(state).iter().collect();
         let key = |r: &TopRow| -> (f64, f64) {
             let (rate, total) = match state.sort {
                 SortKey::Calls => (r.calls_rate, r.calls as f64),

@@ -111,3 +111,43 @@ fn rates_are_per_second_and_order_the_rows() {
     assert!(text.contains("1,520 calls"), "{text}");
     assert!(text.contains("no loss"), "{text}");
 }
+
+/// Per process (`p`): one row per process with its totals and its most
+/// frequent stack, and its rate over the last second.
+#[test]
+fn rows_per_process_sum_their_stacks() {
+    let of = |pid: u32, name: &str, func: &str, frames: &[&str], calls: u64| {
+        let mut e = entry(func, frames, calls, calls * 10);
+        e.process = Some(crate::profile::ProcessRef {
+            pid,
+            name: name.into(),
+        });
+        e
+    };
+    let profile = |n: u64| Profile {
+        stacks: vec![
+            of(10, "ls", "malloc", &["xmalloc"], 3 * n),
+            of(10, "ls", "calloc", &["main"], n),
+            of(20, "bash", "malloc", &["xmalloc"], 5 * n),
+        ],
+        ..Profile::default()
+    };
+    let mut model = Model::new("t".into(), false);
+    model.update(&profile(1), &tick(1.0, 9, 90));
+    model.update(&profile(3), &tick(2.0, 27, 270));
+    let mut state = UiState {
+        by_process: true,
+        ..UiState::default()
+    };
+    let rows = model.sorted(&state);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].who.as_deref(), Some("bash (20)"));
+    assert_eq!((rows[0].calls, rows[0].calls_rate), (15, 10.0));
+    assert_eq!(rows[1].who.as_deref(), Some("ls (10)"));
+    assert_eq!((rows[1].calls, rows[1].calls_rate), (12, 8.0));
+    assert_eq!((rows[1].func.as_str(), rows[1].frames.len()), ("malloc", 1));
+    let text = screen_text(&model, &mut state);
+    assert!(text.contains("2 processes, by calls"), "{text}");
+    state.by_process = false;
+    assert_eq!(model.sorted(&state).len(), 3);
+}
