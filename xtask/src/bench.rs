@@ -324,11 +324,11 @@ pub fn run(
     }
     let tree_only = only == Only::Tree;
     if tree_only {
-        let (rows, make, detach) = tree::run(root, runs)?;
+        let bench = tree::run(root, runs)?;
         let mut table = String::new();
-        tree::render_table(&rows, make.as_ref(), &detach, &mut table);
+        tree::render_table(&bench, &mut table);
         println!("{table}");
-        let json = tree::render_json(&rows, make.as_ref(), &detach);
+        let json = tree::render_json(&bench);
         std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
             .with_context(|| format!("writing {}", json_path.display()))?;
         eprintln!("xtask: wrote {}", json_path.display());
@@ -378,11 +378,11 @@ pub fn run(
         eprintln!();
     }
 
-    let (tree_rows, make, detach) = tree::run(root, runs)?;
+    let tree_bench = tree::run(root, runs)?;
     let python_rows = python::run(root, python_runs)?;
     let (agent_rows, soak) = agent::run(root, runs, soak_secs)?;
     let mut table = render_table(&results, &programs, iterations, runs);
-    tree::render_table(&tree_rows, make.as_ref(), &detach, &mut table);
+    tree::render_table(&tree_bench, &mut table);
     python::render_table(&python_rows, python_runs, &mut table);
     agent::render_table(&agent_rows, soak.as_ref(), runs, &mut table);
     println!("{table}");
@@ -390,7 +390,7 @@ pub fn run(
     let json = format!(
         "{},\n{},\n{},\n{}\n}}\n",
         json.trim_end().trim_end_matches('}').trim_end(),
-        tree::render_json(&tree_rows, make.as_ref(), &detach),
+        tree::render_json(&tree_bench),
         python::render_json(&python_rows),
         agent::render_json(&agent_rows, soak.as_ref())
     );

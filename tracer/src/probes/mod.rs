@@ -239,6 +239,13 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
             maps::LOST_FREES,
             if mode.live { sizes.lost_frees } else { 1 },
         )
+        // The host scope's maps, unused by a traced process's programs.
+        .map_max_entries(maps::HOST_COUNTS, 1)
+        .map_max_entries(maps::HOST_TOTALS, 1)
+        .map_max_entries(maps::HOST_FUNCS, 1)
+        .map_max_entries(maps::HOST_BODIES, 1)
+        .map_max_entries(maps::HOST_NAMES, 1)
+        .map_max_entries(maps::HOST_EXECS, 4096)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
     drop(guard);
@@ -278,6 +285,12 @@ pub fn load_host(host_counts: u32) -> Result<Ebpf> {
         .map_max_entries(maps::UNWIND_MISSES, 4096)
         .map_max_entries(maps::LOST_FREES, 1)
         .map_max_entries(maps::HOST_COUNTS, host_counts)
+        // (The shared loader keeps sizes between loads: each is set.)
+        .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)
+        .map_max_entries(maps::HOST_FUNCS, tracer_common::MAX_HOST_FUNCS)
+        .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)
+        .map_max_entries(maps::HOST_NAMES, 65536)
+        .map_max_entries(maps::HOST_EXECS, 1 << 18)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
     Ok(ebpf)

@@ -1,9 +1,12 @@
 //! The process-tree rows: what a tree of short programs pays under mtrace
 //! (a shell loop of 200 runs of `ls`, `true` and a small C program),
-//! against untraced and heaptrack, in milliseconds added per exec; and
+//! against untraced and heaptrack, in milliseconds added per exec, and
+//! the same loop run on its own while `mtrace --all` traces the host;
 //! how long mtrace takes to let go of a busy target by pid, from Ctrl-C
 //! (SIGINT) to its exit, when the kernel has taken every probe out (its
-//! links are closed by then).
+//! links are closed by then); and what a process outside the trace pays
+//! (the benchmark loop while mtrace traces another process by pid, and
+//! while `mtrace --all` runs).
 
 use std::{
     fmt::Write as _,
@@ -37,6 +40,116 @@ pub struct TreeRow {
     heaptrack_s: Option<f64>,
     mtrace_s: f64,
     mtrace_live_s: f64,
+    /// The loop run on its own while `mtrace --all` traces the host.
+    mtrace_all_s: f64,
+}
+
+/// What a process pays while mtrace traces something: the benchmark loop
+/// (1 thread), ns per iteration, every run.
+pub struct OutsideRow {
+    scope: &'static str,
+    ns: Vec<f64>,
+}
+
+/// Everything `run` measures.
+pub struct TreeBench {
+    rows: Vec<TreeRow>,
+    make: Option<MakeRow>,
+    detach: Vec<DetachRow>,
+    outside: Vec<OutsideRow>,
+}
+
+/// mtrace started with `args`, tracing (its "mtrace: tracing" line out),
+/// until [`Background::stop`].
+struct Background {
+    child: std::process::Child,
+    rest: std::thread::JoinHandle<()>,
+}
+
+impl Background {
+    fn start(mtrace: &Path, args: &[&str]) -> Result<Background> {
+        let mut child = Command::new(mtrace)
+            .args(args)
+            .args(["-o", "/dev/null"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().context("mtrace's stderr")?;
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok);
+        if !lines.any(|l| l.starts_with("mtrace: tracing ")) {
+            bail!("mtrace {args:?} did not start tracing");
+        }
+        // Drained, so that mtrace never blocks on a full pipe.
+        let rest = std::thread::spawn(move || lines.for_each(drop));
+        Ok(Background { child, rest })
+    }
+
+    fn stop(mut self) -> Result<()> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait()?;
+        let _ = self.rest.join();
+        if !status.success() {
+            bail!("mtrace in the background: {status}");
+        }
+        Ok(())
+    }
+}
+
+/// The benchmark loop's ns per iteration (`bench ITERATIONS 1`).
+fn loop_ns(busy: &Path) -> Result<f64> {
+    let out = Command::new(busy)
+        .args(["2000000", "1"])
+        .stdin(Stdio::null())
+        .output()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("ns_per_iter "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no ns_per_iter from the benchmark")
+}
+
+/// The benchmark loop run on its own while nothing is traced, while
+/// mtrace traces another process by pid (per-pid probes: nothing in this
+/// one), and while `mtrace --all` traces the host; alternating, `runs`
+/// rounds.
+fn outside(mtrace: &Path, busy: &Path, runs: usize) -> Result<Vec<OutsideRow>> {
+    let mut other = Command::new("sleep")
+        .arg("600")
+        .stdin(Stdio::null())
+        .spawn()?;
+    let pid = other.id().to_string();
+    let scopes: [(&'static str, Vec<&str>); 3] = [
+        ("nothing traced", vec![]),
+        ("mtrace --pid (another process)", vec!["--pid", &pid]),
+        ("mtrace --all", vec!["--all"]),
+    ];
+    let mut rows: Vec<OutsideRow> = scopes
+        .iter()
+        .map(|(scope, _)| OutsideRow {
+            scope,
+            ns: Vec::new(),
+        })
+        .collect();
+    for _ in 0..runs {
+        for (i, (scope, args)) in scopes.iter().enumerate() {
+            eprint!("\rxtask: bench a loop outside the scope, {scope:<32}");
+            let ns = if args.is_empty() {
+                loop_ns(busy)?
+            } else {
+                let bg = Background::start(mtrace, args)?;
+                let ns = loop_ns(busy);
+                bg.stop()?;
+                ns?
+            };
+            rows[i].ns.push(ns);
+        }
+    }
+    let _ = other.kill();
+    let _ = other.wait();
+    eprintln!();
+    Ok(rows)
 }
 
 /// `make -j2` of a generated C project: every file compiled, linked, run.
@@ -160,7 +273,7 @@ fn make_row(root: &Path, out_dir: &Path, runs: usize) -> Result<MakeRow> {
     })
 }
 
-pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, Vec<DetachRow>)> {
+pub fn run(root: &Path, runs: usize) -> Result<TreeBench> {
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     let src = out_dir.join("small.c");
@@ -207,6 +320,12 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, V
         };
         let mtrace_s = traced(&[])?;
         let mtrace_live_s = traced(&["--live"])?;
+        let mtrace_all_s = best(runs, || {
+            let bg = Background::start(&mtrace, &["--all"])?;
+            let t = timed(&mut sh());
+            bg.stop()?;
+            t
+        })?;
         rows.push(TreeRow {
             program: program
                 .split(' ')
@@ -218,6 +337,7 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, V
             heaptrack_s,
             mtrace_s,
             mtrace_live_s,
+            mtrace_all_s,
         });
     }
     eprintln!();
@@ -244,7 +364,13 @@ pub fn run(root: &Path, runs: usize) -> Result<(Vec<TreeRow>, Option<MakeRow>, V
         });
     }
     eprintln!();
-    Ok((rows, Some(make), detach))
+    let outside = outside(&mtrace, &busy, runs)?;
+    Ok(TreeBench {
+        rows,
+        make: Some(make),
+        detach,
+        outside,
+    })
 }
 
 fn which(name: &str) -> Option<std::path::PathBuf> {
@@ -386,16 +512,12 @@ impl Text {
     }
 }
 
-pub fn render_table(
-    rows: &[TreeRow],
-    make: Option<&MakeRow>,
-    detach: &[DetachRow],
-    out: &mut String,
-) {
+pub fn render_table(bench: &TreeBench, out: &mut String) {
+    let (rows, make, detach) = (&bench.rows, bench.make.as_ref(), &bench.detach);
     let per_exec = |s: f64, base: f64| (s - base) * 1e3 / EXECS as f64;
     let _ = writeln!(
         out,
-        "\nprocess tree: a shell loop of {EXECS} runs, best of the runs; ms added per exec\n\n| program | untraced s | heaptrack s | +ms/exec | mtrace s | +ms/exec | mtrace --live s | +ms/exec |\n|---|---|---|---|---|---|---|---|"
+        "\nprocess tree: a shell loop of {EXECS} runs, best of the runs; ms added per exec (mtrace --all: the loop run on its own while mtrace traces the host)\n\n| program | untraced s | heaptrack s | +ms/exec | mtrace s | +ms/exec | mtrace --live s | +ms/exec | mtrace --all s | +ms/exec |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let (h, hx) = match r.heaptrack_s {
@@ -407,13 +529,15 @@ pub fn render_table(
         };
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {h} | {hx} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {h} | {hx} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.program,
             r.untraced_s,
             r.mtrace_s,
             per_exec(r.mtrace_s, r.untraced_s),
             r.mtrace_live_s,
             per_exec(r.mtrace_live_s, r.untraced_s),
+            r.mtrace_all_s,
+            per_exec(r.mtrace_all_s, r.untraced_s),
         );
     }
     if let Some(m) = make {
@@ -432,7 +556,7 @@ pub fn render_table(
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v.last().copied().unwrap_or(0.0))
     };
-    for d in detach {
+    for d in detach.iter() {
         let (fm, fx) = median_max(&d.free_ms);
         let (om, ox) = median_max(&d.out_ms);
         let (em, ex) = median_max(&d.ms);
@@ -442,20 +566,39 @@ pub fn render_table(
             d.mode
         );
     }
+    let _ = writeln!(
+        out,
+        "\nwhat a process outside the trace pays: the benchmark loop (malloc+free, 1 thread) run on its own, ns per iteration, median (min..max) of the runs\n\n| while | ns/iter | min..max |\n|---|---|---|"
+    );
+    for o in &bench.outside {
+        let mut v = o.ns.clone();
+        v.sort_by(f64::total_cmp);
+        let (Some(lo), Some(hi)) = (v.first(), v.last()) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {lo:.0}..{hi:.0} |",
+            o.scope,
+            v[v.len() / 2]
+        );
+    }
 }
 
-pub fn render_json(rows: &[TreeRow], make: Option<&MakeRow>, detach: &[DetachRow]) -> String {
+pub fn render_json(bench: &TreeBench) -> String {
+    let (rows, make, detach) = (&bench.rows, bench.make.as_ref(), &bench.detach);
     let num = |v: Option<f64>| v.map_or("null".to_string(), |x| format!("{x:.4}"));
     let rows: Vec<String> = rows
         .iter()
         .map(|r| {
             format!(
-                "    {{\"program\": \"{}\", \"execs\": {EXECS}, \"untraced_s\": {:.4}, \"heaptrack_s\": {}, \"mtrace_s\": {:.4}, \"mtrace_live_s\": {:.4}}}",
+                "    {{\"program\": \"{}\", \"execs\": {EXECS}, \"untraced_s\": {:.4}, \"heaptrack_s\": {}, \"mtrace_s\": {:.4}, \"mtrace_live_s\": {:.4}, \"mtrace_all_s\": {:.4}}}",
                 r.program,
                 r.untraced_s,
                 num(r.heaptrack_s),
                 r.mtrace_s,
-                r.mtrace_live_s
+                r.mtrace_live_s,
+                r.mtrace_all_s
             )
         })
         .collect();
@@ -483,9 +626,22 @@ pub fn render_json(rows: &[TreeRow], make: Option<&MakeRow>, detach: &[DetachRow
             m.units, m.untraced_s, m.mtrace_s, m.processes, m.traced
         )
     });
+    let outside: Vec<String> = bench
+        .outside
+        .iter()
+        .map(|o| {
+            let ns: Vec<String> = o.ns.iter().map(|v| format!("{v:.1}")).collect();
+            format!(
+                "    {{\"while\": \"{}\", \"ns_per_iter\": [{}]}}",
+                o.scope,
+                ns.join(", ")
+            )
+        })
+        .collect();
     format!(
-        "  \"process_tree\": [\n{}\n  ],\n  \"make\": {make},\n  \"ctrl_c\": [\n{}\n  ]",
+        "  \"process_tree\": [\n{}\n  ],\n  \"make\": {make},\n  \"ctrl_c\": [\n{}\n  ],\n  \"outside_the_trace\": [\n{}\n  ]",
         rows.join(",\n"),
-        detach.join(",\n")
+        detach.join(",\n"),
+        outside.join(",\n")
     )
 }
