@@ -134,6 +134,8 @@ pub fn profile(
         Ok(s)
     };
     totals.nested = sum(counter::NESTED)?;
+    // Count mode probes no release function here.
+    totals.frees_counted = false;
     let losses = Losses {
         map_full: sum(counter::MAP_FULL)?,
         caller_unreadable: sum(counter::CALLER_READ_FAILED)?,
