@@ -141,6 +141,7 @@ pub struct HostExec {
 /// file's identity (from its BTF): `vm_area_struct`'s `vm_start`,
 /// `vm_pgoff` and `vm_file`, `file.f_inode`, `inode`'s `i_ino` and `i_sb`,
 /// `super_block.s_dev`. `known` 0: callers are kept as addresses.
+/// Also where an exec keeps its path.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VmaOffsets {
@@ -152,6 +153,10 @@ pub struct VmaOffsets {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
+    /// `linux_binprm.filename`: the path an exec was given (the exec
+    /// tracepoint's), 0 when unknown.
+    pub binprm_filename: u32,
+    pub _pad: u32,
 }
 
 /// Bytes of a `vm_area_struct` the programs copy (every offset of

@@ -16,8 +16,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes, bpf_probe_read_user,
         generated::{bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf},
     },
-    programs::{ProbeContext, TracePointContext},
-    EbpfContext,
+    programs::{ProbeContext, RawTracePointContext},
 };
 use tracer_common::{
     counter, HostExec, HostKey, HostMark, HostProcess, HostValue, MAX_HOST_FUNCS, PLACE_ANONYMOUS,
@@ -278,11 +277,12 @@ extern "C" fn copy_vma(
     0
 }
 
-/// A process exec'd: handed to the tracer (its name and its files), and
+/// A process exec'd (the `sched_process_exec` raw tracepoint: no
+/// tracefs needed, which a host may not have mounted): handed to the tracer (its name and its files), and
 /// its threads' marks, which held the old program's places, are gone with
 /// it.
 #[inline(always)]
-pub(crate) fn exec(ctx: &TracePointContext) -> u32 {
+pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
     if let Some(m) = HOST_MARKS.current(false) {
         m.set = 0;
         m.mm = 0;
@@ -300,11 +300,15 @@ pub(crate) fn exec(ctx: &TracePointContext) -> u32 {
         (*e)._pad = 0;
         (*e).mm = current_mm();
         (*e).path[0] = 0;
-        // `__data_loc char[] filename` at offset 8: the string's offset in
-        // the record (low 16 bits) and its length (high 16).
-        if let Ok(loc) = ctx.read_at::<u32>(8) {
-            let at = (ctx.as_ptr() as *const u8).wrapping_add((loc & 0xffff) as usize);
-            let _ = bpf_probe_read_kernel_str_bytes(at, &mut (*e).path);
+        // `sched_process_exec(task, old_pid, bprm)`: the path is
+        // `bprm->filename`.
+        let at = config_u32(&CONFIG.vma.binprm_filename) as u64;
+        let bprm: u64 = ctx.arg(2);
+        if at != 0 && bprm != 0 {
+            let name = bpf_probe_read_kernel((bprm + at) as *const u64).unwrap_or(0);
+            if name != 0 {
+                let _ = bpf_probe_read_kernel_str_bytes(name as *const u8, &mut (*e).path);
+            }
         }
     }
     entry.submit(0);

@@ -56,8 +56,8 @@ mod scratch;
 mod walk;
 
 use aya_ebpf::{
-    macros::{tracepoint, uprobe, uretprobe},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    macros::{raw_tracepoint, uprobe, uretprobe},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use tracer_common::Role;
 
@@ -91,9 +91,9 @@ pub fn host_alloc(ctx: ProbeContext) -> u32 {
     host::record(&ctx)
 }
 
-/// Host scope: a process exec'd.
-#[tracepoint]
-pub fn host_exec(ctx: TracePointContext) -> u32 {
+/// Host scope: a process exec'd (a raw tracepoint: no tracefs needed).
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn host_exec(ctx: RawTracePointContext) -> i32 {
     host::exec(&ctx)
 }
 

@@ -46,6 +46,8 @@ pub(crate) static CONFIG: Config = Config {
         inode_ino: 0,
         inode_sb: 0,
         sb_dev: 0,
+        binprm_filename: 0,
+        _pad: 0,
     },
 };
 

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use aya::{maps::Array, programs::TracePoint, Ebpf};
+use aya::{maps::Array, programs::RawTracePoint, Ebpf};
 use tracer_common::{
     maps, BodyRange, HostBodies, HostFunc, MAX_HOST_BODIES, MAX_HOST_FILES, MAX_HOST_FUNCS,
 };
@@ -60,13 +60,15 @@ impl HostProbes {
         let object = probes::bpf_object()?;
         let mut programs = multi::load(&object, &ebpf, &[maps::HOST_ALLOC])?;
         let program = programs.pop().context("the host program")?;
-        let me: &mut TracePoint = ebpf
+        let me: &mut RawTracePoint = ebpf
             .program_mut(maps::HOST_EXEC)
             .context("the exec tracepoint program")?
             .try_into()?;
         me.load().context("loading the exec tracepoint program")?;
-        // The link is the program's: detached when the object is dropped.
-        me.attach("sched", "sched_process_exec")
+        // A raw tracepoint: attached by name, with no tracefs (which a host
+        // may not have mounted). The link is the program's: detached when
+        // the object is dropped.
+        me.attach("sched_process_exec")
             .context("attaching to sched_process_exec")?;
         let mut own: Array<_, u32> = Array::try_from(
             ebpf.map_mut(maps::HOST_SELF)

@@ -47,6 +47,8 @@ pub fn vma_offsets() -> VmaOffsets {
                 inode_ino: at("inode", "i_ino")?,
                 inode_sb: at("inode", "i_sb")?,
                 sb_dev: at("super_block", "s_dev")?,
+                binprm_filename: at("linux_binprm", "filename").unwrap_or(0),
+                _pad: 0,
             };
             let copied = |at: u32| (at as usize) + 8 <= VMA_COPY && at.is_multiple_of(8);
             (copied(o.vm_start) && copied(o.vm_pgoff) && copied(o.vm_file)).then_some(o)
