@@ -382,6 +382,10 @@ fn python_leaks_by_line_in_live_mode() {
         let (out, p) = run_profiled(&["--live", "--", py, script, "12340"]);
         out.assert_exit(0);
         let d = format!("3.{minor}\n{}", out.describe());
+        // Every stack under the function's Python chain whose blocks are
+        // all of its size: one whole stack, and under load perhaps more
+        // whose native frames were cut short (a walk handed to the tracer
+        // that found its ring full: counted as `copy_lost`, shown).
         let at = |func: &str, line: u64, size: u64| {
             let want: Chain = vec![
                 (func.into(), if func == "leak" { 4 } else { 6 }),
@@ -392,20 +396,29 @@ fn python_leaks_by_line_in_live_mode() {
                 .allocs()
                 .filter(|s| s.bytes == s.calls * size && chain_of(s, script) == want)
                 .collect();
-            assert_eq!(
-                stacks.len(),
-                1,
+            assert!(
+                stacks.iter().filter(|s| !s.truncated).count() == 1
+                    && stacks.iter().filter(|s| s.truncated).count()
+                        <= p.doc["stack_quality"]["truncated"]["copy_lost"]
+                            .as_u64()
+                            .unwrap_or(0) as usize,
                 "{func}: {:#?}\n{d}",
                 script_chains(&p, script)
             );
-            stacks[0].live.clone().expect("live statistics")
+            let sum = |field: &str| -> u64 {
+                stacks
+                    .iter()
+                    .map(|s| {
+                        s.live.as_ref().expect("live statistics")[field]
+                            .as_u64()
+                            .unwrap()
+                    })
+                    .sum()
+            };
+            (sum("allocations"), sum("outstanding"))
         };
-        let leak = at("leak", 11, 2001);
-        assert_eq!(leak["allocations"], 1234, "{d}");
-        assert_eq!(leak["outstanding"], 1234, "{d}");
-        let temp = at("temp", 9, 3001);
-        assert_eq!(temp["allocations"], 12340, "{d}");
-        assert_eq!(temp["outstanding"], 0, "{d}");
+        assert_eq!(at("leak", 11, 2001), (1234, 1234), "{d}");
+        assert_eq!(at("temp", 9, 3001), (12340, 0), "{d}");
     }
 }
 
