@@ -37,13 +37,7 @@ impl FileIndex {
     /// `/proc/PID/maps`).
     pub fn note(&mut self, pid: u32, maps: &str) {
         for (key, path) in mapped_files(maps) {
-            if self.seen.len() >= FILES_KEPT && !self.seen.contains_key(&key) {
-                continue;
-            }
-            let places = self.seen.entry(key).or_default();
-            if places.len() < PLACES_KEPT && !places.iter().any(|(_, p)| *p == path) {
-                places.push((pid, path));
-            }
+            self.place(key, pid, &path);
         }
     }
 
@@ -54,12 +48,8 @@ impl FileIndex {
             crate::tracee::path_in_target(pid, path),
             PathBuf::from(path),
         ] {
-            if let Ok(m) = fs::metadata(&candidate) {
-                let key = (kernel_dev(m.dev()), m.ino());
-                let places = self.seen.entry(key).or_default();
-                if places.len() < PLACES_KEPT && !places.iter().any(|(_, p)| p == path) {
-                    places.push((pid, path.to_string()));
-                }
+            if let Some(key) = key_of_path(&candidate) {
+                self.place(key, pid, path);
                 return;
             }
         }
@@ -67,9 +57,18 @@ impl FileIndex {
 
     /// Notes file `key` at `path` (in mtrace's own mount namespace).
     pub fn note_known(&mut self, key: FileKey, path: &str) {
+        self.place(key, std::process::id(), path);
+    }
+
+    /// Notes that process `pid` maps file `key` at `path` (at most
+    /// `PLACES_KEPT` places a file, `FILES_KEPT` files).
+    fn place(&mut self, key: FileKey, pid: u32, path: &str) {
+        if self.seen.len() >= FILES_KEPT && !self.seen.contains_key(&key) {
+            return;
+        }
         let places = self.seen.entry(key).or_default();
         if places.len() < PLACES_KEPT && !places.iter().any(|(_, p)| p == path) {
-            places.push((std::process::id(), path.to_string()));
+            places.push((pid, path.to_string()));
         }
     }
 
@@ -125,15 +124,19 @@ impl FileIndex {
 /// `path`, opened, when it is the file `key`.
 fn open_if(path: &Path, key: FileKey) -> Option<fs::File> {
     let f = fs::File::open(path).ok()?;
-    let m = f.metadata().ok()?;
-    (kernel_dev(m.dev()) == key.0 && m.ino() == key.1).then_some(f)
+    (key_of(&f.metadata().ok()?) == key).then_some(f)
 }
 
-/// The kernel's encoding of a device number (`s_dev`) from the one `stat`
-/// gives.
-pub fn kernel_dev(dev: u64) -> u32 {
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    (major << 20) | minor
+/// The file at `path` (symbolic links followed), as the kernel names it.
+pub fn key_of_path(path: &Path) -> Option<FileKey> {
+    fs::metadata(path).ok().map(|m| key_of(&m))
+}
+
+/// A file as the kernel names it, from what `stat` says: the device in the
+/// kernel's encoding (`s_dev`, not `stat`'s), and the inode.
+fn key_of(m: &fs::Metadata) -> FileKey {
+    let (major, minor) = (libc::major(m.dev()), libc::minor(m.dev()));
+    ((major << 20) | minor, m.ino())
 }
 
 /// Each file mapping of a `/proc/PID/maps` text: its key and path.
@@ -174,7 +177,7 @@ mod tests {
         let maps = fs::read_to_string("/proc/self/maps").unwrap();
         let (key, path) = mapped_files(&maps).next().expect("a file mapping");
         let m = fs::metadata(&path).unwrap();
-        assert_eq!(key, (kernel_dev(m.dev()), m.ino()), "{path}");
+        assert_eq!(key, key_of(&m), "{path}");
         let mut index = FileIndex::default();
         assert!(index.open(key).is_none());
         index.rescan();

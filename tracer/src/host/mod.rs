@@ -490,16 +490,14 @@ fn running_tick(probes: &HostProbes, elapsed: f64) -> Tick {
 /// relative to its working directory, when it is relative), resolved,
 /// with its identity.
 fn executable_file(pid: u32, path: &str) -> Option<(files::FileKey, String)> {
-    use std::os::unix::fs::MetadataExt;
     let full = if path.starts_with('/') {
         std::path::PathBuf::from(path)
     } else {
         fs::read_link(format!("/proc/{pid}/cwd")).ok()?.join(path)
     };
     let full = fs::canonicalize(full).ok()?;
-    let m = fs::metadata(&full).ok()?;
     Some((
-        (files::kernel_dev(m.dev()), m.ino()),
+        files::key_of_path(&full)?,
         full.to_string_lossy().into_owned(),
     ))
 }

@@ -13,7 +13,7 @@ use tracer_common::{
     maps, BodyRange, HostBodies, HostFunc, MAX_HOST_BODIES, MAX_HOST_FILES, MAX_HOST_FUNCS,
 };
 
-use super::files::{kernel_dev, mapped_files, FileKey};
+use super::files::{key_of_path, mapped_files, FileKey};
 use crate::{
     allocators::{find_in_files, find_in_process, AllocatorObject, ProbeSite},
     probes::{self, multi},
@@ -83,10 +83,7 @@ impl HostProbes {
             files: Vec::new(),
             sites: HashMap::new(),
             unprobed: 0,
-            own: std::fs::metadata("/proc/self/exe").ok().map(|m| {
-                use std::os::unix::fs::MetadataExt;
-                (kernel_dev(m.dev()), m.ino())
-            }),
+            own: key_of_path(std::path::Path::new("/proc/self/exe")),
         })
     }
 
@@ -108,13 +105,10 @@ impl HostProbes {
         let Some(alloc) = find_in_files(paths.to_vec())? else {
             return Ok(0);
         };
-        let mut keys: HashMap<String, FileKey> = HashMap::new();
-        for p in paths {
-            if let Ok(m) = std::fs::metadata(p) {
-                use std::os::unix::fs::MetadataExt;
-                keys.insert(p.clone(), (kernel_dev(m.dev()), m.ino()));
-            }
-        }
+        let keys: HashMap<String, FileKey> = paths
+            .iter()
+            .filter_map(|p| Some((p.clone(), key_of_path(std::path::Path::new(p))?)))
+            .collect();
         self.add(&alloc, &keys)
     }
 
@@ -165,6 +159,8 @@ impl HostProbes {
                 .collect();
             bodies.extend(self.files[file as usize].bodies.iter().copied());
             self.set_bodies(file, bodies)?;
+            // Every site of the file is attached through the same path.
+            let open = sites[0].open_path.clone();
             let (mut offsets, mut cookies) = (Vec::new(), Vec::new());
             for site in sites {
                 let at = site.file_offset + site.probe_offset;
@@ -206,15 +202,9 @@ impl HostProbes {
             if offsets.is_empty() {
                 continue;
             }
-            let open = &alloc
-                .sites
-                .iter()
-                .find(|s| s.path == path)
-                .expect("a site of the file")
-                .open_path;
             let link = self
                 .program
-                .attach(open, &offsets, &cookies, false, None)
+                .attach(&open, &offsets, &cookies, false, None)
                 .with_context(|| format!("attaching {} uprobes to {path}", offsets.len()))?;
             self.links.push(link);
             added += offsets.len();
