@@ -598,6 +598,13 @@ fn windows_policy_probes_part_of_the_time_and_says_so() {
         metric(&text, "mtrace_windows_total").unwrap(),
     );
     assert!(windows >= 3.0, "{windows} windows in {secs} s");
+    // The probes are in a little longer than counted: the attaches of
+    // each window before its count starts.
+    let probes_in = metric(&text, "mtrace_probes_in_seconds_total").unwrap();
+    assert!(
+        probes_in >= probed && probes_in <= probed + 0.1 * windows,
+        "probes in {probes_in} s, counted {probed} s, {windows} windows"
+    );
     let share = probed / secs;
     assert!(
         (0.15..0.45).contains(&share),
@@ -630,6 +637,37 @@ fn windows_policy_probes_part_of_the_time_and_says_so() {
         "{}",
         finished.stdout
     );
+    target.assert_restored();
+    assert!(target.finish() > 0);
+}
+
+/// The budget bounds the time a tight allocation loop has probes in:
+/// `--budget 10` on longrun.c (every call's trap costs it many times the
+/// call) keeps the probes in for about a tenth of the time, switches
+/// included.
+#[test]
+fn windows_budget_bounds_the_time_probes_are_in() {
+    need_bpf!();
+    let target = crate::lifecycle::Longrun::start_for("9");
+    let pid = target.fx.pid().to_string();
+    let agent = Agent::start(&["--window", "0.1", "--budget", "10", "--pid", &pid]);
+    let mut target = target;
+    target.fx.release();
+    std::thread::sleep(Duration::from_secs(7));
+    let (_, text) = agent.get("/metrics");
+    let (secs, probes_in, windows) = (
+        metric(&text, "mtrace_trace_seconds").unwrap(),
+        metric(&text, "mtrace_probes_in_seconds_total").unwrap(),
+        metric(&text, "mtrace_windows_total").unwrap(),
+    );
+    let share = probes_in / secs;
+    assert!(
+        (0.06..0.15).contains(&share) && windows >= 4.0,
+        "probes in {probes_in} s of {secs} s, {windows} windows"
+    );
+    let mut mtrace = agent.mtrace;
+    mtrace.proc.signal(libc::SIGINT);
+    mtrace.finish().assert_exit(0);
     target.assert_restored();
     assert!(target.finish() > 0);
 }

@@ -110,12 +110,22 @@ pub fn render(reading: &Reading) -> Vec<u8> {
         o.family(
             "mtrace_probed_seconds_total",
             "counter",
-            "Windows policy: seconds with the probes in (counts are scaled by mtrace_trace_seconds over this).",
+            "Windows policy: seconds counted (counts are scaled by mtrace_trace_seconds over this).",
         );
         o.sample(
             "mtrace_probed_seconds_total",
             &[],
             format!("{:.3}", w.probed_secs),
+        );
+        o.family(
+            "mtrace_probes_in_seconds_total",
+            "counter",
+            "Windows policy: seconds the probes were in the processes, attaches and detaches included (what they paid for).",
+        );
+        o.sample(
+            "mtrace_probes_in_seconds_total",
+            &[],
+            format!("{:.3}", w.trapped_secs),
         );
         o.family(
             "mtrace_windows_total",

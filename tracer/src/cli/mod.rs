@@ -108,7 +108,7 @@ pub struct AgentArgs {
     pub policy: Option<PolicyArg>,
 
     /// Windows policy: seconds each window lasts.
-    #[arg(long, value_name = "SECS", default_value = "0.2", value_parser = parse_duration)]
+    #[arg(long, value_name = "SECS", default_value = "0.05", value_parser = parse_duration)]
     pub window: f64,
 
     /// Windows policy: the slowdown allowed on average, in percent.

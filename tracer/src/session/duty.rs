@@ -7,14 +7,16 @@
 //! kind of machine) plus what the kernel says the BPF programs ran
 //! (run-time stats, on while the policy runs). Against the CPU time the
 //! processes spent in the window (their threads' schedstat), that gives
-//! the slowdown while probed, `r`: in a window of `w` seconds they lose
-//! `w * r / (1 + r)` seconds of work. The next pause lasts so that this
-//! is the budget's share of window and pause: `period = w * loss /
-//! budget`. The estimate misses costs (the trap's cost varies; the first
-//! calls after the probes go in cost more), so the loss is taken as
-//! three times the estimate, and never more than the window itself: a
-//! tight allocation loop is probed for the budget's share of the time,
-//! which bounds its loss whatever the estimate; a process whose calls
+//! the slowdown while probed, `r`: while the probes are in (from a
+//! window's first attach to its links' closing, switches included) for
+//! `t` seconds, they lose `t * r / (1 + r)` seconds of work. The next
+//! pause lasts so that this is the budget's share of the whole cycle:
+//! `period = t * loss / budget`. The estimate misses costs (the trap's
+//! cost varies; the first calls after the probes go in cost more), so the
+//! loss is taken as half as much again as the estimate, and never more
+//! than the time in itself: a tight allocation loop has the probes in for
+//! the budget's share of the time, which bounds its loss whatever the
+//! estimate; a process whose calls
 //! cost it little is probed all the time, exactly.
 
 use std::{
@@ -30,7 +32,7 @@ use crate::profile::WindowsInfo;
 pub const TRAP_NS: u64 = 800;
 
 /// How much more a window is taken to cost than estimated.
-const LOSS_MARGIN: f64 = 3.0;
+const LOSS_MARGIN: f64 = 1.5;
 
 /// Longest pause: a process is looked at again at least this often.
 const MAX_PAUSE: Duration = Duration::from_secs(3600);
@@ -54,8 +56,13 @@ pub struct Duty {
     since: Instant,
     /// When the next switch is due.
     pub due: Instant,
-    /// Time with probes in, over the trace.
+    /// Time counted, over the trace.
     probed: Duration,
+    /// When the current window's probes began to go in (its first
+    /// attach), and the time probes were in over the trace, each window
+    /// from its first attach to its last link closed.
+    in_since: Instant,
+    trapped: Duration,
     windows: u64,
     /// At the window's start: the processes' CPU time and the programs'
     /// runs and run time.
@@ -80,6 +87,8 @@ impl Duty {
             since: now,
             due: now + policy.window,
             probed: Duration::ZERO,
+            in_since: now,
+            trapped: Duration::ZERO,
             windows: 1,
             cpu_ns_at: 0,
             runs_at: 0,
@@ -91,13 +100,14 @@ impl Duty {
 
     /// What the profile says of the windows so far.
     pub fn info(&self) -> WindowsInfo {
-        let current = if self.on {
-            self.since.elapsed()
+        let (current, trapping) = if self.on {
+            (self.since.elapsed(), self.in_since.elapsed())
         } else {
-            Duration::ZERO
+            (Duration::ZERO, Duration::ZERO)
         };
         WindowsInfo {
             probed_secs: (self.probed + current).as_secs_f64(),
+            trapped_secs: (self.trapped + trapping).as_secs_f64(),
             windows: self.windows,
             window_secs: self.policy.window.as_secs_f64(),
             budget: self.policy.budget,
@@ -162,18 +172,16 @@ impl Session {
             // which they did none (idle) costs them nothing noticeable.
             let work = cpu.saturating_sub(cost).max(1);
             duty.last_slowdown = cost as f64 / work as f64;
-            let period = match duty.policy.every {
+            let r = duty.last_slowdown;
+            let lost = (LOSS_MARGIN * r / (1.0 + r)).min(1.0);
+            let wanted = match duty.policy.every {
                 Some(every) => every,
-                None => {
-                    let r = duty.last_slowdown;
-                    let lost = (LOSS_MARGIN * r / (1.0 + r)).min(1.0);
-                    duty.policy
-                        .window
-                        .mul_f64((lost / duty.policy.budget).max(1.0))
-                }
+                None => duty
+                    .policy
+                    .window
+                    .mul_f64((lost / duty.policy.budget).max(1.0)),
             };
-            let pause = period.saturating_sub(duty.policy.window).min(MAX_PAUSE);
-            if pause < Duration::from_millis(10) {
+            if wanted.saturating_sub(duty.policy.window) < Duration::from_millis(10) {
                 // Cheap enough to stay in: the next window begins now.
                 duty.probed += now - duty.since;
                 duty.since = now;
@@ -184,13 +192,6 @@ impl Session {
             }
             duty.probed += now - duty.since;
             duty.on = false;
-            duty.since = now;
-            duty.due = now + pause;
-            log::debug!(
-                "windows: {calls} calls probed cost {:.1}% of the work; out for {:.1} s",
-                duty.last_slowdown * 100.0,
-                pause.as_secs_f64()
-            );
             // Counting stops for every function at once; the links, each
             // closing in a grace period of its own, go after.
             for proc in self.procs.values_mut() {
@@ -198,8 +199,37 @@ impl Session {
                     log::warn!("pid {}: stopping the count: {e:#}", proc.pid);
                 }
             }
+            let closing = Instant::now();
             crate::probes::multi::close_all(self.take_all_links());
+            let out = Instant::now();
+            let Some(duty) = self.duty.as_mut() else {
+                return;
+            };
+            // The processes pay for the probes from the window's first
+            // attach until the links' closing begins: closing a uprobe
+            // link takes its breakpoints out first, then waits for the
+            // kernel's grace period (most of the closing's time), which
+            // costs the processes nothing. The pause is sized from that
+            // time, so that what the processes lose stays within the
+            // budget whatever the switches take.
+            let trapped = closing - duty.in_since;
+            duty.trapped += trapped;
+            let period = match duty.policy.every {
+                Some(every) => every,
+                None => trapped.mul_f64((lost / duty.policy.budget).max(1.0)),
+            };
+            let pause = period.saturating_sub(trapped).min(MAX_PAUSE);
+            duty.since = out;
+            duty.due = out + pause;
+            log::debug!(
+                "windows: {calls} calls probed cost {:.1}% of the work; probes in {:.1} ms ({:.1} ms closing the links); out for {:.3} s",
+                duty.last_slowdown * 100.0,
+                trapped.as_secs_f64() * 1e3,
+                (out - closing).as_secs_f64() * 1e3,
+                pause.as_secs_f64()
+            );
         } else {
+            duty.in_since = now;
             // Every link in, then counting starts for all functions at once.
             for proc in self.procs.values_mut() {
                 let back = proc
@@ -210,7 +240,13 @@ impl Session {
                     log::warn!("pid {}: putting the probes back: {e:#}", proc.pid);
                 }
             }
-            duty.windows += 1;
+            if let Some(duty) = self.duty.as_mut() {
+                duty.windows += 1;
+                log::debug!(
+                    "windows: probes in again in {:.1} ms",
+                    duty.in_since.elapsed().as_secs_f64() * 1e3
+                );
+            }
             self.begin_window();
         }
     }

@@ -445,17 +445,31 @@ pub fn run(root: &Path, runs: usize, soak_secs: u64) -> Result<(Vec<CostRow>, Op
     Ok((rows, soak))
 }
 
+/// A windows row's loss as the share probed and the slowdown while probed
+/// give it, each measured apart: the probes in for `p` of the time at a
+/// slowdown `r` (the always-exact row's paired overhead on the same
+/// workload) cost `p·r/(1+r)` of the work. Far less noisy than the paired
+/// overhead of a few runs, where the machine's noise exceeds the goal.
+fn loss_while_probed(row: &CostRow, rows: &[CostRow]) -> Option<f64> {
+    let probed = row.probed_pct?;
+    let always = rows
+        .iter()
+        .find(|a| a.workload == row.workload && a.policy == "always, exact")?;
+    let r = always.paired.0 / 100.0;
+    Some(probed * r / (1.0 + r))
+}
+
 pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mut String) {
     let _ = writeln!(
         out,
-        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average); major stacks: of the stacks with {MAJOR_PCT}% of the exact trace's calls or more (last runs' reports), how many the policy's report has, ranked as in the exact trace or not\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead, mean ± s.e. | probed | requests/s untraced -> traced | major stacks |\n|---|---|---|---|---|---|---|---|---|",
+        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average); major stacks: of the stacks with {MAJOR_PCT}% of the exact trace's calls or more (last runs' reports), how many the policy's report has, ranked as in the exact trace or not\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead, mean ± s.e. | probed | loss while probed | requests/s untraced -> traced | major stacks |\n|---|---|---|---|---|---|---|---|---|---|",
         runs.max(REDIS_RUNS)
     );
     for r in rows {
         let pct = (r.traced / r.untraced - 1.0) * 100.0;
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {:+.1}% ± {:.1}% | {} | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {pct:+.1}% | {:+.1}% ± {:.1}% | {} | {} | {} | {} |",
             r.workload,
             r.policy,
             r.untraced,
@@ -463,6 +477,7 @@ pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mu
             r.paired.0,
             r.paired.1,
             r.probed_pct.map_or("-".into(), |p| format!("{p:.1}%")),
+            loss_while_probed(r, rows).map_or("-".into(), |l| format!("{l:.2}%")),
             r.rps
                 .map_or("-".into(), |(a, b)| format!("{a:.0} -> {b:.0}")),
             r.top.map_or("-".into(), |(n, of, ranked)| format!(
@@ -492,7 +507,7 @@ pub fn render_json(rows: &[CostRow], soak: Option<&Soak>) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"paired_pct\": [{:.3}, {:.3}], \"probed_pct\": {}, \"rps\": {}, \"top\": {}}}",
+                "    {{\"workload\": \"{}\", \"policy\": \"{}\", \"untraced\": {:.4}, \"traced\": {:.4}, \"paired_pct\": [{:.3}, {:.3}], \"probed_pct\": {}, \"loss_while_probed_pct\": {}, \"rps\": {}, \"top\": {}}}",
                 r.workload,
                 r.policy,
                 r.untraced,
@@ -500,6 +515,7 @@ pub fn render_json(rows: &[CostRow], soak: Option<&Soak>) -> String {
                 r.paired.0,
                 r.paired.1,
                 r.probed_pct.map_or("null".into(), |p| format!("{p:.2}")),
+                loss_while_probed(r, rows).map_or("null".into(), |l| format!("{l:.3}")),
                 r.rps.map_or("null".into(), |(a, b)| format!("[{a:.0}, {b:.0}]")),
                 r.top.map_or("null".into(), |(n, of, ranked)| format!("[{n}, {of}, {ranked}]")),
             )

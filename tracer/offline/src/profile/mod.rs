@@ -408,8 +408,14 @@ pub struct SamplingInfo {
 /// The windows policy's record: how much of the trace the probes were in.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WindowsInfo {
-    /// Seconds with the probes in, over the trace.
+    /// Seconds counted, over the trace: what the counts are scaled by.
     pub probed_secs: f64,
+    /// Seconds the probes were in the processes (each window from its
+    /// first attach to its last link closed: `probed_secs` and the
+    /// switches around it), what the processes paid for; 0 in profiles
+    /// of mtrace before it was kept.
+    #[serde(default)]
+    pub trapped_secs: f64,
     /// Windows begun.
     pub windows: u64,
     pub window_secs: f64,

@@ -72,6 +72,7 @@ pub fn between(earlier: &Profile, later: &Profile) -> Profile {
     out.meta.duration_secs = (later.meta.duration_secs - earlier.meta.duration_secs).max(0.0);
     if let (Some(now), Some(then)) = (out.meta.windows.as_mut(), earlier.meta.windows.as_ref()) {
         now.probed_secs = (now.probed_secs - then.probed_secs).max(0.0);
+        now.trapped_secs = (now.trapped_secs - then.trapped_secs).max(0.0);
         now.windows = now.windows.saturating_sub(then.windows);
     }
     out.timeline = None;

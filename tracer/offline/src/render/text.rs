@@ -313,13 +313,25 @@ fn fold_pairs(s: &mut Vec<char>, width: usize, open_ch: char, close_ch: char) {
 
 /// `stacks: 99.95% whole (to the thread's first frame); cut short: no_cfi 12`
 /// on one line (for pprof's comment).
-/// How a windows policy's counts came about: `windows: probes in 6.0 s
-/// of 60.0 s (10.0%, 3 windows), counts scaled x10.00`.
+/// How a windows policy's counts came about: `windows: probes in 6.3 s
+/// of 60.0 s (10.5%, 3 windows; 6.0 s counted), counts scaled x10.00`.
+/// "Probes in" is what the processes paid for (switches included), the
+/// counted time what the counts are scaled by.
 pub fn windows_line(w: &crate::profile::WindowsInfo, duration_secs: f64) -> String {
+    let probes_in = if w.trapped_secs > 0.0 {
+        w.trapped_secs.min(duration_secs.max(w.probed_secs))
+    } else {
+        w.probed_secs
+    };
     let pct = if duration_secs > 0.0 {
-        w.probed_secs * 100.0 / duration_secs
+        probes_in * 100.0 / duration_secs
     } else {
         100.0
+    };
+    let counted = if w.trapped_secs > 0.0 {
+        format!("; {:.1} s counted", w.probed_secs)
+    } else {
+        String::new()
     };
     let scaled = if w.scale == 0.0 {
         "counts are the windows' own".to_string()
@@ -329,8 +341,7 @@ pub fn windows_line(w: &crate::profile::WindowsInfo, duration_secs: f64) -> Stri
         format!("counts scaled x{:.2} (estimates)", w.scale)
     };
     format!(
-        "windows: probes in {:.1} s of {:.1} s ({pct:.1}%, {} {}), {scaled}",
-        w.probed_secs,
+        "windows: probes in {probes_in:.1} s of {:.1} s ({pct:.1}%, {} {}{counted}), {scaled}",
         duration_secs,
         w.windows,
         if w.windows == 1 { "window" } else { "windows" }
