@@ -563,6 +563,51 @@ fn agent_on_a_cgroup_follows_a_restarted_service() {
     mtrace.finish().assert_exit(0);
 }
 
+/// Over 6 s, every `every`: how many times longrun's allocator code had
+/// a breakpoint in it, and how many times not.
+fn watch_breakpoints(target: &crate::lifecycle::Longrun, every: Duration) -> (u32, u32) {
+    let (mut seen_in, mut seen_out) = (0, 0);
+    let watching = Instant::now();
+    while watching.elapsed() < Duration::from_secs(6) {
+        if target.probed() {
+            seen_in += 1;
+        } else {
+            seen_out += 1;
+        }
+        std::thread::sleep(every);
+    }
+    (seen_in, seen_out)
+}
+
+/// Stops a windows policy's agent: it exits 0, its report says how its
+/// counts came about, and longrun's code is as its file has it and the
+/// program runs on to its correct end.
+fn stop_windows_agent(agent: Agent, target: crate::lifecycle::Longrun) {
+    let mut mtrace = agent.mtrace;
+    mtrace.proc.signal(libc::SIGINT);
+    let finished = mtrace.finish();
+    finished.assert_exit(0);
+    assert!(
+        finished.stdout.contains("windows: probes in "),
+        "{}",
+        finished.stdout
+    );
+    target.assert_restored();
+    assert!(target.finish() > 0);
+}
+
+/// The windows policy's figures in /metrics: the trace's seconds, those
+/// counted, those with probes in, and the windows.
+fn windows_figures(text: &str) -> (f64, f64, f64, f64) {
+    let of = |name: &str| metric(text, name).unwrap_or_else(|| panic!("no {name} in {text}"));
+    (
+        of("mtrace_trace_seconds"),
+        of("mtrace_probed_seconds_total"),
+        of("mtrace_probes_in_seconds_total"),
+        of("mtrace_windows_total"),
+    )
+}
+
 /// The windows policy on a process that allocates in a tight loop
 /// (longrun.c: one malloc, realloc and calloc per iteration), probes in
 /// for 0.5 s every 2 s: the breakpoints are seen in the code and out of it
@@ -577,30 +622,16 @@ fn windows_policy_probes_part_of_the_time_and_says_so() {
     let agent = Agent::start(&["--window", "0.5", "--every", "2", "--pid", &pid]);
     let mut target = target;
     target.fx.release();
-    let (mut seen_in, mut seen_out) = (0, 0);
-    let watching = Instant::now();
-    while watching.elapsed() < Duration::from_secs(6) {
-        if target.probed() {
-            seen_in += 1;
-        } else {
-            seen_out += 1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (seen_in, seen_out) = watch_breakpoints(&target, Duration::from_millis(20));
     assert!(
         seen_in > 5 && seen_out > 5,
         "probes seen in {seen_in} times, out {seen_out} times"
     );
     let (_, text) = agent.get("/metrics");
-    let (secs, probed, windows) = (
-        metric(&text, "mtrace_trace_seconds").unwrap(),
-        metric(&text, "mtrace_probed_seconds_total").unwrap(),
-        metric(&text, "mtrace_windows_total").unwrap(),
-    );
+    let (secs, probed, probes_in, windows) = windows_figures(&text);
     assert!(windows >= 3.0, "{windows} windows in {secs} s");
     // The probes are in a little longer than counted: the attaches of
     // each window before its count starts.
-    let probes_in = metric(&text, "mtrace_probes_in_seconds_total").unwrap();
     assert!(
         probes_in >= probed && probes_in <= probed + 0.1 * windows,
         "probes in {probes_in} s, counted {probed} s, {windows} windows"
@@ -627,18 +658,7 @@ fn windows_policy_probes_part_of_the_time_and_says_so() {
         );
     }
     assert!(text.contains("sampling=\"windows\""), "{text}");
-    let mut mtrace = agent.mtrace;
-    mtrace.proc.signal(libc::SIGINT);
-    let finished = mtrace.finish();
-    finished.assert_exit(0);
-    // The report says how its counts came about.
-    assert!(
-        finished.stdout.contains("windows: probes in "),
-        "{}",
-        finished.stdout
-    );
-    target.assert_restored();
-    assert!(target.finish() > 0);
+    stop_windows_agent(agent, target);
 }
 
 /// The budget bounds the time a tight allocation loop has probes in:
@@ -655,11 +675,7 @@ fn windows_budget_bounds_the_time_probes_are_in() {
     target.fx.release();
     std::thread::sleep(Duration::from_secs(7));
     let (_, text) = agent.get("/metrics");
-    let (secs, probes_in, windows) = (
-        metric(&text, "mtrace_trace_seconds").unwrap(),
-        metric(&text, "mtrace_probes_in_seconds_total").unwrap(),
-        metric(&text, "mtrace_windows_total").unwrap(),
-    );
+    let (secs, _, probes_in, windows) = windows_figures(&text);
     let share = probes_in / secs;
     assert!(
         (0.06..0.15).contains(&share) && windows >= 4.0,
@@ -670,6 +686,87 @@ fn windows_budget_bounds_the_time_probes_are_in() {
     mtrace.finish().assert_exit(0);
     target.assert_restored();
     assert!(target.finish() > 0);
+}
+
+/// `mtrace agent --all`: a program started elsewhere after the agent is
+/// served under its pid with exactly the calls a trace of it alone counts,
+/// per function (`--policy always`), while its rows are in the kernel's
+/// maps and after it has exited and they have moved out to make room
+/// (every 5 s); `?pid=` selects its heap profile.
+#[test]
+fn agent_all_serves_a_process_started_elsewhere_exactly() {
+    if !support::require_bpf_alone() {
+        return;
+    }
+    let counts = support::fixtures::Fixture::Counts.path_str();
+    let (out, p) = support::run_profiled(&["--max-stack", "0", "--", counts]);
+    out.assert_exit(0);
+    let mut alone: BTreeMap<String, u64> = BTreeMap::new();
+    for s in p.allocs() {
+        *alone.entry(s.function.clone()).or_default() += s.calls;
+    }
+    assert!(alone.values().sum::<u64>() >= 1281, "{alone:?}");
+    let agent = Agent::start(&["--all", "--policy", "always"]);
+    let mut child = Command::new(counts).stdout(Stdio::null()).spawn().unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success());
+    let served = |text: &str| -> BTreeMap<String, u64> {
+        let head =
+            format!("mtrace_allocation_calls_total{{pid=\"{pid}\",comm=\"counts\",function=\"");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(head.as_str()))
+            .filter_map(|rest| {
+                let (func, value) = rest.split_once("\"} ")?;
+                Some((func.to_string(), value.trim().parse::<f64>().ok()? as u64))
+            })
+            .collect()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, text) = agent.get("/metrics");
+    assert_eq!(served(&text), alone, "in the maps:\n{text}");
+    std::thread::sleep(Duration::from_secs(6));
+    let (_, text) = agent.get("/metrics");
+    assert_eq!(served(&text), alone, "moved out of the maps:\n{text}");
+    let (code, body) = agent.get(&format!("/debug/pprof/allocs?pid={pid}"));
+    assert_eq!(code, 200, "{body}");
+    let mut mtrace = agent.mtrace;
+    mtrace.proc.signal(libc::SIGINT);
+    let finished = mtrace.finish();
+    finished.assert_exit(0);
+    assert!(
+        finished
+            .stdout
+            .contains(&format!("by process: counts (pid {pid})")),
+        "{}",
+        finished.stdout
+    );
+}
+
+/// `mtrace agent --all` under the windows policy: the file-wide probes
+/// go in and out of a process the agent did not start (longrun.c, a tight
+/// loop: the breakpoints are seen in its code and out of it in turn), for
+/// about the budget's share of the time, and none is left at the end.
+#[test]
+fn agent_all_windows_take_the_probes_out_of_every_process() {
+    if !support::require_bpf_alone() {
+        return;
+    }
+    let target = crate::lifecycle::Longrun::start_for("9");
+    let agent = Agent::start(&["--all", "--window", "0.1", "--budget", "10"]);
+    let mut target = target;
+    target.fx.release();
+    let (seen_in, seen_out) = watch_breakpoints(&target, Duration::from_millis(10));
+    let (_, text) = agent.get("/metrics");
+    let (secs, _, probes_in, windows) = windows_figures(&text);
+    assert!(
+        seen_in >= 3 && seen_out > seen_in,
+        "probes seen in {seen_in} times, out {seen_out} times"
+    );
+    assert!(
+        (0.04..0.2).contains(&(probes_in / secs)) && windows >= 3.0,
+        "probes in {probes_in} s of {secs} s, {windows} windows"
+    );
+    stop_windows_agent(agent, target);
 }
 
 /// What the agent refuses before anything is attached, in one line each:

@@ -117,10 +117,10 @@ fn usage_error(e: clap::Error) -> ! {
     // clap's usage line of the (sub)command, or the main one.
     match text.lines().find_map(|l| l.strip_prefix("Usage: ")) {
         _ if std::env::args().nth(1).as_deref() == Some("agent") => say!(
-            "usage: mtrace agent [OPTIONS] --pid PID | --cgroup PATH | -- COMMAND... (--help for all)"
+            "usage: mtrace agent [OPTIONS] --pid PID | --cgroup PATH | --all | -- COMMAND... (--help for all)"
         ),
         _ if std::env::args().nth(1).as_deref() == Some("top") => say!(
-            "usage: mtrace top [OPTIONS] --pid PID | mtrace top [OPTIONS] -- COMMAND... (--help for all)"
+            "usage: mtrace top [OPTIONS] --pid PID | --cgroup PATH | --all | -- COMMAND... (--help for all)"
         ),
         Some(usage)
             if ["report", "diff", "generate"]

@@ -96,19 +96,13 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
         _ => None,
     };
     if config.target == Target::Host {
-        if server.is_some() {
-            return Err(anyhow::Error::new(UserError::with_code(
-                "mtrace agent takes --pid, --cgroup or a command, not --all yet",
-                EXIT_USAGE,
-            )));
-        }
         if config.outputs.table.per_thread {
             return Err(anyhow::Error::new(UserError::with_code(
                 "--all counts per process, not per thread",
                 EXIT_USAGE,
             )));
         }
-        return crate::host::run(config, top);
+        return crate::host::run(config, top, server);
     }
     tracee::check_privileges()?;
     launch::raise_file_limit();

@@ -21,8 +21,8 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{MapData, PerCpuArray, RingBuf};
-use tracer_common::{maps, HostExec, HostProcess, MAX_HOST_FUNCS};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use tracer_common::{maps, Comm, HostExec, HostKey, HostProcess, HostValue, MAX_HOST_FUNCS};
 
 use self::{
     files::{all_pids, FileIndex},
@@ -31,10 +31,13 @@ use self::{
 use crate::{
     cli::config::TraceConfig,
     collect::Running,
-    profile::{Meta, ProcessMeta, Profile},
+    profile::{merge::Merged, Meta, ProcessMeta, Profile},
     render::text::printable,
     say,
-    session::{End, Signals},
+    session::{
+        duty::{host_busy_ns, Duty},
+        End, Signals,
+    },
     sinks::{Outcome, Report, Sink},
     tracee::{self, launch},
     user_error,
@@ -163,7 +166,26 @@ struct Host {
     rechecks: VecDeque<(Instant, u32)>,
     /// Processes whose probes went in after they started.
     late: u64,
+    /// The rows of processes gone, read out of the kernel's maps (which
+    /// keep the processes alive only), and their records.
+    ended: Merged,
+    gone: VecDeque<ProcessMeta>,
+    /// `mtrace agent --all`: what is kept of gone processes is bounded
+    /// (past [`GONE_WITH_PID`] their rows are joined per command, past
+    /// [`AGENT_RECORDS`] the oldest records are dropped, counted).
+    bounded: bool,
+    gone_with_pid: usize,
+    unlisted: u64,
 }
+
+/// `Host::bounded`: gone processes whose rows keep their pid, at most.
+const GONE_WITH_PID: usize = 64;
+
+/// `Host::bounded`: records of gone processes kept, at most.
+const AGENT_RECORDS: usize = 1024;
+
+/// How often the maps are looked at for processes gone.
+const FOLD_EVERY: Duration = Duration::from_secs(5);
 
 impl Host {
     /// Probes every process on the host now, and the allocator libraries
@@ -178,6 +200,11 @@ impl Host {
             classified: HashSet::new(),
             rechecks: VecDeque::new(),
             late: 0,
+            ended: Merged::default(),
+            gone: VecDeque::new(),
+            bounded: false,
+            gone_with_pid: 0,
+            unlisted: 0,
         };
         let me = std::process::id();
         for pid in all_pids().into_iter().filter(|&p| p != me) {
@@ -281,7 +308,52 @@ impl Host {
         }
     }
 
-    /// The profile so far (`meta` without the probes' part).
+    /// Moves the rows of processes that are gone out of the kernel's
+    /// maps (which then hold the processes alive, and have room for those
+    /// to come) into `ended`. A process is gone when `/proc` no longer has
+    /// it; its keys are read, then deleted: no call of it can come after.
+    fn fold_gone(&mut self) -> Result<()> {
+        let mut gone = read::counted_tgids(&self.probes)?;
+        gone.retain(|t| !std::path::Path::new(&format!("/proc/{t}")).exists());
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let (mut part, keys) =
+            read::gone_profile(&self.probes, &mut self.index, &mut self.procs, &gone)?;
+        let ebpf = &mut self.probes.ebpf;
+        let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =
+            PerCpuHashMap::try_from(ebpf.map_mut(maps::HOST_COUNTS).context("HOST_COUNTS map")?)?;
+        for k in &keys {
+            let _ = counts.remove(k);
+        }
+        let mut names: BpfHashMap<&mut MapData, HostProcess, Comm> =
+            BpfHashMap::try_from(ebpf.map_mut(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
+        let named: Vec<HostProcess> = names
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|p| gone.contains(&p.tgid))
+            .collect();
+        for p in &named {
+            let _ = names.remove(p);
+        }
+        self.gone.extend(std::mem::take(&mut part.meta.processes));
+        self.ended.add(part);
+        if self.bounded {
+            self.gone_with_pid += gone.len();
+            if self.gone_with_pid > GONE_WITH_PID {
+                self.ended.forget_pids();
+                self.gone_with_pid = 0;
+            }
+            while self.gone.len() > AGENT_RECORDS {
+                self.gone.pop_front();
+                self.unlisted += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The profile so far (`meta` without the probes' part): the rows of
+    /// processes gone and of those the maps hold.
     fn profile(&mut self, mut meta: Meta) -> Result<Profile> {
         meta.allocator_object = self
             .probes
@@ -293,12 +365,23 @@ impl Host {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        read::profile(&self.probes, &mut self.index, &mut self.procs, meta)
+        let live = read::profile(&self.probes, &mut self.index, &mut self.procs, meta)?;
+        let Some(ended) = self.ended.get() else {
+            return Ok(live);
+        };
+        let alive = live.meta.processes.clone();
+        let mut profile = crate::profile::merge::merge(vec![ended.clone(), live]);
+        let mut records: Vec<ProcessMeta> = self.gone.iter().cloned().chain(alive).collect();
+        let over = records.len().saturating_sub(Meta::MAX_PROCESS_RECORDS);
+        records.drain(..over);
+        profile.meta.processes = records;
+        profile.meta.processes_unlisted = self.unlisted + over as u64;
+        Ok(profile)
     }
 }
 
 /// `mtrace --all` / `mtrace top --all`.
-pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
+pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>) -> Result<i32> {
     tracee::check_privileges()?;
     launch::raise_file_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -316,6 +399,7 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
     let started = Instant::now();
     let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut host = Host::start(config.sizes.counts)?;
+    host.bounded = server.is_some();
     if host.probes.links() == 0 {
         return Err(user_error!(
             "--all: no process on the host maps an allocator mtrace knows"
@@ -341,7 +425,24 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
             .take_map(maps::HOST_EXECS)
             .context("BPF map HOST_EXECS missing")?,
     )?;
-    let (mut watchers, mut stop) = host_watchers(top)?;
+    let (mut watchers, mut stop) = host_watchers(top && server.is_none())?;
+    let mut wake = None;
+    if let Some(server) = server {
+        say!(
+            "mtrace agent: {}",
+            crate::agent::describe_listen(server.addr)
+        );
+        let (agent, woken) = crate::agent::AgentWatcher::start(server)?;
+        watchers.push(Box::new(agent));
+        wake = Some(woken);
+    }
+    // The windows policy (`mtrace agent --all`), measured against the
+    // host's busy CPU time: the processes of a host are what pays.
+    let mut duty = config.windows.map(Duty::new);
+    if let Some(d) = duty.as_mut() {
+        d.begin(host_readings(&host.probes));
+    }
+    let duty = RefCell::new(duty);
     let cell = RefCell::new(host);
     let meta = |elapsed: f64| Meta {
         mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -352,10 +453,22 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
         kernel_release: crate::commands::trace::kernel_release(),
         mode: "count".into(),
         scope: "host".into(),
+        windows: duty.borrow().as_ref().map(Duty::info),
         ..Meta::default()
     };
     let deadline = config.schedule.duration.map(|d| started + d);
     let mut next_view = Instant::now();
+    let mut next_fold = Instant::now() + FOLD_EVERY;
+    let woken = async || match &wake {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    };
+    let due = |at: Option<Instant>| async move {
+        match at {
+            Some(at) => tokio::time::sleep_until(at.into()).await,
+            None => std::future::pending().await,
+        }
+    };
     let end = rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
@@ -377,8 +490,23 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
         };
         tokio::pin!(quit);
         loop {
+            let next_switch = duty.borrow().as_ref().map(|d| d.due);
             tokio::select! {
                 sig = signals.ending() => break End::Interrupted(sig),
+                _ = due(next_switch) => {
+                    if let Some(d) = duty.borrow_mut().as_mut() {
+                        switch(&mut cell.borrow_mut().probes, d);
+                    }
+                }
+                _ = woken() => {
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let t = running_tick(&cell.borrow().probes, elapsed);
+                    for w in watchers.iter_mut() {
+                        if let Err(e) = w.woken(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
+                            log::debug!("watcher: {e:#}");
+                        }
+                    }
+                }
                 _ = &mut until => break End::Duration,
                 _ = &mut quit => break End::Stopped,
                 _ = poll.tick() => {
@@ -391,6 +519,12 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
                         }
                     }
                     host.recheck();
+                    if Instant::now() >= next_fold {
+                        if let Err(e) = host.fold_gone() {
+                            log::warn!("reading the processes gone: {e:#}");
+                        }
+                        next_fold = Instant::now() + FOLD_EVERY;
+                    }
                 }
                 _ = tick.tick() => {
                     // The live view's profile of a busy host is read and
@@ -428,7 +562,8 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
             host.late
         );
     }
-    let profile = host.profile(meta(elapsed))?;
+    let mut profile = host.profile(meta(elapsed))?;
+    crate::profile::window::scale_windows(&mut profile);
     if host.probes.unprobed > 0 {
         say!(
             "mtrace: {} allocator functions not probed: more than {MAX_HOST_FUNCS} functions or {} files",
@@ -442,6 +577,32 @@ pub fn run(config: TraceConfig, top: bool) -> Result<i32> {
     host.probes.detach();
     finished.result()?;
     Ok(0)
+}
+
+/// The host's busy CPU time, and the host program's runs and run time:
+/// what a window of the windows policy is measured by.
+fn host_readings(probes: &HostProbes) -> (u64, u64, u64) {
+    let (runs, run_ns) = probes.program_stats();
+    (host_busy_ns(), runs, run_ns)
+}
+
+/// Ends the window or the pause that is due (the windows policy).
+fn switch(probes: &mut HostProbes, duty: &mut Duty) {
+    if duty.on {
+        if !duty.window_ends(host_readings(probes)) {
+            return;
+        }
+        match probes.pause() {
+            Ok(closing) => duty.went_out(closing),
+            Err(e) => log::warn!("taking the probes out for a pause: {e:#}"),
+        }
+    } else {
+        duty.coming_in();
+        if let Err(e) = probes.resume() {
+            log::warn!("{e:#}");
+        }
+        duty.came_in(host_readings(probes));
+    }
 }
 
 /// The status line, or the live view and the receiver of its `q`.

@@ -36,9 +36,30 @@ pub struct ProbedFile {
     bodies: Vec<BodyRange>,
 }
 
+/// One link's worth of probes in one file: kept to put them back after a
+/// pause (the windows policy), through the file held open (the path a
+/// process mapped it by may be gone: `/proc/PID/root/...`).
+struct Plan {
+    file: std::fs::File,
+    offsets: Vec<u64>,
+    cookies: Vec<u64>,
+}
+
+impl Plan {
+    fn attach(&self, program: &multi::Program) -> std::io::Result<multi::Link> {
+        use std::os::fd::AsRawFd;
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        program.attach(&path, &self.offsets, &self.cookies, false, None)
+    }
+}
+
 pub struct HostProbes {
     /// Dropped, they take every probe out of every process; first.
     links: Vec<multi::Link>,
+    /// Every link's probes, attached or not (paused).
+    plans: Vec<Plan>,
+    /// Out for a pause of the windows policy: plans are made, not attached.
+    paused: bool,
     program: multi::Program,
     pub ebpf: Ebpf,
     pub funcs: Vec<HostFuncInfo>,
@@ -77,6 +98,8 @@ impl HostProbes {
         own.set(0, std::process::id(), 0)?;
         Ok(HostProbes {
             links: Vec::new(),
+            plans: Vec::new(),
+            paused: false,
             program,
             ebpf,
             funcs: Vec::new(),
@@ -202,12 +225,20 @@ impl HostProbes {
             if offsets.is_empty() {
                 continue;
             }
-            let link = self
-                .program
-                .attach(&open, &offsets, &cookies, false, None)
-                .with_context(|| format!("attaching {} uprobes to {path}", offsets.len()))?;
-            self.links.push(link);
-            added += offsets.len();
+            let plan = Plan {
+                file: std::fs::File::open(&open)
+                    .with_context(|| format!("opening {}", open.display()))?,
+                offsets,
+                cookies,
+            };
+            if !self.paused {
+                let link = plan.attach(&self.program).with_context(|| {
+                    format!("attaching {} uprobes to {path}", plan.offsets.len())
+                })?;
+                self.links.push(link);
+            }
+            added += plan.offsets.len();
+            self.plans.push(plan);
         }
         Ok(added)
     }
@@ -278,8 +309,39 @@ impl HostProbes {
         multi::close_all(std::mem::take(&mut self.links));
     }
 
-    /// Links in place.
+    /// Links in place, or planned during a pause.
     pub fn links(&self) -> usize {
-        self.links.len()
+        self.plans.len()
+    }
+
+    /// The windows policy's pause: counting stopped, every probe out of
+    /// every process; probes of files found during the pause wait for
+    /// [`HostProbes::resume`]. Returns when the closing of the links began.
+    pub fn pause(&mut self) -> Result<std::time::Instant> {
+        self.set_enabled(false)?;
+        self.paused = true;
+        let closing = std::time::Instant::now();
+        self.detach();
+        Ok(closing)
+    }
+
+    /// After a pause: every probe back in, then counting on.
+    pub fn resume(&mut self) -> Result<()> {
+        self.paused = false;
+        for plan in &self.plans {
+            let link = plan
+                .attach(&self.program)
+                .context("putting the probes back")?;
+            self.links.push(link);
+        }
+        self.set_enabled(true)
+    }
+
+    /// The host program's runs and run time so far (the kernel's BPF
+    /// run-time stats, when on).
+    pub fn program_stats(&self) -> (u64, u64) {
+        self.program
+            .info()
+            .map_or((0, 0), |i| (i.runs, i.run_time_ns))
     }
 }

@@ -15,35 +15,91 @@ use crate::profile::{
     Counts, Frame, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry, Totals,
 };
 
+/// Each key's counts summed over the CPUs, and its return address's place
+/// (looked up by the CPU that made the key).
+type Row = (HostKey, Counts, HostValue);
+
+fn row(key: HostKey, per_cpu: &[HostValue]) -> Option<Row> {
+    let mut c = Counts::default();
+    let mut place = HostValue::default();
+    for v in per_cpu {
+        c.calls += v.calls;
+        c.bytes += v.bytes;
+        if v.place != PLACE_UNKNOWN {
+            place = *v;
+        }
+    }
+    (c.calls > 0).then_some((key, c, place))
+}
+
+fn counts_map(probes: &HostProbes) -> Result<PerCpuHashMap<&MapData, HostKey, HostValue>> {
+    Ok(PerCpuHashMap::try_from(
+        probes
+            .ebpf
+            .map(maps::HOST_COUNTS)
+            .context("HOST_COUNTS map")?,
+    )?)
+}
+
 /// What the maps hold now, as a profile (`meta` filled in but for the
 /// processes, the probes and the allocator line).
 pub fn profile(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
-    mut meta: Meta,
+    meta: Meta,
 ) -> Result<Profile> {
-    let ebpf = &probes.ebpf;
-    let counts: PerCpuHashMap<&MapData, HostKey, HostValue> =
-        PerCpuHashMap::try_from(ebpf.map(maps::HOST_COUNTS).context("HOST_COUNTS map")?)?;
-    // Each key's counts, and its return address's place (looked up by
-    // the CPU that made the key).
-    let mut rows: Vec<(HostKey, Counts, HostValue)> = Vec::new();
-    for entry in counts.iter() {
+    let mut rows = Vec::new();
+    for entry in counts_map(probes)?.iter() {
         let (key, per_cpu) = entry?;
-        let mut c = Counts::default();
-        let mut place = HostValue::default();
-        for v in per_cpu.iter() {
-            c.calls += v.calls;
-            c.bytes += v.bytes;
-            if v.place != PLACE_UNKNOWN {
-                place = *v;
-            }
-        }
-        if c.calls > 0 {
-            rows.push((key, c, place));
+        rows.extend(row(key, &per_cpu));
+    }
+    profile_of(probes, index, processes, meta, rows)
+}
+
+/// The keys of processes `gone` (by tgid) as a profile of their rows
+/// alone (no totals: the totals' map holds every call), and the keys read.
+pub fn gone_profile(
+    probes: &HostProbes,
+    index: &mut FileIndex,
+    processes: &mut Processes,
+    gone: &std::collections::HashSet<u32>,
+) -> Result<(Profile, Vec<HostKey>)> {
+    let map = counts_map(probes)?;
+    let keys: Vec<HostKey> = map
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| gone.contains(&k.tgid))
+        .collect();
+    let mut rows = Vec::new();
+    for k in &keys {
+        if let Ok(per_cpu) = map.get(k, 0) {
+            rows.extend(row(*k, &per_cpu));
         }
     }
+    let mut p = profile_of(probes, index, processes, Meta::default(), rows)?;
+    p.totals = Totals::default();
+    p.losses = Losses::default();
+    Ok((p, keys))
+}
+
+/// Every process (by tgid) with a key in the counts map.
+pub fn counted_tgids(probes: &HostProbes) -> Result<std::collections::HashSet<u32>> {
+    Ok(counts_map(probes)?
+        .keys()
+        .filter_map(|k| k.ok())
+        .map(|k| k.tgid)
+        .collect())
+}
+
+fn profile_of(
+    probes: &HostProbes,
+    index: &mut FileIndex,
+    processes: &mut Processes,
+    mut meta: Meta,
+    rows: Vec<Row>,
+) -> Result<Profile> {
+    let ebpf = &probes.ebpf;
     let names: BpfHashMap<&MapData, HostProcess, Comm> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.

@@ -69,8 +69,11 @@ pub struct Duty {
     cpu_ns_at: u64,
     runs_at: u64,
     run_ns_at: u64,
-    /// The last window's measured slowdown while probed.
+    /// The last window's measured slowdown while probed, its calls, and
+    /// the share of its time in taken as lost.
     pub last_slowdown: f64,
+    last_calls: u64,
+    lost: f64,
     /// Keeps the kernel's BPF run-time stats on.
     _stats: Option<OwnedFd>,
 }
@@ -94,6 +97,8 @@ impl Duty {
             runs_at: 0,
             run_ns_at: 0,
             last_slowdown: 0.0,
+            last_calls: 0,
+            lost: 1.0,
             _stats: stats,
         }
     }
@@ -117,6 +122,100 @@ impl Duty {
     }
 }
 
+impl Duty {
+    /// A window is due to end, with the readings (the processes' CPU
+    /// time, the programs' runs and run time) at its end. False: the
+    /// processes pay so little that the probes stay in and the next window
+    /// begins now; true: counting is to stop and the probes to go out,
+    /// then [`Duty::went_out`].
+    pub fn window_ends(&mut self, readings: (u64, u64, u64)) -> bool {
+        let now = Instant::now();
+        let (cpu, runs, run_ns) = readings;
+        let calls = runs.saturating_sub(self.runs_at);
+        let cost = calls * TRAP_NS + run_ns.saturating_sub(self.run_ns_at);
+        let cpu = cpu.saturating_sub(self.cpu_ns_at);
+        // The work the processes did besides the probes; a window in
+        // which they did none (idle) costs them nothing noticeable.
+        let work = cpu.saturating_sub(cost).max(1);
+        self.last_slowdown = cost as f64 / work as f64;
+        self.last_calls = calls;
+        let r = self.last_slowdown;
+        self.lost = (LOSS_MARGIN * r / (1.0 + r)).min(1.0);
+        let wanted = match self.policy.every {
+            Some(every) => every,
+            None => self
+                .policy
+                .window
+                .mul_f64((self.lost / self.policy.budget).max(1.0)),
+        };
+        self.probed += now - self.since;
+        self.since = now;
+        if wanted.saturating_sub(self.policy.window) < Duration::from_millis(10) {
+            // Cheap enough to stay in: the next window begins now.
+            self.windows += 1;
+            self.due = now + self.policy.window;
+            (self.cpu_ns_at, self.runs_at, self.run_ns_at) = readings;
+            return false;
+        }
+        self.on = false;
+        true
+    }
+
+    /// Counting stopped and the links' closing began at `closing`; every
+    /// link is closed now. The pause is set.
+    pub fn went_out(&mut self, closing: Instant) {
+        let out = Instant::now();
+        // The processes pay for the probes from the window's first
+        // attach until the links' closing begins: closing a uprobe link
+        // takes its breakpoints out first, then waits for the kernel's
+        // grace period (most of the closing's time), which costs the
+        // processes nothing. The pause is sized from that time, so that
+        // what the processes lose stays within the budget whatever the
+        // switches take.
+        let trapped = closing.saturating_duration_since(self.in_since);
+        self.trapped += trapped;
+        let period = match self.policy.every {
+            Some(every) => every,
+            None => trapped.mul_f64((self.lost / self.policy.budget).max(1.0)),
+        };
+        let pause = period.saturating_sub(trapped).min(MAX_PAUSE);
+        self.since = out;
+        self.due = out + pause;
+        log::debug!(
+            "windows: {} calls probed cost {:.1}% of the work; probes in {:.1} ms ({:.1} ms closing the links); out for {:.3} s",
+            self.last_calls,
+            self.last_slowdown * 100.0,
+            trapped.as_secs_f64() * 1e3,
+            (out - closing).as_secs_f64() * 1e3,
+            pause.as_secs_f64()
+        );
+    }
+
+    /// The pause is over: the probes begin to go in now.
+    pub fn coming_in(&mut self) {
+        self.in_since = Instant::now();
+    }
+
+    /// Every probe is in and counting again: a window begins, measured
+    /// against `readings`.
+    pub fn came_in(&mut self, readings: (u64, u64, u64)) {
+        self.windows += 1;
+        log::debug!(
+            "windows: probes in again in {:.1} ms",
+            self.in_since.elapsed().as_secs_f64() * 1e3
+        );
+        self.begin(readings);
+    }
+
+    /// A window begins now, measured against `readings`.
+    pub fn begin(&mut self, readings: (u64, u64, u64)) {
+        self.on = true;
+        self.since = Instant::now();
+        self.due = self.since + self.policy.window;
+        (self.cpu_ns_at, self.runs_at, self.run_ns_at) = readings;
+    }
+}
+
 /// CPU time of every thread of `pid` so far (ns), from schedstat.
 fn cpu_ns(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -127,6 +226,34 @@ fn cpu_ns(pid: u32) -> u64 {
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// CPU time the host's CPUs spent busy so far (ns), from `/proc/stat`:
+/// every state but idle and waiting for I/O.
+pub fn host_busy_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0;
+    };
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0;
+    };
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is in
+    // user's already).
+    let busy: u64 = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| *t)
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    busy * (1_000_000_000 / hz)
 }
 
 impl Session {
@@ -149,10 +276,7 @@ impl Session {
     pub(super) fn begin_window(&mut self) {
         let readings = self.duty_readings();
         if let Some(duty) = self.duty.as_mut() {
-            duty.on = true;
-            duty.since = Instant::now();
-            duty.due = duty.since + duty.policy.window;
-            (duty.cpu_ns_at, duty.runs_at, duty.run_ns_at) = readings;
+            duty.begin(readings);
         }
     }
 
@@ -162,36 +286,10 @@ impl Session {
         let Some(duty) = self.duty.as_mut() else {
             return;
         };
-        let now = Instant::now();
         if duty.on {
-            let (cpu, runs, run_ns) = readings;
-            let calls = runs.saturating_sub(duty.runs_at);
-            let cost = calls * TRAP_NS + run_ns.saturating_sub(duty.run_ns_at);
-            let cpu = cpu.saturating_sub(duty.cpu_ns_at);
-            // The work the processes did besides the probes; a window in
-            // which they did none (idle) costs them nothing noticeable.
-            let work = cpu.saturating_sub(cost).max(1);
-            duty.last_slowdown = cost as f64 / work as f64;
-            let r = duty.last_slowdown;
-            let lost = (LOSS_MARGIN * r / (1.0 + r)).min(1.0);
-            let wanted = match duty.policy.every {
-                Some(every) => every,
-                None => duty
-                    .policy
-                    .window
-                    .mul_f64((lost / duty.policy.budget).max(1.0)),
-            };
-            if wanted.saturating_sub(duty.policy.window) < Duration::from_millis(10) {
-                // Cheap enough to stay in: the next window begins now.
-                duty.probed += now - duty.since;
-                duty.since = now;
-                duty.windows += 1;
-                duty.due = now + duty.policy.window;
-                (duty.cpu_ns_at, duty.runs_at, duty.run_ns_at) = readings;
+            if !duty.window_ends(readings) {
                 return;
             }
-            duty.probed += now - duty.since;
-            duty.on = false;
             // Counting stops for every function at once; the links, each
             // closing in a grace period of its own, go after.
             for proc in self.procs.values_mut() {
@@ -201,35 +299,11 @@ impl Session {
             }
             let closing = Instant::now();
             crate::probes::multi::close_all(self.take_all_links());
-            let out = Instant::now();
-            let Some(duty) = self.duty.as_mut() else {
-                return;
-            };
-            // The processes pay for the probes from the window's first
-            // attach until the links' closing begins: closing a uprobe
-            // link takes its breakpoints out first, then waits for the
-            // kernel's grace period (most of the closing's time), which
-            // costs the processes nothing. The pause is sized from that
-            // time, so that what the processes lose stays within the
-            // budget whatever the switches take.
-            let trapped = closing - duty.in_since;
-            duty.trapped += trapped;
-            let period = match duty.policy.every {
-                Some(every) => every,
-                None => trapped.mul_f64((lost / duty.policy.budget).max(1.0)),
-            };
-            let pause = period.saturating_sub(trapped).min(MAX_PAUSE);
-            duty.since = out;
-            duty.due = out + pause;
-            log::debug!(
-                "windows: {calls} calls probed cost {:.1}% of the work; probes in {:.1} ms ({:.1} ms closing the links); out for {:.3} s",
-                duty.last_slowdown * 100.0,
-                trapped.as_secs_f64() * 1e3,
-                (out - closing).as_secs_f64() * 1e3,
-                pause.as_secs_f64()
-            );
+            if let Some(duty) = self.duty.as_mut() {
+                duty.went_out(closing);
+            }
         } else {
-            duty.in_since = now;
+            duty.coming_in();
             // Every link in, then counting starts for all functions at once.
             for proc in self.procs.values_mut() {
                 let back = proc
@@ -240,14 +314,10 @@ impl Session {
                     log::warn!("pid {}: putting the probes back: {e:#}", proc.pid);
                 }
             }
+            let readings = self.duty_readings();
             if let Some(duty) = self.duty.as_mut() {
-                duty.windows += 1;
-                log::debug!(
-                    "windows: probes in again in {:.1} ms",
-                    duty.in_since.elapsed().as_secs_f64() * 1e3
-                );
+                duty.came_in(readings);
             }
-            self.begin_window();
         }
     }
 
