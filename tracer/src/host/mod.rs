@@ -116,6 +116,25 @@ impl Processes {
         found
     }
 
+    /// Forgets processes `gone` (by tgid): their rows and records have
+    /// been read out for good.
+    fn forget(&mut self, gone: &HashSet<u32>) {
+        self.metas.retain(|p, _| !gone.contains(&p.tgid));
+        self.order.retain(|p| !gone.contains(&p.tgid));
+    }
+
+    /// The processes recorded that are gone from `/proc` and have nothing
+    /// left in the maps (`counted`: the processes with keys there).
+    fn gone_uncounted(&self, counted: &HashSet<u32>) -> HashSet<u32> {
+        self.metas
+            .keys()
+            .map(|p| p.tgid)
+            .filter(|t| {
+                !counted.contains(t) && !std::path::Path::new(&format!("/proc/{t}")).exists()
+            })
+            .collect()
+    }
+
     fn keep(&mut self, p: HostProcess, meta: ProcessMeta) {
         if self.metas.insert(p, meta).is_none() {
             self.order.push_back(p);
@@ -176,6 +195,9 @@ struct Host {
     bounded: bool,
     gone_with_pid: usize,
     unlisted: u64,
+    /// Processes alive that have allocated, at the last look for those
+    /// gone (every [`FOLD_EVERY`]).
+    allocating: usize,
 }
 
 /// `Host::bounded`: gone processes whose rows keep their pid, at most.
@@ -205,6 +227,7 @@ impl Host {
             bounded: false,
             gone_with_pid: 0,
             unlisted: 0,
+            allocating: 0,
         };
         let me = std::process::id();
         for pid in all_pids().into_iter().filter(|&p| p != me) {
@@ -313,8 +336,15 @@ impl Host {
     /// to come) into `ended`. A process is gone when `/proc` no longer has
     /// it; its keys are read, then deleted: no call of it can come after.
     fn fold_gone(&mut self) -> Result<()> {
-        let mut gone = read::counted_tgids(&self.probes)?;
+        let counted = read::counted_tgids(&self.probes)?;
+        // Records of processes that never allocated (a static program
+        // without an allocator mtrace knows), gone since.
+        let idle = self.procs.gone_uncounted(&counted);
+        self.procs.forget(&idle);
+        let all = counted.len();
+        let mut gone = counted;
         gone.retain(|t| !std::path::Path::new(&format!("/proc/{t}")).exists());
+        self.allocating = all - gone.len();
         if gone.is_empty() {
             return Ok(());
         }
@@ -336,6 +366,7 @@ impl Host {
         for p in &named {
             let _ = names.remove(p);
         }
+        self.procs.forget(&gone);
         self.gone.extend(std::mem::take(&mut part.meta.processes));
         self.ended.add(part);
         if self.bounded {
@@ -500,7 +531,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
                 }
                 _ = woken() => {
                     let elapsed = started.elapsed().as_secs_f64();
-                    let t = running_tick(&cell.borrow().probes, elapsed);
+                    let t = running_tick(&cell.borrow(), elapsed);
                     for w in watchers.iter_mut() {
                         if let Err(e) = w.woken(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
                             log::debug!("watcher: {e:#}");
@@ -536,7 +567,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
                         continue;
                     }
                     let elapsed = started.elapsed().as_secs_f64();
-                    let t = running_tick(&cell.borrow().probes, elapsed);
+                    let t = running_tick(&cell.borrow(), elapsed);
                     let began = Instant::now();
                     for w in watchers.iter_mut() {
                         if let Err(e) = w.tick(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
@@ -625,7 +656,8 @@ fn host_watchers(top: bool) -> Result<crate::commands::trace::Watchers> {
 }
 
 /// The totals so far, for the status line.
-fn running_tick(probes: &HostProbes, elapsed: f64) -> Tick {
+fn running_tick(host: &Host, elapsed: f64) -> Tick {
+    let probes = &host.probes;
     let mut running = Running::default();
     if let Some(Ok(totals)) = probes
         .ebpf
@@ -643,7 +675,7 @@ fn running_tick(probes: &HostProbes, elapsed: f64) -> Tick {
         elapsed,
         running,
         live_bytes: None,
-        processes: 0,
+        processes: host.allocating,
     }
 }
 
