@@ -173,10 +173,14 @@ impl Duty {
         // what the processes lose stays within the budget whatever the
         // switches take.
         let trapped = closing.saturating_duration_since(self.in_since);
+        // The trace begins with a window: after it, half a period more,
+        // so that the windows lie mid-period on average and a run of a few
+        // periods is not probed a window more than its share.
+        let first = if self.trapped.is_zero() { 1.5 } else { 1.0 };
         self.trapped += trapped;
         let period = match self.policy.every {
             Some(every) => every,
-            None => trapped.mul_f64((self.lost / self.policy.budget).max(1.0)),
+            None => trapped.mul_f64((first * self.lost / self.policy.budget).max(1.0)),
         };
         let pause = period.saturating_sub(trapped).min(MAX_PAUSE);
         self.since = out;
