@@ -48,6 +48,32 @@ fn expected(minor: u8) -> Chain {
     ]
 }
 
+/// A launch of a short script, run again (twice at most) when its report
+/// counts code objects it could not name: the tracer names a stack's code
+/// objects as the stack first appears, on a thread of its own; one starved
+/// of CPU (the tests beside it) for as long as the script runs finds them
+/// freed by the interpreter's finalization, and says so (`python: code
+/// unnamed N`). Naming itself is what the tests check, not the race.
+fn run_named(args: &[&str]) -> (crate::support::mtrace::Finished, Profile) {
+    let unnamed = |p: &Profile| {
+        p.doc["stack_quality"]["python"]["unnamed"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let mut run = run_profiled(args);
+    for _ in 0..2 {
+        if unnamed(&run.1) == 0 {
+            break;
+        }
+        eprintln!(
+            "{args:?}: {} code objects unnamed, run again",
+            unnamed(&run.1)
+        );
+        run = run_profiled(args);
+    }
+    run
+}
+
 /// The interpreters to try: (path, minor version).
 fn interpreters() -> Vec<(PathBuf, u8)> {
     let mut out = vec![(PathBuf::from("/usr/bin/python3.11"), 11)];
@@ -156,7 +182,7 @@ fn python_frames_from_launch_every_version() {
     let n = N.to_string();
     for (python, minor) in available(interpreters()) {
         let py = python.to_str().unwrap();
-        let (out, p) = run_profiled(&["--", py, script, &n]);
+        let (out, p) = run_named(&["--", py, script, &n]);
         out.assert_exit(0);
         assert_chain(
             &p,
@@ -222,7 +248,7 @@ fn stripped_python_says_what_names_its_frames() {
     assert!(objcopy.success());
     let said = |p: &Profile| p.doc["meta"]["python"].as_str().unwrap_or("").to_string();
 
-    let (out, p) = run_profiled(&["--", copy.to_str().unwrap(), script, &n]);
+    let (out, p) = run_named(&["--", copy.to_str().unwrap(), script, &n]);
     out.assert_exit(0);
     assert_chain(
         &p,
@@ -238,7 +264,7 @@ fn stripped_python_says_what_names_its_frames() {
     );
     assert!(out.stdout.contains(&line), "{}", out.describe());
 
-    let (out, p) = run_profiled(&["--", pyenv.to_str().unwrap(), script, &n]);
+    let (out, p) = run_named(&["--", pyenv.to_str().unwrap(), script, &n]);
     out.assert_exit(0);
     let line = said(&p);
     assert!(line.starts_with("CPython 3.11 in "), "{line}");
@@ -260,7 +286,7 @@ fn unknown_python_version_says_so_and_keeps_native_stacks() {
         return;
     }
     let n = N.to_string();
-    let (out, p) = run_profiled(&["--", python, script, &n]);
+    let (out, p) = run_named(&["--", python, script, &n]);
     out.assert_exit(0);
     let said: Vec<_> = out
         .stderr
@@ -317,7 +343,7 @@ fn python_threads_each_under_their_own_frames() {
         ),
     ]) {
         let py = python.to_str().unwrap();
-        let (out, p) = run_profiled(&["--", py, script]);
+        let (out, p) = run_named(&["--", py, script]);
         out.assert_exit(0);
         for (func, line, size, calls) in [
             ("alloc_a", 3, 3001, 1000),
@@ -379,7 +405,7 @@ fn python_leaks_by_line_in_live_mode() {
         ),
     ]) {
         let py = python.to_str().unwrap();
-        let (out, p) = run_profiled(&["--live", "--", py, script, "12340"]);
+        let (out, p) = run_named(&["--live", "--", py, script, "12340"]);
         out.assert_exit(0);
         let d = format!("3.{minor}\n{}", out.describe());
         // Every stack under the function's Python chain whose blocks are
@@ -492,7 +518,7 @@ fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
     for (python, v) in available(vec![(pyenv("3.12.1"), 12), (pyenv("3.9.18"), 9)]) {
         let py = python.to_str().unwrap();
         let counts = tracemalloc_counts(py, script);
-        let (out, p) = run_profiled(&["--python-objects", "--", py, script]);
+        let (out, p) = run_named(&["--python-objects", "--", py, script]);
         out.assert_exit(0);
         let d = format!("3.{v}\n{}", out.describe());
         assert_eq!(
@@ -528,7 +554,7 @@ fn debian_python_objects_through_malloc() {
     ) {
         return;
     }
-    let (out, _) = run_profiled(&["--python-objects", "--", py, script]);
+    let (out, _) = run_named(&["--python-objects", "--", py, script]);
     out.assert_exit(0);
     let said = out
         .stderr
@@ -626,7 +652,7 @@ fn python_lines_agree_with_memray() {
         memray.len() >= 2,
         "memray's locations in the script: {memray:?}"
     );
-    let (out, p) = run_profiled(&["--", py, script, &n]);
+    let (out, p) = run_named(&["--", py, script, &n]);
     out.assert_exit(0);
     let mut ours: std::collections::BTreeMap<(String, u64), (u64, u64)> = Default::default();
     for s in p.allocs() {
