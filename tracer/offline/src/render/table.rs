@@ -188,34 +188,47 @@ fn header(profile: &Profile, paint: Paint) -> String {
         // Processes beyond the profile's records were untraced too.
         let not_traced = untraced.len() as u64 + meta.processes_unlisted;
         if meta.scope == "host" {
-            // What exited is not followed there: every process is in.
-            let _ = write!(out, "processes: {traced} allocated (one per exec)");
+            // What exited is not followed there: every process is in, and
+            // those beyond the records kept were counted all the same.
+            let _ = write!(
+                out,
+                "processes: {} allocated (one per exec)",
+                traced as u64 + meta.processes_unlisted
+            );
+            if meta.processes_unlisted > 0 {
+                let _ = write!(
+                    out,
+                    ", the records of the newest {} kept",
+                    meta.processes.len()
+                );
+            }
+            out.push('\n');
         } else {
             let _ = write!(
                 out,
                 "processes: {traced} traced ({exited} exited during the trace)"
             );
-        }
-        if not_traced > 0 {
-            let _ = write!(out, ", {not_traced} not traced");
-        }
-        out.push('\n');
-        for p in untraced.iter().take(UNTRACED_SHOWN) {
-            let _ = writeln!(
-                out,
-                "not traced: {} (pid {}): {}",
-                p.name,
-                p.pid,
-                p.not_traced.as_deref().unwrap_or("not traced")
-            );
-        }
-        let rest = not_traced - untraced.len().min(UNTRACED_SHOWN) as u64;
-        if rest > 0 {
-            let _ = writeln!(
-                out,
-                "not traced: {rest} more ({} listed in the JSON profile)",
-                untraced.len().saturating_sub(UNTRACED_SHOWN)
-            );
+            if not_traced > 0 {
+                let _ = write!(out, ", {not_traced} not traced");
+            }
+            out.push('\n');
+            for p in untraced.iter().take(UNTRACED_SHOWN) {
+                let _ = writeln!(
+                    out,
+                    "not traced: {} (pid {}): {}",
+                    p.name,
+                    p.pid,
+                    p.not_traced.as_deref().unwrap_or("not traced")
+                );
+            }
+            let rest = not_traced - untraced.len().min(UNTRACED_SHOWN) as u64;
+            if rest > 0 {
+                let _ = writeln!(
+                    out,
+                    "not traced: {rest} more ({} listed in the JSON profile)",
+                    untraced.len().saturating_sub(UNTRACED_SHOWN)
+                );
+            }
         }
         out.push_str(&by_process(profile));
     }
@@ -711,6 +724,31 @@ by function: malloc 1000, calloc 250, realloc 136
         assert!(out.contains("\n    size: p50 16.0 KiB, p90 16.0 KiB, p99 1.0 GiB, max 1.0 GiB\n"));
         assert!(out.contains("\nsampled: one sample per 512.0 KiB on average, 1 sample\n"));
         assert!(out.contains("\nnot traced: worker2 (pid 102): more than 1 process at once\n"));
+    }
+
+    /// The host scope counts every process; those whose records were not
+    /// kept are counted among those that allocated, never as untraced.
+    #[test]
+    fn host_scope_counts_processes_beyond_the_records_kept() {
+        let mut p = sample();
+        p.meta.scope = "host".into();
+        p.meta.processes = (0..2)
+            .map(|i| crate::profile::ProcessMeta {
+                pid: 100 + i,
+                name: format!("worker{i}"),
+                traced: true,
+                ..Default::default()
+            })
+            .collect();
+        p.meta.processes_unlisted = 5;
+        let out = render(&p, &all(false));
+        assert!(
+            out.contains(
+                "\nprocesses: 7 allocated (one per exec), the records of the newest 2 kept\n"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("not traced"), "{out}");
     }
 
     #[test]
