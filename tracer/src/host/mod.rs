@@ -336,7 +336,8 @@ impl Host {
     /// to come) into `ended`. A process is gone when `/proc` no longer has
     /// it; its keys are read, then deleted: no call of it can come after.
     fn fold_gone(&mut self) -> Result<()> {
-        let counted = read::counted_tgids(&self.probes)?;
+        let mut keys = read::counted_keys(&self.probes)?;
+        let counted: HashSet<u32> = keys.iter().map(|k| k.tgid).collect();
         // Records of processes that never allocated (a static program
         // without an allocator mtrace knows), gone since.
         let idle = self.procs.gone_uncounted(&counted);
@@ -348,8 +349,8 @@ impl Host {
         if gone.is_empty() {
             return Ok(());
         }
-        let (mut part, keys) =
-            read::gone_profile(&self.probes, &mut self.index, &mut self.procs, &gone)?;
+        keys.retain(|k| gone.contains(&k.tgid));
+        let mut part = read::gone_profile(&self.probes, &mut self.index, &mut self.procs, &keys)?;
         let ebpf = &mut self.probes.ebpf;
         let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =
             PerCpuHashMap::try_from(ebpf.map_mut(maps::HOST_COUNTS).context("HOST_COUNTS map")?)?;

@@ -57,22 +57,17 @@ pub fn profile(
     profile_of(probes, index, processes, meta, rows)
 }
 
-/// The keys of processes `gone` (by tgid) as a profile of their rows
-/// alone (no totals: the totals' map holds every call), and the keys read.
+/// The rows of `keys` (those of processes gone) as a profile of their
+/// rows alone (no totals: the totals' map holds every call).
 pub fn gone_profile(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
-    gone: &std::collections::HashSet<u32>,
-) -> Result<(Profile, Vec<HostKey>)> {
+    keys: &[HostKey],
+) -> Result<Profile> {
     let map = counts_map(probes)?;
-    let keys: Vec<HostKey> = map
-        .keys()
-        .filter_map(|k| k.ok())
-        .filter(|k| gone.contains(&k.tgid))
-        .collect();
     let mut rows = Vec::new();
-    for k in &keys {
+    for k in keys {
         if let Ok(per_cpu) = map.get(k, 0) {
             rows.extend(row(*k, &per_cpu));
         }
@@ -80,16 +75,12 @@ pub fn gone_profile(
     let mut p = profile_of(probes, index, processes, Meta::default(), rows)?;
     p.totals = Totals::default();
     p.losses = Losses::default();
-    Ok((p, keys))
+    Ok(p)
 }
 
-/// Every process (by tgid) with a key in the counts map.
-pub fn counted_tgids(probes: &HostProbes) -> Result<std::collections::HashSet<u32>> {
-    Ok(counts_map(probes)?
-        .keys()
-        .filter_map(|k| k.ok())
-        .map(|k| k.tgid)
-        .collect())
+/// Every key in the counts map.
+pub fn counted_keys(probes: &HostProbes) -> Result<Vec<HostKey>> {
+    Ok(counts_map(probes)?.keys().filter_map(|k| k.ok()).collect())
 }
 
 fn profile_of(
