@@ -164,6 +164,19 @@ impl Drop for AgentWatcher {
     }
 }
 
+/// Starts serving `server` beside a trace: says where (and what the
+/// address lets in), adds its watcher to `watchers`, and returns what
+/// wakes the trace when a request wants a reading.
+pub fn serve(
+    server: Server,
+    watchers: &mut Vec<Box<dyn Watcher>>,
+) -> Result<Arc<tokio::sync::Notify>> {
+    crate::say!("mtrace agent: {}", describe_listen(server.addr));
+    let (agent, wake) = AgentWatcher::start(server)?;
+    watchers.push(Box::new(agent));
+    Ok(wake)
+}
+
 /// `--listen`: what the address lets in, said once at the start.
 pub fn describe_listen(addr: SocketAddr) -> String {
     if addr.ip().is_loopback() {

@@ -133,13 +133,7 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
     ];
     let (mut watchers, stop) = watchers(&config, top, pid, aside.command_log.as_deref())?;
     if let Some(server) = server {
-        say!(
-            "mtrace agent: {}",
-            crate::agent::describe_listen(server.addr)
-        );
-        let (agent, wake) = crate::agent::AgentWatcher::start(server)?;
-        watchers.push(Box::new(agent));
-        inputs.wake = Some(wake);
+        inputs.wake = Some(crate::agent::serve(server, &mut watchers)?);
     }
     inputs.stop = stop;
     let ran = rt.block_on(session.run(&config.schedule, &mut sinks, inputs, &mut watchers));

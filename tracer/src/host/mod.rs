@@ -458,16 +458,9 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
             .context("BPF map HOST_EXECS missing")?,
     )?;
     let (mut watchers, mut stop) = host_watchers(top && server.is_none())?;
-    let mut wake = None;
-    if let Some(server) = server {
-        say!(
-            "mtrace agent: {}",
-            crate::agent::describe_listen(server.addr)
-        );
-        let (agent, woken) = crate::agent::AgentWatcher::start(server)?;
-        watchers.push(Box::new(agent));
-        wake = Some(woken);
-    }
+    let wake = server
+        .map(|server| crate::agent::serve(server, &mut watchers))
+        .transpose()?;
     // The windows policy (`mtrace agent --all`), measured against the
     // host's busy CPU time: the processes of a host are what pays.
     let mut duty = config.windows.map(Duty::new);
