@@ -1,10 +1,15 @@
 //! The agent rows: what `mtrace agent` costs the processes it traces, per
 //! policy, on the bench loop (bench.c, launched under the agent, its own
 //! ns per iteration) and on a Redis server by pid (its CPU time per
-//! request under redis-benchmark, and the requests a second), against
-//! untraced runs taken in turn with them; and a soak run: the agent on a
-//! shell loop that starts a short program every 0.1 s, its RSS, CPU and
-//! descriptors read from its own /metrics every 10 s.
+//! request under redis-benchmark, and the requests a second); and a soak
+//! run: the agent on a shell loop that starts a short program every 0.1
+//! s, its RSS, CPU and descriptors read from its own /metrics every 10 s.
+//!
+//! Each run measures two copies of the workload at once, one traced and
+//! one not (two loops, two Redis servers each with its own client): on
+//! this machine a run's speed drifts by 10-30% within minutes, and the
+//! drift falls on both copies alike, so their ratio holds the agent's
+//! cost and little else. The Redis servers swap roles every run.
 
 use std::{
     fmt::Write as _,
@@ -46,18 +51,18 @@ pub struct CostRow {
     rps: Option<(f64, f64)>,
     /// Share of the time the probes were in (windows policy).
     probed_pct: Option<f64>,
-    /// Each run's traced over the untraced run just before it, less one:
-    /// their mean and its standard error, percent.
+    /// Each run's traced over its untraced twin of the same seconds, less
+    /// one: their mean and its standard error, percent.
     paired: (f64, f64),
     /// Redis: of the stacks that hold 1% of the exact trace's calls or
-    /// more (its last run's report), how many this policy's report (its
-    /// last run) has, and whether it ranks them as the exact trace does.
+    /// more (its runs' reports summed), how many this policy's reports
+    /// (summed) have, and whether they rank them as the exact trace does.
     top: Option<(usize, usize, bool)>,
 }
 
 impl CostRow {
-    /// A policy's row from its runs: untraced and traced figures taken in
-    /// turn, and the shares probed each run reported.
+    /// A policy's row from its runs: untraced and traced figures taken at
+    /// once, and the shares probed each run reported.
     fn of(
         workload: &'static str,
         policy: &'static str,
@@ -112,6 +117,22 @@ fn report_stacks(report: &str) -> (Vec<(String, f64)>, f64) {
         .find_map(|l| l.strip_prefix("total: ")?.split(' ').next()?.parse().ok())
         .unwrap_or(0.0);
     (out, total)
+}
+
+/// The stacks of several runs' reports as one report's: each stack's
+/// calls summed over the runs, most first; the totals summed.
+fn summed_stacks(runs: Vec<(Vec<(String, f64)>, f64)>) -> (Vec<(String, f64)>, f64) {
+    let mut sum: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+    let mut total = 0.0;
+    for (stacks, t) in runs {
+        total += t;
+        for (key, calls) in stacks {
+            *sum.entry(key).or_default() += calls;
+        }
+    }
+    let mut stacks: Vec<(String, f64)> = sum.into_iter().collect();
+    stacks.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    (stacks, total)
 }
 
 /// Of the exact trace's stacks with [`MAJOR_PCT`] of its calls or more:
@@ -254,14 +275,15 @@ fn bench_loop(mtrace: &Path, bench: &Path, runs: usize) -> Result<Vec<CostRow>> 
                 "\rxtask: bench agent, bench loop, {policy:<24} run {}",
                 run + 1
             );
-            let out = Command::new(bench).args([iterations, "1"]).output()?;
-            base.push(ns_per_iter(&String::from_utf8_lossy(&out.stdout)).context("bench output")?);
             let (child, _, _) = agent(
                 mtrace,
                 args,
                 &["--", &bench.display().to_string(), iterations, "1"],
             )?;
+            // The twin starts once the traced loop runs.
+            let twin = Command::new(bench).args([iterations, "1"]).output()?;
             let out = child.wait_with_output()?;
+            base.push(ns_per_iter(&String::from_utf8_lossy(&twin.stdout)).context("bench output")?);
             let text = String::from_utf8_lossy(&out.stdout);
             traced.push(ns_per_iter(&text).context("bench output under the agent")?);
             probed.extend(probed_pct(&text));
@@ -308,7 +330,8 @@ fn redis_run(pid: u32, port: u16, requests: u64) -> Result<(f64, f64)> {
     ))
 }
 
-fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
+/// A Redis server on a free loopback port, listening: it and its port.
+fn redis_server() -> Result<(Child, u16)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -324,7 +347,6 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
         .stdout(Stdio::null())
         .spawn()
         .context("starting redis-server")?;
-    let pid = server.id();
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
@@ -333,29 +355,43 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let requests = 200_000;
+    Ok((server, port))
+}
+
+fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
+    let mut servers = Vec::new();
     let result = (|| {
+        for _ in 0..2 {
+            servers.push(redis_server()?);
+        }
+        let ends: Vec<(u32, u16)> = servers.iter().map(|(c, p)| (c.id(), *p)).collect();
+        let requests = 200_000;
         let mut rows = Vec::new();
         let mut reports: Vec<(Vec<(String, f64)>, f64)> = Vec::new();
         for (policy, args) in POLICIES {
             let (mut base, mut traced, mut rb, mut rt, mut probed) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut last_report = String::new();
+            let mut runs_stacks = Vec::new();
             for run in 0..runs {
                 eprint!("\rxtask: bench agent, redis, {policy:<24} run {}", run + 1);
-                let (c, r) = redis_run(pid, port, requests)?;
-                base.push(c);
-                rb.push(r);
+                let ((pid, port), (twin_pid, twin_port)) = (ends[run % 2], ends[1 - run % 2]);
                 let (child, _, _) = agent(mtrace, args, &["--pid", &pid.to_string()])?;
                 std::thread::sleep(Duration::from_millis(500));
-                let (c, r) = redis_run(pid, port, requests)?;
+                let (t, u) = std::thread::scope(|s| {
+                    let twin = s.spawn(|| redis_run(twin_pid, twin_port, requests));
+                    let t = redis_run(pid, port, requests);
+                    (t, twin.join().expect("redis-benchmark thread"))
+                });
+                let report = stop(child)?;
+                let ((c, r), (uc, ur)) = (t?, u?);
                 traced.push(c);
                 rt.push(r);
-                let report = stop(child)?;
+                base.push(uc);
+                rb.push(ur);
                 probed.extend(probed_pct(&report));
-                last_report = report;
+                runs_stacks.push(report_stacks(&report));
             }
-            reports.push(report_stacks(&last_report));
+            reports.push(summed_stacks(runs_stacks));
             rows.push(CostRow {
                 rps: Some((median(rb), median(rt))),
                 ..CostRow::of(
@@ -379,8 +415,10 @@ fn redis(mtrace: &Path, runs: usize) -> Result<Vec<CostRow>> {
         }
         Ok(rows)
     })();
-    let _ = server.kill();
-    let _ = server.wait();
+    for (mut server, _) in servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
     result
 }
 
@@ -462,7 +500,7 @@ fn loss_while_probed(row: &CostRow, rows: &[CostRow]) -> Option<f64> {
 pub fn render_table(rows: &[CostRow], soak: Option<&Soak>, runs: usize, out: &mut String) {
     let _ = writeln!(
         out,
-        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average); major stacks: of the stacks with {MAJOR_PCT}% of the exact trace's calls or more (last runs' reports), how many the policy's report has, ranked as in the exact trace or not\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead, mean ± s.e. | probed | loss while probed | requests/s untraced -> traced | major stacks |\n|---|---|---|---|---|---|---|---|---|---|",
+        "\nmtrace agent: cost to the traced process per policy, median of {runs} runs (Redis: {}) (goal: {GOAL_PCT}% on average); each run a traced and an untraced copy of the workload at once; major stacks: of the stacks with {MAJOR_PCT}% of the exact trace's calls or more (every run's report summed), how many the policy's reports have, ranked as in the exact trace or not\n\n| workload | policy | untraced | traced | overhead of medians | paired overhead (traced / its untraced twin), mean ± s.e. | probed | loss while probed | requests/s untraced -> traced | major stacks |\n|---|---|---|---|---|---|---|---|---|---|",
         runs.max(REDIS_RUNS)
     );
     for r in rows {
