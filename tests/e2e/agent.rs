@@ -688,6 +688,51 @@ fn windows_budget_bounds_the_time_probes_are_in() {
     assert!(target.finish() > 0);
 }
 
+/// The windows policy sizes its pauses by the process that pays most, not
+/// by the scope's average: a tight allocation loop (longrun.c) launched
+/// beside a shell that keeps the other CPU busy without allocating, both
+/// in the agent's scope, makes the last window's slowdown the loop's own
+/// (its calls cost it 1.6-6 times its work here), where the two together
+/// would average it down to about a half; the probes are in for about the
+/// budget's share of the time (10%, over 3 s of windows of 50 ms: one
+/// window more or less is 2%).
+#[test]
+fn windows_budget_holds_for_the_process_that_pays_most() {
+    need_bpf!();
+    let longrun = support::fixtures::Fixture::Longrun.path_str();
+    let script = format!("sh -c 'while :; do :; done' & echo x | {longrun} 7 >/dev/null; kill $!");
+    let agent = Agent::start(&[
+        "--window", "0.05", "--budget", "10", "--", "sh", "-c", &script,
+    ]);
+    // Past the tree's start (a BPF object loaded for each new program).
+    std::thread::sleep(Duration::from_millis(2500));
+    let (_, before) = agent.get("/metrics");
+    // The highest of the windows' slowdowns seen over 3 s.
+    let mut slowdown = 0.0f64;
+    let mut text = String::new();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(500));
+        text = agent.get("/metrics").1;
+        slowdown = slowdown.max(metric(&text, "mtrace_window_slowdown_ratio").expect("slowdown"));
+    }
+    assert!(
+        slowdown > 1.5,
+        "the windows' slowdown, {slowdown} at most: the loop's own is 1.6-6 times its work\n{text}"
+    );
+    let (s0, _, in0, w0) = windows_figures(&before);
+    let (s1, _, in1, w1) = windows_figures(&text);
+    let share = (in1 - in0) / (s1 - s0);
+    assert!(
+        (0.04..0.16).contains(&share) && w1 - w0 >= 3.0,
+        "probes in {} s of {} s, {} windows",
+        in1 - in0,
+        s1 - s0,
+        w1 - w0
+    );
+    // The loop ends, then the shell and the agent with it.
+    agent.mtrace.finish().assert_exit(0);
+}
+
 /// `mtrace agent --all`: a program started elsewhere after the agent is
 /// served under its pid with exactly the calls a trace of it alone counts,
 /// per function (`--policy always`), while its rows are in the kernel's

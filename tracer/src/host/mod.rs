@@ -35,7 +35,7 @@ use crate::{
     render::text::printable,
     say,
     session::{
-        duty::{host_busy_ns, Duty},
+        duty::{host_busy_ns, Duty, Reading, Readings},
         End, Signals,
     },
     sinks::{Outcome, Report, Sink},
@@ -606,9 +606,16 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
 
 /// The host's busy CPU time, and the host program's runs and run time:
 /// what a window of the windows policy is measured by.
-fn host_readings(probes: &HostProbes) -> (u64, u64, u64) {
+fn host_readings(probes: &HostProbes) -> Readings {
     let (runs, run_ns) = probes.program_stats();
-    (host_busy_ns(), runs, run_ns)
+    Readings {
+        all: Reading {
+            cpu_ns: host_busy_ns(),
+            runs,
+            run_ns,
+        },
+        procs: Default::default(),
+    }
 }
 
 /// Ends the window or the pause that is due (the windows policy).

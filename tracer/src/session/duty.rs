@@ -7,7 +7,11 @@
 //! kind of machine) plus what the kernel says the BPF programs ran
 //! (run-time stats, on while the policy runs). Against the CPU time the
 //! processes spent in the window (their threads' schedstat), that gives
-//! the slowdown while probed, `r`: while the probes are in (from a
+//! the slowdown while probed, `r`, taken for the process that pays most
+//! (of those that worked in the window and were read at both its ends)
+//! and never less than for all of them together: the budget holds for
+//! every process, not on average over a scope where some allocate hard
+//! and others hardly at all. While the probes are in (from a
 //! window's first attach to its links' closing, switches included) for
 //! `t` seconds, they lose `t * r / (1 + r)` seconds of work. The next
 //! pause lasts so that this is the budget's share of the whole cycle:
@@ -20,6 +24,7 @@
 //! cost it little is probed all the time, exactly.
 
 use std::{
+    collections::BTreeMap,
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
@@ -47,6 +52,48 @@ pub struct Windows {
     pub every: Option<Duration>,
 }
 
+/// What a window is measured by, so far: the processes' CPU time and
+/// their programs' runs (one trap each) and run time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reading {
+    pub cpu_ns: u64,
+    pub runs: u64,
+    pub run_ns: u64,
+}
+
+impl Reading {
+    /// The slowdown while probed from `self` to the later `end` (the
+    /// probes' cost over the other work done), and the calls.
+    fn slowdown(&self, end: &Reading) -> (f64, u64) {
+        let calls = end.runs.saturating_sub(self.runs);
+        let cost = calls * TRAP_NS + end.run_ns.saturating_sub(self.run_ns);
+        let cpu = end.cpu_ns.saturating_sub(self.cpu_ns);
+        // The work besides the probes; a window in which there was none
+        // (idle) costs nothing noticeable.
+        let work = cpu.saturating_sub(cost).max(1);
+        (cost as f64 / work as f64, calls)
+    }
+
+    fn add(&mut self, other: &Reading) {
+        self.cpu_ns += other.cpu_ns;
+        self.runs += other.runs;
+        self.run_ns += other.run_ns;
+    }
+}
+
+/// The readings of a scope: every traced process together (for the host
+/// scope the host's busy CPU time), and each process apart where known.
+#[derive(Clone, Debug, Default)]
+pub struct Readings {
+    pub all: Reading,
+    pub procs: BTreeMap<u32, Reading>,
+}
+
+/// A process weighs in on its own when it spent at least this share of a
+/// window on a CPU: a process that woke for a call or two in a window has
+/// a large slowdown over microseconds that nobody notices.
+const WORKED_SHARE: f64 = 0.05;
+
 /// The policy at work.
 pub struct Duty {
     pub policy: Windows,
@@ -64,11 +111,8 @@ pub struct Duty {
     in_since: Instant,
     trapped: Duration,
     windows: u64,
-    /// At the window's start: the processes' CPU time and the programs'
-    /// runs and run time.
-    cpu_ns_at: u64,
-    runs_at: u64,
-    run_ns_at: u64,
+    /// At the window's start.
+    at: Readings,
     /// The last window's measured slowdown while probed, its calls, and
     /// the share of its time in taken as lost.
     pub last_slowdown: f64,
@@ -93,9 +137,7 @@ impl Duty {
             in_since: now,
             trapped: Duration::ZERO,
             windows: 1,
-            cpu_ns_at: 0,
-            runs_at: 0,
-            run_ns_at: 0,
+            at: Readings::default(),
             last_slowdown: 0.0,
             last_calls: 0,
             lost: 1.0,
@@ -123,21 +165,24 @@ impl Duty {
 }
 
 impl Duty {
-    /// A window is due to end, with the readings (the processes' CPU
-    /// time, the programs' runs and run time) at its end. False: the
+    /// A window is due to end, with the readings at its end. False: the
     /// processes pay so little that the probes stay in and the next window
     /// begins now; true: counting is to stop and the probes to go out,
     /// then [`Duty::went_out`].
-    pub fn window_ends(&mut self, readings: (u64, u64, u64)) -> bool {
+    pub fn window_ends(&mut self, readings: Readings) -> bool {
         let now = Instant::now();
-        let (cpu, runs, run_ns) = readings;
-        let calls = runs.saturating_sub(self.runs_at);
-        let cost = calls * TRAP_NS + run_ns.saturating_sub(self.run_ns_at);
-        let cpu = cpu.saturating_sub(self.cpu_ns_at);
-        // The work the processes did besides the probes; a window in
-        // which they did none (idle) costs them nothing noticeable.
-        let work = cpu.saturating_sub(cost).max(1);
-        self.last_slowdown = cost as f64 / work as f64;
+        let (all, calls) = self.at.all.slowdown(&readings.all);
+        let worked = (now - self.since).as_nanos() as f64 * WORKED_SHARE;
+        let most = readings
+            .procs
+            .iter()
+            .filter_map(|(pid, end)| {
+                let start = self.at.procs.get(pid)?;
+                let cpu = end.cpu_ns.saturating_sub(start.cpu_ns) as f64;
+                (cpu >= worked).then(|| start.slowdown(end).0)
+            })
+            .fold(0.0, f64::max);
+        self.last_slowdown = all.max(most);
         self.last_calls = calls;
         let r = self.last_slowdown;
         self.lost = (LOSS_MARGIN * r / (1.0 + r)).min(1.0);
@@ -154,7 +199,7 @@ impl Duty {
             // Cheap enough to stay in: the next window begins now.
             self.windows += 1;
             self.due = now + self.policy.window;
-            (self.cpu_ns_at, self.runs_at, self.run_ns_at) = readings;
+            self.at = readings;
             return false;
         }
         self.on = false;
@@ -202,7 +247,7 @@ impl Duty {
 
     /// Every probe is in and counting again: a window begins, measured
     /// against `readings`.
-    pub fn came_in(&mut self, readings: (u64, u64, u64)) {
+    pub fn came_in(&mut self, readings: Readings) {
         self.windows += 1;
         log::debug!(
             "windows: probes in again in {:.1} ms",
@@ -212,11 +257,11 @@ impl Duty {
     }
 
     /// A window begins now, measured against `readings`.
-    pub fn begin(&mut self, readings: (u64, u64, u64)) {
+    pub fn begin(&mut self, readings: Readings) {
         self.on = true;
         self.since = Instant::now();
         self.due = self.since + self.policy.window;
-        (self.cpu_ns_at, self.runs_at, self.run_ns_at) = readings;
+        self.at = readings;
     }
 }
 
@@ -261,19 +306,24 @@ pub fn host_busy_ns() -> u64 {
 }
 
 impl Session {
-    /// The processes' CPU time, and their programs' runs and run time.
-    fn duty_readings(&self) -> (u64, u64, u64) {
-        let (mut cpu, mut runs, mut run_ns) = (0, 0, 0);
+    /// Each process's CPU time, and its programs' runs and run time.
+    fn duty_readings(&self) -> Readings {
+        let mut out = Readings::default();
         for proc in self.procs.values() {
-            cpu += cpu_ns(proc.pid);
+            let mut one = Reading {
+                cpu_ns: cpu_ns(proc.pid),
+                ..Reading::default()
+            };
             for prog in &proc.probes.programs {
                 if let Ok(info) = prog.info() {
-                    runs += info.runs;
-                    run_ns += info.run_time_ns;
+                    one.runs += info.runs;
+                    one.run_ns += info.run_time_ns;
                 }
             }
+            out.all.add(&one);
+            out.procs.insert(proc.pid, one);
         }
-        (cpu, runs, run_ns)
+        out
     }
 
     /// A window begins now: what it will be measured against.
@@ -341,5 +391,78 @@ impl Session {
                 std::thread::spawn(move || crate::probes::multi::close_all(links));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cpu_us` of CPU time and `runs` calls, each run 200 ns of program.
+    fn reading(cpu_us: u64, runs: u64) -> Reading {
+        Reading {
+            cpu_ns: cpu_us * 1000,
+            runs,
+            run_ns: runs * 200,
+        }
+    }
+
+    fn readings(procs: &[(u32, Reading)]) -> Readings {
+        let mut out = Readings::default();
+        for (pid, r) in procs {
+            out.all.add(r);
+            out.procs.insert(*pid, *r);
+        }
+        out
+    }
+
+    fn duty() -> Duty {
+        Duty::new(Windows {
+            window: Duration::from_millis(50),
+            budget: 0.02,
+            every: None,
+        })
+    }
+
+    #[test]
+    fn the_process_that_pays_most_sets_the_slowdown() {
+        let mut d = duty();
+        d.begin(readings(&[(1, reading(0, 0)), (2, reading(0, 0))]));
+        std::thread::sleep(Duration::from_millis(20));
+        // Process 1: 30,000 calls at 1 us each in 50 ms of CPU, a slowdown
+        // of 30/20 = 1.5; process 2: 50 ms of work and no call. Together
+        // 30 ms of 100: 0.43.
+        let end = readings(&[(1, reading(50_000, 30_000)), (2, reading(50_000, 0))]);
+        assert!(d.window_ends(end));
+        assert!(
+            (d.last_slowdown - 1.5).abs() < 1e-9,
+            "slowdown {}",
+            d.last_slowdown
+        );
+        assert_eq!(d.last_calls, 30_000);
+    }
+
+    #[test]
+    fn processes_that_hardly_ran_or_came_late_weigh_in_only_together() {
+        let mut d = duty();
+        d.begin(readings(&[(1, reading(0, 0)), (2, reading(0, 0))]));
+        std::thread::sleep(Duration::from_millis(20));
+        // Process 1 woke for 10 calls in 20 us of CPU (under 5% of the
+        // window); process 3 was not read at the window's start; process
+        // 2 worked 40 ms without a call. Only the sum counts: 10 + 30,000
+        // calls, 30.01 ms of 70.02 ms of CPU.
+        let end = readings(&[
+            (1, reading(20, 10)),
+            (2, reading(40_000, 0)),
+            (3, reading(30_000, 30_000)),
+        ]);
+        assert!(d.window_ends(end));
+        let cost = 30_010.0 * 1000.0;
+        let want = cost / (70_020_000.0 - cost);
+        assert!(
+            (d.last_slowdown - want).abs() < 1e-9,
+            "slowdown {} want {want}",
+            d.last_slowdown
+        );
     }
 }
