@@ -44,6 +44,10 @@ pub struct Config {
     pub kernel: KernelOffsets,
     /// Where it keeps a mapping's file (the host scope's callers).
     pub vma: crate::VmaOffsets,
+    /// Non-zero: the host scope counts each process's program runs
+    /// (`HOST_RUNS`, for the windows policy).
+    pub host_runs: u32,
+    pub _pad: u32,
 }
 
 /// Byte offsets in the running kernel's structures (from its BTF) of what

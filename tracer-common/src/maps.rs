@@ -55,13 +55,15 @@ pub const HOST_BODIES: &str = "HOST_BODIES";
 /// Host scope: each process's name ([`crate::HostProcess`], one per exec)
 /// at its first counted call.
 pub const HOST_NAMES: &str = "HOST_NAMES";
+/// Host scope: each process's program runs, by process id.
+pub const HOST_RUNS: &str = "HOST_RUNS";
 /// Host scope: processes that exec'd ([`crate::HostExec`]).
 pub const HOST_EXECS: &str = "HOST_EXECS";
 /// Host scope: the tracer's own process id, which the programs skip.
 pub const HOST_SELF: &str = "HOST_SELF";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 23] = [
+pub const ALL_MAPS: [&str; 24] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -82,6 +84,7 @@ pub const ALL_MAPS: [&str; 23] = [
     HOST_FUNCS,
     HOST_BODIES,
     HOST_NAMES,
+    HOST_RUNS,
     HOST_EXECS,
     HOST_SELF,
     "HOST_MARKS",

@@ -29,7 +29,7 @@ use crate::{
     hidden::hidden_return,
     maps::{
         config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FUNCS, HOST_MARKS,
-        HOST_NAMES, HOST_SELF, HOST_TOTALS,
+        HOST_NAMES, HOST_RUNS, HOST_SELF, HOST_TOTALS,
     },
     nesting::in_ranges,
 };
@@ -43,6 +43,9 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if HOST_SELF.get(0).is_some_and(|me| *me == tgid) {
         return 0;
+    }
+    if config_u32(&CONFIG.host_runs) != 0 {
+        count_run(tgid);
     }
     let cookie = attach_cookie(ctx);
     let func = (cookie as u32) & (MAX_HOST_FUNCS - 1);
@@ -102,6 +105,18 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         Err(_) => bump_counter(counter::MAP_FULL, 1),
     }
     0
+}
+
+/// One more run of the program in process `tgid` (two threads making a
+/// process's first run at once may count one).
+#[inline(always)]
+fn count_run(tgid: u32) {
+    match HOST_RUNS.get_ptr_mut(&tgid) {
+        Some(p) => add(Some(p), 1),
+        None => {
+            let _ = HOST_RUNS.insert(&tgid, &1, BPF_NOEXIST as u64);
+        }
+    }
 }
 
 /// Is this call the allocator's own: a tail call from the thread's last

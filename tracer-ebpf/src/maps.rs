@@ -49,6 +49,8 @@ pub(crate) static CONFIG: Config = Config {
         binprm_filename: 0,
         _pad: 0,
     },
+    host_runs: 0,
+    _pad: 0,
 };
 
 /// A `u32` field of [`CONFIG`], read from the global at run time (the
@@ -200,6 +202,13 @@ pub(crate) static HOST_BODIES: Array<HostBodies> = Array::with_max_entries(MAX_H
 /// Host scope: each process's name (`comm`) when its first key was made.
 #[map]
 pub(crate) static HOST_NAMES: HashMap<HostProcess, Comm> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope: each process's runs of the allocation program (every trap
+/// taken, nested calls included), by process id: what the windows policy
+/// weighs each process's cost by.
+#[map]
+pub(crate) static HOST_RUNS: HashMap<u32, u64> =
     HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Host scope: processes that exec'd, for the tracer.

@@ -35,7 +35,7 @@ use crate::{
     render::text::printable,
     say,
     session::{
-        duty::{host_busy_ns, Duty, Reading, Readings},
+        duty::{cpu_ns, host_busy_ns, Duty, Reading, Readings},
         End, Signals,
     },
     sinks::{Outcome, Report, Sink},
@@ -212,10 +212,11 @@ const FOLD_EVERY: Duration = Duration::from_secs(5);
 impl Host {
     /// Probes every process on the host now, and the allocator libraries
     /// installed (a program that maps one later is counted from its first
-    /// call).
-    fn start(counts: u32) -> Result<Host> {
+    /// call). `runs`: each process's program runs are counted (the
+    /// windows policy).
+    fn start(counts: u32, runs: bool) -> Result<Host> {
         let mut host = Host {
-            probes: HostProbes::load(counts)?,
+            probes: HostProbes::load(counts, runs)?,
             index: FileIndex::default(),
             procs: Processes::default(),
             libc: None,
@@ -335,7 +336,16 @@ impl Host {
     /// maps (which then hold the processes alive, and have room for those
     /// to come) into `ended`. A process is gone when `/proc` no longer has
     /// it; its keys are read, then deleted: no call of it can come after.
+    /// Its count of program runs goes too.
     fn fold_gone(&mut self) -> Result<()> {
+        let exists = |t: &u32| std::path::Path::new(&format!("/proc/{t}")).exists();
+        let ran_gone: HashSet<u32> = self
+            .probes
+            .process_runs()
+            .into_keys()
+            .filter(|t| !exists(t))
+            .collect();
+        self.probes.forget_runs(&ran_gone);
         let mut keys = read::counted_keys(&self.probes)?;
         let counted: HashSet<u32> = keys.iter().map(|k| k.tgid).collect();
         // Records of processes that never allocated (a static program
@@ -344,7 +354,7 @@ impl Host {
         self.procs.forget(&idle);
         let all = counted.len();
         let mut gone = counted;
-        gone.retain(|t| !std::path::Path::new(&format!("/proc/{t}")).exists());
+        gone.retain(|t| !exists(t));
         self.allocating = all - gone.len();
         if gone.is_empty() {
             return Ok(());
@@ -430,7 +440,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     }
     let started = Instant::now();
     let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let mut host = Host::start(config.sizes.counts)?;
+    let mut host = Host::start(config.sizes.counts, config.windows.is_some())?;
     host.bounded = server.is_some();
     if host.probes.links() == 0 {
         return Err(user_error!(
@@ -464,8 +474,9 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     // The windows policy (`mtrace agent --all`), measured against the
     // host's busy CPU time: the processes of a host are what pays.
     let mut duty = config.windows.map(Duty::new);
+    let mut host_windows = HostWindows::default();
     if let Some(d) = duty.as_mut() {
-        d.begin(host_readings(&host.probes));
+        d.begin(host_windows.begin(&host.probes));
     }
     let duty = RefCell::new(duty);
     let cell = RefCell::new(host);
@@ -520,7 +531,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
                 sig = signals.ending() => break End::Interrupted(sig),
                 _ = due(next_switch) => {
                     if let Some(d) = duty.borrow_mut().as_mut() {
-                        switch(&mut cell.borrow_mut().probes, d);
+                        switch(&mut cell.borrow_mut().probes, d, &mut host_windows);
                     }
                 }
                 _ = woken() => {
@@ -604,24 +615,80 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     Ok(0)
 }
 
-/// The host's busy CPU time, and the host program's runs and run time:
-/// what a window of the windows policy is measured by.
-fn host_readings(probes: &HostProbes) -> Readings {
-    let (runs, run_ns) = probes.program_stats();
-    Readings {
-        all: Reading {
-            cpu_ns: host_busy_ns(),
-            runs,
-            run_ns,
-        },
-        procs: Default::default(),
+/// Processes read apart in a window of the windows policy: those that made
+/// the most calls in the window before (reading every allocating
+/// process's threads each window would cost a busy host more than the
+/// one that pays most needs).
+const HOT_PROCESSES: usize = 16;
+
+/// The windows policy over the host: what a window is measured by.
+#[derive(Default)]
+struct HostWindows {
+    /// Each process's program runs at the window's start.
+    runs_at: HashMap<u32, u64>,
+    /// The processes read apart in this window.
+    hot: Vec<u32>,
+}
+
+impl HostWindows {
+    /// The host's busy CPU time and the host program's runs and run time,
+    /// and each hot process's CPU time and runs; `runs` each process's
+    /// runs now.
+    fn readings(&self, probes: &HostProbes, runs: &HashMap<u32, u64>) -> Readings {
+        let (all_runs, run_ns) = probes.program_stats();
+        Readings {
+            all: Reading {
+                cpu_ns: host_busy_ns(),
+                runs: all_runs,
+                run_ns,
+            },
+            procs: self
+                .hot
+                .iter()
+                .filter_map(|t| {
+                    let runs = *runs.get(t)?;
+                    Some((
+                        *t,
+                        Reading {
+                            cpu_ns: cpu_ns(*t),
+                            runs,
+                            run_ns: 0,
+                        },
+                    ))
+                })
+                .collect(),
+            shared_programs: true,
+        }
+    }
+
+    /// A window begins: its readings.
+    fn begin(&mut self, probes: &HostProbes) -> Readings {
+        self.runs_at = probes.process_runs();
+        self.readings(probes, &self.runs_at)
+    }
+
+    /// A window ends: its readings; the processes with the most calls in
+    /// it are read apart in the next.
+    fn end(&mut self, probes: &HostProbes) -> Readings {
+        let runs = probes.process_runs();
+        let readings = self.readings(probes, &runs);
+        let mut made: Vec<(u64, u32)> = runs
+            .iter()
+            .map(|(t, n)| (n.saturating_sub(*self.runs_at.get(t).unwrap_or(&0)), *t))
+            .filter(|(n, _)| *n > 0)
+            .collect();
+        made.sort_unstable_by(|a, b| b.cmp(a));
+        self.hot = made.iter().take(HOT_PROCESSES).map(|(_, t)| *t).collect();
+        readings
     }
 }
 
 /// Ends the window or the pause that is due (the windows policy).
-fn switch(probes: &mut HostProbes, duty: &mut Duty) {
+fn switch(probes: &mut HostProbes, duty: &mut Duty, windows: &mut HostWindows) {
     if duty.on {
-        if !duty.window_ends(host_readings(probes)) {
+        if !duty.window_ends(windows.end(probes)) {
+            // The next window begins now.
+            windows.runs_at = probes.process_runs();
             return;
         }
         match probes.pause() {
@@ -633,7 +700,7 @@ fn switch(probes: &mut HostProbes, duty: &mut Duty) {
         if let Err(e) = probes.resume() {
             log::warn!("{e:#}");
         }
-        duty.came_in(host_readings(probes));
+        duty.came_in(windows.begin(probes));
     }
 }
 

@@ -74,10 +74,11 @@ pub struct HostProbes {
 }
 
 impl HostProbes {
-    /// Loads the object (`counts`: keys the aggregation map holds), with
-    /// the exec tracepoint attached; no allocator probed yet.
-    pub fn load(counts: u32) -> Result<HostProbes> {
-        let mut ebpf = probes::load_host(counts)?;
+    /// Loads the object (`counts`: keys the aggregation map holds; `runs`:
+    /// each process's program runs counted), with the exec tracepoint
+    /// attached; no allocator probed yet.
+    pub fn load(counts: u32, runs: bool) -> Result<HostProbes> {
+        let mut ebpf = probes::load_host(counts, runs)?;
         let object = probes::bpf_object()?;
         let mut programs = multi::load(&object, &ebpf, &[maps::HOST_ALLOC])?;
         let program = programs.pop().context("the host program")?;
@@ -335,6 +336,35 @@ impl HostProbes {
             self.links.push(link);
         }
         self.set_enabled(true)
+    }
+
+    /// Each process's runs of the host program so far, by process id.
+    pub fn process_runs(&self) -> std::collections::HashMap<u32, u64> {
+        let Some(map) = self.ebpf.map(maps::HOST_RUNS) else {
+            return Default::default();
+        };
+        let Ok(runs) = aya::maps::HashMap::<_, u32, u64>::try_from(map) else {
+            return Default::default();
+        };
+        runs.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// Forgets the runs of the processes in `gone`.
+    pub fn forget_runs(&mut self, gone: &std::collections::HashSet<u32>) {
+        let Some(map) = self.ebpf.map_mut(maps::HOST_RUNS) else {
+            return;
+        };
+        let Ok(mut runs) = aya::maps::HashMap::<_, u32, u64>::try_from(map) else {
+            return;
+        };
+        let keys: Vec<u32> = runs
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|t| gone.contains(t))
+            .collect();
+        for t in keys {
+            let _ = runs.remove(&t);
+        }
     }
 
     /// The host program's runs and run time so far (the kernel's BPF

@@ -245,6 +245,7 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         .map_max_entries(maps::HOST_FUNCS, 1)
         .map_max_entries(maps::HOST_BODIES, 1)
         .map_max_entries(maps::HOST_NAMES, 1)
+        .map_max_entries(maps::HOST_RUNS, 1)
         .map_max_entries(maps::HOST_EXECS, 4096)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
@@ -257,9 +258,10 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
 }
 
 /// Loads the BPF object for the host scope (`--all`): count mode, the
-/// direct caller only, `host_counts` keys; the maps of the per-process
-/// programs at their smallest.
-pub fn load_host(host_counts: u32) -> Result<Ebpf> {
+/// direct caller only, `host_counts` keys, each process's runs counted
+/// when `runs` (the windows policy); the maps of the per-process programs
+/// at their smallest.
+pub fn load_host(host_counts: u32, runs: bool) -> Result<Ebpf> {
     let config = Box::new(Config {
         per_thread: 0,
         live: 0,
@@ -271,6 +273,8 @@ pub fn load_host(host_counts: u32) -> Result<Ebpf> {
         weight_table: weight_table(),
         kernel: kernel::offsets(),
         vma: kernel::vma_offsets(),
+        host_runs: runs as u32,
+        _pad: 0,
     });
     let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
     let loader = configured(&mut guard, config);
@@ -290,6 +294,7 @@ pub fn load_host(host_counts: u32) -> Result<Ebpf> {
         .map_max_entries(maps::HOST_FUNCS, tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)
         .map_max_entries(maps::HOST_NAMES, 65536)
+        .map_max_entries(maps::HOST_RUNS, 65536)
         .map_max_entries(maps::HOST_EXECS, 1 << 18)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
@@ -323,6 +328,8 @@ pub fn attach<T>(
         weight_table: weight_table(),
         kernel: kernel::offsets(),
         vma: VmaOffsets::default(),
+        host_runs: 0,
+        _pad: 0,
     });
     if let Some(Sampling::Every(n)) = mode.sampling {
         // Over the exponential table's mean, which its cut-off tail puts

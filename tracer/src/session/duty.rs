@@ -63,10 +63,16 @@ pub struct Reading {
 
 impl Reading {
     /// The slowdown while probed from `self` to the later `end` (the
-    /// probes' cost over the other work done), and the calls.
-    fn slowdown(&self, end: &Reading) -> (f64, u64) {
+    /// probes' cost over the other work done), and the calls; each run
+    /// taken to cost `per_run` ns of program where given, rather than
+    /// the run times read.
+    fn slowdown(&self, end: &Reading, per_run: Option<f64>) -> (f64, u64) {
         let calls = end.runs.saturating_sub(self.runs);
-        let cost = calls * TRAP_NS + end.run_ns.saturating_sub(self.run_ns);
+        let run_ns = match per_run {
+            Some(ns) => (calls as f64 * ns) as u64,
+            None => end.run_ns.saturating_sub(self.run_ns),
+        };
+        let cost = calls * TRAP_NS + run_ns;
         let cpu = end.cpu_ns.saturating_sub(self.cpu_ns);
         // The work besides the probes; a window in which there was none
         // (idle) costs nothing noticeable.
@@ -87,6 +93,9 @@ impl Reading {
 pub struct Readings {
     pub all: Reading,
     pub procs: BTreeMap<u32, Reading>,
+    /// The processes' programs are shared (the host scope): their run
+    /// time is not known apart, each run costs the window's mean.
+    pub shared_programs: bool,
 }
 
 /// A process weighs in on its own when it spent at least this share of a
@@ -171,7 +180,11 @@ impl Duty {
     /// then [`Duty::went_out`].
     pub fn window_ends(&mut self, readings: Readings) -> bool {
         let now = Instant::now();
-        let (all, calls) = self.at.all.slowdown(&readings.all);
+        let (all, calls) = self.at.all.slowdown(&readings.all, None);
+        let per_run = readings.shared_programs.then(|| {
+            let runs = readings.all.runs.saturating_sub(self.at.all.runs).max(1);
+            readings.all.run_ns.saturating_sub(self.at.all.run_ns) as f64 / runs as f64
+        });
         let worked = (now - self.since).as_nanos() as f64 * WORKED_SHARE;
         let most = readings
             .procs
@@ -179,7 +192,7 @@ impl Duty {
             .filter_map(|(pid, end)| {
                 let start = self.at.procs.get(pid)?;
                 let cpu = end.cpu_ns.saturating_sub(start.cpu_ns) as f64;
-                (cpu >= worked).then(|| start.slowdown(end).0)
+                (cpu >= worked).then(|| start.slowdown(end, per_run).0)
             })
             .fold(0.0, f64::max);
         self.last_slowdown = all.max(most);
@@ -266,7 +279,7 @@ impl Duty {
 }
 
 /// CPU time of every thread of `pid` so far (ns), from schedstat.
-fn cpu_ns(pid: u32) -> u64 {
+pub fn cpu_ns(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
