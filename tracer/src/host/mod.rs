@@ -668,7 +668,8 @@ impl HostWindows {
     }
 
     /// A window ends: its readings; the processes with the most calls in
-    /// it are read apart in the next.
+    /// it are read apart in the next, which may begin now (the probes
+    /// staying in) from these runs.
     fn end(&mut self, probes: &HostProbes) -> Readings {
         let runs = probes.process_runs();
         let readings = self.readings(probes, &runs);
@@ -679,6 +680,7 @@ impl HostWindows {
             .collect();
         made.sort_unstable_by(|a, b| b.cmp(a));
         self.hot = made.iter().take(HOT_PROCESSES).map(|(_, t)| *t).collect();
+        self.runs_at = runs;
         readings
     }
 }
@@ -687,8 +689,6 @@ impl HostWindows {
 fn switch(probes: &mut HostProbes, duty: &mut Duty, windows: &mut HostWindows) {
     if duty.on {
         if !duty.window_ends(windows.end(probes)) {
-            // The next window begins now.
-            windows.runs_at = probes.process_runs();
             return;
         }
         match probes.pause() {
