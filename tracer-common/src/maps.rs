@@ -95,6 +95,10 @@ pub const ALL_MAPS: [&str; 24] = [
 pub const HOST_ALLOC: &str = "host_alloc";
 pub const HOST_EXEC: &str = "host_exec";
 
+/// The inlined copies of CPython's object allocator (`--python-objects`
+/// on a build that copied it into its callers).
+pub const ALLOC_INLINE: &str = "alloc_inline";
+
 /// The benchmark's floor: a program that does nothing, attached where the
 /// real entry probes go, and its return-probe twin.
 pub const FLOOR: &str = "floor";

@@ -22,7 +22,10 @@ pub const COOKIE_ARGS_SHIFT: u32 = 16;
 /// program serves every allocating role).
 pub const COOKIE_ROLE_SHIFT: u32 = 32;
 
-/// Registers an argument can be found in (see [`COOKIE_ARGS_SHIFT`]).
+/// Registers an argument can be found in (see [`COOKIE_ARGS_SHIFT`]): the
+/// scratch registers an entry probe's prologue can move it to, then the
+/// callee-saved ones, where a copy of CPython's object allocator inlined
+/// into its caller finds its size (see [`COOKIE_INLINE_SIZE_SHIFT`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgReg {
     Rdi,
@@ -34,9 +37,15 @@ pub enum ArgReg {
     Rax,
     R10,
     R11,
+    Rbx,
+    Rbp,
+    R12,
+    R13,
+    R14,
+    R15,
 }
 
-pub const ARG_REGS: [ArgReg; 9] = [
+pub const ARG_REGS: [ArgReg; 15] = [
     ArgReg::Rdi,
     ArgReg::Rsi,
     ArgReg::Rdx,
@@ -46,7 +55,24 @@ pub const ARG_REGS: [ArgReg; 9] = [
     ArgReg::Rax,
     ArgReg::R10,
     ArgReg::R11,
+    ArgReg::Rbx,
+    ArgReg::Rbp,
+    ArgReg::R12,
+    ArgReg::R13,
+    ArgReg::R14,
+    ArgReg::R15,
 ];
+
+/// An inlined copy of CPython's object allocator (`alloc_inline`, see
+/// `tracer-ebpf`): the cookie's bits from 40 on hold the size the copy
+/// allocates when the compiler made it a constant, else 0 and the size is
+/// argument 0 where the argument bits say.
+pub const COOKIE_INLINE_SIZE_SHIFT: u32 = 40;
+
+/// The largest request CPython's object allocator (pymalloc) serves itself
+/// (`SMALL_REQUEST_THRESHOLD`); a larger one, or 0, falls through to
+/// `malloc`, which counts it.
+pub const PYMALLOC_MAX: u64 = 512;
 
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -4,7 +4,9 @@
 use aya_ebpf::{
     bindings::pt_regs, helpers::bpf_probe_read_kernel, programs::ProbeContext, EbpfContext,
 };
-use tracer_common::{Role, COOKIE_ARGS_SHIFT, COOKIE_ROLE_SHIFT, MAX_FUNCS};
+use tracer_common::{
+    Role, COOKIE_ARGS_SHIFT, COOKIE_INLINE_SIZE_SHIFT, COOKIE_ROLE_SHIFT, MAX_FUNCS,
+};
 
 /// What an entry probe passes on to the return probe in live mode.
 #[derive(Clone, Copy, Default)]
@@ -46,6 +48,12 @@ pub(crate) fn probe_arg(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
         7 => core::mem::offset_of!(pt_regs, rax),
         8 => core::mem::offset_of!(pt_regs, r10),
         9 => core::mem::offset_of!(pt_regs, r11),
+        10 => core::mem::offset_of!(pt_regs, rbx),
+        11 => core::mem::offset_of!(pt_regs, rbp),
+        12 => core::mem::offset_of!(pt_regs, r12),
+        13 => core::mem::offset_of!(pt_regs, r13),
+        14 => core::mem::offset_of!(pt_regs, r14),
+        15 => core::mem::offset_of!(pt_regs, r15),
         _ => return 0,
     };
     let at = (ctx.regs as *const u8).wrapping_add(offset) as *const u64;
@@ -78,7 +86,12 @@ pub(crate) fn cookie_or(cookie: u64, ctx: &ProbeContext) -> u64 {
 #[inline(always)]
 pub(crate) fn call_args(ctx: &ProbeContext, cookie: u64) -> (u64, ReturnArgs) {
     let role = (cookie >> COOKIE_ROLE_SHIFT) & 0xff;
-    if role == Role::CountSize as u64 {
+    // An inlined copy of CPython's object allocator whose size the
+    // compiler made a constant.
+    let fixed = cookie >> COOKIE_INLINE_SIZE_SHIFT;
+    if fixed != 0 && cookie != NO_COOKIE {
+        (fixed, ReturnArgs::default())
+    } else if role == Role::CountSize as u64 {
         // `f(n, size)`: calloc.
         (
             saturating_product(probe_arg(ctx, cookie, 0), probe_arg(ctx, cookie, 1)),

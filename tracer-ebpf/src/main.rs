@@ -64,7 +64,7 @@ use tracer_common::Role;
 use crate::{
     args::{attach_cookie, probe_arg},
     live::complete_alloc,
-    record::{record_alloc, record_free},
+    record::{record_alloc, record_free, record_inline_alloc},
 };
 
 /// Every allocating entry point, whatever its role (the cookie says which:
@@ -75,6 +75,14 @@ use crate::{
 #[uprobe]
 pub fn alloc(ctx: ProbeContext) -> u32 {
     record_alloc(&ctx)
+}
+
+/// A copy of CPython's object allocator inlined into its caller, probed
+/// at the branch of its guard (`--python-objects` on a build such as
+/// Debian's python3.11; see `record::record_inline_alloc`).
+#[uprobe]
+pub fn alloc_inline(ctx: ProbeContext) -> u32 {
+    record_inline_alloc(&ctx)
 }
 
 /// `f(ptr)`: free.

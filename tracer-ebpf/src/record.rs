@@ -8,7 +8,9 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     programs::ProbeContext,
 };
-use tracer_common::{counter, stop, CountKey, WalkScratch, MAX_FUNCS, SAMPLE_NONE, WEIGHT_ONE};
+use tracer_common::{
+    counter, stop, CountKey, WalkScratch, MAX_FUNCS, PYMALLOC_MAX, SAMPLE_NONE, WEIGHT_ONE,
+};
 
 use crate::{
     aggregate::{bump_counter, count_call, insert_count, name_thread, EEXIST},
@@ -77,7 +79,42 @@ pub(crate) fn record_alloc(ctx: &ProbeContext) -> u32 {
         (early, weight) = (cookie, w);
     }
     let scratch = take_scratch(ctx);
-    record_alloc_with_scratch(ctx, scratch, early, weight);
+    record_alloc_with_scratch(ctx, scratch, early, weight, false);
+    give_back_scratch(scratch);
+    0
+}
+
+/// The zero flag in `pt_regs.eflags`.
+const ZF: u64 = 1 << 6;
+
+/// A copy of CPython's object allocator that the compiler inlined into a
+/// caller behind a guard (`cmp $_PyObject_Malloc, %reg; jne <call *%reg>`:
+/// the allocator's function pointer is still pymalloc's own). The probe
+/// sits on the guard's branch: with the zero flag set the copy runs and
+/// is this call; else the call goes through the pointer to a hook, whose
+/// own allocations are counted where they reach a probe. A request the
+/// copy does not serve itself (0, or over [`PYMALLOC_MAX`] bytes) falls
+/// through to `malloc`, which counts it. The call is its caller's frame,
+/// at the guard: the walk starts there.
+#[inline(always)]
+pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
+    if !enabled() || unsafe { (*ctx.regs).eflags } & ZF == 0 {
+        return 0;
+    }
+    let cookie = attach_cookie(ctx);
+    let size = call_args(ctx, cookie).0;
+    if size == 0 || size > PYMALLOC_MAX {
+        return 0;
+    }
+    let mut weight = WEIGHT_ONE;
+    if config_u32(&CONFIG.sample_mode) != SAMPLE_NONE {
+        let Some(w) = sample_weight(size) else {
+            return 0;
+        };
+        weight = w;
+    }
+    let scratch = take_scratch(ctx);
+    record_alloc_with_scratch(ctx, scratch, cookie, weight, true);
     give_back_scratch(scratch);
     0
 }
@@ -92,19 +129,30 @@ pub(crate) fn record_alloc_with_scratch(
     scratch: Option<*mut WalkScratch>,
     early: u64,
     weight: u64,
+    inline: bool,
 ) {
     let sampled = config_u32(&CONFIG.sample_mode) != SAMPLE_NONE;
     let live = config_u32(&CONFIG.live) != 0;
     let (sp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rip) };
     // The direct caller's return address is at [rsp]. Read the stack from
     // there a chunk at a time: the same read usually holds the first
-    // frames of the walk too (without a walk, the caller alone).
+    // frames of the walk too (without a walk, the caller alone). An
+    // inlined copy's caller is the code it sits in: the address after the
+    // probe's stands for it (its rule is the CFI row of the probe's).
     let walks = config_u32(&CONFIG.max_frames) != 0;
     let caller = match scratch {
-        Some(w) if walks && load_chunk(unsafe { &mut *w }, sp) => unsafe { (*w).chunk[0] },
+        Some(w) if walks && load_chunk(unsafe { &mut *w }, sp) => {
+            if inline {
+                ip + 1
+            } else {
+                unsafe { (*w).chunk[0] }
+            }
+        }
+        Some(_) if !walks && inline => ip + 1,
         Some(_) if !walks => unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0),
         _ => 0,
     };
+    let frame_sp = if inline { sp } else { sp + 8 };
     if caller == 0 {
         bump_counter(counter::CALLER_READ_FAILED, 1);
     }
@@ -113,7 +161,7 @@ pub(crate) fn record_alloc_with_scratch(
     let remembered = match scratch {
         Some(w) => unsafe {
             let bp = (*ctx.regs).rbp;
-            start_walk(&mut *w, caller, sp, bp, ip);
+            start_walk(&mut *w, caller, sp, frame_sp, bp, ip);
             caller != 0 && (*w).limit != 0 && memo_find(w, caller, sp, bp, ip)
         },
         None => false,

@@ -15,13 +15,21 @@ use crate::{
     memo::{memo_claim, memo_note, memo_release},
 };
 
-/// Sets the walk off from the probe: `[rsp]` is the direct caller, rbp the
-/// caller's.
+/// Sets the walk off from the probe: `caller` is the direct caller (at
+/// `[rsp]` at a function's entry), `frame_sp` the stack pointer in its
+/// frame (`rsp + 8` there), rbp the caller's.
 #[inline(always)]
-pub(crate) fn start_walk(w: &mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) {
+pub(crate) fn start_walk(
+    w: &mut WalkScratch,
+    caller: u64,
+    sp: u64,
+    frame_sp: u64,
+    bp: u64,
+    ip: u64,
+) {
     w.ip = ip;
     w.ra = caller;
-    w.sp = sp + 8;
+    w.sp = frame_sp;
     w.bp = bp;
     w.bp_ok = 1;
     w.hash = STACK_HASH_SEED;

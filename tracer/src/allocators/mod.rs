@@ -9,6 +9,7 @@
 //! [`placement`].
 
 pub mod families;
+pub mod inlined;
 pub mod placement;
 
 use std::{fs, path::PathBuf};
@@ -54,6 +55,10 @@ pub struct ProbeSite {
     /// The prefix of an allocator API defined beside the C library's
     /// (`_rjem_`): part of the name reports show.
     pub prefix: Option<&'static str>,
+    /// Copies of the function the compiler inlined into callers, each
+    /// probed at its guard and counted as a call of this function
+    /// (CPython's `PyObject_Malloc` in Debian's build: see [`inlined`]).
+    pub inlined: Vec<inlined::InlineSite>,
 }
 
 impl ProbeSite {
@@ -124,6 +129,11 @@ pub struct AllocatorObject {
     /// A prefixed allocator API probed beside the bound one
     /// (`jemalloc (_rjem_) in PATH`).
     pub beside: Option<String>,
+    /// Inlined copies of CPython's object allocator not probed (see
+    /// [`inlined::Inlined`]): guards not followed, and copies of
+    /// `_PyObject_Realloc`.
+    pub inlined_missed: usize,
+    pub inlined_resizes: usize,
 }
 
 impl AllocatorObject {
@@ -345,8 +355,14 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
             args: placement.args,
             instruction: placement.instruction,
             prefix: d.prefix,
+            inlined: Vec::new(),
         });
     }
+    let (inlined_missed, inlined_resizes) = if python {
+        find_inlined(&mut sites, &files)
+    } else {
+        (0, 0)
+    };
     let primary_path = files[primary].0.clone();
     let family = family_of(&primary_path, &files[primary].2);
     let version = families::version(family, &files[primary].2);
@@ -372,7 +388,49 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
         internals,
         shadowed,
         beside,
+        inlined_missed,
+        inlined_resizes,
     }))
+}
+
+/// CPython's object allocator inlined into its callers (see [`inlined`]):
+/// the copies found in the object of the probed `PyObject_Malloc` go to
+/// its site and `PyMem_Malloc`'s. Returns the copies not probed: guards
+/// not followed, and copies of `_PyObject_Realloc`.
+fn find_inlined(
+    sites: &mut [ProbeSite],
+    files: &[(String, PathBuf, memmap2::Mmap)],
+) -> (usize, usize) {
+    let named = |sites: &[ProbeSite], symbol: &str| {
+        sites
+            .iter()
+            .position(|s| s.funcs.iter().any(|f| f.symbol == symbol))
+    };
+    let Some(om) = named(sites, "PyObject_Malloc") else {
+        return (0, 0);
+    };
+    let path = sites[om].path.clone();
+    let Some((_, _, data)) = files.iter().find(|(p, _, _)| *p == path) else {
+        return (0, 0);
+    };
+    let Ok(file) = object::File::parse(&**data) else {
+        return (0, 0);
+    };
+    let mm = named(sites, "PyMem_Malloc").filter(|i| sites[*i].path == path);
+    let probed: Vec<(u64, u64)> = sites
+        .iter()
+        .filter(|s| s.path == path)
+        .map(|s| (s.vaddr, s.size))
+        .collect();
+    let found = inlined::find(&file, sites[om].vaddr, mm.map(|i| sites[i].vaddr), &probed);
+    let resizes = named(sites, "PyObject_Realloc")
+        .filter(|i| sites[*i].path == path)
+        .map_or(0, |i| inlined::guards_of(&file, sites[i].vaddr, &probed));
+    sites[om].inlined = found.object;
+    if let Some(mm) = mm {
+        sites[mm].inlined = found.mem;
+    }
+    (found.missed, resizes)
 }
 
 /// The allocator of a program that would map `paths` (in this order), as

@@ -30,10 +30,11 @@ pub struct Placement {
 /// The argument registers, in argument order.
 const ARGS: [Register; 4] = [Register::RDI, Register::RSI, Register::RDX, Register::RCX];
 
-/// `tracer_common::ARG_REGS` as iced's registers.
-fn arg_reg_code(reg: Register) -> Option<u64> {
+/// `r`'s code in `tracer_common::ARG_REGS` (from 1), as the attach
+/// cookie's argument bits carry it.
+pub(crate) fn reg_code(r: Register) -> Option<u64> {
     use tracer_common::ArgReg;
-    let r = match reg {
+    let a = match r {
         Register::RDI => ArgReg::Rdi,
         Register::RSI => ArgReg::Rsi,
         Register::RDX => ArgReg::Rdx,
@@ -43,12 +44,24 @@ fn arg_reg_code(reg: Register) -> Option<u64> {
         Register::RAX => ArgReg::Rax,
         Register::R10 => ArgReg::R10,
         Register::R11 => ArgReg::R11,
+        Register::RBX => ArgReg::Rbx,
+        Register::RBP => ArgReg::Rbp,
+        Register::R12 => ArgReg::R12,
+        Register::R13 => ArgReg::R13,
+        Register::R14 => ArgReg::R14,
+        Register::R15 => ArgReg::R15,
         _ => return None,
     };
     tracer_common::ARG_REGS
         .iter()
-        .position(|a| *a == r)
+        .position(|x| *x == a)
         .map(|i| i as u64 + 1)
+}
+
+/// The code of a scratch register an entry probe's prologue can move an
+/// argument to (a callee-saved one it would save on the stack first).
+fn arg_reg_code(reg: Register) -> Option<u64> {
+    reg_code(reg).filter(|c| *c <= 9)
 }
 
 /// Where each argument a probe reads is at a point of the prologue: every

@@ -256,8 +256,12 @@ pub struct TraceArgs {
     /// (PyObject_Malloc, PyMem_Malloc, ... and their Free in live mode), so
     /// that the objects of up to 512 bytes, which never reach malloc, are
     /// counted by Python line too. An object allocation that falls through
-    /// to malloc is counted once. Every object allocation then takes a
-    /// uprobe trap (a loop making objects runs several times slower).
+    /// to malloc is counted once. An interpreter that copied the object
+    /// allocator into its callers (Debian's python3.11) has each copy
+    /// probed where it starts, in count and sampled modes. Every object
+    /// allocation then takes a uprobe trap: a pure-Python loop making 1.75
+    /// million objects ran 0.06 s untraced, 5 s with this flag (memray
+    /// --trace-python-allocators: 0.5 s) on a 2-CPU EPYC VM.
     #[arg(long)]
     pub python_objects: bool,
 

@@ -374,6 +374,19 @@ pub fn attach<T>(
             let ret = if mode.floor { maps::FLOOR_RET } else { ret };
             plan.add(ret, &site.open_path, true, offset, cookie(site, func));
         }
+        // Inlined copies: counted where their guard lets them run; live
+        // mode cannot follow their blocks (no return to probe).
+        if !mode.live {
+            let program = if mode.floor {
+                maps::FLOOR
+            } else {
+                maps::ALLOC_INLINE
+            };
+            for copy in &site.inlined {
+                let cookie = func as u64 | copy.cookie_bits() | (role as u64) << COOKIE_ROLE_SHIFT;
+                plan.add(program, &site.open_path, false, copy.file_offset, cookie);
+            }
+        }
         match objects.iter_mut().find(|(p, _)| *p == site.path) {
             Some((_, n)) => *n += 1,
             None => objects.push((site.path.clone(), 1)),
@@ -564,7 +577,7 @@ mod tests {
             .filter_map(|s| s.name().ok().map(str::to_string))
             .collect();
         let has = |name: &str| symbols.iter().any(|s| s == name);
-        let mut programs = vec![maps::FLOOR, maps::FLOOR_RET];
+        let mut programs = vec![maps::FLOOR, maps::FLOOR_RET, maps::ALLOC_INLINE];
         for role in Role::ALL {
             programs.push(role.program());
             programs.extend(role.return_program());

@@ -61,6 +61,46 @@ pub struct TracedProcess {
     pub name: String,
 }
 
+/// What `--python-objects` does not see in an interpreter that copied its
+/// object allocator into its callers (`None`: it sees every call).
+fn inlined_note(
+    alloc: &allocators::AllocatorObject,
+    path: &str,
+    hidden: bool,
+    live: bool,
+) -> Option<String> {
+    let copies: usize = alloc.sites.iter().map(|s| s.inlined.len()).sum();
+    let through = "PYTHONMALLOC=malloc sends every object through malloc";
+    if copies == 0 {
+        return hidden.then(|| format!(
+            "--python-objects: {path} has no _PyObject_Malloc symbol (stripped; an LTO build such as Debian's copies the object allocator into its callers): only calls through its exported PyObject_*/PyMem_* functions are seen; {through}"
+        ));
+    }
+    if live {
+        return Some(format!(
+            "--python-objects: {path} copies its object allocator into {copies} callers, whose blocks live mode cannot follow: only calls through its exported PyObject_*/PyMem_* functions are seen; count mode sees the copies; {through}"
+        ));
+    }
+    let mut unseen = Vec::new();
+    if alloc.inlined_missed > 0 {
+        unseen.push(format!(
+            "{} more whose size could not be followed",
+            alloc.inlined_missed
+        ));
+    }
+    if alloc.inlined_resizes > 0 {
+        unseen.push(format!(
+            "{} copies of PyObject_Realloc (resizes within the object allocator)",
+            alloc.inlined_resizes
+        ));
+    }
+    unseen.push("calls through tracemalloc's or the debug hooks".to_string());
+    Some(format!(
+        "--python-objects: {path} copies its object allocator into its callers: {copies} copies probed at their guards, counted as PyObject_Malloc/PyMem_Malloc (a request over 512 bytes as the malloc it makes); not seen: {}; {through}",
+        unseen.join(", ")
+    ))
+}
+
 impl TracedProcess {
     /// Probes `pid`'s allocator, found in `maps` (`None` when none is
     /// mapped yet). `meta` holds what all processes of the trace share.
@@ -92,11 +132,10 @@ impl TracedProcess {
         let max_frames = settings.mode.max_frames;
         let (interpreter, python_said) = match python::detect(pid, maps) {
             python::Found::Known(i) => {
-                if settings.mode.python_objects && i.allocator_hidden {
-                    python::say_once(&format!(
-                        "--python-objects: {} has no _PyObject_Malloc symbol (stripped; an LTO build such as Debian's copies the object allocator into its callers): only calls through its exported PyObject_*/PyMem_* functions are seen; PYTHONMALLOC=malloc sends every object through malloc",
-                        i.path
-                    ));
+                if settings.mode.python_objects {
+                    if let Some(note) = inlined_note(&alloc, &i.path, i.allocator_hidden, live) {
+                        python::say_once(&note);
+                    }
                 }
                 let said = i.describe();
                 (Some(i), said)
