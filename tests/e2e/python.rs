@@ -453,7 +453,8 @@ fn python_leaks_by_line_in_live_mode() {
 /// class with no `__dict__` (one PyObject_Malloc each; `repeat` makes no
 /// int objects), `big_buffers` 37 bytearrays of 100000 bytes (the object,
 /// then its buffer of 100001 bytes through PyObject_Realloc, which falls
-/// through to malloc: counted once). Run with `oracle`, the script counts
+/// through to malloc: counted once), `grow` a list by 5000 appends (its
+/// resizes at line 11, through PyMem_Realloc). Run with `oracle`, the script counts
 /// the same blocks with tracemalloc and prints them, and an object's size;
 /// with `wait`, it says `ready` and waits for a byte on stdin first.
 const OBJECTS_SCRIPT: &str = "\
@@ -464,6 +465,11 @@ def make_objs(n):
     return [Obj() for _ in itertools.repeat(None, n)]
 def big_buffers(n):
     return [bytearray(100000) for _ in itertools.repeat(None, n)]
+def grow(n):
+    keep = []
+    for i in itertools.repeat(None, n):
+        keep.append(i)
+    return keep
 oracle = sys.argv[1:] == ['oracle']
 if sys.argv[1:] == ['wait']:
     print('ready', flush=True)
@@ -473,6 +479,7 @@ if oracle:
     tracemalloc.start()
 a = make_objs(1000)
 b = big_buffers(37)
+c = grow(5000)
 if oracle:
     snap = tracemalloc.take_snapshot()
     def count(line, size):
@@ -512,6 +519,16 @@ fn calls_at(p: &Profile, script: &str, func: &str, line: u64, size: Option<u64>)
         .unwrap_or(0)
 }
 
+/// Resizing calls (`PyObject_Realloc`, `PyMem_Realloc`, `realloc`) whose
+/// innermost frame in the script is at `line`, over every stack.
+fn resizes_at(p: &Profile, script: &str, line: u64) -> u64 {
+    p.allocs()
+        .filter(|s| s.function.ends_with("Realloc") || s.function == "realloc")
+        .filter(|s| chain_of(s, script).first().is_some_and(|f| f.1 == line))
+        .map(|s| s.calls)
+        .sum()
+}
+
 #[test]
 fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
     let dir = bpf_tempdir!();
@@ -546,9 +563,12 @@ fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
 /// `--python-objects` the copies are probed at their guards, and the
 /// objects are counted by line as tracemalloc counts them, from launch
 /// and by pid (a process started before mtrace, without flags); the
-/// buffers over 512 bytes once each, as the malloc they make. One line
-/// says what is still not seen. Under `PYTHONMALLOC=malloc` every object
-/// goes through malloc and is counted by line without the flag.
+/// buffers over 512 bytes once each, as the malloc they make; the list's
+/// resizes (copies of `_PyObject_Realloc`, whose calls of `realloc` are
+/// their own) as many as `PYTHONMALLOC=malloc` makes of `realloc` there.
+/// One line says what is still not seen. Under `PYTHONMALLOC=malloc`
+/// every object goes through malloc and is counted by line without the
+/// flag.
 #[test]
 fn debian_python_objects_in_inlined_copies() {
     let dir = bpf_tempdir!();
@@ -563,6 +583,25 @@ fn debian_python_objects_in_inlined_copies() {
         return;
     }
     let counts = tracemalloc_counts(py, script);
+    let json = dir.path().join("m.json");
+    let mut cmd = mtrace_command(&["-o", json.to_str().unwrap(), "--", py, script]);
+    cmd.env("PYTHONMALLOC", "malloc");
+    let out = Mtrace::spawn(&mut cmd).finish();
+    let through_malloc = Profile::load(&json);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert_eq!(
+        calls_at(&through_malloc, script, "malloc", 5, Some(counts[2])),
+        counts[0],
+        "{d}"
+    );
+    assert_eq!(
+        calls_at(&through_malloc, script, "", 7, Some(100_001)),
+        counts[1],
+        "{d}"
+    );
+    let resizes = resizes_at(&through_malloc, script, 11);
+    assert!(resizes > 10, "{d}");
     let check = |out: &crate::support::mtrace::Finished, p: &Profile, how: &str| {
         let d = format!("{how}\n{}", out.describe());
         let said = out
@@ -579,6 +618,7 @@ fn debian_python_objects_in_inlined_copies() {
             "{d}"
         );
         assert_eq!(calls_at(p, script, "", 7, Some(100_001)), counts[1], "{d}");
+        assert_eq!(resizes_at(p, script, 11), resizes, "{d}");
     };
     let (out, p) = run_named(&["--python-objects", "--", py, script]);
     out.assert_exit(0);
@@ -586,20 +626,6 @@ fn debian_python_objects_in_inlined_copies() {
     let mut fx = FixtureProc::start(std::path::Path::new(py), &[script, "wait"]);
     let (out, p) = trace_by_pid(&mut fx, &["--python-objects"]);
     check(&out, &p, "by pid");
-
-    let json = dir.path().join("m.json");
-    let mut cmd = mtrace_command(&["-o", json.to_str().unwrap(), "--", py, script]);
-    cmd.env("PYTHONMALLOC", "malloc");
-    let out = Mtrace::spawn(&mut cmd).finish();
-    let p = Profile::load(&json);
-    out.assert_exit(0);
-    let d = out.describe();
-    assert_eq!(
-        calls_at(&p, script, "malloc", 5, Some(counts[2])),
-        counts[0],
-        "{d}"
-    );
-    assert_eq!(calls_at(&p, script, "", 7, Some(100_001)), counts[1], "{d}");
 }
 
 /// memray as the oracle: `memray run` and `memray stats` on the chain

@@ -9,7 +9,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    counter, stop, CountKey, WalkScratch, MAX_FUNCS, PYMALLOC_MAX, SAMPLE_NONE, WEIGHT_ONE,
+    counter, stop, CountKey, Role, WalkScratch, COOKIE_ROLE_SHIFT, MAX_FUNCS, PYMALLOC_MAX,
+    SAMPLE_NONE, WEIGHT_ONE,
 };
 
 use crate::{
@@ -94,7 +95,8 @@ const ZF: u64 = 1 << 6;
 /// is this call; else the call goes through the pointer to a hook, whose
 /// own allocations are counted where they reach a probe. A request the
 /// copy does not serve itself (0, or over [`PYMALLOC_MAX`] bytes) falls
-/// through to `malloc`, which counts it. The call is its caller's frame,
+/// through to `malloc`, which counts it; a copy of realloc counts every
+/// call, as a probe at `PyObject_Realloc`'s entry would. The call is its caller's frame,
 /// at the guard: the walk starts there.
 #[inline(always)]
 pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
@@ -103,7 +105,11 @@ pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
     }
     let cookie = attach_cookie(ctx);
     let size = call_args(ctx, cookie).0;
-    if size == 0 || size > PYMALLOC_MAX {
+    // A copy of realloc is counted whatever the size: the calls it makes
+    // to the C library's allocator are its own (the tracer makes their
+    // return addresses allocator bodies).
+    let resize = (cookie >> COOKIE_ROLE_SHIFT) & 0xff == Role::Resize as u64;
+    if !resize && (size == 0 || size > PYMALLOC_MAX) {
         return 0;
     }
     let mut weight = WEIGHT_ONE;

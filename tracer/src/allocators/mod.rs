@@ -359,7 +359,7 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
         });
     }
     let (inlined_missed, inlined_resizes) = if python {
-        find_inlined(&mut sites, &files)
+        find_inlined(&mut sites, &files, &mut internals)
     } else {
         (0, 0)
     };
@@ -395,18 +395,19 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
 
 /// CPython's object allocator inlined into its callers (see [`inlined`]):
 /// the copies found in the object of the probed `PyObject_Malloc` go to
-/// its site and `PyMem_Malloc`'s. Returns the copies not probed: guards
-/// not followed, and copies of `_PyObject_Realloc`.
+/// the site of the function each copies (`PyObject_Malloc`,
+/// `PyMem_Malloc`, `PyObject_Calloc`, `PyMem_Calloc`, `PyObject_Realloc`,
+/// `PyMem_Realloc`). The calls a copy of realloc makes to the C library's
+/// allocator, and those the static `_PyObject_Malloc` makes (a copy of
+/// realloc calls it), are its own: they join `internals`. Returns the
+/// copies not probed: guards not followed, and copies of
+/// `_PyObject_Realloc` (when they could not be told apart).
 fn find_inlined(
     sites: &mut [ProbeSite],
     files: &[(String, PathBuf, memmap2::Mmap)],
+    internals: &mut Vec<Internal>,
 ) -> (usize, usize) {
-    let named = |sites: &[ProbeSite], symbol: &str| {
-        sites
-            .iter()
-            .position(|s| s.funcs.iter().any(|f| f.symbol == symbol))
-    };
-    let Some(om) = named(sites, "PyObject_Malloc") else {
+    let Some(om) = named(sites, "PyObject_Malloc", None) else {
         return (0, 0);
     };
     let path = sites[om].path.clone();
@@ -416,21 +417,57 @@ fn find_inlined(
     let Ok(file) = object::File::parse(&**data) else {
         return (0, 0);
     };
-    let mm = named(sites, "PyMem_Malloc").filter(|i| sites[*i].path == path);
+    let code = inlined::Text::of(&file);
+    let at = |symbol| named(sites, symbol, Some(&path)).map(|i| (i, sites[i].vaddr));
+    let exported = inlined::Exported {
+        object_malloc: (om, sites[om].vaddr),
+        mem_malloc: at("PyMem_Malloc"),
+        object_calloc: at("PyObject_Calloc").map(|(i, _)| i),
+        mem_calloc: at("PyMem_Calloc"),
+        object_realloc: at("PyObject_Realloc"),
+        mem_realloc: at("PyMem_Realloc"),
+    };
     let probed: Vec<(u64, u64)> = sites
         .iter()
         .filter(|s| s.path == path)
         .map(|s| (s.vaddr, s.size))
         .collect();
-    let found = inlined::find(&file, sites[om].vaddr, mm.map(|i| sites[i].vaddr), &probed);
-    let resizes = named(sites, "PyObject_Realloc")
-        .filter(|i| sites[*i].path == path)
-        .map_or(0, |i| inlined::guards_of(&file, sites[i].vaddr, &probed));
-    sites[om].inlined = found.object;
-    if let Some(mm) = mm {
-        sites[mm].inlined = found.mem;
+    let targets = inlined::targets(&code, &exported);
+    let found = inlined::find(&code, &targets, &probed);
+    let resizes = if targets.iter().any(|t| t.kind == inlined::Kind::Realloc) {
+        0
+    } else {
+        at("PyObject_Realloc")
+            .and_then(|(_, vaddr)| inlined::guard_of(&code, vaddr))
+            .map_or(0, |(function, _)| {
+                inlined::guards_of(&code, function, &probed)
+            })
+    };
+    for (row, copy) in found.sites {
+        sites[row].inlined.push(copy);
     }
+    let own = |vaddr: u64, size: u64| {
+        Some(Internal {
+            path: path.clone(),
+            file_offset: vaddr_to_file_offset(&file, vaddr)?,
+            size,
+            frees: false,
+        })
+    };
+    let malloc = targets
+        .iter()
+        .find(|t| t.kind == inlined::Kind::Malloc)
+        .and_then(|t| inlined::function_extent(&file, t.function));
+    internals.extend(malloc.and_then(|(vaddr, size)| own(vaddr, size)));
+    internals.extend(found.nested.iter().filter_map(|ra| own(*ra, 1)));
     (found.missed, resizes)
+}
+
+/// The probe site of `symbol` (in the object at `path`, when given).
+fn named(sites: &[ProbeSite], symbol: &str, path: Option<&str>) -> Option<usize> {
+    sites.iter().position(|s| {
+        s.funcs.iter().any(|f| f.symbol == symbol) && path.is_none_or(|p| s.path == p)
+    })
 }
 
 /// The allocator of a program that would map `paths` (in this order), as

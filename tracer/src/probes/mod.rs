@@ -383,7 +383,7 @@ pub fn attach<T>(
                 maps::ALLOC_INLINE
             };
             for copy in &site.inlined {
-                let cookie = func as u64 | copy.cookie_bits() | (role as u64) << COOKIE_ROLE_SHIFT;
+                let cookie = func as u64 | copy.cookie_bits();
                 plan.add(program, &site.open_path, false, copy.file_offset, cookie);
             }
         }

@@ -96,7 +96,7 @@ fn inlined_note(
     }
     unseen.push("calls through tracemalloc's or the debug hooks".to_string());
     Some(format!(
-        "--python-objects: {path} copies its object allocator into its callers: {copies} copies probed at their guards, counted as PyObject_Malloc/PyMem_Malloc (a request over 512 bytes as the malloc it makes); not seen: {}; {through}",
+        "--python-objects: {path} copies its object allocator into its callers: {copies} copies probed at their guards, counted as the function each copies (PyObject_Malloc, PyMem_Calloc, ...; a request over 512 bytes as the malloc it makes); not seen: {}; {through}",
         unseen.join(", ")
     ))
 }
