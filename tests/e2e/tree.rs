@@ -436,10 +436,7 @@ fn a_low_limit_of_open_files_does_not_stop_a_tree() {
     use std::os::unix::process::CommandExt;
     need_bpf!();
     const RUNS: u64 = 30;
-    let script = format!(
-        "ulimit -n; i=0; while [ $i -lt {RUNS} ]; do {}; i=$((i + 1)); done",
-        Fixture::Counts.path_str()
-    );
+    let script = format!("ulimit -n; {}", counts_runs(RUNS));
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
     let mut cmd = crate::support::mtrace::mtrace_command(&[
@@ -479,6 +476,15 @@ fn a_low_limit_of_open_files_does_not_stop_a_tree() {
 
 /// A shell's loop of `runs` runs of the counts fixture: the shell and
 /// every run traced, every site the runs times one run's.
+/// A shell loop that runs the counts fixture `runs` times, one after the
+/// other.
+fn counts_runs(runs: u64) -> String {
+    format!(
+        "i=0; while [ $i -lt {runs} ]; do {}; i=$((i + 1)); done",
+        Fixture::Counts.path_str()
+    )
+}
+
 fn assert_runs_traced(p: &Profile, runs: u64, d: &str) {
     let procs = processes(p);
     assert_eq!(procs.len() as u64, runs + 1, "{procs:?}\n{d}");
@@ -495,10 +501,7 @@ fn assert_runs_traced(p: &Profile, runs: u64, d: &str) {
 fn a_tree_reuses_loaded_objects_and_counts_each_program_once() {
     need_bpf!();
     const RUNS: u64 = 12;
-    let script = format!(
-        "i=0; while [ $i -lt {RUNS} ]; do {}; i=$((i + 1)); done",
-        Fixture::Counts.path_str()
-    );
+    let script = counts_runs(RUNS);
     for mode in [&[][..], &["--live"][..]] {
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("p.json");
@@ -533,7 +536,39 @@ fn a_tree_reuses_loaded_objects_and_counts_each_program_once() {
         // The shell's own and the first program's; the rest reuse them.
         assert!(said("loaded") <= 3, "{d}");
         assert_eq!(said("loaded") + said("reused"), RUNS + 1, "{d}");
+        assert_eq!(
+            p.doc["stack_quality"]["whole"], p.doc["stack_quality"]["calls"],
+            "{d}"
+        );
     }
+}
+
+/// The unwind rules one process of a tree learned (a walk through code
+/// without a rule yet is handed to the tracer, which finishes it and adds
+/// the rules it used) are given to the next process that maps the same
+/// files, before its first call: every run of a program after the first
+/// starts with the rules the first learned, and every stack stays whole.
+#[test]
+fn a_tree_learns_unwind_rules_once() {
+    need_bpf!();
+    const RUNS: u64 = 6;
+    let script = counts_runs(RUNS);
+    let (out, p) = run_profiled(&["-v", "--top", "0", "--", "sh", "-c", &script]);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert_runs_traced(&p, RUNS, &d);
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q["whole"], q["calls"], "{d}");
+    // "unwind: pid N given M rules learned before", for each process.
+    let given: Vec<u64> = out
+        .stderr
+        .iter()
+        .filter_map(|l| l.split(" given ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    // The root learns alone; each run of the program after the first is
+    // given at least the rules of the program's own code.
+    let seeded = given.iter().filter(|n| **n >= 10).count() as u64;
+    assert!(seeded >= RUNS - 1, "given {given:?}\n{d}");
 }
 
 /// A daemon that forks away (a double fork: the command's child starts

@@ -258,6 +258,33 @@ fn zero_array(fd: RawFd, value_size: usize, entries: u32) -> std::io::Result<()>
     sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr).map(drop)
 }
 
+/// The descriptor of `map` (alive as long as it is).
+pub(crate) fn map_fd(map: &Map) -> Result<RawFd> {
+    multi::map_fd(map)
+}
+
+/// `keys[i]` to `values[i]` in the map `fd`, in one call (`K` and `V` the
+/// map's key and value types, `#[repr(C)]`).
+pub(crate) fn update_batch<K: Copy, V: Copy>(
+    fd: RawFd,
+    keys: &[K],
+    values: &[V],
+) -> std::io::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    assert_eq!(keys.len(), values.len());
+    // SAFETY: all-zero is a valid bpf_attr.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the union's batch member.
+    let b = unsafe { &mut attr.batch };
+    b.map_fd = fd as u32;
+    b.keys = keys.as_ptr() as u64;
+    b.values = values.as_ptr() as u64;
+    b.count = keys.len() as u32;
+    sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr).map(drop)
+}
+
 /// Every entry of a hash map deleted, a batch at a time (one pass over
 /// its buckets: a key-by-key walk starts each step's search over).
 fn clear_hash(fd: RawFd, key_size: usize, value_size: usize) -> std::io::Result<()> {

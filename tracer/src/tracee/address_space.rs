@@ -119,6 +119,13 @@ impl AddressSpace {
             .filter(move |p| seen.insert(*p))
     }
 
+    /// The mappings of a file's code.
+    pub fn code_mappings(&self) -> impl Iterator<Item = &Mapping> {
+        self.mappings
+            .iter()
+            .filter(|m| m.is_file() && m.perms.contains('x'))
+    }
+
     /// The open file mapped under `path`.
     pub fn file(&self, path: &str) -> Option<&File> {
         self.files.get(path)

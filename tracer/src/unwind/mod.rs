@@ -43,7 +43,7 @@ pub use object_cfi::ObjectCfi;
 pub use tracer_common::UnwindRule as Rule;
 pub use walk::{unwind_with_fp, StackCopy, Stop, FRAME_POINTER};
 
-use crate::tracee::{AddressSpace, Mem};
+use crate::tracee::{AddressSpace, FileId, Mapping, Mem};
 
 /// The stop code of a user-space walk (as the BPF walk records it).
 pub fn stop_code(stop: Stop) -> u32 {
@@ -93,6 +93,8 @@ pub struct UnwindStats {
     pub record_bytes: u64,
     /// Walks whose copy had pages that could not be read.
     pub copies_with_holes: u64,
+    /// Rules given at the start, learned in other processes of the run.
+    pub seeded: usize,
 }
 
 /// Does `ra` follow a call instruction in the target's code? (What a
@@ -159,6 +161,52 @@ pub struct Unwinder {
     /// Most frames a stack keeps above the direct caller (`--max-stack`),
     /// as the BPF walk does.
     pub max_frames: usize,
+    /// The identity of each mapped file (for [`learned`]).
+    ids: HashMap<String, Option<FileId>>,
+}
+
+/// The rules learned in every process of the run, by file and the file
+/// offset of the return address: a rule depends on the code alone, so a
+/// process of a tree that maps a file another one mapped is given its
+/// rules before its first call, instead of handing its first walks
+/// through that code to the tracer one by one.
+mod learned {
+    use std::{collections::HashMap, sync::Mutex};
+
+    use super::Rule;
+    use crate::tracee::FileId;
+
+    type Rules = HashMap<FileId, HashMap<u64, Rule>>;
+
+    static LEARNED: Mutex<Option<Rules>> = Mutex::new(None);
+
+    /// Most rules kept (24 bytes each, and the tables' own): past it the
+    /// store starts over.
+    const MOST: usize = 1 << 18;
+
+    pub(super) fn note(id: FileId, offset: u64, rule: Rule) {
+        let mut all = LEARNED.lock().unwrap_or_else(|e| e.into_inner());
+        let all = all.get_or_insert_with(HashMap::new);
+        if all.values().map(HashMap::len).sum::<usize>() >= MOST {
+            all.clear();
+        }
+        all.entry(id).or_default().insert(offset, rule);
+    }
+
+    /// The rules of the file `id` whose offsets are in `range`.
+    pub(super) fn of(id: &FileId, range: std::ops::Range<u64>) -> Vec<(u64, Rule)> {
+        let all = LEARNED.lock().unwrap_or_else(|e| e.into_inner());
+        all.as_ref()
+            .and_then(|a| a.get(id))
+            .map(|rules| {
+                rules
+                    .iter()
+                    .filter(|(o, _)| range.contains(o))
+                    .map(|(o, r)| (*o, *r))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl Unwinder {
@@ -169,7 +217,37 @@ impl Unwinder {
             rules: HashMap::new(),
             stats: UnwindStats::default(),
             max_frames: tracer_common::MAX_FRAMES,
+            ids: HashMap::new(),
         }
+    }
+
+    /// The rules other processes learned for the code `space` maps, as
+    /// this process's (return address, rule); kept here as computed.
+    pub fn seed(&mut self, space: &AddressSpace) -> Vec<(u64, Rule)> {
+        let mut out = Vec::new();
+        let maps: Vec<Mapping> = space.code_mappings().cloned().collect();
+        for m in maps {
+            let Some(id) = self.file_id(&m.path, space) else {
+                continue;
+            };
+            let range = m.offset..m.offset + (m.end - m.start);
+            for (offset, rule) in learned::of(&id, range) {
+                let ra = m.start + (offset - m.offset);
+                if self.rules.insert(ra, rule).is_none() {
+                    out.push((ra, rule));
+                }
+            }
+        }
+        self.stats.rules = self.rules.len();
+        self.stats.seeded += out.len();
+        out
+    }
+
+    fn file_id(&mut self, path: &str, space: &AddressSpace) -> Option<FileId> {
+        *self
+            .ids
+            .entry(path.to_string())
+            .or_insert_with(|| space.file(path).and_then(FileId::of_file))
     }
 
     /// Loads the call-frame information of every object the target maps
@@ -221,6 +299,18 @@ impl Unwinder {
         let rule = self.compute(ra, space);
         self.stats.lookup_time += started.elapsed();
         self.rules.insert(ra, rule);
+        // (Not a rule for code without call-frame information: a walk
+        // may follow the frame pointer there, as each process finds.)
+        let file = space
+            .mapping(ra)
+            .filter(|m| m.is_file() && m.perms.contains('x'))
+            .filter(|_| rule.kind != Rule::UNSUPPORTED)
+            .cloned();
+        if let Some(m) = file {
+            if let Some(id) = self.file_id(&m.path, space) {
+                learned::note(id, m.file_offset(ra), rule);
+            }
+        }
         self.stats.rules = self.rules.len();
         (rule, true)
     }

@@ -37,6 +37,8 @@ pub struct Walks {
     rules: BpfHashMap<MapData, u64, Rule>,
     full: aya::maps::Array<MapData, u64>,
     cache: aya::maps::Array<MapData, CachedRule>,
+    /// `cache`'s descriptor, for updates in batches.
+    cache_fd: std::os::fd::RawFd,
     /// Which cache slots are taken.
     cached: std::collections::HashSet<u32>,
     pub unwinder: Unwinder,
@@ -206,14 +208,43 @@ impl UnwindService {
         python: Option<crate::python::Names>,
     ) -> Result<UnwindService> {
         let ring = crate::probes::pool::ring(ebpf, maps::UNWIND_MISSES)?;
-        let rules = BpfHashMap::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_RULES)?)?;
+        let rules = crate::probes::pool::map_copy(ebpf, maps::UNWIND_RULES)?;
+        let rules_fd = crate::probes::pool::map_fd(&rules)?;
+        let rules = BpfHashMap::try_from(rules)?;
         let full =
             aya::maps::Array::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_FULL)?)?;
-        let cache =
-            aya::maps::Array::try_from(crate::probes::pool::map_copy(ebpf, maps::RULE_CACHE)?)?;
+        let cache = crate::probes::pool::map_copy(ebpf, maps::RULE_CACHE)?;
+        let cache_fd = crate::probes::pool::map_fd(&cache)?;
+        let cache = aya::maps::Array::try_from(cache)?;
         let mut unwinder = Unwinder::new(pid);
         unwinder.max_frames = max_frames as usize;
         unwinder.preload(&space.lock().unwrap());
+        // Before the first call: the rules other processes of the run
+        // learned for the same code, in the map and its cache at once (no
+        // walk runs yet: the cache needs no two-step update).
+        let seeding = std::time::Instant::now();
+        let seeded = unwinder.seed(&space.lock().unwrap());
+        let mut cached = std::collections::HashSet::new();
+        if !seeded.is_empty() {
+            let (ras, kept): (Vec<u64>, Vec<Rule>) = seeded.iter().copied().unzip();
+            if let Err(e) = crate::probes::pool::update_batch(rules_fd, &ras, &kept) {
+                log::debug!("unwind: {} rules learned before not given: {e}", ras.len());
+            }
+            let (slots, slotted): (Vec<u32>, Vec<CachedRule>) = seeded
+                .iter()
+                .filter(|(ra, _)| cached.insert(rule_slot(*ra)))
+                .map(|&(ra, rule)| (rule_slot(ra), CachedRule { ra, rule }))
+                .unzip();
+            if let Err(e) = crate::probes::pool::update_batch(cache_fd, &slots, &slotted) {
+                log::debug!("unwind: the rule cache not filled: {e}");
+                cached.clear();
+            }
+        }
+        log::debug!(
+            "unwind: pid {pid} given {} rules learned before ({:.2} ms)",
+            seeded.len(),
+            seeding.elapsed().as_secs_f64() * 1e3
+        );
         let fd = ring.as_raw_fd();
         // Written when the service is dropped: the thread wakes at once.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -227,7 +258,8 @@ impl UnwindService {
             rules,
             full,
             cache,
-            cached: Default::default(),
+            cache_fd,
+            cached,
             unwinder,
             space,
             counted: UserWalks::default(),
@@ -295,9 +327,9 @@ impl Drop for UnwindService {
         // free).
         let mut walks = self.walks.lock().unwrap();
         let walks = &mut *walks;
-        for slot in walks.cached.drain() {
-            let _ = walks.cache.set(slot, CachedRule::default(), 0);
-        }
+        let slots: Vec<u32> = walks.cached.drain().collect();
+        let free = vec![CachedRule::default(); slots.len()];
+        let _ = crate::probes::pool::update_batch(walks.cache_fd, &slots, &free);
         if let Some(ring) = walks.ring.take() {
             crate::probes::pool::ring_back(ring);
         }
