@@ -96,8 +96,8 @@ const ZF: u64 = 1 << 6;
 /// own allocations are counted where they reach a probe. A request the
 /// copy does not serve itself (0, or over [`PYMALLOC_MAX`] bytes) falls
 /// through to `malloc`, which counts it; a copy of realloc counts every
-/// call, as a probe at `PyObject_Realloc`'s entry would. The call is its caller's frame,
-/// at the guard: the walk starts there.
+/// call, as a probe at `PyObject_Realloc`'s entry would. The call is its
+/// caller's frame, at the guard: the walk starts there.
 #[inline(always)]
 pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
     if !enabled() || unsafe { (*ctx.regs).eflags } & ZF == 0 {

@@ -263,6 +263,14 @@ pub(crate) fn map_fd(map: &Map) -> Result<RawFd> {
     multi::map_fd(map)
 }
 
+/// How many entries a hash map holds at most.
+pub(crate) fn hash_capacity(map: &Map) -> Result<u32> {
+    match map {
+        Map::HashMap(d) => Ok(d.info()?.max_entries()),
+        _ => Err(anyhow::anyhow!("not a hash map")),
+    }
+}
+
 /// `keys[i]` to `values[i]` in the map `fd`, in one call (`K` and `V` the
 /// map's key and value types, `#[repr(C)]`).
 pub(crate) fn update_batch<K: Copy, V: Copy>(

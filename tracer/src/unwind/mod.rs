@@ -221,9 +221,10 @@ impl Unwinder {
         }
     }
 
-    /// The rules other processes learned for the code `space` maps, as
-    /// this process's (return address, rule); kept here as computed.
-    pub fn seed(&mut self, space: &AddressSpace) -> Vec<(u64, Rule)> {
+    /// The rules other processes learned for the code `space` maps (at
+    /// most `most`), as this process's (return address, rule); kept here
+    /// as computed.
+    pub fn seed(&mut self, space: &AddressSpace, most: usize) -> Vec<(u64, Rule)> {
         let mut out = Vec::new();
         let maps: Vec<Mapping> = space.code_mappings().cloned().collect();
         for m in maps {
@@ -232,6 +233,9 @@ impl Unwinder {
             };
             let range = m.offset..m.offset + (m.end - m.start);
             for (offset, rule) in learned::of(&id, range) {
+                if out.len() >= most {
+                    break;
+                }
                 let ra = m.start + (offset - m.offset);
                 if self.rules.insert(ra, rule).is_none() {
                     out.push((ra, rule));
@@ -241,6 +245,16 @@ impl Unwinder {
         self.stats.rules = self.rules.len();
         self.stats.seeded += out.len();
         out
+    }
+
+    /// Forgets rules [`seed`](Self::seed) gave that the kernel's map did
+    /// not take: they are computed again when a walk needs them.
+    pub fn forget(&mut self, ras: &[u64]) {
+        for ra in ras {
+            self.rules.remove(ra);
+        }
+        self.stats.rules = self.rules.len();
+        self.stats.seeded = self.stats.seeded.saturating_sub(ras.len());
     }
 
     fn file_id(&mut self, path: &str, space: &AddressSpace) -> Option<FileId> {

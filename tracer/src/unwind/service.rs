@@ -210,6 +210,7 @@ impl UnwindService {
         let ring = crate::probes::pool::ring(ebpf, maps::UNWIND_MISSES)?;
         let rules = crate::probes::pool::map_copy(ebpf, maps::UNWIND_RULES)?;
         let rules_fd = crate::probes::pool::map_fd(&rules)?;
+        let capacity = crate::probes::pool::hash_capacity(&rules)? as usize;
         let rules = BpfHashMap::try_from(rules)?;
         let full =
             aya::maps::Array::try_from(crate::probes::pool::map_copy(ebpf, maps::UNWIND_FULL)?)?;
@@ -221,14 +222,17 @@ impl UnwindService {
         unwinder.preload(&space.lock().unwrap());
         // Before the first call: the rules other processes of the run
         // learned for the same code, in the map and its cache at once (no
-        // walk runs yet: the cache needs no two-step update).
+        // walk runs yet: the cache needs no two-step update), in at most
+        // half the map: the rest is for what this process meets first.
         let seeding = std::time::Instant::now();
-        let seeded = unwinder.seed(&space.lock().unwrap());
+        let seeded = unwinder.seed(&space.lock().unwrap(), capacity / 2);
         let mut cached = std::collections::HashSet::new();
         if !seeded.is_empty() {
             let (ras, kept): (Vec<u64>, Vec<Rule>) = seeded.iter().copied().unzip();
             if let Err(e) = crate::probes::pool::update_batch(rules_fd, &ras, &kept) {
+                // Those the kernel lacks are learned again, as without.
                 log::debug!("unwind: {} rules learned before not given: {e}", ras.len());
+                unwinder.forget(&ras);
             }
             let (slots, slotted): (Vec<u32>, Vec<CachedRule>) = seeded
                 .iter()
