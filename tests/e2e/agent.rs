@@ -706,10 +706,16 @@ fn windows_budget_holds_for_the_process_that_pays_most() {
         "--",
         "sh",
         "-c",
-        &loop_beside_burner(7),
+        &loop_beside_burner(14),
     ]);
-    // Past the tree's start (a BPF object loaded for each new program).
-    std::thread::sleep(Duration::from_millis(2500));
+    // Past the tree's start (a BPF object loaded for each new program) and
+    // the first windows: the first has the tree's start in it, and the
+    // pause after it is sized from it (up to 15 times its length).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&agent.get("/metrics").1, "mtrace_windows_total").unwrap_or(0.0) < 3.0 {
+        assert!(Instant::now() < deadline, "no third window in 10 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_paid_by_the_loop(&agent);
     // The loop ends, then the shell and the agent with it.
     agent.mtrace.finish().assert_exit(0);
