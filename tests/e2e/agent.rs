@@ -762,9 +762,11 @@ fn loop_beside_burner(secs: u32) -> String {
 /// Over at least `secs` s of the agent's windows, and at least three of
 /// them (on a loaded machine a window's probes can take long to go in,
 /// and the pause after it is as much longer: at most `most` s): the highest
-/// slowdown is the loop's own (over 1.5), and the probes are in for about
-/// the budget's share of the time (10%; windows of 50 ms over 3 s: one
-/// window more or less is 2%).
+/// slowdown is the loop's own (over 1.5), and the probes are in for at
+/// most about the budget's share of the time (10%; windows of 50 ms over
+/// 3 s: one window more or less is 2%). Less is allowed: on a loaded
+/// machine the switches take long, and the pauses sized from them leave
+/// the probes in for less than the budget.
 fn assert_paid_by_the_loop(agent: &Agent, secs: u32, most: u64) {
     let (_, before) = agent.get("/metrics");
     let (_, _, _, w0) = windows_figures(&before);
@@ -792,7 +794,7 @@ fn assert_paid_by_the_loop(agent: &Agent, secs: u32, most: u64) {
     let (s1, _, in1, w1) = windows_figures(&text);
     let share = (in1 - in0) / (s1 - s0);
     assert!(
-        (0.04..0.16).contains(&share) && w1 - w0 >= 3.0,
+        (0.01..0.16).contains(&share) && w1 - w0 >= 3.0,
         "probes in {} s of {} s, {} windows",
         in1 - in0,
         s1 - s0,
