@@ -342,9 +342,39 @@ pub fn check_output_path(path: &Path) -> Result<()> {
 }
 
 /// Checks that files can be made in `dir`, as [`write_file`] makes them
-/// (a temporary, removed at once); not a directory is an error too.
+/// (an unnamed file, or where the file system has none a named temporary
+/// removed at once); not a directory is an error too. mtrace killed during
+/// the check leaves a name behind only on a file system without unnamed
+/// files.
 pub fn check_writable_dir(dir: &Path) -> std::io::Result<()> {
-    temporary_in(dir).map(drop)
+    match unnamed_in(dir)? {
+        Some(file) => drop(file),
+        None => drop(temporary_in(dir)?),
+    }
+    Ok(())
+}
+
+/// A file without a name in `dir` (`O_TMPFILE`), gone with its last
+/// descriptor whatever happens to mtrace; `None` when the file system
+/// has no unnamed files.
+fn unnamed_in(dir: &Path) -> std::io::Result<Option<std::fs::File>> {
+    let opened = OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    match opened {
+        Ok(f) => Ok(Some(f)),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// A fresh temporary of an unpredictable name in `dir`, created
@@ -446,28 +476,14 @@ pub fn write_file(path: &Path, what: &str, bytes: &[u8]) -> Result<()> {
 
 /// Writes `bytes` to `path` through a file that has no name until it is
 /// whole (`O_TMPFILE` in `dir`): mtrace killed while writing leaves
-/// nothing behind. Then it is linked under a hidden name and renamed over
-/// `path` (replacing whatever is there, a symbolic link or a FIFO
-/// included, never following it). False when the file system has no
+/// nothing behind. Then it is linked at `path` when nothing is there, or
+/// else under a hidden name renamed over `path` (replacing whatever is
+/// there, a symbolic link or a FIFO included, never following it). False when the file system has no
 /// unnamed files (the caller writes a named temporary file instead).
 fn write_unnamed(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
     use std::os::{fd::AsRawFd, unix::ffi::OsStrExt};
-    let opened = OpenOptions::new()
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE)
-        .open(dir);
-    let mut file = match opened {
-        Ok(f) => f,
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
-            ) =>
-        {
-            return Ok(false)
-        }
-        Err(e) => return Err(e),
+    let Some(mut file) = unnamed_in(dir)? else {
+        return Ok(false);
     };
     file.write_all(bytes)?;
     file.sync_all()?;
@@ -475,6 +491,27 @@ fn write_unnamed(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<bool>
     let c =
         |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
     let from = c(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd())))?;
+    let link = |to: &std::ffi::CStr| {
+        // SAFETY: two NUL-terminated paths that live across the call.
+        unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        }
+    };
+    // Nothing at `path`: the whole file gets its name in one step (a link
+    // never follows or replaces what is at its destination).
+    if link(&c(path)?) == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EEXIST) {
+        return Err(e);
+    }
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -483,18 +520,7 @@ fn write_unnamed(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<bool>
             ".mtrace-{}-{stamp:x}-{attempt}.tmp",
             std::process::id()
         ));
-        let to = c(&name)?;
-        // SAFETY: two NUL-terminated paths that live across the call.
-        let linked = unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                from.as_ptr(),
-                libc::AT_FDCWD,
-                to.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
-        };
-        if linked == 0 {
+        if link(&c(&name)?) == 0 {
             return std::fs::rename(&name, path)
                 .map(|()| true)
                 .inspect_err(|_| {
