@@ -456,9 +456,10 @@ fn python_leaks_by_line_in_live_mode() {
 /// through to malloc: counted once), `grow` a list by 5000 appends (its
 /// resizes at line 11, through PyMem_Realloc). Run with `oracle`, the script counts
 /// the same blocks with tracemalloc and prints them, and an object's size;
-/// with `wait`, it says `ready` and waits for a byte on stdin first.
+/// with `wait`, it says `ready` and waits for a byte on stdin first; with
+/// `exit`, it ends without freeing what it keeps (`os._exit`).
 const OBJECTS_SCRIPT: &str = "\
-import sys, itertools
+import os, sys, itertools
 class Obj:
     __slots__ = ()
 def make_objs(n):
@@ -471,7 +472,7 @@ def grow(n):
         keep.append(i)
     return keep
 oracle = sys.argv[1:] == ['oracle']
-if sys.argv[1:] == ['wait']:
+if 'wait' in sys.argv:
     print('ready', flush=True)
     sys.stdin.read(1)
 if oracle:
@@ -487,6 +488,8 @@ if oracle:
                    if t.traceback[0].filename == __file__
                    and t.traceback[0].lineno == line and t.size == size)
     print(count(5, sys.getsizeof(Obj())), count(7, 100001), sys.getsizeof(Obj()))
+if 'exit' in sys.argv:
+    os._exit(0)
 ";
 
 /// What tracemalloc counts running the script in its oracle mode: Obj
@@ -558,6 +561,25 @@ fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
     }
 }
 
+/// Debian's python3.11 (stripped, PGO and LTO: its allocator copied
+/// into its callers).
+const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
+
+/// The objects script in `dir` and what tracemalloc counts of it under
+/// [`DEBIAN_PYTHON`] (`None`: that interpreter is missing, outside CI).
+fn debian_objects_script(dir: &std::path::Path) -> Option<(PathBuf, Vec<u64>)> {
+    let path = dir.join("objects.py");
+    fs::write(&path, OBJECTS_SCRIPT).unwrap();
+    if !require(
+        std::path::Path::new(DEBIAN_PYTHON).exists(),
+        "Debian's python3.11 is missing",
+    ) {
+        return None;
+    }
+    let counts = tracemalloc_counts(DEBIAN_PYTHON, path.to_str().unwrap());
+    Some((path, counts))
+}
+
 /// Debian's python3.11 (PGO and LTO, stripped) copies pymalloc into its
 /// callers behind a guard on the allocator's function pointer: with
 /// `--python-objects` the copies are probed at their guards, and the
@@ -572,17 +594,10 @@ fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
 #[test]
 fn debian_python_objects_in_inlined_copies() {
     let dir = bpf_tempdir!();
-    let path = dir.path().join("objects.py");
-    fs::write(&path, OBJECTS_SCRIPT).unwrap();
-    let script = path.to_str().unwrap();
-    let py = "/usr/bin/python3.11";
-    if !require(
-        std::path::Path::new(py).exists(),
-        "Debian's python3.11 is missing",
-    ) {
+    let Some((path, counts)) = debian_objects_script(dir.path()) else {
         return;
-    }
-    let counts = tracemalloc_counts(py, script);
+    };
+    let (script, py) = (path.to_str().unwrap(), DEBIAN_PYTHON);
     let json = dir.path().join("m.json");
     let mut cmd = mtrace_command(&["-o", json.to_str().unwrap(), "--", py, script]);
     cmd.env("PYTHONMALLOC", "malloc");
@@ -626,6 +641,77 @@ fn debian_python_objects_in_inlined_copies() {
     let mut fx = FixtureProc::start(std::path::Path::new(py), &[script, "wait"]);
     let (out, p) = trace_by_pid(&mut fx, &["--python-objects"]);
     check(&out, &p, "by pid");
+}
+
+/// Live statistics (allocations, outstanding) over the stacks of `func`
+/// (any: "") whose innermost frame in the script is at `line` and whose
+/// blocks are all of `size` bytes (any size: `None`).
+fn live_at(p: &Profile, script: &str, func: &str, line: u64, size: Option<u64>) -> (u64, u64) {
+    p.allocs()
+        .filter(|s| func.is_empty() || s.function == func)
+        .filter(|s| size.is_none_or(|n| s.bytes == s.calls * n))
+        .filter(|s| chain_of(s, script).first().is_some_and(|f| f.1 == line))
+        .map(|s| {
+            let live = s.live.as_ref().expect("live statistics");
+            let n = |f: &str| live[f].as_u64().unwrap();
+            (n("allocations"), n("outstanding"))
+        })
+        .fold((0, 0), |(a, o), (x, y)| (a + x, o + y))
+}
+
+/// Live mode with `--python-objects` on Debian's python3.11, whose copies
+/// of pymalloc in their callers have no return to probe: each copy's
+/// block is taken where its code meets the path of the call through the
+/// pointer it guards, its frees at the guards of the copies of free, and
+/// its resizes where pymalloc moves a block. From launch and by pid (a
+/// process started before mtrace, without flags), the 1,000 objects are
+/// outstanding at their line as tracemalloc counts them, the 37 buffers
+/// once each, and of the list grown at line 11 its last array alone
+/// (every array it outgrew seen released). From launch, no free is of a
+/// block not seen allocated, none missed, no copy's call left unfinished.
+#[test]
+fn debian_python_objects_live_by_line() {
+    let dir = bpf_tempdir!();
+    let Some((path, counts)) = debian_objects_script(dir.path()) else {
+        return;
+    };
+    let (script, py) = (path.to_str().unwrap(), DEBIAN_PYTHON);
+    let check = |out: &crate::support::mtrace::Finished, p: &Profile, launched: bool| {
+        let d = format!("launched {launched}\n{}", out.describe());
+        let said = out
+            .stderr
+            .iter()
+            .filter(|l| {
+                l.contains("--python-objects")
+                    && l.contains("followed to where their block is known")
+            })
+            .count();
+        assert_eq!(said, 1, "{d}");
+        assert_eq!(
+            live_at(p, script, "PyObject_Malloc", 5, Some(counts[2])),
+            (counts[0], counts[0]),
+            "{d}"
+        );
+        assert_eq!(
+            live_at(p, script, "", 7, Some(100_001)),
+            (counts[1], counts[1]),
+            "{d}"
+        );
+        let (grown, kept) = live_at(p, script, "", 11, None);
+        assert!(grown > 10 && kept == 1, "{grown} {kept}\n{d}");
+        let live = &p.doc["live"];
+        let n = |f: &str| live[f].as_u64().unwrap_or(u64::MAX);
+        assert_eq!((n("stale"), n("inline_unfinished")), (0, 0), "{d}");
+        if launched {
+            assert_eq!(n("frees_unknown"), 0, "{d}");
+        }
+    };
+    let (out, p) = run_named(&["--live", "--python-objects", "--", py, script, "exit"]);
+    out.assert_exit(0);
+    check(&out, &p, true);
+    let mut fx = FixtureProc::start(std::path::Path::new(py), &[script, "wait", "exit"]);
+    let (out, p) = trace_by_pid(&mut fx, &["--live", "--python-objects"]);
+    check(&out, &p, false);
 }
 
 /// memray as the oracle: `memray run` and `memray stats` on the chain

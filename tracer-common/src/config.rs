@@ -7,7 +7,7 @@ use crate::{PythonLayout, EXP_TABLE_LEN, WEIGHT_TABLE_LEN};
 pub const MAX_BODY_RANGES: usize = 64;
 
 /// Most ranges of [`ProcessConfig::free_bodies`].
-pub const MAX_FREE_BODIES: usize = 8;
+pub const MAX_FREE_BODIES: usize = MAX_BODY_RANGES;
 
 /// Address range `[start, end)` of an allocator function in the target.
 #[repr(C)]

@@ -71,5 +71,9 @@ pub mod counter {
     pub const PY_NO_INTERPRETER: u32 = MAP_FULL + 21;
     pub const PY_NO_THREAD_STATE: u32 = MAP_FULL + 22;
     pub const PY_NO_CODE_RUNNING: u32 = MAP_FULL + 23;
-    pub const N: u32 = MAP_FULL + 24;
+    /// Live mode: calls of inlined copies of CPython's allocator whose
+    /// block was never taken (the copy left by a way not probed: a failed
+    /// allocation, or a place the tracer did not find).
+    pub const INLINE_UNFINISHED: u32 = MAP_FULL + 24;
+    pub const N: u32 = MAP_FULL + 25;
 }

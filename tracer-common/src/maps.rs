@@ -63,13 +63,14 @@ pub const HOST_EXECS: &str = "HOST_EXECS";
 pub const HOST_SELF: &str = "HOST_SELF";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 24] = [
+pub const ALL_MAPS: [&str; 25] = [
     COUNTS,
     STACKS,
     COUNTERS,
     THREAD_NAMES,
     COUNTDOWN,
     "PENDING",
+    "INLINE_PENDING",
     UNWIND_RULES,
     RULE_CACHE,
     UNWIND_MISSES,
@@ -98,6 +99,10 @@ pub const HOST_EXEC: &str = "host_exec";
 /// The inlined copies of CPython's object allocator (`--python-objects`
 /// on a build that copied it into its callers).
 pub const ALLOC_INLINE: &str = "alloc_inline";
+/// Live mode: where an inlined copy's block is known.
+pub const ALLOC_INLINE_RET: &str = "alloc_inline_ret";
+/// The inlined copies of CPython's `_PyObject_Free`.
+pub const RELEASE_INLINE: &str = "release_inline";
 
 /// The benchmark's floor: a program that does nothing, attached where the
 /// real entry probes go, and its return-probe twin.

@@ -69,6 +69,14 @@ pub const ARG_REGS: [ArgReg; 15] = [
 /// argument 0 where the argument bits say.
 pub const COOKIE_INLINE_SIZE_SHIFT: u32 = 40;
 
+/// The constant size's bits (from [`COOKIE_INLINE_SIZE_SHIFT`]).
+pub const COOKIE_INLINE_SIZE_MASK: u64 = 0xfff;
+
+/// An inlined copy's number in live mode, from bit 52 (never 0), in the
+/// cookies of its guard and of the place its block is known: the second
+/// takes up the call the first began only if it is the same copy's.
+pub const COOKIE_INLINE_ID_SHIFT: u32 = 52;
+
 /// The largest request CPython's object allocator (pymalloc) serves itself
 /// (`SMALL_REQUEST_THRESHOLD`); a larger one, or 0, falls through to
 /// `malloc`, which counts it.

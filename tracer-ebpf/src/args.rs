@@ -5,7 +5,8 @@ use aya_ebpf::{
     bindings::pt_regs, helpers::bpf_probe_read_kernel, programs::ProbeContext, EbpfContext,
 };
 use tracer_common::{
-    Role, COOKIE_ARGS_SHIFT, COOKIE_INLINE_SIZE_SHIFT, COOKIE_ROLE_SHIFT, MAX_FUNCS,
+    Role, COOKIE_ARGS_SHIFT, COOKIE_INLINE_SIZE_MASK, COOKIE_INLINE_SIZE_SHIFT, COOKIE_ROLE_SHIFT,
+    MAX_FUNCS,
 };
 
 /// What an entry probe passes on to the return probe in live mode.
@@ -18,7 +19,7 @@ pub(crate) struct ReturnArgs {
 impl ReturnArgs {
     /// What a call that releases or resizes `ptr` passes on.
     #[inline(always)]
-    fn resizing(ptr: u64) -> ReturnArgs {
+    pub(crate) fn resizing(ptr: u64) -> ReturnArgs {
         ReturnArgs {
             old_ptr: ptr,
             memptr: 0,
@@ -61,6 +62,25 @@ pub(crate) fn probe_arg(ctx: &ProbeContext, cookie: u64, n: usize) -> u64 {
     unsafe { bpf_probe_read_kernel(at) }.unwrap_or(0)
 }
 
+/// The block an inlined copy's probe reads: argument 0 where the cookie
+/// says, or when the cookie's bits from `COOKIE_INLINE_SIZE_SHIFT` are
+/// not 0, in memory that many bytes less 1 past that register (code 0:
+/// the stack pointer).
+#[inline(always)]
+pub(crate) fn block_arg(ctx: &ProbeContext, cookie: u64) -> u64 {
+    let at = (cookie >> COOKIE_INLINE_SIZE_SHIFT) & COOKIE_INLINE_SIZE_MASK;
+    if at == 0 {
+        return probe_arg(ctx, cookie, 0);
+    }
+    let base = if (cookie >> COOKIE_ARGS_SHIFT) & 0xf == 0 {
+        unsafe { (*ctx.regs).rsp }
+    } else {
+        probe_arg(ctx, cookie, 0)
+    };
+    let addr = base.wrapping_add(at - 1);
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
+}
+
 /// The probe's attach cookie: the function's index in the run's function
 /// table, its role and where the probe finds its arguments.
 #[inline(always)]
@@ -88,9 +108,14 @@ pub(crate) fn call_args(ctx: &ProbeContext, cookie: u64) -> (u64, ReturnArgs) {
     let role = (cookie >> COOKIE_ROLE_SHIFT) & 0xff;
     // An inlined copy of CPython's object allocator whose size the
     // compiler made a constant.
-    let fixed = cookie >> COOKIE_INLINE_SIZE_SHIFT;
+    let fixed = (cookie >> COOKIE_INLINE_SIZE_SHIFT) & COOKIE_INLINE_SIZE_MASK;
     if fixed != 0 && cookie != NO_COOKIE {
-        (fixed, ReturnArgs::default())
+        let extra = if role == Role::Resize as u64 {
+            ReturnArgs::resizing(probe_arg(ctx, cookie, 0))
+        } else {
+            ReturnArgs::default()
+        };
+        (fixed, extra)
     } else if role == Role::CountSize as u64 {
         // `f(n, size)`: calloc.
         (

@@ -4,19 +4,20 @@
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
-    programs::RetProbeContext,
+    programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use tracer_common::{
-    counter, AllocEvent, CountKey, FreeEvent, LostFree, Pending, Role, EVENT_ALLOC, EVENT_FREE,
-    EVENT_RINGS,
+    counter, AllocEvent, CountKey, FreeEvent, LostFree, Pending, Role, COOKIE_INLINE_ID_SHIFT,
+    EVENT_ALLOC, EVENT_FREE, EVENT_RINGS,
 };
 
 use crate::{
     aggregate::bump_counter,
-    args::{cookie_func, ReturnArgs},
+    args::{attach_cookie, block_arg, cookie_func, ReturnArgs},
     maps::{
-        EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7, LOST_FREES, PENDING,
+        EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7, INLINE_PENDING,
+        LOST_FREES, PENDING,
     },
 };
 
@@ -73,6 +74,34 @@ pub(crate) fn complete_alloc(ctx: &RetProbeContext, role: Role) -> u32 {
         ret
     };
     let resizes = role == Role::Resize || role == Role::ResizeArray;
+    send_alloc(&pending, ptr, resizes);
+    0
+}
+
+/// Live mode: an inlined copy of CPython's malloc or calloc has its block,
+/// in the register (or stack slot) its cookie names, at the first place its code shares with the
+/// call through the pointer that its guard passed over. The call its guard
+/// began is taken up here if it is this copy's (the same number): the
+/// call's path, run when the guard found a hook, reaches the same place
+/// with the guard's entry cleared.
+#[inline(always)]
+pub(crate) fn complete_inline_alloc(ctx: &ProbeContext) -> u32 {
+    let cookie = attach_cookie(ctx);
+    let pending = match INLINE_PENDING.current(false) {
+        Some(p) if p.active != 0 && p.memptr == cookie >> COOKIE_INLINE_ID_SHIFT => {
+            p.active = 0;
+            *p
+        }
+        _ => return 0,
+    };
+    send_alloc(&pending, block_arg(ctx, cookie), false);
+    0
+}
+
+/// Sends the allocation `pending` made: its block `ptr` (0: it failed) and,
+/// for a resize, the block it released.
+#[inline(always)]
+fn send_alloc(pending: &Pending, ptr: u64, resizes: bool) {
     // The old block is gone when the call moved it, or freed it
     // (realloc(p, 0)); a failed resize leaves it.
     let released = if resizes && (ptr != 0 || pending.size == 0) {
@@ -84,7 +113,7 @@ pub(crate) fn complete_alloc(ctx: &RetProbeContext, role: Role) -> u32 {
         bump_counter(counter::FAILED, 1);
     }
     if ptr == 0 && released == 0 {
-        return 0;
+        return;
     }
     let sent = send_event(|ts| AllocEvent {
         kind: EVENT_ALLOC,
@@ -100,7 +129,6 @@ pub(crate) fn complete_alloc(ctx: &RetProbeContext, role: Role) -> u32 {
     if !sent && released != 0 {
         keep_free(released, Some(pending.entry_ts));
     }
-    0
 }
 
 /// Live mode: `ptr` was freed.

@@ -63,8 +63,8 @@ use tracer_common::Role;
 
 use crate::{
     args::{attach_cookie, probe_arg},
-    live::complete_alloc,
-    record::{record_alloc, record_free, record_inline_alloc},
+    live::{complete_alloc, complete_inline_alloc},
+    record::{record_alloc, record_free, record_inline_alloc, record_inline_free},
 };
 
 /// Every allocating entry point, whatever its role (the cookie says which:
@@ -83,6 +83,20 @@ pub fn alloc(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn alloc_inline(ctx: ProbeContext) -> u32 {
     record_inline_alloc(&ctx)
+}
+
+/// Live mode: where an inlined copy's block is known, past its guard (see
+/// `live::complete_inline_alloc`).
+#[uprobe]
+pub fn alloc_inline_ret(ctx: ProbeContext) -> u32 {
+    complete_inline_alloc(&ctx)
+}
+
+/// A copy of CPython's `_PyObject_Free` inlined into its caller, probed
+/// at its guard's branch (see `record::record_inline_free`).
+#[uprobe]
+pub fn release_inline(ctx: ProbeContext) -> u32 {
+    record_inline_free(&ctx)
 }
 
 /// `f(ptr)`: free.

@@ -176,6 +176,14 @@ pub(crate) static COUNTDOWN: PerCpuArray<i64> = PerCpuArray::with_max_entries(1,
 #[unsafe(export_name = "PENDING")]
 pub(crate) static PENDING: TaskStorage<Pending> = TaskStorage::new();
 
+/// Live mode: a thread's call of an inlined copy of CPython's allocator,
+/// from its guard to where its block is known (`memptr` holds the copy's
+/// number). Apart from [`PENDING`]: a copy left another way (a failed
+/// allocation) leaves an entry no later call is taken for nested in.
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "INLINE_PENDING")]
+pub(crate) static INLINE_PENDING: TaskStorage<Pending> = TaskStorage::new();
+
 /// Host scope: per (process, function, caller's place in its file), calls
 /// and bytes. Per CPU; not preallocated (size set by the tracer).
 #[map]

@@ -3,7 +3,7 @@
 //! not counted again.
 
 use tracer_common::{
-    BodyRange, EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES, MAX_FREE_BODIES,
+    BodyRange, EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES,
 };
 
 use crate::{
@@ -59,19 +59,11 @@ pub(crate) fn in_free_body(addr: u64) -> bool {
     let Some(p) = PROCESS.get_ptr(0) else {
         return false;
     };
-    let n = unsafe { (*p).n_free_bodies } as usize;
-    let mut i = 0;
-    while i < MAX_FREE_BODIES {
-        if i >= n {
-            break;
-        }
-        let r = unsafe { (*p).free_bodies[i] };
-        if addr >= r.start && addr < r.end {
-            return true;
-        }
-        i += 1;
-    }
-    false
+    in_ranges(
+        unsafe { &(*p).free_bodies },
+        unsafe { (*p).n_free_bodies } as usize,
+        addr,
+    )
 }
 
 /// Is this call a tail call from another allocator function that was

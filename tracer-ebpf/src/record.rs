@@ -9,16 +9,16 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    counter, stop, CountKey, Role, WalkScratch, COOKIE_ROLE_SHIFT, MAX_FUNCS, PYMALLOC_MAX,
-    SAMPLE_NONE, WEIGHT_ONE,
+    counter, stop, CountKey, Role, WalkScratch, COOKIE_INLINE_ID_SHIFT, COOKIE_ROLE_SHIFT,
+    MAX_FUNCS, PYMALLOC_MAX, SAMPLE_NONE, WEIGHT_ONE,
 };
 
 use crate::{
     aggregate::{bump_counter, count_call, insert_count, name_thread, EEXIST},
-    args::{attach_cookie, call_args, NO_COOKIE},
+    args::{attach_cookie, block_arg, call_args, NO_COOKIE},
     handover::send_miss,
     live::{send_free, set_pending},
-    maps::{config_u32, enabled, CONFIG, PENDING, STACKS},
+    maps::{config_u32, enabled, CONFIG, INLINE_PENDING, PENDING, STACKS},
     memo::{memo_count, memo_find, memo_frames},
     nesting::{in_allocator_body, in_free_body, tail_called},
     python::{append_python, python_key, python_layout, read_python, send_python_notice},
@@ -98,9 +98,21 @@ const ZF: u64 = 1 << 6;
 /// through to `malloc`, which counts it; a copy of realloc counts every
 /// call, as a probe at `PyObject_Realloc`'s entry would. The call is its
 /// caller's frame, at the guard: the walk starts there.
+///
+/// In live mode the call is completed where the copy's block is known
+/// (`live::complete_inline_alloc`); a guard passed the other way, or a
+/// request the copy hands to `malloc`, leaves nothing for it to complete.
 #[inline(always)]
 pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
-    if !enabled() || unsafe { (*ctx.regs).eflags } & ZF == 0 {
+    if !enabled() {
+        return 0;
+    }
+    let live = config_u32(&CONFIG.live) != 0;
+    let runs = unsafe { (*ctx.regs).eflags } & ZF != 0;
+    if !runs {
+        if live {
+            clear_inline_pending();
+        }
         return 0;
     }
     let cookie = attach_cookie(ctx);
@@ -110,6 +122,9 @@ pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
     // return addresses allocator bodies).
     let resize = (cookie >> COOKIE_ROLE_SHIFT) & 0xff == Role::Resize as u64;
     if !resize && (size == 0 || size > PYMALLOC_MAX) {
+        if live {
+            clear_inline_pending();
+        }
         return 0;
     }
     let mut weight = WEIGHT_ONE;
@@ -122,6 +137,43 @@ pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
     let scratch = take_scratch(ctx);
     record_alloc_with_scratch(ctx, scratch, cookie, weight, true);
     give_back_scratch(scratch);
+    0
+}
+
+/// Live mode: no call of an inlined copy in flight on this thread (one
+/// still in flight was never completed: counted).
+#[inline(always)]
+fn clear_inline_pending() {
+    if let Some(p) = INLINE_PENDING.current(false) {
+        if p.active != 0 {
+            p.active = 0;
+            bump_counter(counter::INLINE_UNFINISHED, 1);
+        }
+    }
+}
+
+/// A copy of CPython's `_PyObject_Free` inlined into its caller, probed at
+/// its guard's branch: with the zero flag set the copy runs and frees the
+/// block in the register the cookie names (or, from bit
+/// `COOKIE_INLINE_SIZE_SHIFT`, in the stack that many bytes up). The calls of the C library's
+/// `free` it makes (a block pymalloc does not own) are this free (the
+/// tracer makes their return addresses free bodies).
+#[inline(always)]
+pub(crate) fn record_inline_free(ctx: &ProbeContext) -> u32 {
+    if !enabled() || unsafe { (*ctx.regs).eflags } & ZF == 0 {
+        return 0;
+    }
+    let cookie = attach_cookie(ctx);
+    if config_u32(&CONFIG.sample_mode) == SAMPLE_NONE {
+        bump_counter(counter::CALLS + ((cookie as u32) & (MAX_FUNCS - 1)), 1);
+    }
+    if config_u32(&CONFIG.live) == 0 {
+        return 0;
+    }
+    let ptr = block_arg(ctx, cookie);
+    if ptr != 0 {
+        send_free(ptr);
+    }
     0
 }
 
@@ -191,6 +243,15 @@ pub(crate) fn record_alloc_with_scratch(
             Some(_) => {}
             None => bump_counter(counter::PENDING_FULL, 1),
         }
+        if inline {
+            // An inlined copy's call waits in its own entry.
+            pending = INLINE_PENDING.current(true);
+            match &pending {
+                Some(p) if p.active != 0 => bump_counter(counter::INLINE_UNFINISHED, 1),
+                Some(_) => {}
+                None => bump_counter(counter::PENDING_FULL, 1),
+            }
+        }
     } else if tail_called(scratch, sp, caller, ip) {
         bump_counter(counter::NESTED, 1);
         return;
@@ -220,7 +281,11 @@ pub(crate) fn record_alloc_with_scratch(
         }
     }
     let func = (cookie as u32) & (MAX_FUNCS - 1);
-    let (size, extra) = call_args(ctx, cookie);
+    let (size, mut extra) = call_args(ctx, cookie);
+    if inline {
+        // The copy's number: only its own place takes the call up.
+        extra.memptr = cookie >> COOKIE_INLINE_ID_SHIFT;
+    }
     let (calls_inc, bytes_inc) = if sampled {
         bump_counter(counter::SAMPLES, 1);
         (weight, weighted_bytes(size, weight))

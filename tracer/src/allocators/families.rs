@@ -157,10 +157,21 @@ pub const ENTRIES: &[Entry] = &[
     e("PyMem_Free", Role::Free),
 ];
 
-/// CPython's entry points of [`ENTRIES`]: probed only when asked for.
+/// CPython's entry points of [`ENTRIES`] (and [`PYMALLOC_STATIC`]):
+/// probed only when asked for.
 pub fn is_python(entry: &Entry) -> bool {
-    entry.symbol.starts_with("PyObject_") || entry.symbol.starts_with("PyMem_")
+    entry.symbol.starts_with("PyObject_")
+        || entry.symbol.starts_with("PyMem_")
+        || entry.symbol.starts_with("_PyObject_")
 }
+
+/// CPython's static `_PyObject_Malloc` and `_PyObject_Free`, found by the
+/// guards of a build that inlined its allocator (no symbol names them):
+/// probed in live mode where its copies of realloc call them.
+pub static PYMALLOC_STATIC: [Entry; 2] = [
+    e("_PyObject_Malloc", Role::Size),
+    e("_PyObject_Free", Role::Free),
+];
 
 /// What CPython's allocator entry points reach malloc through where the
 /// build is not one function (pyenv's: `PyObject_Malloc` -> pointer ->

@@ -38,14 +38,36 @@ pub enum SizeAt {
     /// A copy of realloc: the block's register (0: not known; count mode
     /// does not read it) and the new size's, or the size as a constant.
     Resize { ptr: u64, size: u64, fixed: u64 },
+    /// A copy of free: the block's register.
+    Block(u64),
+    /// A copy of free: the block is in the stack, this many bytes above
+    /// the stack pointer at the guard.
+    StackBlock(u64),
+}
+
+/// Where a copy of malloc's (calloc's) block is, for live mode: the first address
+/// its path shares with the call through the pointer's, and the register
+/// (its code in `tracer_common::ARG_REGS`) that holds the block there on
+/// both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockAt {
+    pub vaddr: u64,
+    pub file_offset: u64,
+    pub reg: u64,
+    /// Not 0: the block is in memory, this less 1 bytes past the register
+    /// `reg` names (0: the stack pointer).
+    pub at_disp: u64,
 }
 
 /// One guard's branch, to probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InlineSite {
     pub vaddr: u64,
     pub file_offset: u64,
     pub size: SizeAt,
+    /// A copy of malloc or calloc: where its block is known, on each of
+    /// its ways (none found: empty).
+    pub blocks: Vec<BlockAt>,
 }
 
 impl InlineSite {
@@ -63,6 +85,12 @@ impl InlineSite {
                 (ptr | size << 4) << COOKIE_ARGS_SHIFT
                     | fixed << COOKIE_INLINE_SIZE_SHIFT
                     | (Role::Resize as u64) << COOKIE_ROLE_SHIFT
+            }
+            SizeAt::Block(code) => {
+                code << COOKIE_ARGS_SHIFT | (Role::Free as u64) << COOKIE_ROLE_SHIFT
+            }
+            SizeAt::StackBlock(offset) => {
+                (offset + 1) << COOKIE_INLINE_SIZE_SHIFT | (Role::Free as u64) << COOKIE_ROLE_SHIFT
             }
         }
     }
@@ -90,6 +118,9 @@ pub enum Kind {
     /// `_PyObject_Malloc` it calls makes) being the same call (see
     /// [`Inlined::nested`]).
     Realloc,
+    /// `(ptr)`: live mode's frees (and count mode's when frees are
+    /// counted).
+    Free,
 }
 
 /// The guards found.
@@ -108,6 +139,9 @@ pub struct Inlined {
     /// the C library's allocator (through its PLT), which are the copy's
     /// own call.
     pub nested: Vec<u64>,
+    /// The same for the copies of free: their calls of the C library's
+    /// `free` free the block the copy was called for.
+    pub nested_frees: Vec<u64>,
 }
 
 /// The first guard in the function at `vaddr` (an exported
@@ -220,6 +254,15 @@ impl<'a> Text<'a> {
         Text(sections, slots)
     }
 
+    /// The file offset of the code at `vaddr`.
+    fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        let s = self
+            .0
+            .iter()
+            .find(|s| vaddr >= s.address && vaddr - s.address < s.data.len() as u64)?;
+        Some(s.file_offset + (vaddr - s.address))
+    }
+
     /// Is `target` a PLT stub that jumps to an allocator function of
     /// another object (`jmp *slot(%rip)`, after an `endbr64`)?
     fn allocator_stub(&self, target: u64) -> bool {
@@ -240,6 +283,10 @@ impl<'a> Text<'a> {
     }
 }
 
+/// The largest constant new size of a copy of realloc its cookie holds
+/// (bits 40 to 51; the guard's number is above them).
+const MAX_FIXED: u64 = 0xfff;
+
 /// Most instructions looked at from a copy of realloc for its calls.
 const MAX_REGION: usize = 1024;
 /// How far past its guard a copy's code is looked for.
@@ -248,8 +295,8 @@ const REGION_SPAN: u64 = 0x800;
 /// The return addresses of the calls of the C library's allocator made
 /// in the copy that starts at `from` (its guard's branch at `guard`):
 /// every path from there, both ways at each branch, up to a return, an
-/// indirect jump, a jump back before the guard or [`REGION_SPAN`] past
-/// it. The host function's code after the copy is in that region too: a
+/// indirect jump, the guard, a jump back before the copy's start or
+/// [`REGION_SPAN`] past it. The host function's code after the copy is in that region too: a
 /// call of `malloc` of its own there would be taken for the copy's.
 fn library_calls(code: &Text, from: u64, guard: u64) -> Vec<u64> {
     let mut out = Vec::new();
@@ -257,7 +304,7 @@ fn library_calls(code: &Text, from: u64, guard: u64) -> Vec<u64> {
     let mut todo = vec![from];
     while let Some(mut ip) = todo.pop() {
         while seen.len() < MAX_REGION {
-            if ip < guard || ip > guard + REGION_SPAN || seen.contains(&ip) {
+            if ip < from || ip > from + REGION_SPAN || ip == guard || seen.contains(&ip) {
                 break;
             }
             seen.insert(ip);
@@ -331,17 +378,376 @@ fn decode_at(code: &Text, ip: u64) -> Option<Instruction> {
 enum Value {
     Reg(Register),
     Const(u64),
+    /// The 8 bytes at this offset from the stack pointer.
+    Stack(u64),
     Unknown,
 }
 
 /// Most instructions followed from a branch to its indirect call.
 const MAX_FOLLOW: usize = 24;
 
+/// Most instructions of the call's path followed from its return.
+const MAX_CALL_PATH: usize = 96;
+
+/// Most instructions a copy's own paths may take before they meet the
+/// call's path (pymalloc's fast path, its slow paths and their failures):
+/// a copy that looks bigger met it somewhere not followed.
+const MAX_COPY: usize = 400;
+
+/// Where the call's result is at one address of its paths.
+struct Step {
+    ip: u64,
+    held: Vec<Register>,
+    slots: Vec<(Register, u64)>,
+}
+
+/// The call through the pointer's paths from its return at `ret`, each
+/// address with where the call's result is there (registers, and memory
+/// at a register plus a displacement: a stack slot, a structure's field):
+/// moves and stores followed; past a test of the result for NULL, the
+/// non-NULL way; past other branches, both; over calls (keeping the
+/// callee-saved registers and the stack slots); up to a return, an
+/// indirect jump or [`MAX_CALL_PATH`] addresses in all.
+fn call_path(code: &Text, ret: u64) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::new();
+    let mut info = InstructionInfoFactory::new();
+    let mut todo = std::collections::VecDeque::from([(ret, vec![Register::RAX], Vec::new())]);
+    while let Some((mut ip, mut held, mut slots)) = todo.pop_front() {
+        let mut tested = false;
+        while out.len() < MAX_CALL_PATH && out.iter().all(|s| s.ip != ip) {
+            if held.is_empty() && slots.is_empty() {
+                break;
+            }
+            out.push(Step {
+                ip,
+                held: held.clone(),
+                slots: slots.clone(),
+            });
+            let Some(insn) = decode_at(code, ip) else {
+                break;
+            };
+            match insn.flow_control() {
+                FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
+                    ip = insn.near_branch_target();
+                    continue;
+                }
+                FlowControl::ConditionalBranch if tested => {
+                    ip = match insn.mnemonic() {
+                        Mnemonic::Jne => insn.near_branch_target(),
+                        Mnemonic::Je => insn.next_ip(),
+                        _ => break,
+                    };
+                    tested = false;
+                    continue;
+                }
+                FlowControl::ConditionalBranch => {
+                    todo.push_back((insn.near_branch_target(), held.clone(), slots.clone()));
+                    ip = insn.next_ip();
+                    continue;
+                }
+                FlowControl::Call | FlowControl::IndirectCall => {
+                    held.retain(|r| callee_saved(*r));
+                    slots.retain(|(base, _)| *base == Register::RSP);
+                    tested = false;
+                    ip = insn.next_ip();
+                    continue;
+                }
+                FlowControl::Next => {}
+                _ => break,
+            }
+            let reg = |i: u32| {
+                (insn.op_kind(i) == OpKind::Register && insn.op_register(i).is_gpr64())
+                    .then(|| insn.op_register(i))
+            };
+            if insn.rflags_modified() != 0 {
+                tested = insn.mnemonic() == Mnemonic::Test
+                    && reg(0).is_some_and(|r| reg(1) == Some(r) && held.contains(&r));
+            }
+            let copied = (insn.mnemonic() == Mnemonic::Mov)
+                .then(|| (reg(0), reg(1)))
+                .and_then(|(d, s)| Some((d?, s?)))
+                .filter(|(_, s)| held.contains(s))
+                .map(|(d, _)| d);
+            // `mov %reg, disp(%base)` of the block: a slot holding it.
+            let stored = (insn.mnemonic() == Mnemonic::Mov
+                && insn.op0_kind() == OpKind::Memory
+                && insn.memory_base().is_gpr64()
+                && insn.memory_index() == Register::None
+                && insn.memory_displacement64() < MAX_FIXED
+                && reg(1).is_some_and(|r| held.contains(&r)))
+            .then(|| (insn.memory_base(), insn.memory_displacement64()));
+            for u in info.info(&insn).used_registers() {
+                if writes(u.access()) {
+                    let r = u.register().full_register();
+                    held.retain(|h| *h != r);
+                    slots.retain(|(base, _)| *base != r);
+                }
+            }
+            // A store over a slot, of anything else, ends it.
+            if insn.op0_kind() == OpKind::Memory && stored.is_none() {
+                slots.retain(|s| *s != (insn.memory_base(), insn.memory_displacement64()));
+            }
+            held.extend(copied);
+            slots.extend(stored);
+            ip = insn.next_ip();
+        }
+    }
+    out
+}
+
+/// Registers a call leaves as they were.
+fn callee_saved(r: Register) -> bool {
+    matches!(
+        r,
+        Register::RBX
+            | Register::RBP
+            | Register::R12
+            | Register::R13
+            | Register::R14
+            | Register::R15
+    )
+}
+
+/// Where a copy of malloc's block is known: each place where one of the
+/// copy's own paths (from `start`) meets the path of the call through the
+/// pointer (which returns to `ret`), and where the block is there. At
+/// such a place the block is where the call's path keeps the call's
+/// result: the register of those that the code there reads first; or,
+/// when no register says, the one stack slot it was stored to. `None`
+/// when the copy's paths take more than [`MAX_COPY`] instructions to meet
+/// it (one of them met it further on), or a place has no such location.
+fn merges_of(code: &Text, start: u64, guard: u64, ret: u64) -> Option<Vec<(u64, Held)>> {
+    let path = call_path(code, ret);
+    let mut seen = std::collections::HashSet::new();
+    let mut met = Vec::new();
+    let mut todo = vec![start];
+    while let Some(mut ip) = todo.pop() {
+        loop {
+            if let Some(at) = path.iter().position(|step| step.ip == ip) {
+                if !met.contains(&at) {
+                    met.push(at);
+                }
+                break;
+            }
+            if ip == guard || !seen.insert(ip) {
+                break;
+            }
+            if seen.len() > MAX_COPY {
+                todo.clear();
+                break;
+            }
+            let insn = decode_at(code, ip)?;
+            match insn.flow_control() {
+                FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
+                    ip = insn.near_branch_target();
+                    continue;
+                }
+                FlowControl::ConditionalBranch => todo.push(insn.near_branch_target()),
+                FlowControl::Next | FlowControl::Call | FlowControl::IndirectCall => {}
+                _ => break,
+            }
+            ip = insn.next_ip();
+        }
+    }
+    met.sort_unstable();
+    let found: Vec<(u64, Held)> = met
+        .into_iter()
+        .filter_map(|at| {
+            let Step { ip, held, slots } = &path[at];
+            let h = match (read_first(code, *ip, held.clone()), slots.as_slice()) {
+                (Some(r), _) => Held::Reg(r),
+                (None, [(base, disp)]) => Held::Mem(*base, *disp),
+                _ => return None,
+            };
+            Some((*ip, h))
+        })
+        .collect();
+    (!found.is_empty()).then_some(found)
+}
+
+/// Most instructions of a copy's fast path looked at.
+const MAX_FAST: usize = 64;
+
+/// The copy's fast path from `start`: each branch not taken (the layout a
+/// compiler gives the likely way), jumps followed, up to a return, an
+/// indirect jump, a call, its guard's branch at `guard` or [`MAX_FAST`]
+/// instructions.
+fn fast_path(code: &Text, start: u64, guard: u64) -> Vec<Instruction> {
+    let mut out: Vec<Instruction> = Vec::new();
+    let mut ip = start;
+    while out.len() < MAX_FAST && ip != guard && out.iter().all(|i| i.ip() != ip) {
+        let Some(insn) = decode_at(code, ip) else {
+            break;
+        };
+        out.push(insn);
+        match insn.flow_control() {
+            FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
+                ip = insn.near_branch_target();
+            }
+            FlowControl::Next | FlowControl::ConditionalBranch => ip = insn.next_ip(),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Where pymalloc's fast path has its block, on a copy's fast path that
+/// never meets the call's (the code after it duplicated on each side):
+/// past `bp = pool->freeblock` (`mov disp(%pool), %R`), `next = *bp`
+/// (`mov (%R), %X`), and the test of `next` for NULL (`test %X, %X; je`),
+/// where its slow paths come back, with the block still in `R`.
+fn fast_exit(fast: &[Instruction]) -> Option<(u64, Register)> {
+    let mut info = InstructionInfoFactory::new();
+    let mut bp: Option<Register> = None;
+    let mut next: Option<Register> = None;
+    let mut tested = false;
+    for insn in fast {
+        let dst = (insn.op0_kind() == OpKind::Register && insn.op0_register().is_gpr64())
+            .then(|| insn.op0_register());
+        if tested {
+            return (insn.mnemonic() == Mnemonic::Je)
+                .then_some(bp)
+                .flatten()
+                .map(|r| (insn.next_ip(), r));
+        }
+        let load = insn.mnemonic() == Mnemonic::Mov
+            && insn.op1_kind() == OpKind::Memory
+            && insn.memory_index() == Register::None;
+        let (was_bp, was_next) = (bp, next);
+        for u in info.info(insn).used_registers() {
+            if writes(u.access()) {
+                let r = u.register().full_register();
+                if bp == Some(r) {
+                    bp = None;
+                }
+                if next == Some(r) {
+                    next = None;
+                }
+            }
+        }
+        match dst {
+            Some(d)
+                if load
+                    && insn.memory_displacement64() == 0
+                    && Some(insn.memory_base()) == was_bp =>
+            {
+                bp = was_bp;
+                next = Some(d);
+            }
+            Some(d) if load && insn.memory_displacement64() != 0 && was_next.is_none() => {
+                bp = Some(d);
+            }
+            _ => {}
+        }
+        tested = insn.mnemonic() == Mnemonic::Test
+            && next.is_some()
+            && insn.op0_kind() == OpKind::Register
+            && insn.op1_kind() == OpKind::Register
+            && Some(insn.op0_register()) == next
+            && Some(insn.op1_register()) == next;
+    }
+    None
+}
+
+/// [`merges_of`] as probe places, and where a fast path that meets none
+/// of them has its block ([`fast_exit`]); none when not found.
+fn blocks_of(code: &Text, start: u64, guard: u64, ret: u64) -> Vec<BlockAt> {
+    let mut merges = merges_of(code, start, guard, ret).unwrap_or_default();
+    let fast = fast_path(code, start, guard);
+    if !fast
+        .iter()
+        .any(|i| merges.iter().any(|(at, _)| *at == i.ip()))
+    {
+        merges.extend(fast_exit(&fast).map(|(at, r)| (at, Held::Reg(r))));
+    }
+    let found = (!merges.is_empty()).then_some(merges).and_then(|merges| {
+        merges
+            .into_iter()
+            .map(|(at, h)| {
+                let (reg, at_disp) = match h {
+                    Held::Reg(r) => (reg_code(r)?, 0),
+                    Held::Mem(Register::RSP, d) => (0, d + 1),
+                    Held::Mem(base, d) => (reg_code(base)?, d + 1),
+                };
+                Some(BlockAt {
+                    vaddr: at,
+                    file_offset: code.file_offset(at)?,
+                    reg,
+                    at_disp,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+    });
+    found.unwrap_or_default()
+}
+
+/// Where a block is: a register, or memory at a register plus a
+/// displacement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    Reg(Register),
+    Mem(Register, u64),
+}
+
+/// Which of `held` the code from `at` reads before it writes it (the
+/// value there on every path that meets at `at`), following jumps, calls
+/// (which leave only the callee-saved registers) and the fall-through of
+/// branches; or, when it reads none, the only one it does not overwrite
+/// (the call's path moved the block there for the code after `at`).
+fn read_first(code: &Text, at: u64, mut held: Vec<Register>) -> Option<Register> {
+    let mut info = InstructionInfoFactory::new();
+    let only = |held: &[Register]| match held {
+        [r] => Some(*r),
+        _ => None,
+    };
+    let mut ip = at;
+    for _ in 0..MAX_FOLLOW {
+        let Some(insn) = decode_at(code, ip) else {
+            return only(&held);
+        };
+        let used = info.info(&insn).used_registers();
+        let read: Vec<Register> = used
+            .iter()
+            .filter(|u| !matches!(u.access(), OpAccess::Write | OpAccess::CondWrite))
+            .map(|u| u.register().full_register())
+            .filter(|r| held.contains(r))
+            .collect();
+        match read.as_slice() {
+            [] => {}
+            [r] => return Some(*r),
+            _ => return None,
+        }
+        for u in used {
+            if writes(u.access()) {
+                held.retain(|r| *r != u.register().full_register());
+            }
+        }
+        if held.is_empty() {
+            return None;
+        }
+        match insn.flow_control() {
+            FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
+                ip = insn.near_branch_target();
+                continue;
+            }
+            FlowControl::Call | FlowControl::IndirectCall => held.retain(|r| callee_saved(*r)),
+            FlowControl::Next | FlowControl::ConditionalBranch => {}
+            _ => return only(&held),
+        }
+        if held.is_empty() {
+            return None;
+        }
+        ip = insn.next_ip();
+    }
+    only(&held)
+}
+
 /// What the call through the pointer passes (`rsi`, `rdx`: the size, or
-/// count and size), in terms of the registers at the branch: follows the
-/// path that calls through the pointer (starting at `from`) to its `call
-/// *%reg` or `jmp *%reg`, tracking register moves.
-fn args_at(code: &Text, from: u64, reg: Register) -> Option<[Value; 2]> {
+/// count and size), in terms of the registers at the branch, and where it
+/// returns (none for a `jmp`): follows the path that calls through the
+/// pointer (starting at `from`) to its `call *%reg` or `jmp *%reg`,
+/// tracking register moves.
+fn args_at(code: &Text, from: u64, reg: Register) -> Option<([Value; 2], Option<u64>)> {
     let mut info = InstructionInfoFactory::new();
     let mut values: Vec<(Register, Value)> = Vec::new();
     let value = |values: &[(Register, Value)], r: Register| {
@@ -351,13 +757,20 @@ fn args_at(code: &Text, from: u64, reg: Register) -> Option<[Value; 2]> {
             .find(|(k, _)| *k == r)
             .map_or(Value::Reg(r), |(_, v)| *v)
     };
+    let mut stack_moved = false;
     let mut ip = from;
     for _ in 0..MAX_FOLLOW {
         let insn = decode_at(code, ip)?;
         match insn.flow_control() {
             FlowControl::IndirectCall | FlowControl::IndirectBranch => {
-                return (insn.op0_kind() == OpKind::Register && insn.op0_register() == reg)
-                    .then(|| [value(&values, Register::RSI), value(&values, Register::RDX)]);
+                let ret =
+                    (insn.flow_control() == FlowControl::IndirectCall).then(|| insn.next_ip());
+                return (insn.op0_kind() == OpKind::Register && insn.op0_register() == reg).then(
+                    || {
+                        let args = [value(&values, Register::RSI), value(&values, Register::RDX)];
+                        (args, ret)
+                    },
+                );
             }
             FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
                 ip = insn.near_branch_target();
@@ -380,6 +793,16 @@ fn args_at(code: &Text, from: u64, reg: Register) -> Option<[Value; 2]> {
                 OpKind::Immediate32 | OpKind::Immediate64 | OpKind::Immediate32to64 => {
                     Some((d.full_register(), Value::Const(insn.immediate(1))))
                 }
+                // A load from the stack, while the stack pointer is the
+                // branch's.
+                OpKind::Memory
+                    if d.is_gpr64()
+                        && insn.memory_base() == Register::RSP
+                        && insn.memory_index() == Register::None
+                        && !stack_moved =>
+                {
+                    Some((d, Value::Stack(insn.memory_displacement64())))
+                }
                 _ => None,
             },
             _ => None,
@@ -392,6 +815,7 @@ fn args_at(code: &Text, from: u64, reg: Register) -> Option<[Value; 2]> {
             .map(|u| u.register().full_register())
             .collect();
         for r in written {
+            stack_moved |= r == Register::RSP;
             values.push((r, Value::Unknown));
         }
         if let Some((d, v)) = moved {
@@ -413,6 +837,12 @@ fn size_of(args: [Value; 2], kind: Kind) -> Option<SizeAt> {
         return match args[0] {
             Value::Const(n) => Some(SizeAt::Const(n)),
             v => reg(v).map(SizeAt::Reg),
+        };
+    }
+    if kind == Kind::Free {
+        return match args[0] {
+            Value::Stack(d) if d < MAX_FIXED => Some(SizeAt::StackBlock(d)),
+            v => reg(v).map(SizeAt::Block),
         };
     }
     if kind == Kind::Realloc {
@@ -447,7 +877,9 @@ fn size_of(args: [Value; 2], kind: Kind) -> Option<SizeAt> {
 /// `PyMemAllocatorEx` is ctx, malloc, calloc, realloc, free), so
 /// `PyObject_Calloc`'s copies load the slot after `_PyObject`'s malloc;
 /// `PyObject_Realloc`'s and `PyMem_Realloc`'s guards name the static
-/// `_PyObject_Realloc`, in the slots after the callocs.
+/// `_PyObject_Realloc`, in the slots after the callocs, and
+/// `PyObject_Free`'s and `PyMem_Free`'s the static `_PyObject_Free`, in
+/// the slots after those.
 pub struct Exported {
     pub object_malloc: (usize, u64),
     pub mem_malloc: Option<(usize, u64)>,
@@ -455,6 +887,8 @@ pub struct Exported {
     pub mem_calloc: Option<(usize, u64)>,
     pub object_realloc: Option<(usize, u64)>,
     pub mem_realloc: Option<(usize, u64)>,
+    pub object_free: Option<(usize, u64)>,
+    pub mem_free: Option<(usize, u64)>,
 }
 
 /// The [`Target`]s of CPython's allocator in `code`.
@@ -480,9 +914,14 @@ pub fn targets(code: &Text, e: &Exported) -> Vec<Target> {
         slot: mem_slot,
         kind: Kind::Malloc,
     });
-    for (row, vaddr, slot) in [
-        e.object_realloc.map(|(r, v)| (r, v, object_slot + 16)),
-        e.mem_realloc.map(|(r, v)| (r, v, mem_slot + 16)),
+    for (row, vaddr, slot, kind) in [
+        e.object_realloc
+            .map(|(r, v)| (r, v, object_slot + 16, Kind::Realloc)),
+        e.mem_realloc
+            .map(|(r, v)| (r, v, mem_slot + 16, Kind::Realloc)),
+        e.object_free
+            .map(|(r, v)| (r, v, object_slot + 24, Kind::Free)),
+        e.mem_free.map(|(r, v)| (r, v, mem_slot + 24, Kind::Free)),
     ]
     .into_iter()
     .flatten()
@@ -493,7 +932,7 @@ pub fn targets(code: &Text, e: &Exported) -> Vec<Target> {
                     row,
                     function,
                     slot,
-                    kind: Kind::Realloc,
+                    kind,
                 });
             }
         }
@@ -541,10 +980,10 @@ pub fn find(code: &Text, targets: &[Target], probed: &[(u64, u64)]) -> Inlined {
             }
             if let Some((reg, slot, function)) = guard.take() {
                 if is_guard_branch(&insn) && !inside(insn.ip()) {
-                    let other = if insn.mnemonic() == Mnemonic::Jne {
-                        insn.near_branch_target()
+                    let (copy, other) = if insn.mnemonic() == Mnemonic::Jne {
+                        (insn.next_ip(), insn.near_branch_target())
                     } else {
-                        insn.next_ip()
+                        (insn.near_branch_target(), insn.next_ip())
                     };
                     let target = targets
                         .iter()
@@ -552,21 +991,39 @@ pub fn find(code: &Text, targets: &[Target], probed: &[(u64, u64)]) -> Inlined {
                     match target {
                         None => out.hooks += 1,
                         Some(t) => {
-                            match args_at(code, other, reg).and_then(|a| size_of(a, t.kind)) {
+                            let args = args_at(code, other, reg);
+                            match args.and_then(|(a, _)| size_of(a, t.kind)) {
                                 None => out.missed += 1,
                                 // Never served by pymalloc: malloc counts it.
                                 Some(SizeAt::Const(n)) if n == 0 || n > PYMALLOC_MAX => {}
+                                // (The constant's bits in the cookie.)
+                                Some(SizeAt::Resize { fixed, .. }) if fixed > MAX_FIXED => {
+                                    out.missed += 1
+                                }
                                 Some(size) => {
-                                    if t.kind == Kind::Realloc {
-                                        let calls = library_calls(code, insn.next_ip(), insn.ip());
-                                        out.nested.extend(calls);
+                                    let guard = insn.ip();
+                                    match t.kind {
+                                        Kind::Realloc => {
+                                            out.nested.extend(library_calls(code, copy, guard))
+                                        }
+                                        Kind::Free => out
+                                            .nested_frees
+                                            .extend(library_calls(code, copy, guard)),
+                                        _ => {}
                                     }
+                                    let blocks = match (t.kind, args.and_then(|(_, r)| r)) {
+                                        (Kind::Malloc | Kind::Calloc, Some(ret)) => {
+                                            blocks_of(code, copy, guard, ret)
+                                        }
+                                        _ => Vec::new(),
+                                    };
                                     out.sites.push((
                                         t.row,
                                         InlineSite {
-                                            vaddr: insn.ip(),
-                                            file_offset: s.file_offset + (insn.ip() - s.address),
+                                            vaddr: guard,
+                                            file_offset: s.file_offset + (guard - s.address),
                                             size,
+                                            blocks,
                                         },
                                     ));
                                 }
@@ -639,9 +1096,11 @@ mod tests {
             mem_calloc: Some((3, mc)),
             object_realloc: sym("PyObject_Realloc").map(|(v, _)| (4, v)),
             mem_realloc: sym("PyMem_Realloc").map(|(v, _)| (5, v)),
+            object_free: sym("PyObject_Free").map(|(v, _)| (6, v)),
+            mem_free: sym("PyMem_Free").map(|(v, _)| (7, v)),
         };
         let targets = targets(&code, &exported);
-        assert_eq!(targets.len(), 6, "{targets:?}");
+        assert_eq!(targets.len(), 8, "{targets:?}");
         let probed = [(om, om_size), (mm, mm_size), (mc, mc_size)];
         let found = find(&code, &targets, &probed);
         let n = found.sites.len();
@@ -652,9 +1111,24 @@ mod tests {
             "{found:?}"
         );
         assert!(found.missed < n / 20, "{found:?}");
+        // Live mode's places: every copy of malloc or calloc has one; the
+        // copies of free are found with their block (one in the stack).
+        let mallocs: Vec<&InlineSite> = found
+            .sites
+            .iter()
+            .filter(|(r, _)| *r <= 3)
+            .map(|(_, s)| s)
+            .collect();
+        let placed = mallocs.iter().filter(|s| !s.blocks.is_empty()).count();
+        assert!(
+            placed * 100 >= mallocs.len() * 98,
+            "{placed} of {}",
+            mallocs.len()
+        );
+        assert!(rows(6) + rows(7) > 40 && !found.nested_frees.is_empty());
         assert!(found
             .sites
             .iter()
-            .all(|(_, s)| probed.iter().all(|(v, n)| s.vaddr < *v || s.vaddr >= v + n)));
+            .any(|(_, s)| matches!(s.size, SizeAt::StackBlock(_))));
     }
 }

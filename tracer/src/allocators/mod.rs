@@ -59,6 +59,10 @@ pub struct ProbeSite {
     /// probed at its guard and counted as a call of this function
     /// (CPython's `PyObject_Malloc` in Debian's build: see [`inlined`]).
     pub inlined: Vec<inlined::InlineSite>,
+    /// Probed in live mode only: CPython's static `_PyObject_Malloc` and
+    /// `_PyObject_Free` where copies of realloc call them (count mode
+    /// counts those copies at their guards).
+    pub live_only: bool,
 }
 
 impl ProbeSite {
@@ -149,6 +153,7 @@ impl AllocatorObject {
     /// Runtime address ranges of the probed functions (and the internals)
     /// in the target, sorted, for the BPF nesting check.
     pub fn body_ranges(&self, maps: &[Mapping]) -> Vec<BodyRange> {
+        // (Code that frees makes no allocating call of its own.)
         let ranges = self
             .sites
             .iter()
@@ -156,6 +161,7 @@ impl AllocatorObject {
             .chain(
                 self.internals
                     .iter()
+                    .filter(|i| !i.frees)
                     .map(|i| (i.path.as_str(), i.file_offset, i.size)),
             );
         let out = in_target(ranges, maps);
@@ -183,10 +189,14 @@ impl AllocatorObject {
                     .filter(|i| i.frees)
                     .map(|i| (i.path.as_str(), i.file_offset, i.size)),
             );
-        in_target(frees, maps)
-            .into_iter()
-            .take(MAX_FREE_BODIES)
-            .collect()
+        let out = in_target(frees, maps);
+        if out.len() > MAX_FREE_BODIES {
+            log::warn!(
+                "{} releasing functions: the nesting check of frees covers the first {MAX_FREE_BODIES}",
+                out.len()
+            );
+        }
+        out.into_iter().take(MAX_FREE_BODIES).collect()
     }
 }
 
@@ -356,6 +366,7 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
             instruction: placement.instruction,
             prefix: d.prefix,
             inlined: Vec::new(),
+            live_only: false,
         });
     }
     let (inlined_missed, inlined_resizes) = if python {
@@ -403,7 +414,7 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
 /// copies not probed: guards not followed, and copies of
 /// `_PyObject_Realloc` (when they could not be told apart).
 fn find_inlined(
-    sites: &mut [ProbeSite],
+    sites: &mut Vec<ProbeSite>,
     files: &[(String, PathBuf, memmap2::Mmap)],
     internals: &mut Vec<Internal>,
 ) -> (usize, usize) {
@@ -426,6 +437,8 @@ fn find_inlined(
         mem_calloc: at("PyMem_Calloc"),
         object_realloc: at("PyObject_Realloc"),
         mem_realloc: at("PyMem_Realloc"),
+        object_free: at("PyObject_Free"),
+        mem_free: at("PyMem_Free"),
     };
     let probed: Vec<(u64, u64)> = sites
         .iter()
@@ -460,6 +473,58 @@ fn find_inlined(
         .and_then(|t| inlined::function_extent(&file, t.function));
     internals.extend(malloc.and_then(|(vaddr, size)| own(vaddr, size)));
     internals.extend(found.nested.iter().filter_map(|ra| own(*ra, 1)));
+    // Live mode sees the copies of realloc through the static malloc and
+    // free they call: probed there (their own calls are nested in them).
+    if targets.iter().any(|t| t.kind == inlined::Kind::Realloc) {
+        for (kind, entry) in [
+            (inlined::Kind::Malloc, &families::PYMALLOC_STATIC[0]),
+            (inlined::Kind::Free, &families::PYMALLOC_STATIC[1]),
+        ] {
+            let Some(t) = targets.iter().find(|t| t.kind == kind) else {
+                continue;
+            };
+            let Some((vaddr, size)) = inlined::function_extent(&file, t.function) else {
+                continue;
+            };
+            let Some(file_offset) = vaddr_to_file_offset(&file, vaddr) else {
+                continue;
+            };
+            let start = file_offset as usize;
+            let code = data
+                .get(start..(start + size.min(16384) as usize).min(data.len()))
+                .unwrap_or(&[]);
+            // `(ctx, size)`, `(ctx, ptr)`: the probe reads argument 1 as
+            // the role's argument 0 (from `rsi`, or where the code before
+            // the probe moved it).
+            let placement = place_probe(code, vaddr, &[iced_x86::Register::RSI]);
+            let moved = placement.args >> 4 & 0xf;
+            let args = if moved != 0 {
+                moved
+            } else {
+                placement::reg_code(iced_x86::Register::RSI).unwrap_or(0)
+            };
+            sites.push(ProbeSite {
+                funcs: vec![entry],
+                path: path.clone(),
+                open_path: sites[om].open_path.clone(),
+                vaddr,
+                size,
+                file_offset,
+                probe_offset: placement.offset,
+                emulated: placement.emulated,
+                args,
+                instruction: placement.instruction,
+                prefix: None,
+                inlined: Vec::new(),
+                live_only: true,
+            });
+        }
+    }
+    internals.extend(found.nested_frees.iter().filter_map(|ra| {
+        let mut i = own(*ra, 1)?;
+        i.frees = true;
+        Some(i)
+    }));
     (found.missed, resizes)
 }
 

@@ -292,6 +292,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         frees_kept: sums[counter::FREES_KEPT as usize],
         frees_lost: sums[counter::FREES_LOST as usize],
         pending_full: sums[counter::PENDING_FULL as usize],
+        inline_unfinished: sums[counter::INLINE_UNFINISHED as usize],
         ..LiveTotals::default()
     });
 

@@ -8,14 +8,19 @@ pub mod pool;
 
 use anyhow::{Context, Result};
 use aya::{Ebpf, EbpfLoader};
+use std::collections::HashMap;
 use tracer_common::{
     maps, Config, ProcessConfig, PythonLayout, Role, VmaOffsets, COOKIE_ARGS_SHIFT,
-    COOKIE_ROLE_SHIFT, EXP_TABLE_LEN, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY,
-    SAMPLE_NONE, WEIGHT_ONE, WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    COOKIE_INLINE_ID_SHIFT, COOKIE_INLINE_SIZE_SHIFT, COOKIE_ROLE_SHIFT, EXP_TABLE_LEN,
+    MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
+    WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
 };
 
 use crate::{
-    allocators::{AllocatorObject, FuncInfo, ProbeSite},
+    allocators::{
+        inlined::{InlineSite, SizeAt},
+        AllocatorObject, FuncInfo, ProbeSite,
+    },
     render::text::printable,
     tracee::Mapping,
     user_error,
@@ -301,6 +306,95 @@ pub fn load_host(host_counts: u32, runs: bool) -> Result<Ebpf> {
     Ok(ebpf)
 }
 
+/// Live mode: the number of the copies (`COOKIE_INLINE_ID_SHIFT`) that
+/// may take their block at each place (by file offset). Copies that share
+/// a place share a number, and each place is probed once: one probe where
+/// the code of two guarded copies meets takes up the call of either.
+fn inline_numbers<'a>(copies: impl Iterator<Item = &'a InlineSite>) -> HashMap<u64, u64> {
+    // Union-find over the places, each copy's places joined.
+    let mut places: Vec<u64> = Vec::new();
+    let mut parent: Vec<usize> = Vec::new();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    for copy in copies {
+        let mut first = None;
+        for b in &copy.blocks {
+            let i = match places.iter().position(|p| *p == b.file_offset) {
+                Some(i) => i,
+                None => {
+                    places.push(b.file_offset);
+                    parent.push(parent.len());
+                    places.len() - 1
+                }
+            };
+            match first {
+                None => first = Some(i),
+                Some(f) => {
+                    let (a, b) = (root(&mut parent, f), root(&mut parent, i));
+                    parent[b] = a;
+                }
+            }
+        }
+    }
+    let mut numbers: HashMap<usize, u64> = HashMap::new();
+    let mut out = HashMap::new();
+    for (i, place) in places.iter().enumerate() {
+        let r = root(&mut parent, i);
+        let next = numbers.len() as u64 + 1;
+        let n = *numbers.entry(r).or_insert(next);
+        if n <= MAX_INLINE_LIVE {
+            out.insert(*place, n << COOKIE_INLINE_ID_SHIFT);
+        }
+    }
+    out
+}
+
+/// An inlined copy's probes, for the function `func`: its guard's cookie,
+/// and in live mode the places its block is known not probed yet (file
+/// offset and cookie each; `numbers` from [`inline_numbers`], `probed`
+/// the places probed so far). `None`: not probed (in live mode, a copy
+/// whose block's places were not found).
+fn inline_probes(
+    copy: &InlineSite,
+    func: u32,
+    live: bool,
+    numbers: &HashMap<u64, u64>,
+    probed: &mut std::collections::HashSet<u64>,
+) -> Option<(u64, Vec<(u64, u64)>)> {
+    let guard = func as u64 | copy.cookie_bits();
+    if !live || matches!(copy.size, SizeAt::Block(_) | SizeAt::StackBlock(_)) {
+        return Some((guard, Vec::new()));
+    }
+    // A copy of realloc leaves its block at several places; live mode
+    // sees the static malloc and free it calls instead (see
+    // `allocators::inlined`).
+    if matches!(copy.size, SizeAt::Resize { .. }) {
+        return None;
+    }
+    let id = *numbers.get(&copy.blocks.first()?.file_offset)?;
+    let known = copy
+        .blocks
+        .iter()
+        .filter(|b| probed.insert(b.file_offset))
+        .map(|b| {
+            let cookie = func as u64
+                | b.reg << COOKIE_ARGS_SHIFT
+                | b.at_disp << COOKIE_INLINE_SIZE_SHIFT
+                | (Role::Size as u64) << COOKIE_ROLE_SHIFT;
+            (b.file_offset, cookie | id)
+        });
+    Some((guard | id, known.collect()))
+}
+
+/// Most inlined copies numbered in live mode (the cookie's bits from
+/// [`COOKIE_INLINE_ID_SHIFT`]; 0 is no copy).
+const MAX_INLINE_LIVE: u64 = (1 << (64 - COOKIE_INLINE_ID_SHIFT)) - 1;
+
 /// Loads the BPF object, calls `before` with it (for what must run before
 /// the first probe fires), then attaches every probe.
 pub fn attach<T>(
@@ -351,12 +445,15 @@ pub fn attach<T>(
     // Count and sampled modes need one probe per allocating call: `free`
     // only when asked for (or in live mode, which follows every block).
     let wanted = |site: &&ProbeSite| match site.role() {
+        _ if site.live_only && !mode.live => false,
         Role::Free => mode.live || mode.count_frees,
         // Returns a size, not a block: nothing for live mode to follow.
         Role::ResizeInPlace => !mode.live,
         _ => true,
     };
     let mut plan = multi::LinkPlan::default();
+    let numbers = inline_numbers(alloc.sites.iter().flat_map(|s| &s.inlined));
+    let mut places = std::collections::HashSet::new();
     let mut attached = Vec::new();
     let mut objects: Vec<(String, usize)> = Vec::new();
     let mut funcs = Vec::new();
@@ -374,17 +471,34 @@ pub fn attach<T>(
             let ret = if mode.floor { maps::FLOOR_RET } else { ret };
             plan.add(ret, &site.open_path, true, offset, cookie(site, func));
         }
-        // Inlined copies: counted where their guard lets them run; live
-        // mode cannot follow their blocks (no return to probe).
-        if !mode.live {
-            let program = if mode.floor {
-                maps::FLOOR
-            } else {
-                maps::ALLOC_INLINE
+        // Inlined copies: counted where their guard lets them run; in
+        // live mode their blocks are taken where each copy's path meets
+        // its call's (a copy without such a place is not probed).
+        for copy in &site.inlined {
+            let Some((guard, known)) = inline_probes(copy, func, mode.live, &numbers, &mut places)
+            else {
+                continue;
             };
-            for copy in &site.inlined {
-                let cookie = func as u64 | copy.cookie_bits();
-                plan.add(program, &site.open_path, false, copy.file_offset, cookie);
+            let program = match copy.size {
+                SizeAt::Block(_) | SizeAt::StackBlock(_) => maps::RELEASE_INLINE,
+                _ => maps::ALLOC_INLINE,
+            };
+            let floor = |p| if mode.floor { maps::FLOOR } else { p };
+            plan.add(
+                floor(program),
+                &site.open_path,
+                false,
+                copy.file_offset,
+                guard,
+            );
+            for (offset, cookie) in known {
+                plan.add(
+                    floor(maps::ALLOC_INLINE_RET),
+                    &site.open_path,
+                    false,
+                    offset,
+                    cookie,
+                );
             }
         }
         match objects.iter_mut().find(|(p, _)| *p == site.path) {
@@ -577,7 +691,13 @@ mod tests {
             .filter_map(|s| s.name().ok().map(str::to_string))
             .collect();
         let has = |name: &str| symbols.iter().any(|s| s == name);
-        let mut programs = vec![maps::FLOOR, maps::FLOOR_RET, maps::ALLOC_INLINE];
+        let mut programs = vec![
+            maps::FLOOR,
+            maps::FLOOR_RET,
+            maps::ALLOC_INLINE,
+            maps::ALLOC_INLINE_RET,
+            maps::RELEASE_INLINE,
+        ];
         for role in Role::ALL {
             programs.push(role.program());
             programs.extend(role.return_program());

@@ -77,8 +77,42 @@ fn inlined_note(
         ));
     }
     if live {
+        use allocators::inlined::SizeAt;
+        let all = || alloc.sites.iter().flat_map(|s| &s.inlined);
+        let frees = all()
+            .filter(|c| matches!(c.size, SizeAt::Block(_) | SizeAt::StackBlock(_)))
+            .count();
+        let (placed, unplaced) = all()
+            .filter(|c| {
+                !matches!(
+                    c.size,
+                    SizeAt::Block(_) | SizeAt::StackBlock(_) | SizeAt::Resize { .. }
+                )
+            })
+            .fold((0, 0), |(p, u), c| {
+                if c.blocks.is_empty() {
+                    (p, u + 1)
+                } else {
+                    (p + 1, u)
+                }
+            });
+        let mut unseen = Vec::new();
+        if unplaced > 0 {
+            unseen.push(format!(
+                "{unplaced} copies whose block's place was not found"
+            ));
+        }
+        if alloc.inlined_missed > 0 {
+            unseen.push(format!(
+                "{} whose size or block could not be followed",
+                alloc.inlined_missed
+            ));
+        }
+        unseen.push("the new size of a block resized in place".to_string());
+        unseen.push("calls through tracemalloc's or the debug hooks".to_string());
         return Some(format!(
-            "--python-objects: {path} copies its object allocator into {copies} callers, whose blocks live mode cannot follow: only calls through its exported PyObject_*/PyMem_* functions are seen; count mode sees the copies; {through}"
+            "--python-objects: {path} copies its object allocator into its callers: {placed} copies of malloc and calloc followed to where their block is known, {frees} copies of free probed, resizes seen where pymalloc moves the block (its static _PyObject_Malloc and _PyObject_Free); not seen: {}; {through}",
+            unseen.join(", ")
         ));
     }
     let mut unseen = Vec::new();

@@ -331,6 +331,10 @@ pub struct LiveTotals {
     pub stale: u64,
     /// Allocating calls not followed to their return (no per-thread storage).
     pub pending_full: u64,
+    /// Calls of copies of CPython's allocator inlined into their callers
+    /// whose block was not seen (the copy left by a way not probed).
+    #[serde(default)]
+    pub inline_unfinished: u64,
 }
 
 /// Every way data can be lost; each is printed in every report.

@@ -110,7 +110,7 @@ fn kv(out: &mut String, key: &str, value: &str) {
 
 /// Live mode's loss counters (fields of [`LiveTotals`]), shown with the
 /// other losses.
-const LIVE_LOSSES: [&str; 7] = [
+const LIVE_LOSSES: [&str; 8] = [
     "untracked",
     "frees_unknown",
     "events_lost",
@@ -118,6 +118,7 @@ const LIVE_LOSSES: [&str; 7] = [
     "frees_lost",
     "stale",
     "pending_full",
+    "inline_unfinished",
 ];
 
 /// Every field of a struct of loss counters, labelled by its name (a

@@ -89,6 +89,10 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         ),
         format!("missed frees {}", totals.stale),
         format!("calls not followed {}", totals.pending_full),
+        format!(
+            "inlined allocator calls whose block was not seen {}",
+            totals.inline_unfinished
+        ),
     ];
     let mut out = wrap_list("live", &items, "");
     if totals.untracked > 0 || totals.events_lost > 0 {
