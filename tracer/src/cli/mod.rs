@@ -258,7 +258,8 @@ pub struct TraceArgs {
     /// counted by Python line too. An object allocation that falls through
     /// to malloc is counted once. An interpreter that copied the object
     /// allocator into its callers (Debian's python3.11) has each copy
-    /// probed where it starts, in count and sampled modes. Every object
+    /// probed where it starts, and in live mode where its block is known
+    /// and where copies of free start. Every object
     /// allocation then takes a uprobe trap: a pure-Python loop making 1.75
     /// million objects ran 0.06 s untraced, 5 s with this flag (memray
     /// --trace-python-allocators: 0.5 s) on a 2-CPU EPYC VM.
