@@ -2,9 +2,7 @@
 //! probed function's body) or a tail call from a function just counted is
 //! not counted again.
 
-use tracer_common::{
-    BodyRange, EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES,
-};
+use tracer_common::{BodyRange, EntryMark, WalkScratch, MARK_SLOTS, MAX_BODY_RANGES};
 
 use crate::{
     hidden::hidden_return,
