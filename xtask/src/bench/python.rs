@@ -102,6 +102,10 @@ const CONFIGS: &[Config] = &[
         tool: Tool::Mtrace(&[PYTHON_OBJECTS, "--sample-bytes", "524288"]),
     },
     Config {
+        name: "mtrace --live --python-objects",
+        tool: Tool::Mtrace(&["--live", PYTHON_OBJECTS]),
+    },
+    Config {
         name: "memray run",
         tool: Tool::Memray(&[]),
     },

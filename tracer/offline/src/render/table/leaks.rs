@@ -56,7 +56,7 @@ pub fn row_lines(live: &LiveStats) -> String {
 
 /// Heap summary and leak suspects, after the totals.
 pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint) -> String {
-    let items = [
+    let mut items = vec![
         format!(
             "peak {} at {:.3} s",
             bytes(totals.peak_bytes),
@@ -89,11 +89,15 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         ),
         format!("missed frees {}", totals.stale),
         format!("calls not followed {}", totals.pending_full),
-        format!(
+    ];
+    // Only a Python interpreter with its allocator copied into its
+    // callers has such calls (the profile's JSON has the 0 of the others).
+    if totals.inline_unfinished > 0 {
+        items.push(format!(
             "inlined allocator calls whose block was not seen {}",
             totals.inline_unfinished
-        ),
-    ];
+        ));
+    }
     let mut out = wrap_list("live", &items, "");
     if totals.untracked > 0 || totals.events_lost > 0 {
         let note = paint.warn("note:");
