@@ -51,8 +51,13 @@ pub enum SizeAt {
 /// both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockAt {
+    /// Where the probe goes: the meeting place, or past it the first
+    /// instruction the kernel emulates before anything moves the block
+    /// (a single-stepped probe costs a second trap, a debug exception).
     pub vaddr: u64,
     pub file_offset: u64,
+    /// The meeting place itself.
+    pub met: u64,
     pub reg: u64,
     /// Not 0: the block is in memory, this less 1 bytes past the register
     /// `reg` names (0: the stack pointer).
@@ -359,6 +364,17 @@ pub fn function_extent(file: &object::File, addr: u64) -> Option<(u64, u64)> {
         }
     }
     None
+}
+
+/// The instruction at `ip` and its bytes.
+fn decode_bytes_at<'a>(code: &Text<'a>, ip: u64) -> Option<(Instruction, &'a [u8])> {
+    let insn = decode_at(code, ip)?;
+    let s = code
+        .0
+        .iter()
+        .find(|s| ip >= s.address && ip - s.address < s.data.len() as u64)?;
+    let start = (ip - s.address) as usize;
+    Some((insn, s.data.get(start..start + insn.len())?))
 }
 
 fn decode_at(code: &Text, ip: u64) -> Option<Instruction> {
@@ -669,9 +685,11 @@ fn blocks_of(code: &Text, start: u64, guard: u64, ret: u64) -> Vec<BlockAt> {
                     Held::Mem(Register::RSP, d) => (0, d + 1),
                     Held::Mem(base, d) => (reg_code(base)?, d + 1),
                 };
+                let probe = emulated_from(code, at, h);
                 Some(BlockAt {
-                    vaddr: at,
-                    file_offset: code.file_offset(at)?,
+                    vaddr: probe,
+                    file_offset: code.file_offset(probe)?,
+                    met: at,
                     reg,
                     at_disp,
                 })
@@ -679,6 +697,43 @@ fn blocks_of(code: &Text, start: u64, guard: u64, ret: u64) -> Vec<BlockAt> {
             .collect::<Option<Vec<_>>>()
     });
     found.unwrap_or_default()
+}
+
+/// The first instruction from `at` the kernel emulates, reached over
+/// plain instructions (no branch) that write neither the block's register
+/// nor its slot's base nor its slot: a probe there reads the same block
+/// for one trap, where one at `at` may be single-stepped. `at` itself
+/// when there is none within [`MAX_FOLLOW`] instructions.
+fn emulated_from(code: &Text, at: u64, h: Held) -> u64 {
+    let mut info = InstructionInfoFactory::new();
+    let base = match h {
+        Held::Reg(r) | Held::Mem(r, _) => r,
+    };
+    let mut ip = at;
+    for _ in 0..MAX_FOLLOW {
+        let Some((insn, bytes)) = decode_bytes_at(code, ip) else {
+            break;
+        };
+        if super::placement::kernel_emulates(&insn, bytes) {
+            return ip;
+        }
+        if insn.flow_control() != FlowControl::Next {
+            break;
+        }
+        let moves = info
+            .info(&insn)
+            .used_registers()
+            .iter()
+            .any(|u| u.register().full_register() == base && writes(u.access()));
+        let over = matches!(h, Held::Mem(b, d) if insn.op0_kind() == OpKind::Memory
+            && insn.memory_base() == b
+            && insn.memory_displacement64() == d);
+        if moves || over {
+            break;
+        }
+        ip = insn.next_ip();
+    }
+    at
 }
 
 /// Where a block is: a register, or memory at a register plus a
@@ -1043,6 +1098,29 @@ pub fn find(code: &Text, targets: &[Target], probed: &[(u64, u64)]) -> Inlined {
             recent.push(insn);
         }
     }
+    // A probe on a guard's branch is the guard's, and one probe reads one
+    // place: a place moved onto a guard, or onto a place that reads the
+    // block elsewhere, stays where the paths met; one that met on a guard
+    // is not probed (its calls counted unfinished).
+    let guards: std::collections::HashSet<u64> = out.sites.iter().map(|(_, s)| s.vaddr).collect();
+    let mut reads: std::collections::HashMap<u64, (u64, u64)> = std::collections::HashMap::new();
+    let mut clash = std::collections::HashSet::new();
+    for b in out.sites.iter().flat_map(|(_, s)| &s.blocks) {
+        if *reads.entry(b.vaddr).or_insert((b.reg, b.at_disp)) != (b.reg, b.at_disp) {
+            clash.insert(b.vaddr);
+        }
+    }
+    for (_, site) in &mut out.sites {
+        site.blocks.retain_mut(|b| {
+            let moved = b.vaddr != b.met;
+            if moved && (guards.contains(&b.vaddr) || clash.contains(&b.vaddr)) {
+                if let Some(offset) = code.file_offset(b.met) {
+                    (b.vaddr, b.file_offset) = (b.met, offset);
+                }
+            }
+            !guards.contains(&b.vaddr)
+        });
+    }
     out
 }
 
@@ -1125,6 +1203,11 @@ mod tests {
             "{placed} of {}",
             mallocs.len()
         );
+        // Most places are probed past where the paths meet, on an
+        // instruction the kernel emulates.
+        let places: Vec<&BlockAt> = mallocs.iter().flat_map(|s| &s.blocks).collect();
+        let moved = places.iter().filter(|b| b.vaddr != b.met).count();
+        assert!(moved * 2 > places.len(), "{moved} of {}", places.len());
         assert!(rows(6) + rows(7) > 40 && !found.nested_frees.is_empty());
         assert!(found
             .sites

@@ -235,7 +235,7 @@ fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
 /// Instructions arch/x86/kernel/uprobes.c emulates without a single-step:
 /// nops, relative jumps and calls, conditional jumps, and pushes of a
 /// general register (with at most a REX.B prefix).
-fn kernel_emulates(insn: &Instruction, bytes: &[u8]) -> bool {
+pub(crate) fn kernel_emulates(insn: &Instruction, bytes: &[u8]) -> bool {
     // The kernel refuses branches with an operand-size prefix.
     if bytes.first() == Some(&0x66) && insn.mnemonic() != Mnemonic::Nop {
         return false;
