@@ -130,6 +130,9 @@ pub(crate) fn record_inline_alloc(ctx: &ProbeContext) -> u32 {
     let mut weight = WEIGHT_ONE;
     if config_u32(&CONFIG.sample_mode) != SAMPLE_NONE {
         let Some(w) = sample_weight(size) else {
+            if live {
+                clear_inline_pending();
+            }
             return 0;
         };
         weight = w;
@@ -154,10 +157,9 @@ fn clear_inline_pending() {
 
 /// A copy of CPython's `_PyObject_Free` inlined into its caller, probed at
 /// its guard's branch: with the zero flag set the copy runs and frees the
-/// block in the register the cookie names (or, from bit
-/// `COOKIE_INLINE_SIZE_SHIFT`, in the stack that many bytes up). The calls of the C library's
-/// `free` it makes (a block pymalloc does not own) are this free (the
-/// tracer makes their return addresses free bodies).
+/// block where the cookie says (see `args::block_arg`). The calls of the
+/// C library's `free` it makes (a block pymalloc does not own) are this
+/// free (the tracer makes their return addresses free bodies).
 #[inline(always)]
 pub(crate) fn record_inline_free(ctx: &ProbeContext) -> u32 {
     if !enabled() || unsafe { (*ctx.regs).eflags } & ZF == 0 {

@@ -41,7 +41,8 @@ pub enum SizeAt {
     /// A copy of free: the block's register.
     Block(u64),
     /// A copy of free: the block is in the stack, this many bytes above
-    /// the stack pointer at the guard.
+    /// the stack pointer at the guard (in the cookie plus one, as
+    /// `args::block_arg` reads it).
     StackBlock(u64),
 }
 
@@ -288,8 +289,9 @@ impl<'a> Text<'a> {
     }
 }
 
-/// The largest constant new size of a copy of realloc its cookie holds
-/// (bits 40 to 51; the guard's number is above them).
+/// The largest number the cookie's bits 40 to 51 hold (the copy's number
+/// is above them): a copy of realloc's constant new size, or a block's
+/// displacement plus one.
 const MAX_FIXED: u64 = 0xfff;
 
 /// Most instructions looked at from a copy of realloc for its calls.
