@@ -561,6 +561,15 @@ fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
     }
 }
 
+/// How many lines mtrace wrote on stderr that contain every one of
+/// `words`.
+fn stderr_lines_with(out: &crate::support::mtrace::Finished, words: &[&str]) -> usize {
+    out.stderr
+        .iter()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .count()
+}
+
 /// Debian's python3.11 (stripped, PGO and LTO: its allocator copied
 /// into its callers).
 const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
@@ -619,13 +628,7 @@ fn debian_python_objects_in_inlined_copies() {
     assert!(resizes > 10, "{d}");
     let check = |out: &crate::support::mtrace::Finished, p: &Profile, how: &str| {
         let d = format!("{how}\n{}", out.describe());
-        let said = out
-            .stderr
-            .iter()
-            .filter(|l| {
-                l.contains("--python-objects") && l.contains("copies probed at their guards")
-            })
-            .count();
+        let said = stderr_lines_with(out, &["--python-objects", "copies probed at their guards"]);
         assert_eq!(said, 1, "{d}");
         assert_eq!(
             calls_at(p, script, "PyObject_Malloc", 5, Some(counts[2])),
@@ -678,14 +681,10 @@ fn debian_python_objects_live_by_line() {
     let (script, py) = (path.to_str().unwrap(), DEBIAN_PYTHON);
     let check = |out: &crate::support::mtrace::Finished, p: &Profile, launched: bool| {
         let d = format!("launched {launched}\n{}", out.describe());
-        let said = out
-            .stderr
-            .iter()
-            .filter(|l| {
-                l.contains("--python-objects")
-                    && l.contains("followed to where their block is known")
-            })
-            .count();
+        let said = stderr_lines_with(
+            out,
+            &["--python-objects", "followed to where their block is known"],
+        );
         assert_eq!(said, 1, "{d}");
         assert_eq!(
             live_at(p, script, "PyObject_Malloc", 5, Some(counts[2])),

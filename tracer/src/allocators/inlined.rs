@@ -76,6 +76,13 @@ pub struct InlineSite {
     pub blocks: Vec<BlockAt>,
 }
 
+impl SizeAt {
+    /// A copy of free's (its block's place, not a size).
+    pub fn frees(&self) -> bool {
+        matches!(self, SizeAt::Block(_) | SizeAt::StackBlock(_))
+    }
+}
+
 impl InlineSite {
     /// The attach cookie's bits that say where the size is and the role
     /// that reads it (the function's index is the row's).
@@ -262,11 +269,17 @@ impl<'a> Text<'a> {
 
     /// The file offset of the code at `vaddr`.
     fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        let (s, at) = self.at(vaddr)?;
+        Some(s.file_offset + at as u64)
+    }
+
+    /// The section holding `vaddr`, and where in its bytes.
+    fn at(&self, vaddr: u64) -> Option<(&Section<'a>, usize)> {
         let s = self
             .0
             .iter()
             .find(|s| vaddr >= s.address && vaddr - s.address < s.data.len() as u64)?;
-        Some(s.file_offset + (vaddr - s.address))
+        Some((s, (vaddr - s.address) as usize))
     }
 
     /// Is `target` a PLT stub that jumps to an allocator function of
@@ -371,20 +384,13 @@ pub fn function_extent(file: &object::File, addr: u64) -> Option<(u64, u64)> {
 /// The instruction at `ip` and its bytes.
 fn decode_bytes_at<'a>(code: &Text<'a>, ip: u64) -> Option<(Instruction, &'a [u8])> {
     let insn = decode_at(code, ip)?;
-    let s = code
-        .0
-        .iter()
-        .find(|s| ip >= s.address && ip - s.address < s.data.len() as u64)?;
-    let start = (ip - s.address) as usize;
-    Some((insn, s.data.get(start..start + insn.len())?))
+    let (s, at) = code.at(ip)?;
+    Some((insn, s.data.get(at..at + insn.len())?))
 }
 
 fn decode_at(code: &Text, ip: u64) -> Option<Instruction> {
-    let s = code
-        .0
-        .iter()
-        .find(|s| ip >= s.address && ip - s.address < s.data.len() as u64)?;
-    let bytes = &s.data[(ip - s.address) as usize..];
+    let (s, at) = code.at(ip)?;
+    let bytes = &s.data[at..];
     let mut decoder = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
     let insn = decoder.can_decode().then(|| decoder.decode())?;
     (!insn.is_invalid()).then_some(insn)
@@ -531,10 +537,10 @@ fn callee_saved(r: Register) -> bool {
 /// pointer (which returns to `ret`), and where the block is there. At
 /// such a place the block is where the call's path keeps the call's
 /// result: the register of those that the code there reads first; or,
-/// when no register says, the one stack slot it was stored to. `None`
-/// when the copy's paths take more than [`MAX_COPY`] instructions to meet
-/// it (one of them met it further on), or a place has no such location.
-fn merges_of(code: &Text, start: u64, guard: u64, ret: u64) -> Option<Vec<(u64, Held)>> {
+/// when no register says, the one memory slot it was stored to (a place
+/// with neither is left out). The copy's paths are followed for at most
+/// [`MAX_COPY`] instructions.
+fn merges_of(code: &Text, start: u64, guard: u64, ret: u64) -> Vec<(u64, Held)> {
     let path = call_path(code, ret);
     let mut seen = std::collections::HashSet::new();
     let mut met = Vec::new();
@@ -554,7 +560,9 @@ fn merges_of(code: &Text, start: u64, guard: u64, ret: u64) -> Option<Vec<(u64, 
                 todo.clear();
                 break;
             }
-            let insn = decode_at(code, ip)?;
+            let Some(insn) = decode_at(code, ip) else {
+                break;
+            };
             match insn.flow_control() {
                 FlowControl::UnconditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
                     ip = insn.near_branch_target();
@@ -568,8 +576,7 @@ fn merges_of(code: &Text, start: u64, guard: u64, ret: u64) -> Option<Vec<(u64, 
         }
     }
     met.sort_unstable();
-    let found: Vec<(u64, Held)> = met
-        .into_iter()
+    met.into_iter()
         .filter_map(|at| {
             let Step { ip, held, slots } = &path[at];
             let h = match (read_first(code, *ip, held.clone()), slots.as_slice()) {
@@ -579,8 +586,7 @@ fn merges_of(code: &Text, start: u64, guard: u64, ret: u64) -> Option<Vec<(u64, 
             };
             Some((*ip, h))
         })
-        .collect();
-    (!found.is_empty()).then_some(found)
+        .collect()
 }
 
 /// Most instructions of a copy's fast path looked at.
@@ -670,7 +676,7 @@ fn fast_exit(fast: &[Instruction]) -> Option<(u64, Register)> {
 /// [`merges_of`] as probe places, and where a fast path that meets none
 /// of them has its block ([`fast_exit`]); none when not found.
 fn blocks_of(code: &Text, start: u64, guard: u64, ret: u64) -> Vec<BlockAt> {
-    let mut merges = merges_of(code, start, guard, ret).unwrap_or_default();
+    let mut merges = merges_of(code, start, guard, ret);
     let fast = fast_path(code, start, guard);
     if !fast
         .iter()
@@ -678,27 +684,27 @@ fn blocks_of(code: &Text, start: u64, guard: u64, ret: u64) -> Vec<BlockAt> {
     {
         merges.extend(fast_exit(&fast).map(|(at, r)| (at, Held::Reg(r))));
     }
-    let found = (!merges.is_empty()).then_some(merges).and_then(|merges| {
-        merges
-            .into_iter()
-            .map(|(at, h)| {
-                let (reg, at_disp) = match h {
-                    Held::Reg(r) => (reg_code(r)?, 0),
-                    Held::Mem(Register::RSP, d) => (0, d + 1),
-                    Held::Mem(base, d) => (reg_code(base)?, d + 1),
-                };
-                let probe = emulated_from(code, at, h);
-                Some(BlockAt {
-                    vaddr: probe,
-                    file_offset: code.file_offset(probe)?,
-                    met: at,
-                    reg,
-                    at_disp,
-                })
+    // All the places or none: a copy with a place not probed would leave
+    // its calls there unfinished.
+    merges
+        .into_iter()
+        .map(|(at, h)| {
+            let (reg, at_disp) = match h {
+                Held::Reg(r) => (reg_code(r)?, 0),
+                Held::Mem(Register::RSP, d) => (0, d + 1),
+                Held::Mem(base, d) => (reg_code(base)?, d + 1),
+            };
+            let probe = emulated_from(code, at, h);
+            Some(BlockAt {
+                vaddr: probe,
+                file_offset: code.file_offset(probe)?,
+                met: at,
+                reg,
+                at_disp,
             })
-            .collect::<Option<Vec<_>>>()
-    });
-    found.unwrap_or_default()
+        })
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default()
 }
 
 /// The first instruction from `at` the kernel emulates, reached over

@@ -164,14 +164,11 @@ impl AllocatorObject {
                     .filter(|i| !i.frees)
                     .map(|i| (i.path.as_str(), i.file_offset, i.size)),
             );
-        let out = in_target(ranges, maps);
-        if out.len() > MAX_BODY_RANGES {
-            log::warn!(
-                "{} allocator functions: the nesting check covers the first {MAX_BODY_RANGES}",
-                out.len()
-            );
-        }
-        out.into_iter().take(MAX_BODY_RANGES).collect()
+        capped(
+            in_target(ranges, maps),
+            MAX_BODY_RANGES,
+            "allocator functions",
+        )
     }
 
     /// Runtime address ranges of the functions whose own `free` is the
@@ -189,15 +186,25 @@ impl AllocatorObject {
                     .filter(|i| i.frees)
                     .map(|i| (i.path.as_str(), i.file_offset, i.size)),
             );
-        let out = in_target(frees, maps);
-        if out.len() > MAX_FREE_BODIES {
-            log::warn!(
-                "{} releasing functions: the nesting check of frees covers the first {MAX_FREE_BODIES}",
-                out.len()
-            );
-        }
-        out.into_iter().take(MAX_FREE_BODIES).collect()
+        capped(
+            in_target(frees, maps),
+            MAX_FREE_BODIES,
+            "releasing functions",
+        )
     }
+}
+
+/// The first `max` of `ranges` (what the BPF program's table holds), with
+/// a warning when there are more.
+fn capped(mut ranges: Vec<BodyRange>, max: usize, what: &str) -> Vec<BodyRange> {
+    if ranges.len() > max {
+        log::warn!(
+            "{} {what}: the nesting check covers the first {max}",
+            ranges.len()
+        );
+        ranges.truncate(max);
+    }
+    ranges
 }
 
 /// Where functions given as (object, file offset, size) lie in the

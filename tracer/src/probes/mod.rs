@@ -367,7 +367,7 @@ fn inline_probes(
     probed: &mut std::collections::HashSet<u64>,
 ) -> Option<(u64, Vec<(u64, u64)>)> {
     let guard = func as u64 | copy.cookie_bits();
-    if !live || matches!(copy.size, SizeAt::Block(_) | SizeAt::StackBlock(_)) {
+    if !live || copy.size.frees() {
         return Some((guard, Vec::new()));
     }
     // A copy of realloc leaves its block at several places; live mode
@@ -479,9 +479,10 @@ pub fn attach<T>(
             else {
                 continue;
             };
-            let program = match copy.size {
-                SizeAt::Block(_) | SizeAt::StackBlock(_) => maps::RELEASE_INLINE,
-                _ => maps::ALLOC_INLINE,
+            let program = if copy.size.frees() {
+                maps::RELEASE_INLINE
+            } else {
+                maps::ALLOC_INLINE
             };
             let floor = |p| if mode.floor { maps::FLOOR } else { p };
             plan.add(

@@ -79,23 +79,11 @@ fn inlined_note(
     if live {
         use allocators::inlined::SizeAt;
         let all = || alloc.sites.iter().flat_map(|s| &s.inlined);
-        let frees = all()
-            .filter(|c| matches!(c.size, SizeAt::Block(_) | SizeAt::StackBlock(_)))
-            .count();
-        let (placed, unplaced) = all()
-            .filter(|c| {
-                !matches!(
-                    c.size,
-                    SizeAt::Block(_) | SizeAt::StackBlock(_) | SizeAt::Resize { .. }
-                )
-            })
-            .fold((0, 0), |(p, u), c| {
-                if c.blocks.is_empty() {
-                    (p, u + 1)
-                } else {
-                    (p + 1, u)
-                }
-            });
+        let frees = all().filter(|c| c.size.frees()).count();
+        let (unplaced, placed): (Vec<_>, Vec<_>) = all()
+            .filter(|c| !c.size.frees() && !matches!(c.size, SizeAt::Resize { .. }))
+            .partition(|c| c.blocks.is_empty());
+        let (placed, unplaced) = (placed.len(), unplaced.len());
         let mut unseen = Vec::new();
         if unplaced > 0 {
             unseen.push(format!(

@@ -106,42 +106,35 @@ fn run_to_consistent<T>(
             // Another trap (the exit event): not ours.
             continue;
         }
-        if ld.state(pid) == Some(RT_CONSISTENT) {
-            // Ours: take the breakpoint out and run the instruction again.
-            poke(pid, bp, original)?;
-            regs.rip = bp;
-            set_regs(pid, &regs)?;
-            let maps = read_maps(pid)?;
-            if let Some(t) = attach(pid, &maps)? {
-                return Ok(Some(t));
-            }
-            step_over(pid, bp, armed)?;
-        } else if original & 0xff == RET {
+        let consistent = ld.state(pid) == Some(RT_CONSISTENT);
+        if !consistent && original & 0xff == RET {
             // Not yet: the function is a bare `ret` (glibc's), done here
             // with the breakpoint left in (one stop a call, not two).
             regs.rip = peek(pid, regs.rsp)?;
             regs.rsp += 8;
             set_regs(pid, &regs)?;
-        } else {
-            poke(pid, bp, original)?;
-            regs.rip = bp;
-            set_regs(pid, &regs)?;
-            step_over(pid, bp, armed)?;
+            continue;
         }
+        // Ours: take the breakpoint out and run the instruction again.
+        poke(pid, bp, original)?;
+        regs.rip = bp;
+        set_regs(pid, &regs)?;
+        if consistent {
+            let maps = read_maps(pid)?;
+            if let Some(t) = attach(pid, &maps)? {
+                return Ok(Some(t));
+            }
+        }
+        // Not yet (or a library loaded later may bring the allocator):
+        // step over the instruction and arm the breakpoint again.
+        ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
+        check_alive(waitpid(pid)?)?;
+        poke(pid, bp, armed)?;
     }
 }
 
 /// `ret`: the whole of glibc's `_dl_debug_state`.
 const RET: u64 = 0xc3;
-
-/// Steps the stopped child over the instruction at `bp` (the original
-/// there) and arms the breakpoint (`armed`) again: a library loaded later
-/// may bring the allocator.
-fn step_over(pid: u32, bp: u64, armed: u64) -> Result<()> {
-    ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
-    check_alive(waitpid(pid)?)?;
-    Ok(poke(pid, bp, armed)?)
-}
 
 /// Steps the stopped child from system call to system call until its
 /// allocator is mapped executable and `attach` has attached to it.
