@@ -4,7 +4,7 @@
 
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_current_comm};
+use aya_ebpf::bindings::BPF_NOEXIST;
 use tracer_common::{counter, CountKey, CountValue};
 
 use crate::maps::{COUNTERS, COUNTS, THREAD_NAMES};
@@ -86,13 +86,18 @@ pub(crate) fn add_to_count(key: &CountKey, calls: u64, bytes: u64, owned: bool) 
 /// lost (and counted so) when the map is full.
 #[inline(always)]
 pub(crate) fn insert_count(key: &CountKey, calls: u64, bytes: u64, hits: u64) -> bool {
-    let first = CountValue {
-        calls,
-        bytes,
-        calls_shared: 0,
-        bytes_shared: 0,
+    // Field by field: the two zero fields would be merged into a call of a
+    // byte-by-byte `memset`, which the verifier walks a byte at a time.
+    let mut first = core::mem::MaybeUninit::<CountValue>::uninit();
+    let p = first.as_mut_ptr();
+    let first = unsafe {
+        core::ptr::write_volatile(&raw mut (*p).calls, calls);
+        core::ptr::write_volatile(&raw mut (*p).bytes, bytes);
+        core::ptr::write_volatile(&raw mut (*p).calls_shared, 0);
+        core::ptr::write_volatile(&raw mut (*p).bytes_shared, 0);
+        first.assume_init_ref()
     };
-    match COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
+    match COUNTS.insert(key, first, BPF_NOEXIST as u64) {
         Ok(()) => true,
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
@@ -111,9 +116,24 @@ pub(crate) fn insert_count(key: &CountKey, calls: u64, bytes: u64, hits: u64) ->
 /// Per-thread mode: the name of a thread with a new key.
 #[inline(always)]
 pub(crate) fn name_thread(tid: u32) {
-    if let Ok(comm) = bpf_get_current_comm() {
+    if let Some(comm) = current_comm() {
         if THREAD_NAMES.insert(&tid, &comm, 0).is_err() {
             bump_counter(counter::THREAD_NAMES_FULL, 1);
         }
     }
+}
+
+/// The calling thread's name, read into uninitialized memory (the helper
+/// writes all of it): a zeroed array would be a call of a byte-by-byte
+/// `memset`, which the verifier walks a byte at a time.
+#[inline(always)]
+pub(crate) fn current_comm() -> Option<[u8; 16]> {
+    let mut comm = core::mem::MaybeUninit::<[u8; 16]>::uninit();
+    let r = unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(
+            comm.as_mut_ptr() as *mut core::ffi::c_void,
+            16,
+        )
+    };
+    (r == 0).then(|| unsafe { comm.assume_init() })
 }

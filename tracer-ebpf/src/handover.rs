@@ -1,17 +1,18 @@
 //! The miss hand-over: a walk that met a return address without an unwind
 //! rule goes to the tracer, with a copy of the stack from there.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_current_comm};
+use aya_ebpf::bindings::BPF_NOEXIST;
 use tracer_common::{
     counter, miss_stack_id, stop, MissEvent, WalkScratch, MAX_FRAMES, MISS_COPY_SIZES,
     PY_MAX_FRAMES, STACK_COPY,
 };
 
 use crate::{
-    aggregate::bump_counter,
+    aggregate::{bump_counter, current_comm},
     hidden::note_hidden,
     live::now_ns,
     maps::{PROCESS, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
+    scratch::{level_of, scratch_at},
     walk::finish_hash,
 };
 
@@ -20,22 +21,52 @@ use crate::{
 /// (live mode's events carry it), `None` when the ring had no room.
 #[inline(always)]
 pub(crate) fn send_miss(
-    w: &mut WalkScratch,
+    w: &WalkScratch,
     func: u32,
     tid: u32,
     caller: u64,
     calls: u64,
     bytes: u64,
 ) -> Option<u64> {
+    let level = level_of(w);
+    let id = send_miss_at(
+        level,
+        (func as u64) << 32 | tid as u64,
+        caller,
+        calls,
+        bytes,
+    );
+    (id != 0).then_some(id)
+}
+
+/// [`send_miss`] for the walk scratch at `level`, `func` and `tid` in
+/// the high and low halves of `func_tid`; 0 when the ring had no room (a
+/// stack id is never 0). A global function (numbers in, a number out):
+/// the verifier checks it once, not once for each way the program
+/// reaches it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn send_miss_at(
+    level: u64,
+    func_tid: u64,
+    caller: u64,
+    calls: u64,
+    bytes: u64,
+) -> u64 {
+    let Some(w) = scratch_at(level) else {
+        return 0;
+    };
+    let w = unsafe { &mut *w };
+    let (func, tid) = ((func_tid >> 32) as u32, func_tid as u32);
     if UNWIND_FULL.get(0).is_some_and(|f| *f != 0) {
         finish_hash(w, stop::RULES_FULL);
-        return None;
+        return 0;
     }
     bump_counter(counter::UNWIND_MISSES, 1);
     if tid != 0 {
         // Per thread: the kernel may never count this thread's calls
         // itself (where its name is recorded otherwise).
-        if let Ok(comm) = bpf_get_current_comm() {
+        if let Some(comm) = current_comm() {
             let _ = THREAD_NAMES.insert(&tid, &comm, BPF_NOEXIST as u64);
         }
     }
@@ -61,7 +92,7 @@ pub(crate) fn send_miss(
         top = start + 64;
     }
     let total = top - base;
-    note_hidden(w);
+    note_hidden(level_of(w));
     let head = (id, func, tid, caller, calls, bytes);
     let sent = if total <= MISS_COPY_SIZES[0] as u64 {
         send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, base, total)
@@ -76,9 +107,9 @@ pub(crate) fn send_miss(
     };
     if !sent {
         bump_counter(counter::UNWIND_MISSES_LOST, 1);
-        return None;
+        return 0;
     }
-    Some(id)
+    id
 }
 
 /// The end of the target's mapping that holds `addr`, 0 when it cannot be

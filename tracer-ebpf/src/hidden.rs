@@ -7,9 +7,12 @@
 //! handed to the tracer take the real one from there.
 
 use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task};
-use tracer_common::{WalkScratch, MAX_HIDDEN};
+use tracer_common::MAX_HIDDEN;
 
-use crate::maps::{config_u32, CONFIG};
+use crate::{
+    maps::{config_u32, CONFIG},
+    scratch::scratch_at,
+};
 
 /// Most pending returns looked through (one per function with a return
 /// probe that has not returned yet, innermost first).
@@ -99,16 +102,33 @@ fn read(addr: u64) -> u64 {
     unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
 }
 
-/// Notes in `w` the trampoline's address and each pending return's stack
-/// slot with the address it hides (at most `MAX_HIDDEN`), for the tracer
-/// to walk a copy of the stack as the walk here would have.
+/// Notes in the walk scratch at `level` the trampoline's address and each
+/// pending return's stack slot with the address it hides (at most
+/// `MAX_HIDDEN`), for the tracer to walk a copy of the stack as the walk
+/// here would have. A global function (numbers in, a number out): the
+/// verifier checks it once, not once for each way the program reaches it.
+/// Returns 0.
 #[inline(never)]
-pub(crate) fn note_hidden(w: &mut WalkScratch) {
+#[no_mangle]
+pub extern "C" fn note_hidden(level: u64) -> u64 {
+    let Some(w) = scratch_at(level) else {
+        return 0;
+    };
+    let w = unsafe { &mut *w };
     w.trampoline = 0;
-    w.hidden_at = [[0; 2]; MAX_HIDDEN];
+    // One store a word: an assignment of the array becomes a call of a
+    // byte-by-byte `memset`, which the verifier walks a byte at a time.
+    let mut i = 0;
+    while i < MAX_HIDDEN {
+        unsafe {
+            core::ptr::write_volatile(&mut w.hidden_at[i][0], 0);
+            core::ptr::write_volatile(&mut w.hidden_at[i][1], 0);
+        }
+        i += 1;
+    }
     let mut list = [0u64; 2];
     if !pending_returns(&mut list) {
-        return;
+        return 0;
     }
     w.trampoline = list[1];
     let mut n = 0;
@@ -117,4 +137,5 @@ pub(crate) fn note_hidden(w: &mut WalkScratch) {
         n += 1;
         n == MAX_HIDDEN
     });
+    0
 }

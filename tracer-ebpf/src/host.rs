@@ -12,8 +12,8 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes, bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user,
         generated::{bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf},
     },
     programs::{ProbeContext, RawTracePointContext},
@@ -24,7 +24,7 @@ use tracer_common::{
 };
 
 use crate::{
-    aggregate::{bump_counter, EEXIST},
+    aggregate::{bump_counter, current_comm, EEXIST},
     args::{attach_cookie, call_args},
     hidden::hidden_return,
     maps::{
@@ -89,7 +89,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     caller_place(ret, &mut first);
     match HOST_COUNTS.insert(&key, &first, BPF_NOEXIST as u64) {
         Ok(()) => {
-            if let Ok(comm) = bpf_get_current_comm() {
+            if let Some(comm) = current_comm() {
                 let process = HostProcess {
                     tgid,
                     _pad: 0,

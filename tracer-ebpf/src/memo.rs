@@ -13,6 +13,7 @@ use crate::{
     aggregate::{add_to_count, bump_counter, insert_count},
     args::NO_COOKIE,
     maps::{MEMO, MEMO_NOWHERE},
+    scratch::{level_of, run_loop, scratch_at},
     walk::load_chunk,
 };
 
@@ -80,7 +81,7 @@ fn memo_lookup(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> O
                 u64::MAX
             }
         } else {
-            memo_compare(w, e, sp, n)
+            memo_compare(level_of(w), sp, n)
         };
         if i > n {
             return None;
@@ -91,13 +92,7 @@ fn memo_lookup(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> O
             (*w).check_i = i;
             (*w).check_n = n;
             (*w).check_same = 0;
-            let mut wp = w;
-            aya_ebpf::helpers::generated::bpf_loop(
-                (MEMO_WORDS / MEMO_PER_STEP + 1) as u32,
-                memo_step as *mut core::ffi::c_void,
-                &mut wp as *mut *mut WalkScratch as *mut core::ffi::c_void,
-                0,
-            );
+            memo_check_rest(level_of(w));
             if core::ptr::read_volatile(&(*w).check_same) == 0 {
                 return None;
             }
@@ -139,17 +134,26 @@ fn memo_compare_chunk(w: *mut WalkScratch, e: *const WalkMemo, n: u64) -> bool {
     }
 }
 
-/// Compares the first remembered words of `e` that lie in the chunk
-/// already read with the stack there, without `bpf_loop` (a helper call
-/// whose every step is an indirect call, which retpolines and return
+/// Compares the first remembered words of the entry the check looks at
+/// (`check_slot`) that lie in the chunk already read with the stack at
+/// `sp`, for the walk scratch at `level`, without `bpf_loop` (a helper
+/// call whose every step is an indirect call, which retpolines and return
 /// thunks make dear). Returns how many matched before a word beyond the
 /// chunk or beyond the first `MEMO_INLINE`, or more than `n` at a
 /// mismatch. For a walk whose words are not all in the first chunk (a walk
-/// that fits takes [`memo_compare_chunk`]). Not inlined: the verifier would
-/// follow the loop once per way to it.
+/// that fits takes [`memo_compare_chunk`]). A global function (numbers in,
+/// a number out): the verifier checks it once, and its caller sees any
+/// count, not one constant per way out of the loop.
 #[inline(never)]
-fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64 {
+#[no_mangle]
+pub extern "C" fn memo_compare(level: u64, sp: u64, n: u64) -> u64 {
+    let Some(w) = scratch_at(level) else {
+        return u64::MAX;
+    };
     unsafe {
+        let Some(e) = MEMO.get_ptr((*w).check_slot as u32) else {
+            return u64::MAX;
+        };
         let (base, valid) = ((*w).base, (*w).valid);
         let mut i = 0u64;
         while i < MEMO_INLINE {
@@ -175,6 +179,22 @@ fn memo_compare(w: *mut WalkScratch, e: *const WalkMemo, sp: u64, n: u64) -> u64
 /// Remembered words a `bpf_loop` step of [`memo_step`] or
 /// [`memo_frames_step`] handles.
 const MEMO_PER_STEP: usize = 8;
+
+/// Compares the remembered words from `check_i` to `check_n` with the
+/// stack for the walk scratch at `level`, a `bpf_loop` step at a time;
+/// `check_same` says whether all matched. A global function (a number in,
+/// a number out, always 0): the verifier checks it once, not once for
+/// each way the program reaches it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn memo_check_rest(level: u64) -> u64 {
+    if let Some(w) = scratch_at(level) {
+        run_loop((MEMO_WORDS / MEMO_PER_STEP + 1) as u32, memo_step, unsafe {
+            &mut *w
+        });
+    }
+    0
+}
 
 /// One `bpf_loop` step of [`memo_find`]: compares up to `MEMO_PER_STEP`
 /// remembered words with the stack, reading chunks of it as needed.

@@ -25,28 +25,34 @@ pub(crate) fn in_allocator_body(addr: u64) -> bool {
 
 /// Is `addr` in one of the first `n` of `ranges` (sorted, not
 /// overlapping)? The last range starting at or below `addr` is the only
-/// candidate; seven halvings cover 64.
+/// candidate, found in six halvings of the 64 slots without a branch:
+/// each halving's choice is arithmetic (`below`), so the verifier walks
+/// one path through the search, not one per outcome of each comparison.
 #[inline(always)]
 pub(crate) fn in_ranges(ranges: &[BodyRange; MAX_BODY_RANGES], n: usize, addr: u64) -> bool {
-    let (mut lo, mut hi) = (0usize, n.min(MAX_BODY_RANGES));
-    let mut step = 0;
-    while step < 7 {
-        if lo >= hi {
-            break;
-        }
-        let mid = ((lo + hi) / 2) & (MAX_BODY_RANGES - 1);
-        if addr < ranges[mid].start {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-        step += 1;
+    const _: () = assert!(MAX_BODY_RANGES == 64);
+    let n = n as u64;
+    // Slots `base` and below start at or below `addr`, or `base` is 0.
+    let mut base = 0u64;
+    let mut half = (MAX_BODY_RANGES / 2) as u64;
+    while half > 0 {
+        let i = (base + half) & (MAX_BODY_RANGES as u64 - 1);
+        let start = unsafe { core::ptr::read_volatile(&ranges[i as usize].start) };
+        base += half * (below(start, addr.wrapping_add(1)) & below(i, n));
+        half /= 2;
     }
-    if lo == 0 {
-        return false;
-    }
-    let r = ranges[(lo - 1) & (MAX_BODY_RANGES - 1)];
-    addr >= r.start && addr < r.end
+    let r = ranges[(base & (MAX_BODY_RANGES as u64 - 1)) as usize];
+    base < n && addr >= r.start && addr < r.end
+}
+
+/// 1 when `a < b`, else 0, for values below 2^63 (addresses in user
+/// space, file offsets, slot numbers), computed without a branch: the
+/// difference goes through the stack, or the compiler would turn the
+/// shift back into a comparison and a branch.
+#[inline(always)]
+fn below(a: u64, b: u64) -> u64 {
+    let d = a.wrapping_sub(b);
+    unsafe { core::ptr::read_volatile(&d) >> 63 }
 }
 
 /// Is `addr` inside a probed releasing function whose own free is the

@@ -14,6 +14,7 @@ use tracer_common::{
 use crate::{
     aggregate::bump_counter,
     maps::{PROCESS, UNWIND_MISSES},
+    scratch::run_loop,
 };
 
 /// The process's interpreter layout, when it runs one the programs read.
@@ -70,21 +71,6 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
         counter::PY_NO_THREAD_STATE
     };
     bump_counter(why, 1);
-}
-
-/// A `bpf_loop` of at most `n` calls of `step` on the scratch (a step
-/// returns 1 to end it).
-#[inline(always)]
-fn run_loop(n: u32, step: extern "C" fn(u64, *mut core::ffi::c_void) -> i64, w: &mut WalkScratch) {
-    let mut p = w as *mut WalkScratch;
-    unsafe {
-        aya_ebpf::helpers::generated::bpf_loop(
-            n,
-            step as *mut core::ffi::c_void,
-            &mut p as *mut *mut WalkScratch as *mut core::ffi::c_void,
-            0,
-        );
-    }
 }
 
 /// `py_me` once the calling thread's state is found.

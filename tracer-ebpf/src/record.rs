@@ -300,14 +300,7 @@ pub(crate) fn record_alloc_with_scratch(
     // key the walk would have made) and adds the missing rules.
     let stack = match walk {
         Some(w) if unsafe { (*w).stack.stop } == stop::MISS => {
-            match send_miss(
-                unsafe { &mut *w },
-                func,
-                key_tid,
-                caller,
-                calls_inc,
-                bytes_inc,
-            ) {
+            match send_miss(unsafe { &*w }, func, key_tid, caller, calls_inc, bytes_inc) {
                 Some(id) => {
                     count_call(func, calls_inc, bytes_inc, None, owned);
                     if let Some(p) = pending {

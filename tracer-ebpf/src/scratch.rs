@@ -59,6 +59,40 @@ fn take_higher_level() -> u32 {
     WALK_LEVELS
 }
 
+/// Which level of this CPU's walk scratch `w` is: what a global function
+/// is given to find it again with [`scratch_at`] (a global function takes
+/// numbers, not pointers into a map).
+#[inline(always)]
+pub(crate) fn level_of(w: *const WalkScratch) -> u64 {
+    unsafe { core::ptr::read_volatile(&(*w).level) }
+}
+
+/// Level `level` of this CPU's walk scratch: in a global function, the
+/// same entry as its caller's (a BPF program runs on one CPU throughout).
+#[inline(always)]
+pub(crate) fn scratch_at(level: u64) -> Option<*mut WalkScratch> {
+    WALK.get_ptr_mut(level as u32)
+}
+
+/// A `bpf_loop` of at most `n` calls of `step` on the scratch (a step
+/// returns 1 to end it).
+#[inline(always)]
+pub(crate) fn run_loop(
+    n: u32,
+    step: extern "C" fn(u64, *mut core::ffi::c_void) -> i64,
+    w: &mut WalkScratch,
+) {
+    let mut p = w as *mut WalkScratch;
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            n,
+            step as *mut core::ffi::c_void,
+            &mut p as *mut *mut WalkScratch as *mut core::ffi::c_void,
+            0,
+        );
+    }
+}
+
 /// Gives back the level [`take_scratch`] took.
 #[inline(always)]
 pub(crate) fn give_back_scratch(scratch: Option<*mut WalkScratch>) {

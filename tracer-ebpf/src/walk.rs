@@ -13,6 +13,7 @@ use crate::{
     hidden::hidden_return,
     maps::{config_u32, CONFIG, MEMO, MEMO_NOWHERE, RULE_CACHE, UNWIND_RULES},
     memo::{memo_claim, memo_note, memo_release},
+    scratch::{level_of, run_loop, scratch_at},
 };
 
 /// Sets the walk off from the probe: `caller` is the direct caller (at
@@ -117,15 +118,24 @@ pub(crate) fn walk_stack(
 
 /// Walks frame by frame until the walk ends (`stack.stop` says why).
 #[inline(always)]
-fn run_walk(mut w: *mut WalkScratch) {
-    unsafe {
-        aya_ebpf::helpers::generated::bpf_loop(
+fn run_walk(w: *mut WalkScratch) {
+    walk_frames(level_of(w));
+}
+
+/// Walks the walk scratch at `level` frame by frame until the walk ends.
+/// A global function (a number in, a number out, always 0): the verifier
+/// checks the walk once, not once for each way the program reaches it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn walk_frames(level: u64) -> u64 {
+    if let Some(w) = scratch_at(level) {
+        run_loop(
             (MAX_FRAMES / FRAMES_PER_STEP + 1 + MAX_REVEALED) as u32,
-            unwind_step as *mut core::ffi::c_void,
-            &mut w as *mut *mut WalkScratch as *mut core::ffi::c_void,
-            0,
+            unwind_step,
+            unsafe { &mut *w },
         );
     }
+    0
 }
 
 /// Steps added for the walk to go on from hidden return addresses (each
