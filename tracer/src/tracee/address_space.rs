@@ -5,7 +5,7 @@
 //! another mount namespace. Filled while tracing (attach, launch, the
 //! session's refresh), read by the symbolizer.
 
-use std::{collections::HashMap, fs::File};
+use std::{collections::HashMap, fs::File, sync::Arc};
 
 use crate::profile::Frame;
 
@@ -61,13 +61,8 @@ impl AddressSpace {
                 continue;
             }
             if !self.files.contains_key(&m.path) {
-                // map_files reaches the very file mapped (even deleted or in
-                // another mount namespace); the root path is the fallback.
-                let by_range = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-                let file =
-                    File::open(&by_range).or_else(|_| File::open(path_in_target(pid, &m.path)));
-                if let Ok(f) = file {
-                    if let Some(id) = build_id(&f) {
+                if let Some((f, id)) = open_mapped(pid, &m) {
+                    if let Some(id) = id {
                         self.build_ids.insert(m.path.clone(), id);
                     }
                     self.files.insert(m.path.clone(), f);
@@ -170,6 +165,40 @@ fn exe_alias(pid: u32) -> Option<(String, String)> {
             link.to_string_lossy().into_owned(),
         )
     })
+}
+
+/// Files opened for earlier address spaces, by device and inode as the
+/// mappings name them (the same file wherever it is mapped, in whatever
+/// mount namespace: the kept descriptor holds the inode, so its number is
+/// not reused), with their build ids: each process of a tree maps the
+/// same few libraries, and opening and reading each anew was most of what
+/// recording a new address space cost.
+static OPENED: super::proc::Kept<(u64, u64), Arc<Opened>> = super::proc::Kept::new(256);
+
+/// A file opened and its build id.
+type Opened = (File, Option<String>);
+
+/// The file `m` maps, opened (its own descriptor) with its build id.
+fn open_mapped(pid: u32, m: &Mapping) -> Option<(File, Option<String>)> {
+    let key = (m.dev, m.inode);
+    if let Some(kept) = OPENED.get(&key) {
+        if let Ok(f) = kept.0.try_clone() {
+            return Some((f, kept.1.clone()));
+        }
+    }
+    // map_files reaches the very file mapped (even deleted or in another
+    // mount namespace); the root path is the fallback, whose file may be
+    // another by now (not kept).
+    let by_range = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+    let (f, very) = match File::open(&by_range) {
+        Ok(f) => (f, true),
+        Err(_) => (File::open(path_in_target(pid, &m.path)).ok()?, false),
+    };
+    let id = build_id(&f);
+    if let (true, Ok(kept)) = (very, f.try_clone()) {
+        OPENED.put(key, Arc::new((kept, id.clone())));
+    }
+    Some((f, id))
 }
 
 /// The GNU build id of an ELF file, read lazily (only the note is read).

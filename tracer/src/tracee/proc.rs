@@ -17,6 +17,8 @@ pub struct Mapping {
     pub end: u64,
     pub perms: String,
     pub offset: u64,
+    /// The file's device (major << 32 | minor), 0 for anonymous mappings.
+    pub dev: u64,
     pub inode: u64,
     /// Path as the target sees it (in its own mount namespace); may end in
     /// ` (deleted)`. Empty for anonymous mappings.
@@ -55,7 +57,8 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     let range = it.next()?;
     let perms = it.next()?.to_string();
     let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-    let _dev = it.next()?;
+    let (major, minor) = it.next()?.split_once(':')?;
+    let dev = u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?;
     let inode = it.next()?.parse().ok()?;
     let path = it.next().unwrap_or("").trim_start().to_string();
     let (s, e) = range.split_once('-')?;
@@ -64,6 +67,7 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
         end: u64::from_str_radix(e, 16).ok()?,
         perms,
         offset,
+        dev,
         inode,
         path,
     })

@@ -163,6 +163,9 @@ pub struct Unwinder {
     pub max_frames: usize,
     /// The identity of each mapped file (for [`learned`]).
     ids: HashMap<String, Option<FileId>>,
+    /// Where separate debug files are looked for (the target's
+    /// `/usr/lib/debug`, else ours), found at the first object loaded.
+    debug_dir: Option<PathBuf>,
 }
 
 /// The rules learned in every process of the run, by file and the file
@@ -218,6 +221,7 @@ impl Unwinder {
             stats: UnwindStats::default(),
             max_frames: tracer_common::MAX_FRAMES,
             ids: HashMap::new(),
+            debug_dir: None,
         }
     }
 
@@ -280,17 +284,24 @@ impl Unwinder {
 
     fn load(&mut self, path: &str, space: &AddressSpace) {
         let started = Instant::now();
-        let loaded = space.file(path).and_then(|f| {
-            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-            let debug = Path::new("/proc")
-                .join(self.pid.to_string())
-                .join("root/usr/lib/debug");
-            let debug = if debug.is_dir() {
+        let pid = self.pid;
+        let debug = self.debug_dir.get_or_insert_with(|| {
+            // Named by our own path where the target's root is ours: the
+            // objects loaded are shared by the key (file, debug directory).
+            let root = Path::new("/proc").join(pid.to_string()).join("root");
+            let same_root =
+                FileId::of(&root).is_some() && FileId::of(&root) == FileId::of(Path::new("/"));
+            let debug = root.join("usr/lib/debug");
+            if !same_root && debug.is_dir() {
                 debug
             } else {
                 PathBuf::from("/usr/lib/debug")
-            };
-            match ObjectCfi::shared(&fd_path, &debug) {
+            }
+        });
+        let loaded = space.file(path).and_then(|f| {
+            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+            let id = FileId::of_file(f)?;
+            match ObjectCfi::shared(id, &fd_path, debug) {
                 Ok(o) => Some(o),
                 Err(e) => {
                     log::debug!("unwind: no call-frame information for {path}: {e:#}");

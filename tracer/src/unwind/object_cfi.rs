@@ -156,9 +156,9 @@ impl ObjectCfi {
     /// [`ObjectCfi::load_with_debug_dir`], shared: every process of a
     /// tree that maps the same file (and looks for debug files in the same
     /// place) uses the one loaded first, its indexes built (and a separate
-    /// debug file inflated) once.
-    pub fn shared(path: &Path, debug_dir: &Path) -> Result<Arc<ObjectCfi>> {
-        let id = FileId::of(path).with_context(|| format!("{}", path.display()))?;
+    /// debug file inflated) once. The file is `id` (as its open
+    /// descriptor says), read from `path` if not loaded yet.
+    pub fn shared(id: FileId, path: &Path, debug_dir: &Path) -> Result<Arc<ObjectCfi>> {
         let key = (id, debug_dir.to_owned());
         if let Some(o) = LOADED.get(&key) {
             return Ok(o);
