@@ -69,10 +69,30 @@ fn counter_sum(counters: &PerCpuArray<&MapData, u64>, i: u32) -> Result<u64> {
     Ok(sum)
 }
 
-/// The kernel's counters, summed over the CPUs.
+/// The kernel's counters, summed over the CPUs, read in one call (one
+/// lookup per counter, each half and CPU, was most of a short process's
+/// reading).
 fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
-    let counters = counters(probes)?;
-    (0..counter::N).map(|i| counter_sum(&counters, i)).collect()
+    let map = probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?;
+    let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
+    let values = crate::probes::pool::per_cpu_array(
+        crate::probes::pool::map_fd(map)?,
+        8,
+        cpus,
+        2 * counter::N,
+    )
+    .context("reading the counters")?;
+    let word = |entry: usize, cpu: usize| {
+        let at = (entry * cpus + cpu) * 8;
+        u64::from_ne_bytes(values[at..at + 8].try_into().unwrap())
+    };
+    Ok((0..counter::N as usize)
+        .map(|i| {
+            (0..cpus)
+                .map(|c| word(i, c) + word(i + counter::N as usize, c))
+                .sum()
+        })
+        .collect())
 }
 
 /// The kernel's counts by key: the aggregation map plus what remembered

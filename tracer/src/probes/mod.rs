@@ -603,13 +603,9 @@ impl Probes {
         pool::give_back(loaded);
     }
 
-    /// Empties the object for the next process now, while its probes are
-    /// taken out on another thread: its process is gone (reaped), so none
-    /// of its programs runs for it any more.
-    pub fn recycle_now(self) {
-        let (links, loaded) = self.split();
-        std::thread::spawn(move || multi::close_all(links));
-        pool::give_back(loaded);
+    /// What its object was loaded for.
+    pub fn made_for(&self) -> (Mode, MapSizes) {
+        self.made_for
     }
 
     /// `8 probes in /…/libc.so.6`, or with probes in several objects
@@ -648,7 +644,9 @@ impl Probes {
         std::mem::take(&mut self.links)
     }
 
-    fn split(self) -> (Vec<multi::Link>, pool::Loaded) {
+    /// Its links and its object (which serves another process only once
+    /// emptied, and once no program of its process can run any more).
+    pub fn split(self) -> (Vec<multi::Link>, pool::Loaded) {
         let Probes {
             links,
             programs,

@@ -125,6 +125,70 @@ pub fn give_back(loaded: Loaded) {
     }
 }
 
+/// An object on its way back to the pool (emptied on another thread):
+/// while it lives, a process needing an object made for the same waits
+/// for it in [`take`], as for one being prepared, instead of loading
+/// another.
+pub struct ComingBack((Mode, MapSizes));
+
+impl ComingBack {
+    pub fn new(made_for: (Mode, MapSizes)) -> ComingBack {
+        POOL.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .preparing
+            .push(made_for);
+        ComingBack(made_for)
+    }
+}
+
+impl Drop for ComingBack {
+    fn drop(&mut self) {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = pool.preparing.iter().position(|m| *m == self.0) {
+            pool.preparing.swap_remove(i);
+        }
+        drop(pool);
+        PREPARED.notify_all();
+    }
+}
+
+/// Every entry of per-CPU array `fd` (`entries` of `value_size` bytes a
+/// CPU, `cpus` CPUs), in one call: each entry's values, CPU by CPU.
+pub(crate) fn per_cpu_array(
+    fd: RawFd,
+    value_size: usize,
+    cpus: usize,
+    entries: u32,
+) -> std::io::Result<Vec<u8>> {
+    let keys = vec![0u32; entries as usize];
+    let stride = value_size.next_multiple_of(8) * cpus;
+    let mut values = vec![0u8; stride * entries as usize];
+    let mut token_out = 0u32;
+    // SAFETY: all-zero is a valid bpf_attr.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the union's batch member.
+    let b = unsafe { &mut attr.batch };
+    b.map_fd = fd as u32;
+    b.out_batch = &mut token_out as *mut u32 as u64;
+    b.keys = keys.as_ptr() as u64;
+    b.values = values.as_mut_ptr() as u64;
+    b.count = entries;
+    match sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        // ENOENT: the last entry was read (all of them, in one call).
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(e),
+    }
+    // SAFETY: the union's batch member, written back by the kernel.
+    let read = unsafe { attr.batch.count };
+    if read != entries {
+        return Err(std::io::Error::other(format!(
+            "{read} of {entries} entries read"
+        )));
+    }
+    Ok(values)
+}
+
 /// Ring handles given back by their readers, by map id: mapping a ring
 /// (the kernel inserts its pages one by one) cost more than anything else
 /// a new process needed, and a reused object's rings are the same.

@@ -8,16 +8,26 @@ use std::time::Instant;
 use super::{Session, TracedProcess};
 use crate::probes::Probes;
 
-/// Lets go of `probes` away from the session's thread: at once when
-/// `gone` (their process is reaped: no program of theirs can run, and
-/// the object serves the next process as soon as it is emptied), or once
-/// their links are closed (their process runs another program now).
-pub fn let_go(probes: Probes, gone: bool) {
-    if gone {
-        probes.recycle_now();
-    } else {
-        std::thread::spawn(move || probes.recycle());
-    }
+/// Lets go of `probes` away from the session's thread, once their links
+/// are closed (their process runs another program now).
+pub fn let_go(probes: Probes) {
+    std::thread::spawn(move || probes.recycle());
+}
+
+/// Lets go of a gone process away from the session's thread (its
+/// unwinder stopped, its object emptied, its links closed): its process
+/// is reaped, so no program of its can run, and its object serves the
+/// next process as soon as it is emptied (which a process that needs it
+/// meanwhile waits for).
+pub fn let_go_of_gone(proc: TracedProcess) {
+    let coming_back = crate::probes::pool::ComingBack::new(proc.probes.made_for());
+    std::thread::spawn(move || {
+        let probes = proc.release();
+        let (links, loaded) = probes.split();
+        crate::probes::pool::give_back(loaded);
+        drop(coming_back);
+        crate::probes::multi::close_all(links);
+    });
 }
 
 impl Session {

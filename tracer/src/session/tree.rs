@@ -248,7 +248,7 @@ impl Session {
                 if let Some(probes) = replaced {
                     // The old program's probes (disabled) go now; their
                     // object serves again once they are out.
-                    detach::let_go(probes, false);
+                    detach::let_go(probes);
                 }
                 Ok(done)
             }
@@ -301,7 +301,7 @@ impl Session {
             if self.options.bounded {
                 self.bound_gone();
             }
-            detach::let_go(proc.release(), true);
+            detach::let_go_of_gone(proc);
         }
     }
 }
