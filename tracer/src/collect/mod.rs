@@ -8,7 +8,7 @@ pub mod timeline;
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tracer_common::{
     counter, maps, stop, Comm, CountKey, CountValue, StackFrames, WalkMemo, MEMO_ENTRIES,
     STACK_NONE, WEIGHT_ONE,
@@ -101,8 +101,8 @@ fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
 /// or an entry was being written) is read again, a few times at most.
 fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
     let ebpf = &probes.ebpf;
-    let counts: PerCpuHashMap<&MapData, CountKey, CountValue> =
-        PerCpuHashMap::try_from(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
+    let counts = crate::probes::pool::map_fd(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
+    let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
     let memo: PerCpuArray<&MapData, WalkMemo> =
         PerCpuArray::try_from(ebpf.map(maps::MEMO).context("MEMO map")?)?;
     let counters = counters(probes)?;
@@ -112,14 +112,14 @@ fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
     for _ in 0..8 {
         merged.clear();
         let before = flushes()?;
-        for item in counts.iter() {
-            let (key, per_cpu) = item?;
+        crate::probes::pool::per_cpu_hash(counts, cpus, |key: CountKey, per_cpu: &[CountValue]| {
             let sum: &mut CountValue = merged.entry(key).or_default();
-            for v in per_cpu.iter() {
+            for v in per_cpu {
                 sum.calls += v.calls + v.calls_shared;
                 sum.bytes += v.bytes + v.bytes_shared;
             }
-        }
+        })
+        .context("reading the counts")?;
         let mut torn = false;
         for slot in 0..=MEMO_ENTRIES {
             for e in memo.get(&slot, 0)?.iter() {
@@ -297,7 +297,10 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
     quality.python = (python != PythonQuality::default()).then_some(python);
 
     let mut thread_names = BTreeMap::new();
-    if let Some(map) = ebpf.map(maps::THREAD_NAMES) {
+    // Names are kept in per-thread mode only (a key's thread id is 0
+    // otherwise).
+    let named = probes.made_for().0.per_thread;
+    if let Some(map) = ebpf.map(maps::THREAD_NAMES).filter(|_| named) {
         let names: BpfHashMap<&MapData, u32, Comm> = BpfHashMap::try_from(map)?;
         for item in names.iter() {
             let (tid, comm) = item?;

@@ -189,6 +189,75 @@ pub(crate) fn per_cpu_array(
     Ok(values)
 }
 
+/// Calls `f` with every entry of per-CPU hash map `fd` (keys `K`, values
+/// `V` on each of `cpus` CPUs), read a batch at a time: one pass over its
+/// buckets (a key-by-key walk looks each key up again and starts each
+/// step's search over).
+pub(crate) fn per_cpu_hash<K: Copy, V: Copy>(
+    fd: RawFd,
+    cpus: usize,
+    mut f: impl FnMut(K, &[V]),
+) -> std::io::Result<()> {
+    let (key_size, stride) = (
+        std::mem::size_of::<K>(),
+        std::mem::size_of::<V>().next_multiple_of(8) * cpus,
+    );
+    let mut batch = 256usize;
+    let (mut token_in, mut token_out) = (0u64, 0u64);
+    let mut first = true;
+    let mut per_cpu: Vec<V> = Vec::with_capacity(cpus);
+    loop {
+        let mut keys = vec![0u8; key_size * batch];
+        let mut values = vec![0u8; stride * batch];
+        // SAFETY: all-zero is a valid bpf_attr.
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the union's batch member.
+        let b = unsafe { &mut attr.batch };
+        b.map_fd = fd as u32;
+        b.in_batch = if first {
+            0
+        } else {
+            &mut token_in as *mut u64 as u64
+        };
+        b.out_batch = &mut token_out as *mut u64 as u64;
+        b.keys = keys.as_mut_ptr() as u64;
+        b.values = values.as_mut_ptr() as u64;
+        b.count = batch as u32;
+        let last = match sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr) {
+            Ok(_) => false,
+            // The last batch (its entries are read too).
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            // A bucket holds more entries than the batch: a larger one.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                batch *= 2;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // SAFETY: the union's batch member, written back by the kernel.
+        let read = unsafe { attr.batch.count } as usize;
+        for i in 0..read.min(batch) {
+            // SAFETY: `K` and `V` are plain `#[repr(C)]` data the map
+            // holds, read from their places in the buffers.
+            let key =
+                unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr().cast::<K>()) };
+            per_cpu.clear();
+            for c in 0..cpus {
+                let at = i * stride + c * std::mem::size_of::<V>().next_multiple_of(8);
+                // SAFETY: as above.
+                per_cpu
+                    .push(unsafe { std::ptr::read_unaligned(values[at..].as_ptr().cast::<V>()) });
+            }
+            f(key, &per_cpu);
+        }
+        if last {
+            return Ok(());
+        }
+        first = false;
+        token_in = token_out;
+    }
+}
+
 /// Ring handles given back by their readers, by map id: mapping a ring
 /// (the kernel inserts its pages one by one) cost more than anything else
 /// a new process needed, and a reused object's rings are the same.
