@@ -198,17 +198,54 @@ pub(crate) fn per_cpu_hash<K: Copy, V: Copy>(
     cpus: usize,
     mut f: impl FnMut(K, &[V]),
 ) -> std::io::Result<()> {
-    let (key_size, stride) = (
+    let (key_size, per_cpu_size) = (
         std::mem::size_of::<K>(),
-        std::mem::size_of::<V>().next_multiple_of(8) * cpus,
+        std::mem::size_of::<V>().next_multiple_of(8),
     );
+    let stride = per_cpu_size * cpus;
+    let mut per_cpu: Vec<V> = Vec::with_capacity(cpus);
+    hash_batches(
+        fd,
+        bpf_cmd::BPF_MAP_LOOKUP_BATCH,
+        key_size,
+        stride,
+        |keys, values, read| {
+            for i in 0..read {
+                // SAFETY: `K` and `V` are plain `#[repr(C)]` data the map
+                // holds, read from their places in the buffers.
+                let key =
+                    unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr().cast::<K>()) };
+                per_cpu.clear();
+                for c in 0..cpus {
+                    let at = i * stride + c * per_cpu_size;
+                    // SAFETY: as above.
+                    per_cpu.push(unsafe {
+                        std::ptr::read_unaligned(values[at..].as_ptr().cast::<V>())
+                    });
+                }
+                f(key, &per_cpu);
+            }
+        },
+    )
+}
+
+/// One pass over the buckets of hash map `fd` with batch command `cmd`
+/// (a lookup, or a lookup and delete), 256 entries a call or more where
+/// one bucket holds more: `f` is given each call's keys and values
+/// (`key_size` and `value_size` bytes each) and how many it read.
+fn hash_batches(
+    fd: RawFd,
+    cmd: bpf_cmd,
+    key_size: usize,
+    value_size: usize,
+    mut f: impl FnMut(&[u8], &[u8], usize),
+) -> std::io::Result<()> {
     let mut batch = 256usize;
+    let mut keys = vec![0u8; key_size * batch];
+    let mut values = vec![0u8; value_size * batch];
     let (mut token_in, mut token_out) = (0u64, 0u64);
     let mut first = true;
-    let mut per_cpu: Vec<V> = Vec::with_capacity(cpus);
     loop {
-        let mut keys = vec![0u8; key_size * batch];
-        let mut values = vec![0u8; stride * batch];
         // SAFETY: all-zero is a valid bpf_attr.
         let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the union's batch member.
@@ -223,33 +260,23 @@ pub(crate) fn per_cpu_hash<K: Copy, V: Copy>(
         b.keys = keys.as_mut_ptr() as u64;
         b.values = values.as_mut_ptr() as u64;
         b.count = batch as u32;
-        let last = match sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        let last = match sys_bpf(cmd, &mut attr) {
             Ok(_) => false,
             // The last batch (its entries are read too).
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
-            // A bucket holds more entries than the batch: a larger one.
+            // A bucket holds more entries than the batch (none was read):
+            // a larger one.
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                 batch *= 2;
+                keys.resize(key_size * batch, 0);
+                values.resize(value_size * batch, 0);
                 continue;
             }
             Err(e) => return Err(e),
         };
         // SAFETY: the union's batch member, written back by the kernel.
         let read = unsafe { attr.batch.count } as usize;
-        for i in 0..read.min(batch) {
-            // SAFETY: `K` and `V` are plain `#[repr(C)]` data the map
-            // holds, read from their places in the buffers.
-            let key =
-                unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr().cast::<K>()) };
-            per_cpu.clear();
-            for c in 0..cpus {
-                let at = i * stride + c * std::mem::size_of::<V>().next_multiple_of(8);
-                // SAFETY: as above.
-                per_cpu
-                    .push(unsafe { std::ptr::read_unaligned(values[at..].as_ptr().cast::<V>()) });
-            }
-            f(key, &per_cpu);
-        }
+        f(&keys, &values, read.min(batch));
         if last {
             return Ok(());
         }
@@ -429,33 +456,11 @@ pub(crate) fn update_batch<K: Copy, V: Copy>(
 /// Every entry of a hash map deleted, a batch at a time (one pass over
 /// its buckets: a key-by-key walk starts each step's search over).
 fn clear_hash(fd: RawFd, key_size: usize, value_size: usize) -> std::io::Result<()> {
-    const BATCH: usize = 256;
-    let mut keys = vec![0u8; key_size * BATCH];
-    let mut values = vec![0u8; value_size * BATCH];
-    let (mut token_in, mut token_out) = (0u64, 0u64);
-    let mut first = true;
-    loop {
-        // SAFETY: all-zero is a valid bpf_attr.
-        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the union's batch member.
-        let b = unsafe { &mut attr.batch };
-        b.map_fd = fd as u32;
-        b.in_batch = if first {
-            0
-        } else {
-            &mut token_in as *mut u64 as u64
-        };
-        b.out_batch = &mut token_out as *mut u64 as u64;
-        b.keys = keys.as_mut_ptr() as u64;
-        b.values = values.as_mut_ptr() as u64;
-        b.count = BATCH as u32;
-        match sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut attr) {
-            Ok(_) => {}
-            // The last batch (possibly empty): the map is empty.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        first = false;
-        token_in = token_out;
-    }
+    hash_batches(
+        fd,
+        bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
+        key_size,
+        value_size,
+        |_, _, _| {},
+    )
 }
