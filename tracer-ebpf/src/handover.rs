@@ -92,7 +92,7 @@ pub extern "C" fn send_miss_at(
         top = start + 64;
     }
     let total = top - base;
-    note_hidden(level_of(w));
+    note_hidden(level);
     let head = (id, func, tid, caller, calls, bytes);
     let sent = if total <= MISS_COPY_SIZES[0] as u64 {
         send_copy::<{ MISS_COPY_SIZES[0] }>(w, head, base, total)

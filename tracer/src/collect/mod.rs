@@ -69,30 +69,24 @@ fn counter_sum(counters: &PerCpuArray<&MapData, u64>, i: u32) -> Result<u64> {
     Ok(sum)
 }
 
-/// The kernel's counters, summed over the CPUs, read in one call (one
+/// The kernel's counters, summed over the CPUs, read in batches (one
 /// lookup per counter, each half and CPU, was most of a short process's
 /// reading).
 fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
     let map = probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?;
-    let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
-    let values = crate::probes::pool::per_cpu_array(
+    let n = counter::N as usize;
+    let mut sums = vec![0u64; n];
+    crate::probes::pool::per_cpu_entries(
         crate::probes::pool::map_fd(map)?,
-        8,
-        cpus,
-        2 * counter::N,
+        |index: u32, per_cpu: &[u64]| {
+            // Each counter's plain half, then its atomic half.
+            if let Some(sum) = sums.get_mut(index as usize % n) {
+                *sum += per_cpu.iter().sum::<u64>();
+            }
+        },
     )
     .context("reading the counters")?;
-    let word = |entry: usize, cpu: usize| {
-        let at = (entry * cpus + cpu) * 8;
-        u64::from_ne_bytes(values[at..at + 8].try_into().unwrap())
-    };
-    Ok((0..counter::N as usize)
-        .map(|i| {
-            (0..cpus)
-                .map(|c| word(i, c) + word(i + counter::N as usize, c))
-                .sum()
-        })
-        .collect())
+    Ok(sums)
 }
 
 /// The kernel's counts by key: the aggregation map plus what remembered
@@ -102,7 +96,6 @@ fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
 fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
     let ebpf = &probes.ebpf;
     let counts = crate::probes::pool::map_fd(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
-    let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
     let memo: PerCpuArray<&MapData, WalkMemo> =
         PerCpuArray::try_from(ebpf.map(maps::MEMO).context("MEMO map")?)?;
     let counters = counters(probes)?;
@@ -112,7 +105,7 @@ fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
     for _ in 0..8 {
         merged.clear();
         let before = flushes()?;
-        crate::probes::pool::per_cpu_hash(counts, cpus, |key: CountKey, per_cpu: &[CountValue]| {
+        crate::probes::pool::per_cpu_entries(counts, |key: CountKey, per_cpu: &[CountValue]| {
             let sum: &mut CountValue = merged.entry(key).or_default();
             for v in per_cpu {
                 sum.calls += v.calls + v.calls_shared;

@@ -152,52 +152,21 @@ impl Drop for ComingBack {
     }
 }
 
-/// Every entry of per-CPU array `fd` (`entries` of `value_size` bytes a
-/// CPU, `cpus` CPUs), in one call: each entry's values, CPU by CPU.
-pub(crate) fn per_cpu_array(
-    fd: RawFd,
-    value_size: usize,
-    cpus: usize,
-    entries: u32,
-) -> std::io::Result<Vec<u8>> {
-    let keys = vec![0u32; entries as usize];
-    let stride = value_size.next_multiple_of(8) * cpus;
-    let mut values = vec![0u8; stride * entries as usize];
-    let mut token_out = 0u32;
-    // SAFETY: all-zero is a valid bpf_attr.
-    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: the union's batch member.
-    let b = unsafe { &mut attr.batch };
-    b.map_fd = fd as u32;
-    b.out_batch = &mut token_out as *mut u32 as u64;
-    b.keys = keys.as_ptr() as u64;
-    b.values = values.as_mut_ptr() as u64;
-    b.count = entries;
-    match sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr) {
-        // ENOENT: the last entry was read (all of them, in one call).
-        Ok(_) => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-        Err(e) => return Err(e),
-    }
-    // SAFETY: the union's batch member, written back by the kernel.
-    let read = unsafe { attr.batch.count };
-    if read != entries {
-        return Err(std::io::Error::other(format!(
-            "{read} of {entries} entries read"
-        )));
-    }
-    Ok(values)
+/// The CPUs a per-CPU map holds a value for (the possible ones).
+pub(crate) fn possible_cpus() -> Result<usize> {
+    aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))
 }
 
-/// Calls `f` with every entry of per-CPU hash map `fd` (keys `K`, values
-/// `V` on each of `cpus` CPUs), read a batch at a time: one pass over its
-/// buckets (a key-by-key walk looks each key up again and starts each
-/// step's search over).
-pub(crate) fn per_cpu_hash<K: Copy, V: Copy>(
+/// Calls `f` with every entry of per-CPU map `fd` (a hash map or an
+/// array; keys `K`, values `V` on each CPU), read a batch at a time: one
+/// pass over a hash map's buckets (a key-by-key walk looks each key up
+/// again and starts each step's search over), one call or two for an
+/// array.
+pub(crate) fn per_cpu_entries<K: Copy, V: Copy>(
     fd: RawFd,
-    cpus: usize,
     mut f: impl FnMut(K, &[V]),
-) -> std::io::Result<()> {
+) -> Result<()> {
+    let cpus = possible_cpus()?;
     let (key_size, per_cpu_size) = (
         std::mem::size_of::<K>(),
         std::mem::size_of::<V>().next_multiple_of(8),
@@ -226,12 +195,13 @@ pub(crate) fn per_cpu_hash<K: Copy, V: Copy>(
                 f(key, &per_cpu);
             }
         },
-    )
+    )?;
+    Ok(())
 }
 
-/// One pass over the buckets of hash map `fd` with batch command `cmd`
-/// (a lookup, or a lookup and delete), 256 entries a call or more where
-/// one bucket holds more: `f` is given each call's keys and values
+/// One pass over map `fd` with batch command `cmd` (a lookup, or a
+/// lookup and delete), 256 entries a call or more where one hash bucket
+/// holds more: `f` is given each call's keys and values
 /// (`key_size` and `value_size` bytes each) and how many it read.
 fn hash_batches(
     fd: RawFd,
@@ -377,15 +347,17 @@ fn empty(ebpf: &Ebpf) -> Result<()> {
         let result = match kind {
             Kind::Array if mappable => zero_mapped(data.fd().as_fd(), value_size, entries),
             Kind::Array => zero_array(fd, value_size, entries),
-            Kind::PerCpuArray => {
-                let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
-                zero_array(fd, value_size.next_multiple_of(8) * cpus, entries)
-            }
+            Kind::PerCpuArray => zero_array(
+                fd,
+                value_size.next_multiple_of(8) * possible_cpus()?,
+                entries,
+            ),
             Kind::Hash => clear_hash(fd, key_size, value_size),
-            Kind::PerCpuHash => {
-                let cpus = aya::util::nr_cpus().map_err(|(w, e)| anyhow::anyhow!("{w}: {e}"))?;
-                clear_hash(fd, key_size, value_size.next_multiple_of(8) * cpus)
-            }
+            Kind::PerCpuHash => clear_hash(
+                fd,
+                key_size,
+                value_size.next_multiple_of(8) * possible_cpus()?,
+            ),
         };
         result.with_context(|| format!("emptying the {name} map"))?;
     }

@@ -179,7 +179,7 @@ static OPENED: super::proc::Kept<(u64, u64), Arc<Opened>> = super::proc::Kept::n
 type Opened = (File, Option<String>);
 
 /// The file `m` maps, opened (its own descriptor) with its build id.
-fn open_mapped(pid: u32, m: &Mapping) -> Option<(File, Option<String>)> {
+fn open_mapped(pid: u32, m: &Mapping) -> Option<Opened> {
     let key = (m.dev, m.inode);
     if let Some(kept) = OPENED.get(&key) {
         if let Ok(f) = kept.0.try_clone() {

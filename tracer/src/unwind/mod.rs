@@ -290,7 +290,7 @@ impl Unwinder {
             // objects loaded are shared by the key (file, debug directory).
             let root = Path::new("/proc").join(pid.to_string()).join("root");
             let same_root =
-                FileId::of(&root).is_some() && FileId::of(&root) == FileId::of(Path::new("/"));
+                FileId::of(&root).is_some_and(|r| FileId::of(Path::new("/")) == Some(r));
             let debug = root.join("usr/lib/debug");
             if !same_root && debug.is_dir() {
                 debug
