@@ -189,9 +189,7 @@ pub struct CountKey {
     pub caller: u64,
 }
 
-/// Value of the aggregation map (per CPU). `calls` and `bytes` are added
-/// to plainly by the program that owns the CPU, the `_shared` ones
-/// atomically by a program that preempted it; the sums are the counts. In
+/// Value of the aggregation map, added to atomically by every CPU. In
 /// sampled mode calls are estimates in 16.16 fixed point and bytes
 /// estimates.
 #[repr(C)]
@@ -199,8 +197,6 @@ pub struct CountKey {
 pub struct CountValue {
     pub calls: u64,
     pub bytes: u64,
-    pub calls_shared: u64,
-    pub bytes_shared: u64,
 }
 
 /// Thread name as `bpf_get_current_comm` returns it.

@@ -1,6 +1,6 @@
-//! In-kernel aggregation: the per-function counters and the counts per
-//! aggregation key (`COUNTS`), with plain adds by the program that owns its
-//! CPU and atomic adds by any other.
+//! In-kernel aggregation: the per-function counters (per CPU, with plain
+//! adds by the program that owns its CPU and atomic adds by any other) and
+//! the counts per aggregation key (`COUNTS`, shared, atomic adds).
 
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
@@ -57,24 +57,17 @@ pub(crate) fn count_call(
 ) -> bool {
     bump_counter_owned(counter::CALLS + func, calls, owned);
     bump_counter_owned(counter::BYTES + func, bytes, owned);
-    key.is_none_or(|k| add_to_count(k, calls, bytes, owned))
+    key.is_none_or(|k| add_to_count(k, calls, bytes))
 }
 
-/// Adds a call to the count of `key`, if it has one: plainly when this
-/// program owns the CPU, else atomically to the value's second half.
+/// Adds a call to the count of `key`, if it has one (atomically: every
+/// CPU adds to the same entry).
 #[inline(always)]
-pub(crate) fn add_to_count(key: &CountKey, calls: u64, bytes: u64, owned: bool) -> bool {
+pub(crate) fn add_to_count(key: &CountKey, calls: u64, bytes: u64) -> bool {
     match COUNTS.get_ptr_mut(key) {
         Some(v) => {
-            unsafe {
-                if owned {
-                    (*v).calls += calls;
-                    (*v).bytes += bytes;
-                } else {
-                    atomic_add(&raw mut (*v).calls_shared, calls);
-                    atomic_add(&raw mut (*v).bytes_shared, bytes);
-                }
-            }
+            atomic_add(unsafe { &raw mut (*v).calls }, calls);
+            atomic_add(unsafe { &raw mut (*v).bytes }, bytes);
             true
         }
         None => false,
@@ -86,22 +79,13 @@ pub(crate) fn add_to_count(key: &CountKey, calls: u64, bytes: u64, owned: bool) 
 /// lost (and counted so) when the map is full.
 #[inline(always)]
 pub(crate) fn insert_count(key: &CountKey, calls: u64, bytes: u64, hits: u64) -> bool {
-    // Field by field: the two zero fields would be merged into a call of a
-    // byte-by-byte `memset`, which the verifier walks a byte at a time.
-    let mut first = core::mem::MaybeUninit::<CountValue>::uninit();
-    let p = first.as_mut_ptr();
-    let first = unsafe {
-        core::ptr::write_volatile(&raw mut (*p).calls, calls);
-        core::ptr::write_volatile(&raw mut (*p).bytes, bytes);
-        core::ptr::write_volatile(&raw mut (*p).calls_shared, 0);
-        core::ptr::write_volatile(&raw mut (*p).bytes_shared, 0);
-        first.assume_init_ref()
-    };
+    let first = CountValue { calls, bytes };
+    let first = &first;
     match COUNTS.insert(key, first, BPF_NOEXIST as u64) {
         Ok(()) => true,
         // Another CPU inserted the key between our lookup and insert.
         Err(e) if e == -EEXIST => {
-            if !add_to_count(key, calls, bytes, false) {
+            if !add_to_count(key, calls, bytes) {
                 bump_counter(counter::MAP_FULL, hits);
             }
             false

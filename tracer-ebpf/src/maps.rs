@@ -65,13 +65,16 @@ pub(crate) fn config_u32(field: &u32) -> u32 {
 #[map]
 pub(crate) static PROCESS: Array<ProcessConfig> = Array::with_max_entries(1, 0);
 
-/// Sizes are placeholders: the tracer sets them before load. Per CPU, so
-/// that threads on different CPUs counting the same stack do not fight
-/// over one cache line; not preallocated, so that its memory grows with the
-/// keys in use rather than with keys times CPUs.
+/// Sizes are placeholders: the tracer sets them before load. Not
+/// preallocated, so that its memory grows with the keys in use, and not
+/// per CPU: a per-CPU entry's values are allocated from the kernel's
+/// per-CPU allocator when its key first comes and freed when the object
+/// is emptied, which for a short process cost more than all its calls.
+/// A CPU's repeated calls of a stack mostly add to its remembered walk
+/// ([`MEMO`]), not here, so CPUs seldom share an entry's cache line.
 #[map]
-pub(crate) static COUNTS: PerCpuHashMap<CountKey, CountValue> =
-    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+pub(crate) static COUNTS: HashMap<CountKey, CountValue> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Every distinct stack, once, under its hash. Inserted only when a new
 /// aggregation key appears, so not preallocated.

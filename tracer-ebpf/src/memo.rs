@@ -425,7 +425,7 @@ fn memo_flush(e: *mut WalkMemo) {
             caller: (*e).caller,
         }
     };
-    if !add_to_count(&key, calls, bytes, true) {
+    if !add_to_count(&key, calls, bytes) {
         insert_count(&key, calls, bytes, hits);
     }
     // Counted between the move and the zeroing: a read of the map and

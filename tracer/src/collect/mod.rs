@@ -105,12 +105,10 @@ fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
     for _ in 0..8 {
         merged.clear();
         let before = flushes()?;
-        crate::probes::pool::per_cpu_entries(counts, |key: CountKey, per_cpu: &[CountValue]| {
+        crate::probes::pool::entries(counts, |key: CountKey, v: CountValue| {
             let sum: &mut CountValue = merged.entry(key).or_default();
-            for v in per_cpu {
-                sum.calls += v.calls + v.calls_shared;
-                sum.bytes += v.bytes + v.bytes_shared;
-            }
+            sum.calls += v.calls;
+            sum.bytes += v.bytes;
         })
         .context("reading the counts")?;
         let mut torn = false;

@@ -162,17 +162,30 @@ pub(crate) fn possible_cpus() -> Result<usize> {
 /// pass over a hash map's buckets (a key-by-key walk looks each key up
 /// again and starts each step's search over), one call or two for an
 /// array.
-pub(crate) fn per_cpu_entries<K: Copy, V: Copy>(
+pub(crate) fn per_cpu_entries<K: Copy, V: Copy>(fd: RawFd, f: impl FnMut(K, &[V])) -> Result<()> {
+    each_entry(fd, Some(possible_cpus()?), f)
+}
+
+/// Calls `f` with every entry of hash map `fd` (keys `K`, values `V`),
+/// read a batch at a time (one pass over its buckets).
+pub(crate) fn entries<K: Copy, V: Copy>(fd: RawFd, mut f: impl FnMut(K, V)) -> Result<()> {
+    each_entry(fd, None, |k, v: &[V]| f(k, v[0]))
+}
+
+/// Every entry of map `fd`, its values on each of `cpus` CPUs (a per-CPU
+/// map: each value padded to 8 bytes) or its one value (`None`).
+fn each_entry<K: Copy, V: Copy>(
     fd: RawFd,
+    cpus: Option<usize>,
     mut f: impl FnMut(K, &[V]),
 ) -> Result<()> {
-    let cpus = possible_cpus()?;
-    let (key_size, per_cpu_size) = (
-        std::mem::size_of::<K>(),
-        std::mem::size_of::<V>().next_multiple_of(8),
-    );
-    let stride = per_cpu_size * cpus;
-    let mut per_cpu: Vec<V> = Vec::with_capacity(cpus);
+    let key_size = std::mem::size_of::<K>();
+    let (copies, value_size) = match cpus {
+        Some(n) => (n, std::mem::size_of::<V>().next_multiple_of(8)),
+        None => (1, std::mem::size_of::<V>()),
+    };
+    let stride = value_size * copies;
+    let mut values_of: Vec<V> = Vec::with_capacity(copies);
     hash_batches(
         fd,
         bpf_cmd::BPF_MAP_LOOKUP_BATCH,
@@ -184,15 +197,15 @@ pub(crate) fn per_cpu_entries<K: Copy, V: Copy>(
                 // holds, read from their places in the buffers.
                 let key =
                     unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr().cast::<K>()) };
-                per_cpu.clear();
-                for c in 0..cpus {
-                    let at = i * stride + c * per_cpu_size;
+                values_of.clear();
+                for c in 0..copies {
+                    let at = i * stride + c * value_size;
                     // SAFETY: as above.
-                    per_cpu.push(unsafe {
+                    values_of.push(unsafe {
                         std::ptr::read_unaligned(values[at..].as_ptr().cast::<V>())
                     });
                 }
-                f(key, &per_cpu);
+                f(key, &values_of);
             }
         },
     )?;
