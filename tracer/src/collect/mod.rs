@@ -10,8 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tracer_common::{
-    counter, maps, stop, Comm, CountKey, CountValue, StackFrames, WalkMemo, MEMO_ENTRIES,
-    STACK_NONE, WEIGHT_ONE,
+    counter, maps, stop, Comm, CountKey, CountValue, StackFrames, WalkMemo, STACK_NONE, WEIGHT_ONE,
 };
 
 use self::raw::{RawProfile, RawStack};
@@ -72,21 +71,36 @@ fn counter_sum(counters: &PerCpuArray<&MapData, u64>, i: u32) -> Result<u64> {
 /// The kernel's counters, summed over the CPUs, read in batches (one
 /// lookup per counter, each half and CPU, was most of a short process's
 /// reading).
+/// The last reading of a gone process also notes which counters are not
+/// zero, the only ones its object's emptying needs to zero.
 fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
     let map = probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?;
     let n = counter::N as usize;
     let mut sums = vec![0u64; n];
+    let mut nonzero = Vec::new();
     crate::probes::pool::per_cpu_entries(
         crate::probes::pool::map_fd(map)?,
         |index: u32, per_cpu: &[u64]| {
             // Each counter's plain half, then its atomic half.
             if let Some(sum) = sums.get_mut(index as usize % n) {
+                let here = per_cpu.iter().fold(0u64, |a, v| a | v);
+                if here != 0 {
+                    nonzero.push(index);
+                }
                 *sum += per_cpu.iter().sum::<u64>();
             }
         },
     )
     .context("reading the counters")?;
+    if probes.last_read {
+        emptied(probes).counters = Some(nonzero);
+    }
     Ok(sums)
+}
+
+/// What the last reading leaves empty (see [`Probes::last_read`]).
+fn emptied(probes: &Probes) -> std::sync::MutexGuard<'_, crate::probes::pool::Emptied> {
+    probes.emptied.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The kernel's counts by key: the aggregation map plus what remembered
@@ -96,27 +110,31 @@ fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
 fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
     let ebpf = &probes.ebpf;
     let counts = crate::probes::pool::map_fd(ebpf.map(maps::COUNTS).context("COUNTS map")?)?;
-    let memo: PerCpuArray<&MapData, WalkMemo> =
-        PerCpuArray::try_from(ebpf.map(maps::MEMO).context("MEMO map")?)?;
+    let memo = crate::probes::pool::map_fd(ebpf.map(maps::MEMO).context("MEMO map")?)?;
     let counters = counters(probes)?;
     // How many times the kernel has moved an entry's counts into the map.
     let flushes = || counter_sum(&counters, counter::MEMO_FLUSHES);
+    // The last reading takes the entries out as it reads them, and each
+    // pass adds what a move put in since the one before.
+    let take = probes.last_read;
+    let mut taken: HashMap<CountKey, CountValue> = HashMap::new();
     let mut merged = HashMap::new();
     for _ in 0..8 {
         merged.clear();
         let before = flushes()?;
-        crate::probes::pool::entries(counts, |key: CountKey, v: CountValue| {
-            let sum: &mut CountValue = merged.entry(key).or_default();
+        let into = if take { &mut taken } else { &mut merged };
+        crate::probes::pool::entries(counts, take, |key: CountKey, v: CountValue| {
+            let sum: &mut CountValue = into.entry(key).or_default();
             sum.calls += v.calls;
             sum.bytes += v.bytes;
         })
         .context("reading the counts")?;
+        if take {
+            merged.clone_from(&taken);
+        }
         let mut torn = false;
-        for slot in 0..=MEMO_ENTRIES {
-            for e in memo.get(&slot, 0)?.iter() {
-                if e.hits == 0 {
-                    continue;
-                }
+        crate::probes::pool::per_cpu_entries(memo, |_: u32, per_cpu: &[WalkMemo]| {
+            for e in per_cpu.iter().filter(|e| e.hits != 0) {
                 torn |= e.seq & 1 != 0;
                 let key = CountKey {
                     stack: e.key,
@@ -128,8 +146,12 @@ fn kernel_counts(probes: &Probes) -> Result<HashMap<CountKey, CountValue>> {
                 sum.calls += e.calls;
                 sum.bytes += e.bytes;
             }
-        }
+        })
+        .context("reading the remembered walks")?;
         if !torn && flushes()? == before {
+            if take {
+                emptied(probes).maps.push(maps::COUNTS);
+            }
             break;
         }
     }
@@ -215,6 +237,19 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
 
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map(maps::STACKS).context("STACKS map")?)?;
+    // The last reading takes every stack out at once (one pass over the
+    // map's buckets, which its emptying would make anyway).
+    let mut taken_stacks: Option<HashMap<u64, StackFrames>> = None;
+    if probes.last_read {
+        let mut all = HashMap::new();
+        let fd = crate::probes::pool::map_fd(ebpf.map(maps::STACKS).context("STACKS map")?)?;
+        crate::probes::pool::entries(fd, true, |k: u64, st: StackFrames| {
+            all.insert(k, st);
+        })
+        .context("reading the stacks")?;
+        emptied(probes).maps.push(maps::STACKS);
+        taken_stacks = Some(all);
+    }
     let mut frames_by_hash: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
@@ -235,7 +270,11 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
                 .entry(key.stack)
                 .or_insert_with(|| match walks.stacks.get(&key.stack) {
                     Some(w) => Some(w.clone()),
-                    None => stack_map.get(&key.stack, 0).ok().map(|st| {
+                    None => match &taken_stacks {
+                        Some(all) => all.get(&key.stack).copied(),
+                        None => stack_map.get(&key.stack, 0).ok(),
+                    }
+                    .map(|st| {
                         let n = (st.len as usize).min(st.frames.len());
                         (st.frames[..n].to_vec(), st.stop)
                     }),
@@ -292,12 +331,15 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
     // otherwise).
     let named = probes.made_for().0.per_thread;
     if let Some(map) = ebpf.map(maps::THREAD_NAMES).filter(|_| named) {
-        let names: BpfHashMap<&MapData, u32, Comm> = BpfHashMap::try_from(map)?;
-        for item in names.iter() {
-            let (tid, comm) = item?;
+        let fd = crate::probes::pool::map_fd(map)?;
+        crate::probes::pool::entries(fd, probes.last_read, |tid: u32, comm: Comm| {
             let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
             thread_names.insert(tid, String::from_utf8_lossy(&comm[..end]).into_owned());
-        }
+        })
+        .context("reading the thread names")?;
+    }
+    if probes.last_read {
+        emptied(probes).maps.push(maps::THREAD_NAMES);
     }
 
     let live = probes.live.then(|| LiveTotals {

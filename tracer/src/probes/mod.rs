@@ -196,6 +196,12 @@ pub struct Probes {
     pub sampling: Option<Sampling>,
     /// Most frames a stack keeps above the direct caller.
     pub max_frames: u32,
+    /// Set before the last reading of a gone process: the reading takes
+    /// the entries it reads out of the maps (no program of the process
+    /// can run any more), for the object's next process.
+    pub last_read: bool,
+    /// What the last reading and the unwinder left empty.
+    pub emptied: std::sync::Mutex<pool::Emptied>,
 }
 
 /// The shared loader (made on first use) with `config` as the object's
@@ -259,6 +265,7 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         ebpf,
         programs: Vec::new(),
         made_for: (mode, sizes),
+        emptied: pool::Emptied::default(),
     })
 }
 
@@ -545,6 +552,7 @@ pub fn attach<T>(
         mut ebpf,
         programs,
         made_for,
+        ..
     } = loaded;
     let bodies = alloc.body_ranges(maps);
     let n = bodies.len().min(MAX_BODY_RANGES);
@@ -588,6 +596,8 @@ pub fn attach<T>(
         live: mode.live,
         sampling: mode.sampling,
         max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
+        last_read: false,
+        emptied: Default::default(),
     };
     // Every probe is in: counting starts now, for all functions at once.
     probes.set_enabled(true)?;
@@ -652,6 +662,7 @@ impl Probes {
             programs,
             ebpf,
             made_for,
+            emptied,
             ..
         } = self;
         (
@@ -660,6 +671,7 @@ impl Probes {
                 ebpf,
                 programs,
                 made_for,
+                emptied: emptied.into_inner().unwrap_or_else(|e| e.into_inner()),
             },
         )
     }

@@ -34,6 +34,20 @@ pub struct Loaded {
     pub programs: Vec<multi::Program>,
     /// What it was loaded for: it serves only the same again.
     pub made_for: (Mode, MapSizes),
+    /// What its last process's reading and unwinder left empty.
+    pub emptied: Emptied,
+}
+
+/// What needs no emptying when an object comes back: maps its process's
+/// last reading and its unwinder emptied themselves (each walk over a
+/// hash map's buckets costs the same, full or not), and the counters that
+/// are not zero (known from the last reading, when the process was gone).
+#[derive(Debug, Default)]
+pub struct Emptied {
+    /// Maps left empty, by name.
+    pub maps: Vec<&'static str>,
+    /// The only counters (`COUNTERS` indices) that may not be zero.
+    pub counters: Option<Vec<u32>>,
 }
 
 /// The objects waiting, and those being loaded for the pool (see
@@ -112,8 +126,9 @@ pub fn prepare(made_for: (Mode, MapSizes), load: impl FnOnce() -> Result<Loaded>
 
 /// Empties `loaded` (its links closed) and keeps it for the next process;
 /// dropped instead when it cannot be emptied.
-pub fn give_back(loaded: Loaded) {
-    match empty(&loaded.ebpf) {
+pub fn give_back(mut loaded: Loaded) {
+    let emptied = std::mem::take(&mut loaded.emptied);
+    match empty(&loaded.ebpf, &emptied) {
         Ok(()) => {
             POOL.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -163,19 +178,31 @@ pub(crate) fn possible_cpus() -> Result<usize> {
 /// again and starts each step's search over), one call or two for an
 /// array.
 pub(crate) fn per_cpu_entries<K: Copy, V: Copy>(fd: RawFd, f: impl FnMut(K, &[V])) -> Result<()> {
-    each_entry(fd, Some(possible_cpus()?), f)
+    each_entry(fd, bpf_cmd::BPF_MAP_LOOKUP_BATCH, Some(possible_cpus()?), f)
 }
 
 /// Calls `f` with every entry of hash map `fd` (keys `K`, values `V`),
-/// read a batch at a time (one pass over its buckets).
-pub(crate) fn entries<K: Copy, V: Copy>(fd: RawFd, mut f: impl FnMut(K, V)) -> Result<()> {
-    each_entry(fd, None, |k, v: &[V]| f(k, v[0]))
+/// read a batch at a time (one pass over its buckets); `take`: deleted
+/// as they are read.
+pub(crate) fn entries<K: Copy, V: Copy>(
+    fd: RawFd,
+    take: bool,
+    mut f: impl FnMut(K, V),
+) -> Result<()> {
+    let cmd = if take {
+        bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH
+    } else {
+        bpf_cmd::BPF_MAP_LOOKUP_BATCH
+    };
+    each_entry(fd, cmd, None, |k, v: &[V]| f(k, v[0]))
 }
 
-/// Every entry of map `fd`, its values on each of `cpus` CPUs (a per-CPU
-/// map: each value padded to 8 bytes) or its one value (`None`).
+/// Every entry of map `fd` (batch command `cmd`), its values on each of
+/// `cpus` CPUs (a per-CPU map: each value padded to 8 bytes) or its one
+/// value (`None`).
 fn each_entry<K: Copy, V: Copy>(
     fd: RawFd,
+    cmd: bpf_cmd,
     cpus: Option<usize>,
     mut f: impl FnMut(K, &[V]),
 ) -> Result<()> {
@@ -186,29 +213,22 @@ fn each_entry<K: Copy, V: Copy>(
     };
     let stride = value_size * copies;
     let mut values_of: Vec<V> = Vec::with_capacity(copies);
-    hash_batches(
-        fd,
-        bpf_cmd::BPF_MAP_LOOKUP_BATCH,
-        key_size,
-        stride,
-        |keys, values, read| {
-            for i in 0..read {
-                // SAFETY: `K` and `V` are plain `#[repr(C)]` data the map
-                // holds, read from their places in the buffers.
-                let key =
-                    unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr().cast::<K>()) };
-                values_of.clear();
-                for c in 0..copies {
-                    let at = i * stride + c * value_size;
-                    // SAFETY: as above.
-                    values_of.push(unsafe {
-                        std::ptr::read_unaligned(values[at..].as_ptr().cast::<V>())
-                    });
-                }
-                f(key, &values_of);
+    hash_batches(fd, cmd, key_size, stride, |keys, values, read| {
+        for i in 0..read {
+            // SAFETY: `K` and `V` are plain `#[repr(C)]` data the map
+            // holds, read from their places in the buffers.
+            let key =
+                unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr().cast::<K>()) };
+            values_of.clear();
+            for c in 0..copies {
+                let at = i * stride + c * value_size;
+                // SAFETY: as above.
+                values_of
+                    .push(unsafe { std::ptr::read_unaligned(values[at..].as_ptr().cast::<V>()) });
             }
-        },
-    )?;
+            f(key, &values_of);
+        }
+    })?;
     Ok(())
 }
 
@@ -331,9 +351,12 @@ pub fn map_copy(ebpf: &Ebpf, name: &str) -> Result<Map> {
 /// (the read-only config and data sections, the rings, the queue and the
 /// task storage are left: drained, or the process's own), but for the
 /// rule cache, whose slots the unwinder that filled them frees.
-fn empty(ebpf: &Ebpf) -> Result<()> {
+fn empty(ebpf: &Ebpf, emptied: &Emptied) -> Result<()> {
     for (name, map) in ebpf.maps() {
-        if name.starts_with('.') || name == maps::RULE_CACHE {
+        if name.starts_with('.')
+            || name == maps::RULE_CACHE
+            || emptied.maps.contains(&name)
+        {
             continue;
         }
         enum Kind {
@@ -359,12 +382,18 @@ fn empty(ebpf: &Ebpf) -> Result<()> {
         let mappable = info.map_flags() & aya_obj::generated::BPF_F_MMAPABLE != 0;
         let result = match kind {
             Kind::Array if mappable => zero_mapped(data.fd().as_fd(), value_size, entries),
-            Kind::Array => zero_array(fd, value_size, entries),
-            Kind::PerCpuArray => zero_array(
-                fd,
-                value_size.next_multiple_of(8) * possible_cpus()?,
-                entries,
-            ),
+            Kind::Array => zero_array(fd, value_size, &(0..entries).collect::<Vec<_>>()),
+            Kind::PerCpuArray => {
+                let all: Vec<u32>;
+                let keys = match &emptied.counters {
+                    Some(nonzero) if name == maps::COUNTERS => nonzero.as_slice(),
+                    _ => {
+                        all = (0..entries).collect();
+                        &all
+                    }
+                };
+                zero_array(fd, value_size.next_multiple_of(8) * possible_cpus()?, keys)
+            }
             Kind::Hash => clear_hash(fd, key_size, value_size),
             Kind::PerCpuHash => clear_hash(
                 fd,
@@ -388,10 +417,12 @@ fn zero_mapped(fd: BorrowedFd, value_size: usize, entries: u32) -> std::io::Resu
     Ok(())
 }
 
-/// Every entry of an array map to zeros, in one call.
-fn zero_array(fd: RawFd, value_size: usize, entries: u32) -> std::io::Result<()> {
-    let keys: Vec<u32> = (0..entries).collect();
-    let values = vec![0u8; value_size * entries as usize];
+/// Entries `keys` of an array map to zeros, in one call.
+fn zero_array(fd: RawFd, value_size: usize, keys: &[u32]) -> std::io::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let values = vec![0u8; value_size * keys.len()];
     // SAFETY: all-zero is a valid bpf_attr.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     // SAFETY: the union's batch member.
@@ -399,7 +430,7 @@ fn zero_array(fd: RawFd, value_size: usize, entries: u32) -> std::io::Result<()>
     b.map_fd = fd as u32;
     b.keys = keys.as_ptr() as u64;
     b.values = values.as_ptr() as u64;
-    b.count = entries;
+    b.count = keys.len() as u32;
     sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr).map(drop)
 }
 
@@ -436,6 +467,24 @@ pub(crate) fn update_batch<K: Copy, V: Copy>(
     b.values = values.as_ptr() as u64;
     b.count = keys.len() as u32;
     sys_bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr).map(drop)
+}
+
+/// `keys` deleted from hash map `fd` in one call; false unless every one
+/// was there and went.
+pub(crate) fn delete_batch<K: Copy>(fd: RawFd, keys: &[K]) -> bool {
+    if keys.is_empty() {
+        return true;
+    }
+    // SAFETY: all-zero is a valid bpf_attr.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the union's batch member.
+    let b = unsafe { &mut attr.batch };
+    b.map_fd = fd as u32;
+    b.keys = keys.as_ptr() as u64;
+    b.count = keys.len() as u32;
+    // SAFETY: the union's batch member, written back by the kernel.
+    sys_bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr).is_ok()
+        && unsafe { attr.batch.count } as usize == keys.len()
 }
 
 /// Every entry of a hash map deleted, a batch at a time (one pass over

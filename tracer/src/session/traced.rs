@@ -140,7 +140,8 @@ impl TracedProcess {
         TracedProcess::attach_to(pid, alloc, maps, settings, space, meta).map(Some)
     }
 
-    /// As [`TracedProcess::attach`], to the allocator found already.
+    /// As [`TracedProcess::attach`], to the allocator found already
+    /// (`maps` read while the process was stopped, or just before).
     pub fn attach_to(
         pid: u32,
         alloc: allocators::AllocatorObject,
@@ -149,7 +150,7 @@ impl TracedProcess {
         space: Arc<Mutex<AddressSpace>>,
         meta: &Meta,
     ) -> Result<TracedProcess> {
-        space.lock().unwrap().refresh(pid);
+        space.lock().unwrap().refresh_with(pid, maps.to_vec());
         let live = settings.mode.live;
         let max_frames = settings.mode.max_frames;
         let (interpreter, python_said) = match python::detect(pid, maps) {
@@ -307,7 +308,14 @@ impl TracedProcess {
             events,
             ..
         } = self;
-        drop(unwind);
+        if unwind.stop() {
+            probes
+                .emptied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .maps
+                .push(maps::UNWIND_RULES);
+        }
         events.into_iter().for_each(probes::pool::ring_back);
         probes
     }

@@ -293,6 +293,7 @@ impl Session {
             let Some(mut proc) = self.procs.remove(&pid) else {
                 continue;
             };
+            proc.probes.last_read = true;
             let read = proc.finish().and_then(|()| self.proc_profile(&proc));
             match read {
                 Ok(profile) => self.ended.add(profile),

@@ -41,6 +41,12 @@ impl AddressSpace {
         let Ok(maps) = read_maps(pid) else {
             return false;
         };
+        self.refresh_with(pid, maps)
+    }
+
+    /// As [`AddressSpace::refresh`], with `maps` just read (the process
+    /// stopped since).
+    pub fn refresh_with(&mut self, pid: u32, maps: Vec<Mapping>) -> bool {
         if maps.is_empty() {
             return false;
         }

@@ -39,8 +39,14 @@ pub struct Walks {
     cache: aya::maps::Array<MapData, CachedRule>,
     /// `cache`'s descriptor, for updates in batches.
     cache_fd: std::os::fd::RawFd,
+    /// `rules`'s descriptor, for deletes in batches.
+    rules_fd: std::os::fd::RawFd,
     /// Which cache slots are taken.
     cached: std::collections::HashSet<u32>,
+    /// The addresses of the rules put in the kernel's map (taken out by
+    /// key when the service stops: a walk over the map's buckets costs
+    /// the same, full or not); `None` once a batch went in only in part.
+    given: Option<std::collections::HashSet<u64>>,
     pub unwinder: Unwinder,
     space: Arc<Mutex<AddressSpace>>,
     /// The calls counted under finished walks.
@@ -97,7 +103,11 @@ impl Walks {
                     let _ = self.cache.set(slot, CachedRule { ra: 0, rule }, 0);
                     let _ = self.cache.set(slot, CachedRule { ra, rule }, 0);
                 }
-                if self.rules.insert(ra, rule, 0).is_err() {
+                if self.rules.insert(ra, rule, 0).is_ok() {
+                    if let Some(given) = self.given.as_mut() {
+                        given.insert(ra);
+                    }
+                } else {
                     if self.rules_full == 0 {
                         log::warn!("the kernel's map of unwind rules is full: stacks through new code end there from now on (raise --unwind-rules-size)");
                         let _ = self.full.set(0, 1, 0);
@@ -227,12 +237,19 @@ impl UnwindService {
         let seeding = std::time::Instant::now();
         let seeded = unwinder.seed(&space.lock().unwrap(), capacity / 2);
         let mut cached = std::collections::HashSet::new();
+        let mut given = Some(std::collections::HashSet::new());
         if !seeded.is_empty() {
             let (ras, kept): (Vec<u64>, Vec<Rule>) = seeded.iter().copied().unzip();
-            if let Err(e) = crate::probes::pool::update_batch(rules_fd, &ras, &kept) {
-                // Those the kernel lacks are learned again, as without.
-                log::debug!("unwind: {} rules learned before not given: {e}", ras.len());
-                unwinder.forget(&ras);
+            match crate::probes::pool::update_batch(rules_fd, &ras, &kept) {
+                Ok(()) => given = Some(ras.iter().copied().collect()),
+                Err(e) => {
+                    // Those the kernel lacks are learned again, as without
+                    // (the first of them may be in: the map is emptied
+                    // by a walk over it).
+                    log::debug!("unwind: {} rules learned before not given: {e}", ras.len());
+                    unwinder.forget(&ras);
+                    given = None;
+                }
             }
             let (slots, slotted): (Vec<u32>, Vec<CachedRule>) = seeded
                 .iter()
@@ -263,7 +280,9 @@ impl UnwindService {
             full,
             cache,
             cache_fd,
+            rules_fd,
             cached,
+            given,
             unwinder,
             space,
             counted: UserWalks::default(),
@@ -316,8 +335,14 @@ impl UnwindService {
     }
 }
 
-impl Drop for UnwindService {
-    fn drop(&mut self) {
+impl UnwindService {
+    /// Stops the service; true when the kernel's map of rules is left
+    /// empty (every rule it put in taken out by key).
+    pub fn stop(mut self) -> bool {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> bool {
         self.stop.store(true, Ordering::Relaxed);
         let one = 1u64;
         // SAFETY: eight bytes from a live u64 to our eventfd.
@@ -337,5 +362,18 @@ impl Drop for UnwindService {
         if let Some(ring) = walks.ring.take() {
             crate::probes::pool::ring_back(ring);
         }
+        match walks.given.take() {
+            Some(given) => {
+                let given: Vec<u64> = given.into_iter().collect();
+                crate::probes::pool::delete_batch(walks.rules_fd, &given)
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for UnwindService {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
