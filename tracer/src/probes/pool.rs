@@ -353,10 +353,7 @@ pub fn map_copy(ebpf: &Ebpf, name: &str) -> Result<Map> {
 /// rule cache, whose slots the unwinder that filled them frees.
 fn empty(ebpf: &Ebpf, emptied: &Emptied) -> Result<()> {
     for (name, map) in ebpf.maps() {
-        if name.starts_with('.')
-            || name == maps::RULE_CACHE
-            || emptied.maps.contains(&name)
-        {
+        if name.starts_with('.') || name == maps::RULE_CACHE || emptied.maps.contains(&name) {
             continue;
         }
         enum Kind {

@@ -81,6 +81,9 @@ pub struct Session {
     /// Gone processes joined into `ended` under their pid since its pids
     /// were last forgotten.
     gone_with_pid: u32,
+    /// Programs that exec replaced, finished but still to be read
+    /// ([`Session::settle`]): after the new program's answer.
+    exec_replaced: Vec<TracedProcess>,
     /// Processes that are gone, still to be read ([`Session::settle`]),
     /// and since when the first has waited.
     gone: Vec<u32>,
@@ -118,6 +121,7 @@ impl Session {
             letting_go: None,
             duty: options.windows.map(duty::Duty::new),
             gone_with_pid: 0,
+            exec_replaced: Vec::new(),
             gone: Vec::new(),
             gone_since: None,
         };

@@ -303,8 +303,11 @@ impl Session {
             let _ = reply.send(done.map_err(|e| format!("{e:#}")));
             // The process answered runs on meanwhile.
             self.settle();
-        } else if let Err(e) = done {
-            log::warn!("{e:#}");
+        } else {
+            if let Err(e) = done {
+                log::warn!("{e:#}");
+            }
+            self.read_exec_replaced();
         }
     }
 }

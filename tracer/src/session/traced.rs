@@ -272,16 +272,16 @@ impl TracedProcess {
     }
 
     /// It exec'd a new program: closes the books of the old one (its
-    /// profile, symbolized with its mappings, is kept), then loads and
-    /// attaches a new set of probes to the new program's allocator, with
-    /// fresh maps, unwind rules and address space. Returns false when the
-    /// new program has no allocator mapped yet.
+    /// counting stopped), then loads and attaches a new set of probes to
+    /// the new program's allocator, with fresh maps, unwind rules and
+    /// address space. Returns the old program, with its mappings, for
+    /// [`TracedProcess::exec_replaced`] once the new one runs; `None` when
+    /// the new program has no allocator mapped yet.
     pub(super) fn on_exec(
         &mut self,
         maps: &[Mapping],
         settings: &ProcSettings,
-        clock: &Clock,
-    ) -> Result<Option<Probes>> {
+    ) -> Result<Option<TracedProcess>> {
         let pid = self.pid;
         let Some(alloc) = allocators::find_in_process(pid, maps, settings.mode.python_objects)?
         else {
@@ -289,14 +289,34 @@ impl TracedProcess {
         };
         // The old program's counts end here, for every function at once.
         self.finish()?;
-        let old = self.profile(clock, settings.mode.per_thread)?;
         // The same record, emptied: by pid the exit hold refreshes it too.
-        *self.space.lock().unwrap() = AddressSpace::new();
+        let old_space = std::mem::take(&mut *self.space.lock().unwrap());
         let space = self.space.clone();
-        let mut new = TracedProcess::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
-        new.before_exec = vec![old];
-        let old = std::mem::replace(self, new);
-        Ok(Some(old.release()))
+        let new = TracedProcess::attach_to(pid, alloc, maps, settings, space, &self.meta)?;
+        let mut old = std::mem::replace(self, new);
+        old.space = Arc::new(Mutex::new(old_space));
+        Ok(Some(old))
+    }
+
+    /// The profile of a program exec replaced ([`TracedProcess::on_exec`]),
+    /// read and symbolized with its mappings, kept by the process's new
+    /// program; its probes are let go.
+    pub(super) fn exec_replaced(
+        old: TracedProcess,
+        new: Option<&mut TracedProcess>,
+        clock: &Clock,
+        per_thread: bool,
+    ) -> Result<Option<Profile>> {
+        let profile = old.profile(clock, per_thread);
+        super::detach::let_go(old.release());
+        let profile = profile?;
+        match new {
+            Some(new) => {
+                new.before_exec.push(profile);
+                Ok(None)
+            }
+            None => Ok(Some(profile)),
+        }
     }
 
     /// Done with: its unwinder stops and its rings' readers are kept,

@@ -172,6 +172,9 @@ impl Session {
 
     /// What the launch thread (or the exit hold) tells of the tree.
     pub(super) fn on_tree_event(&mut self, event: OwnedTreeEvent) -> Result<bool> {
+        // A program exec replaced is read before anything else of its
+        // process happens.
+        self.read_exec_replaced();
         // A new process takes the object a gone one leaves.
         if matches!(event, OwnedTreeEvent::Exec { .. })
             || matches!(event, OwnedTreeEvent::Fork { vfork: false, .. })
@@ -215,7 +218,7 @@ impl Session {
                 let mut replaced = None;
                 let done = match self.procs.get_mut(&pid) {
                     Some(proc) => {
-                        replaced = proc.on_exec(&maps, &settings, &self.clock)?;
+                        replaced = proc.on_exec(&maps, &settings)?;
                         let done = replaced.is_some();
                         if done {
                             let meta = &proc.meta;
@@ -245,10 +248,11 @@ impl Session {
                     }
                     None => self.start_proc(pid, &maps)?,
                 };
-                if let Some(probes) = replaced {
-                    // The old program's probes (disabled) go now; their
-                    // object serves again once they are out.
-                    detach::let_go(probes);
+                if let Some(old) = replaced {
+                    // The old program (its counting stopped) is read once
+                    // the new one has its answer; its probes go then, and
+                    // their object serves again once they are out.
+                    self.exec_replaced.push(old);
                 }
                 Ok(done)
             }
@@ -288,6 +292,7 @@ impl Session {
     /// meanwhile: its reading is put off so that it overlaps the start of
     /// the process the tree runs next, rather than hold up its answer.
     pub(super) fn settle(&mut self) {
+        self.read_exec_replaced();
         self.gone_since = None;
         for pid in std::mem::take(&mut self.gone) {
             let Some(mut proc) = self.procs.remove(&pid) else {
@@ -308,6 +313,20 @@ impl Session {
 }
 
 impl Session {
+    /// Reads the programs exec replaced into their processes' new ones.
+    pub(super) fn read_exec_replaced(&mut self) {
+        let per_thread = self.options.settings.mode.per_thread;
+        for old in std::mem::take(&mut self.exec_replaced) {
+            let pid = old.pid;
+            let new = self.procs.get_mut(&pid);
+            match TracedProcess::exec_replaced(old, new, &self.clock, per_thread) {
+                Ok(Some(profile)) => self.ended.add(profile),
+                Ok(None) => {}
+                Err(e) => log::warn!("pid {pid}: the program before exec unread: {e:#}"),
+            }
+        }
+    }
+
     /// `Options::bounded`, after a process is gone: past
     /// [`super::GONE_WITH_PID`] gone processes their rows are joined per
     /// command (pid 0), and past [`super::AGENT_RECORDS`] records the
