@@ -202,6 +202,8 @@ pub struct Probes {
     pub last_read: bool,
     /// What the last reading and the unwinder left empty.
     pub emptied: std::sync::Mutex<pool::Emptied>,
+    /// Its object's mappings, kept for the object's next emptying.
+    mapped: pool::Mapped,
 }
 
 /// The shared loader (made on first use) with `config` as the object's
@@ -266,6 +268,7 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         programs: Vec::new(),
         made_for: (mode, sizes),
         emptied: pool::Emptied::default(),
+        mapped: pool::Mapped::default(),
     })
 }
 
@@ -552,6 +555,7 @@ pub fn attach<T>(
         mut ebpf,
         programs,
         made_for,
+        mapped,
         ..
     } = loaded;
     let bodies = alloc.body_ranges(maps);
@@ -598,6 +602,7 @@ pub fn attach<T>(
         max_frames: mode.max_frames.min(tracer_common::MAX_FRAMES as u32),
         last_read: false,
         emptied: Default::default(),
+        mapped,
     };
     // Every probe is in: counting starts now, for all functions at once.
     probes.set_enabled(true)?;
@@ -663,6 +668,7 @@ impl Probes {
             ebpf,
             made_for,
             emptied,
+            mapped,
             ..
         } = self;
         (
@@ -672,6 +678,7 @@ impl Probes {
                 programs,
                 made_for,
                 emptied: emptied.into_inner().unwrap_or_else(|e| e.into_inner()),
+                mapped,
             },
         )
     }

@@ -257,17 +257,16 @@ impl Program {
 }
 
 /// Closes `links` side by side: each waits for a grace period of the
-/// kernel's once its probes are out, and the waits overlap. Returns when
-/// every one is closed.
+/// kernel's once its probes are out, and the waits overlap (the first on
+/// the calling thread). Returns when every one is closed.
 pub fn close_all(links: Vec<Link>) {
-    if links.len() <= 1 {
-        drop(links);
-        return;
-    }
+    let mut links = links.into_iter();
+    let first = links.next();
     std::thread::scope(|s| {
         for link in links {
             s.spawn(move || drop(link));
         }
+        drop(first);
     });
 }
 

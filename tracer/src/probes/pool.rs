@@ -36,7 +36,14 @@ pub struct Loaded {
     pub made_for: (Mode, MapSizes),
     /// What its last process's reading and unwinder left empty.
     pub emptied: Emptied,
+    /// Its mappable arrays, mapped once for their emptying.
+    pub mapped: Mapped,
 }
+
+/// Mappings of an object's mappable arrays, by name: mapping one for each
+/// emptying and unmapping it again cost a flush of every CPU's TLB.
+#[derive(Default)]
+pub struct Mapped(Vec<(String, memmap2::MmapMut)>);
 
 /// What needs no emptying when an object comes back: maps its process's
 /// last reading and its unwinder emptied themselves (each walk over a
@@ -128,7 +135,7 @@ pub fn prepare(made_for: (Mode, MapSizes), load: impl FnOnce() -> Result<Loaded>
 /// dropped instead when it cannot be emptied.
 pub fn give_back(mut loaded: Loaded) {
     let emptied = std::mem::take(&mut loaded.emptied);
-    match empty(&loaded.ebpf, &emptied) {
+    match empty(&loaded.ebpf, &emptied, &mut loaded.mapped) {
         Ok(()) => {
             POOL.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -351,7 +358,7 @@ pub fn map_copy(ebpf: &Ebpf, name: &str) -> Result<Map> {
 /// (the read-only config and data sections, the rings, the queue and the
 /// task storage are left: drained, or the process's own), but for the
 /// rule cache, whose slots the unwinder that filled them frees.
-fn empty(ebpf: &Ebpf, emptied: &Emptied) -> Result<()> {
+fn empty(ebpf: &Ebpf, emptied: &Emptied, mapped: &mut Mapped) -> Result<()> {
     for (name, map) in ebpf.maps() {
         if name.starts_with('.') || name == maps::RULE_CACHE || emptied.maps.contains(&name) {
             continue;
@@ -378,7 +385,9 @@ fn empty(ebpf: &Ebpf, emptied: &Emptied) -> Result<()> {
         );
         let mappable = info.map_flags() & aya_obj::generated::BPF_F_MMAPABLE != 0;
         let result = match kind {
-            Kind::Array if mappable => zero_mapped(data.fd().as_fd(), value_size, entries),
+            Kind::Array if mappable => {
+                zero_mapped(mapped, name, data.fd().as_fd(), value_size, entries)
+            }
             Kind::Array => zero_array(fd, value_size, &(0..entries).collect::<Vec<_>>()),
             Kind::PerCpuArray => {
                 let all: Vec<u32>;
@@ -403,14 +412,29 @@ fn empty(ebpf: &Ebpf, emptied: &Emptied) -> Result<()> {
     Ok(())
 }
 
-/// Every entry of a mappable array map to zeros, through a mapping of it
-/// (a batch update copies and checks each entry on its own).
-fn zero_mapped(fd: BorrowedFd, value_size: usize, entries: u32) -> std::io::Result<()> {
-    let len = value_size.next_multiple_of(8) * entries as usize;
-    // SAFETY: a shared mapping of the map's values, written as bytes only
-    // while the object serves no process (its programs do not run).
-    let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&fd)? };
-    map.fill(0);
+/// Every entry of mappable array `name` to zeros, through its mapping
+/// (made on first use and kept: a batch update copies and checks each
+/// entry on its own).
+fn zero_mapped(
+    mapped: &mut Mapped,
+    name: &str,
+    fd: BorrowedFd,
+    value_size: usize,
+    entries: u32,
+) -> std::io::Result<()> {
+    let at = match mapped.0.iter().position(|(n, _)| n == name) {
+        Some(i) => i,
+        None => {
+            let len = value_size.next_multiple_of(8) * entries as usize;
+            // SAFETY: a shared mapping of the map's values, written as
+            // bytes only while the object serves no process (its programs
+            // do not run).
+            let map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&fd)? };
+            mapped.0.push((name.to_string(), map));
+            mapped.0.len() - 1
+        }
+    };
+    mapped.0[at].1.fill(0);
     Ok(())
 }
 
