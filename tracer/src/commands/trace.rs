@@ -454,6 +454,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
                     TracedProcess::attach(pid, maps, &settings, space, &template)
                 },
                 on_event,
+                crate::symbolize::warm_up,
             );
             drop(redirect);
             let launched = launched?;

@@ -526,20 +526,31 @@ pub fn attach<T>(
         funcs.push(FuncInfo { name, role });
     }
     let made_for = (mode, sizes);
+    let prepare_spare = || {
+        let (config, names) = (config.clone(), plan.programs());
+        pool::prepare(made_for, move || {
+            let mut loaded = load(config, mode, sizes)?;
+            loaded.programs = multi::load(&bpf_object()?, &loaded.ebpf, &names)?;
+            Ok(loaded)
+        });
+    };
     let (mut loaded, how) = match pool::take(made_for) {
-        Some(loaded) => (loaded, "reused"),
+        Some(loaded) => {
+            // The last spare taken: the next is verified meanwhile (a
+            // fork is often followed at once by an exec, which needs
+            // another).
+            if pool::spares_wanted() && !pool::any_for(made_for) {
+                prepare_spare();
+            }
+            (loaded, "reused")
+        }
         None => {
             if pool::spares_wanted() {
                 // The next process's object verifies on another CPU while
                 // this one's does.
-                let (config, names) = (config.clone(), plan.programs());
-                pool::prepare(made_for, move || {
-                    let mut loaded = load(config, mode, sizes)?;
-                    loaded.programs = multi::load(&bpf_object()?, &loaded.ebpf, &names)?;
-                    Ok(loaded)
-                });
+                prepare_spare();
             }
-            (load(config, mode, sizes)?, "loaded")
+            (load(config.clone(), mode, sizes)?, "loaded")
         }
     };
     let missing: Vec<&'static str> = plan

@@ -111,6 +111,13 @@ pub fn take(made_for: (Mode, MapSizes)) -> Option<Loaded> {
     }
 }
 
+/// Whether an object made for `made_for` waits in the pool, is being
+/// prepared or is on its way back.
+pub fn any_for(made_for: (Mode, MapSizes)) -> bool {
+    let pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    pool.ready.iter().any(|l| l.made_for == made_for) || pool.preparing.contains(&made_for)
+}
+
 /// Loads an object with `load` on a thread of its own, for [`take`].
 pub fn prepare(made_for: (Mode, MapSizes), load: impl FnOnce() -> Result<Loaded> + Send + 'static) {
     POOL.lock()

@@ -107,6 +107,7 @@ pub fn launch<T, F, E>(
     run_as: Option<RunAs>,
     attach: F,
     mut on_event: E,
+    meanwhile: impl FnOnce(),
 ) -> Result<Launched<T>>
 where
     T: Send + 'static,
@@ -189,6 +190,9 @@ where
             }
         })?;
 
+    // The calling thread's work that needs no process, while the first
+    // probes go in.
+    meanwhile();
     let (_pid, attached) = ready_rx
         .recv()
         .map_err(|_| user_error!("the launch thread died"))??;
