@@ -70,9 +70,8 @@ fn counter_sum(counters: &PerCpuArray<&MapData, u64>, i: u32) -> Result<u64> {
 
 /// The kernel's counters, summed over the CPUs, read in batches (one
 /// lookup per counter, each half and CPU, was most of a short process's
-/// reading).
-/// The last reading of a gone process also notes which counters are not
-/// zero, the only ones its object's emptying needs to zero.
+/// reading). The last reading of a gone process also notes which
+/// counters are not zero, the only ones its object's emptying zeroes.
 fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
     let map = probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?;
     let n = counter::N as usize;
@@ -83,8 +82,7 @@ fn counter_sums(probes: &Probes) -> Result<Vec<u64>> {
         |index: u32, per_cpu: &[u64]| {
             // Each counter's plain half, then its atomic half.
             if let Some(sum) = sums.get_mut(index as usize % n) {
-                let here = per_cpu.iter().fold(0u64, |a, v| a | v);
-                if here != 0 {
+                if per_cpu.iter().any(|v| *v != 0) {
                     nonzero.push(index);
                 }
                 *sum += per_cpu.iter().sum::<u64>();
@@ -235,21 +233,23 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         thread_names_full: sums[counter::THREAD_NAMES_FULL as usize],
     };
 
-    let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
-        BpfHashMap::try_from(ebpf.map(maps::STACKS).context("STACKS map")?)?;
     // The last reading takes every stack out at once (one pass over the
-    // map's buckets, which its emptying would make anyway).
-    let mut taken_stacks: Option<HashMap<u64, StackFrames>> = None;
-    if probes.last_read {
+    // map's buckets, which its emptying would make anyway); any other
+    // looks up those it needs.
+    let stack_map = ebpf.map(maps::STACKS).context("STACKS map")?;
+    let (stack_map, taken_stacks) = if probes.last_read {
         let mut all = HashMap::new();
-        let fd = crate::probes::pool::map_fd(ebpf.map(maps::STACKS).context("STACKS map")?)?;
+        let fd = crate::probes::pool::map_fd(stack_map)?;
         crate::probes::pool::entries(fd, true, |k: u64, st: StackFrames| {
             all.insert(k, st);
         })
         .context("reading the stacks")?;
         emptied(probes).maps.push(maps::STACKS);
-        taken_stacks = Some(all);
-    }
+        (None, Some(all))
+    } else {
+        let map: BpfHashMap<&MapData, u64, StackFrames> = BpfHashMap::try_from(stack_map)?;
+        (Some(map), None)
+    };
     let mut frames_by_hash: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
     let mut stacks = Vec::new();
     let mut raw_stack_calls = Vec::new();
@@ -270,9 +270,10 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
                 .entry(key.stack)
                 .or_insert_with(|| match walks.stacks.get(&key.stack) {
                     Some(w) => Some(w.clone()),
-                    None => match &taken_stacks {
-                        Some(all) => all.get(&key.stack).copied(),
-                        None => stack_map.get(&key.stack, 0).ok(),
+                    None => match (&taken_stacks, &stack_map) {
+                        (Some(all), _) => all.get(&key.stack).copied(),
+                        (None, Some(map)) => map.get(&key.stack, 0).ok(),
+                        (None, None) => None,
                     }
                     .map(|st| {
                         let n = (st.len as usize).min(st.frames.len());

@@ -181,9 +181,16 @@ impl Drop for ComingBack {
     }
 }
 
-/// The CPUs a per-CPU map holds a value for (the possible ones).
+/// The CPUs a per-CPU map holds a value for (the possible ones), read
+/// once per run: aya keeps them per thread, and each gone process is let
+/// go on a thread of its own.
 pub(crate) fn possible_cpus() -> Result<usize> {
-    aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if let Some(n) = CPUS.get() {
+        return Ok(*n);
+    }
+    let n = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    Ok(*CPUS.get_or_init(|| n))
 }
 
 /// Calls `f` with every entry of per-CPU map `fd` (a hash map or an

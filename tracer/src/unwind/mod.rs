@@ -251,6 +251,11 @@ impl Unwinder {
         out
     }
 
+    /// The return addresses of every rule handed out (to the kernel's map).
+    pub fn rule_addresses(&self) -> impl Iterator<Item = u64> + '_ {
+        self.rules.keys().copied()
+    }
+
     /// Forgets rules [`seed`](Self::seed) gave that the kernel's map did
     /// not take: they are computed again when a walk needs them.
     pub fn forget(&mut self, ras: &[u64]) {

@@ -43,10 +43,9 @@ pub struct Walks {
     rules_fd: std::os::fd::RawFd,
     /// Which cache slots are taken.
     cached: std::collections::HashSet<u32>,
-    /// The addresses of the rules put in the kernel's map (taken out by
-    /// key when the service stops: a walk over the map's buckets costs
-    /// the same, full or not); `None` once a batch went in only in part.
-    given: Option<std::collections::HashSet<u64>>,
+    /// A batch of rules went into the kernel's map only in part: the
+    /// map holds rules the unwinder does not (see [`Walks::take_rules_out`]).
+    untracked: bool,
     pub unwinder: Unwinder,
     space: Arc<Mutex<AddressSpace>>,
     /// The calls counted under finished walks.
@@ -103,11 +102,7 @@ impl Walks {
                     let _ = self.cache.set(slot, CachedRule { ra: 0, rule }, 0);
                     let _ = self.cache.set(slot, CachedRule { ra, rule }, 0);
                 }
-                if self.rules.insert(ra, rule, 0).is_ok() {
-                    if let Some(given) = self.given.as_mut() {
-                        given.insert(ra);
-                    }
-                } else {
+                if self.rules.insert(ra, rule, 0).is_err() {
                     if self.rules_full == 0 {
                         log::warn!("the kernel's map of unwind rules is full: stacks through new code end there from now on (raise --unwind-rules-size)");
                         let _ = self.full.set(0, 1, 0);
@@ -116,6 +111,19 @@ impl Walks {
                 }
             }
         }
+    }
+
+    /// Takes every rule it put in the kernel's map out, by key (a walk
+    /// over the map's buckets costs the same, full or not): the rules
+    /// the unwinder handed out, unless the map refused some (full) or
+    /// holds some it forgot (`untracked`). True when the map is left
+    /// empty.
+    fn take_rules_out(&mut self) -> bool {
+        if self.untracked || self.rules_full != 0 {
+            return false;
+        }
+        let given: Vec<u64> = self.unwinder.rule_addresses().collect();
+        crate::probes::pool::delete_batch(self.rules_fd, &given)
     }
 
     /// Live mode: the walks finished since the last call, as (stack id,
@@ -237,19 +245,15 @@ impl UnwindService {
         let seeding = std::time::Instant::now();
         let seeded = unwinder.seed(&space.lock().unwrap(), capacity / 2);
         let mut cached = std::collections::HashSet::new();
-        let mut given = Some(std::collections::HashSet::new());
+        let mut untracked = false;
         if !seeded.is_empty() {
             let (ras, kept): (Vec<u64>, Vec<Rule>) = seeded.iter().copied().unzip();
-            match crate::probes::pool::update_batch(rules_fd, &ras, &kept) {
-                Ok(()) => given = Some(ras.iter().copied().collect()),
-                Err(e) => {
-                    // Those the kernel lacks are learned again, as without
-                    // (the first of them may be in: the map is emptied
-                    // by a walk over it).
-                    log::debug!("unwind: {} rules learned before not given: {e}", ras.len());
-                    unwinder.forget(&ras);
-                    given = None;
-                }
+            if let Err(e) = crate::probes::pool::update_batch(rules_fd, &ras, &kept) {
+                // Those the kernel lacks are learned again, as without
+                // (the first of them may be in).
+                log::debug!("unwind: {} rules learned before not given: {e}", ras.len());
+                unwinder.forget(&ras);
+                untracked = true;
             }
             let (slots, slotted): (Vec<u32>, Vec<CachedRule>) = seeded
                 .iter()
@@ -282,7 +286,7 @@ impl UnwindService {
             cache_fd,
             rules_fd,
             cached,
-            given,
+            untracked,
             unwinder,
             space,
             counted: UserWalks::default(),
@@ -362,13 +366,7 @@ impl UnwindService {
         if let Some(ring) = walks.ring.take() {
             crate::probes::pool::ring_back(ring);
         }
-        match walks.given.take() {
-            Some(given) => {
-                let given: Vec<u64> = given.into_iter().collect();
-                crate::probes::pool::delete_batch(walks.rules_fd, &given)
-            }
-            None => false,
-        }
+        walks.take_rules_out()
     }
 }
 
