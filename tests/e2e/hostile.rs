@@ -420,6 +420,39 @@ fn one_path_for_two_outputs_is_refused() {
     assert!(names_in(dir.path()).is_empty());
 }
 
+/// One file named by two spellings (relative and `./`, absolute, through
+/// `..`, through a symbolic link to its directory) for two outputs is
+/// refused as the same spelling is: the second output would replace the
+/// first, and both would be said written.
+#[test]
+fn one_file_spelled_two_ways_for_two_outputs_is_refused() {
+    let dir = public_tempdir();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::os::unix::fs::symlink(dir.path(), dir.path().join("link")).unwrap();
+    let abs = dir.path().join("same.json");
+    let pairs = [
+        ("same.json", "./same.json"),
+        ("same.json", s(&abs)),
+        ("sub/../same.json", "same.json"),
+        ("link/same.json", s(&abs)),
+    ];
+    for (first, second) in pairs {
+        let mut cmd = mtrace_command(&[
+            "-o",
+            first,
+            "--html",
+            second,
+            "--",
+            Fixture::Counts.path_str(),
+        ]);
+        let out = Mtrace::spawn(cmd.current_dir(dir.path())).finish();
+        assert_calm(&out);
+        out.assert_exit(2);
+        out.assert_error(&format!("{second} is given for two outputs (as {first})"));
+        assert_eq!(names_in(dir.path()), ["link", "sub"], "{first} {second}");
+    }
+}
+
 /// Every hostile case above in one place, by its exit: never "panicked",
 /// never exit 101.
 #[test]

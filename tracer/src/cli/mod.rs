@@ -487,6 +487,10 @@ pub struct StackFiles {
 /// from overflowing a deadline or a `Duration` made of it.
 const MAX_SECS: f64 = 1e9;
 
+/// The shortest: a millisecond, the resolution of mtrace's timers (a
+/// shorter period would be rounded to nothing).
+const MIN_SECS: f64 = 1e-3;
+
 fn parse_duration(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
@@ -494,6 +498,10 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     if !(v.is_finite() && v > 0.0) {
         Err(format!(
             "duration must be a positive number of seconds, not {s}"
+        ))
+    } else if v < MIN_SECS {
+        Err(format!(
+            "duration must be at least {MIN_SECS} seconds, not {s}"
         ))
     } else if v > MAX_SECS {
         Err(format!(

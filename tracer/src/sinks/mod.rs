@@ -76,18 +76,23 @@ impl Outputs {
         .flatten()
     }
 
-    /// [`check_output_path`] for each of them, and no path asked for
-    /// twice (the second file would overwrite the first).
+    /// [`check_output_path`] for each of them, and no file asked for
+    /// twice, however spelled (the second file would replace the first).
     pub fn check(&self) -> Result<()> {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashMap::new();
         for path in self.paths() {
-            if !seen.insert(path) {
+            check_output_path(path)?;
+            if let Some(first) = seen.insert(output_identity(path), path) {
+                let also = if first == path {
+                    String::new()
+                } else {
+                    format!(" (as {})", first.display())
+                };
                 return Err(anyhow::Error::new(UserError::with_code(
-                    format!("{} is given for two outputs", path.display()),
+                    format!("{} is given for two outputs{also}", path.display()),
                     EXIT_USAGE,
                 )));
             }
-            check_output_path(path)?;
         }
         Ok(())
     }
@@ -422,6 +427,23 @@ fn write_device(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// The directory an output file goes to.
+/// What names the file an output path writes: its directory's identity
+/// (device and inode: the same directory however the path reaches it,
+/// through `..`, `.` or a symbolic link) and its own name. A file is
+/// written by linking a new one at that name, so two paths write the same
+/// file exactly when these agree (a hard link or a symbolic link at the
+/// name is replaced, not written through).
+fn output_identity(path: &Path) -> (Option<(u64, u64)>, PathBuf) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::fs::metadata(output_dir(path))
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    match (dir, path.file_name()) {
+        (Some(dir), Some(name)) => (Some(dir), PathBuf::from(name)),
+        _ => (None, path.to_path_buf()),
+    }
+}
+
 fn output_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

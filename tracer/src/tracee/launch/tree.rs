@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid, Waited},
+    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid, HeldSignals, Waited},
     startup::{exit_code, follow_exec},
 };
 use crate::tracee::Mapping;
@@ -162,9 +162,7 @@ pub fn wait_tree(
                     if pid == root && stop.is_none() {
                         root_code = Some(code);
                     }
-                    continue;
                 }
-                cont(pid, 0);
             }
             libc::PTRACE_EVENT_EXIT => {
                 // The last thread of the group (its memory still there) or
@@ -186,20 +184,26 @@ pub fn wait_tree(
                     cont(tid, 0);
                 }
             }
-            _ if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) => cont(tid, 0),
-            // A signal on its way to the tracee: deliver it.
+            // No system call is traced here and every ptrace event is
+            // matched above: a SIGTRAP stop is a real signal (the program's
+            // own breakpoint, `kill -TRAP`) and is delivered as any other.
             _ => cont(tid, sig),
         }
     }
 }
 
 /// Stops each tracee (`PTRACE_INTERRUPT`, seized tracees only) and lets it
-/// go.
+/// go. The stop it reports may be a signal on its way to it (sent as the
+/// trace ended, not yet seen by the loop): that signal goes with the
+/// detach, or it would be lost.
 fn detach_all(tids: impl Iterator<Item = u32>) {
     for tid in tids {
+        let mut held = HeldSignals::default();
         if ptrace(libc::PTRACE_INTERRUPT, tid, 0).is_ok() {
-            let _ = waitpid(tid);
+            if let Ok(status) = waitpid(tid) {
+                held.keep(status);
+            }
         }
-        let _ = ptrace(libc::PTRACE_DETACH, tid, 0);
+        let _ = held.resume(libc::PTRACE_DETACH, tid);
     }
 }
