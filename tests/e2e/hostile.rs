@@ -493,3 +493,47 @@ fn no_hostile_case_panics() {
         assert!(!fs::symlink_metadata(f).unwrap().file_type().is_fifo());
     }
 }
+
+/// `--help` and `--version` whose output cannot be written (stdout on
+/// /dev/full, or closed) are an output error (exit 74, one line), as a
+/// report's would be, not a success; and the help says what `-o` writes
+/// as `--version` does, not a schema version of its own.
+#[test]
+fn help_that_cannot_be_written_is_exit_74() {
+    for args in [&["--help"][..], &["--version"], &["report", "--help"]] {
+        let full = fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let mut cmd = mtrace_command(args);
+        cmd.stdout(Stdio::from(full));
+        let mut proc = Proc::spawn(&mut cmd, "mtrace");
+        let stderr = proc.stderr_lines();
+        let status = proc.wait_timeout(EXIT_TIMEOUT);
+        assert_eq!(status.code(), Some(74), "{args:?} on /dev/full");
+        assert_eq!(
+            stderr.rest(LINE_TIMEOUT),
+            ["mtrace: cannot write the help to stdout: No space left on device (os error 28)"],
+            "{args:?}"
+        );
+        let out = with_closed_stdout(args);
+        out.assert_exit(74);
+        out.assert_error("cannot write the help to stdout: it is closed");
+    }
+    let help = run_mtrace(&["report", "--help"]);
+    help.assert_exit(0);
+    assert!(
+        help.stdout.contains("schema version as `mtrace --version`"),
+        "{}",
+        help.stdout
+    );
+    let version = run_mtrace(&["--version"]);
+    assert!(
+        version
+            .stdout
+            .trim()
+            .ends_with("(profile schema version 2)"),
+        "{}",
+        version.stdout
+    );
+}

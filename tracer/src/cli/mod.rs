@@ -41,12 +41,22 @@ Examples:
 The report goes to standard output; progress and errors to standard error.
 In launch mode mtrace exits with the command's exit status.";
 
+/// `mtrace --version`: the release and the schema version of the profiles
+/// it writes (`-o`).
+fn version_text() -> String {
+    format!(
+        "{} (profile schema version {})",
+        env!("CARGO_PKG_VERSION"),
+        crate::profile::file::SCHEMA_VERSION
+    )
+}
+
 /// Counts every malloc, calloc, realloc, ... of a process per call stack,
 /// from outside the process, with uprobes and in-kernel aggregation.
 #[derive(Parser, Debug)]
 #[command(
     name = "mtrace",
-    version,
+    version = version_text(),
     about,
     after_help = EXAMPLES,
     args_conflicts_with_subcommands = true,
@@ -396,7 +406,8 @@ pub struct OutputArgs {
     #[arg(long)]
     pub per_process: bool,
 
-    /// Write the profile as JSON (mtrace-profile, schema version 1) to FILE.
+    /// Write the profile as JSON (an mtrace-profile file, schema version
+    /// as `mtrace --version` says) to FILE.
     #[arg(short, long, value_name = "FILE.json")]
     pub output: Option<PathBuf>,
 

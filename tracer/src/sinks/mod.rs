@@ -303,11 +303,17 @@ static SEE_STDOUT: extern "C" fn() = {
     see_stdout
 };
 
+/// Whether fd 1 was closed when mtrace started: what is printed there
+/// would vanish.
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
 /// Prints `text` on stdout and flushes it; a failed write (a full disk, a
 /// closed pipe, stdout closed from the start) is a one-line error with
 /// exit code [`EXIT_IO`].
 pub fn print_stdout(text: &str) -> Result<()> {
-    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+    if stdout_closed() {
         return Err(io_error(
             "cannot write the report to stdout: it is closed".into(),
         ));
