@@ -204,7 +204,7 @@ fn start(
     let (exit_rx, pidfd, cgroup) = match exit {
         TargetExit::Launched(rx) => (Some(rx), None, None),
         TargetExit::Pidfd(fd) => (None, Some(fd), None),
-        TargetExit::Cgroup(dir, adopt) => (None, None, Some((dir, adopt))),
+        TargetExit::Cgroup(dir, handover) => (None, None, Some(session::Scope { dir, handover })),
     };
     let inputs = Inputs {
         exit_rx,
@@ -321,8 +321,8 @@ enum TargetExit {
     /// By pid: a pidfd becomes readable.
     Pidfd(OwnedFd),
     /// By cgroup: the cgroup is empty; and where to send the processes
-    /// that join it for the hold to seize.
-    Cgroup(PathBuf, std::sync::mpsc::Sender<u32>),
+    /// that join it or leave it for the hold to seize or let go.
+    Cgroup(PathBuf, std::sync::mpsc::Sender<tracee::launch::Handover>),
 }
 
 /// The root process, probed, and what the session listens to.

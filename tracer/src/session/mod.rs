@@ -56,6 +56,13 @@ const GONE_WITH_PID: u32 = 64;
 /// one goes first).
 const AGENT_RECORDS: usize = 1024;
 
+/// By cgroup: its directory, and the channel to the hold that seizes the
+/// processes joining it and lets go of those leaving it.
+pub struct Scope {
+    pub dir: std::path::PathBuf,
+    pub handover: std::sync::mpsc::Sender<crate::tracee::launch::Handover>,
+}
+
 /// Everything needed to turn the kernel maps into a profile at any time.
 pub struct Session {
     /// The process traced by pid, or the command launched.
@@ -88,6 +95,8 @@ pub struct Session {
     /// and since when the first has waited.
     gone: Vec<u32>,
     gone_since: Option<Instant>,
+    /// By cgroup, while the loop runs: the scope its processes must stay in.
+    cgroup: Option<Scope>,
 }
 
 impl Session {
@@ -124,6 +133,7 @@ impl Session {
             exec_replaced: Vec::new(),
             gone: Vec::new(),
             gone_since: None,
+            cgroup: None,
         };
         session.begin_window();
         session

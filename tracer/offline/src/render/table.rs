@@ -208,6 +208,16 @@ fn header(profile: &Profile, paint: Paint) -> String {
                 out,
                 "processes: {traced} traced ({exited} exited during the trace)"
             );
+            // Traced for a while, then out of the scope: a process that
+            // left the traced cgroup.
+            let left = meta
+                .processes
+                .iter()
+                .filter(|p| p.traced && p.exit_code.is_none() && p.not_traced.is_some())
+                .count();
+            if left > 0 {
+                let _ = write!(out, ", {left} let go when they left the cgroup");
+            }
             if not_traced > 0 {
                 let _ = write!(out, ", {not_traced} not traced");
             }

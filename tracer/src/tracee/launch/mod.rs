@@ -37,7 +37,7 @@ use std::{
 
 use anyhow::Result;
 
-pub use tree::{wait_tree, TreeEvent};
+pub use tree::{wait_tree, Handover, TreeEvent};
 
 use self::{
     ptrace::{ptrace, waitpid, HeldSignals},
