@@ -54,6 +54,8 @@ fn node_jit_frames_are_named_from_its_perf_map() {
         &log,
         script,
     ]);
+    // node leaves its map in /tmp.
+    let _map = Removed(format!("/tmp/perf-{}.map", p.pid()));
     out.assert_exit(0);
     let buffers: Vec<_> = p
         .allocs()
