@@ -286,6 +286,12 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
             ("python_notices_lost", py.notices_lost),
         ]);
     }
+    if let Some(m) = p.stack_quality.as_ref().and_then(|q| q.perf_map.as_ref()) {
+        out.extend([
+            ("perf_map_names_evicted", m.evicted),
+            ("perf_map_names_cut", m.names_cut),
+        ]);
+    }
     out
 }
 

@@ -28,6 +28,7 @@ use crate::{
     pipeline::Clock,
     profile::{merge, Meta, ProcessMeta, ProcessRef, Profile},
     sinks::Sink,
+    tracee::perf_map::{self, PerfMap},
     watch::Tick,
 };
 
@@ -296,9 +297,19 @@ impl Session {
         }
     }
 
-    /// Counting ends in every process; the timeline's last point.
+    /// Counting ends in every process; the timeline's last point. Their
+    /// perf maps are read to where they are meanwhile, for at most
+    /// [`perf_map::CATCH_UP`] (what is left is counted as unread).
     pub fn finish(&mut self) -> Result<()> {
         let stopping = Instant::now();
+        let perf_maps: Vec<PerfMap> = self
+            .procs
+            .values()
+            .map(|p| p.space.lock().unwrap().perf_map())
+            .collect();
+        for m in &perf_maps {
+            m.ask();
+        }
         for proc in self.procs.values_mut() {
             proc.finish()?;
         }
@@ -318,6 +329,9 @@ impl Session {
         let tick = self.tick();
         self.timeline
             .record(tick.elapsed, tick.running, tick.live_bytes, true);
+        for m in &perf_maps {
+            m.wait(stopping + perf_map::CATCH_UP);
+        }
         Ok(())
     }
 }

@@ -1,7 +1,10 @@
 //! The process tree: every process seen, and what the session does when
 //! one forks, exec's or exits (the launch thread or the exit hold tells it).
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use anyhow::Result;
 
@@ -13,7 +16,7 @@ use crate::{
     tracee::{
         self,
         launch::{Handover, TreeEvent},
-        AddressSpace, Mapping,
+        perf_map, AddressSpace, Mapping,
     },
 };
 
@@ -308,11 +311,17 @@ impl Session {
     pub(super) fn settle(&mut self) {
         self.read_exec_replaced();
         self.gone_since = None;
+        let mut catch_up = None;
         for pid in std::mem::take(&mut self.gone) {
             let Some(mut proc) = self.procs.remove(&pid) else {
                 continue;
             };
             proc.probes.last_read = true;
+            // Its perf map is read to its end (from the file held open),
+            // the processes gone together waiting at most that long.
+            let perf_map = proc.space.lock().unwrap().perf_map();
+            perf_map.ask();
+            perf_map.wait(*catch_up.get_or_insert_with(|| Instant::now() + perf_map::CATCH_UP));
             let read = proc.finish().and_then(|()| self.proc_profile(&proc));
             match read {
                 Ok(profile) => self.ended.add(profile),

@@ -182,6 +182,13 @@ fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
         }
         (x, y) => x.or(y),
     };
+    a.perf_map = match (a.perf_map, b.perf_map) {
+        (Some(mut x), Some(y)) => {
+            add_fields!(x, y; lines, kept, evicted, names_cut, bad_lines, unread_bytes, rereads);
+            Some(x)
+        }
+        (x, y) => x.or(y),
+    };
     for (cause, n) in b.truncated {
         *a.truncated.entry(cause).or_default() += n;
     }

@@ -95,6 +95,10 @@ pub struct StackQuality {
     /// Absent where no CPython interpreter was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<PythonQuality>,
+    /// JIT code's names from the runtime's perf map: what could not be
+    /// kept or read. Absent where no perf map was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perf_map: Option<PerfMapQuality>,
 }
 
 /// How whole a Python process's Python frames are. Each count is of
@@ -124,6 +128,36 @@ pub struct PythonQuality {
     /// New stacks whose notice to the tracer found the ring full (their
     /// code objects were named later, if they still lived).
     pub notices_lost: u64,
+}
+
+/// A JIT's perf map (`/tmp/perf-PID.map`) as mtrace read it, summed over
+/// the processes that had one. The names are kept within a ceiling per
+/// process, the oldest evicted first; each count is of lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerfMapQuality {
+    /// Lines read that named code.
+    #[serde(default)]
+    pub lines: u64,
+    /// Pieces of code named when the profile was made.
+    #[serde(default)]
+    pub kept: u64,
+    /// Names evicted to stay within the ceiling: their code's frames read
+    /// `[anonymous code 0x...]`.
+    #[serde(default)]
+    pub evicted: u64,
+    /// Names longer than the longest kept, cut.
+    #[serde(default)]
+    pub names_cut: u64,
+    /// Lines that are not `START SIZE NAME`, skipped.
+    #[serde(default)]
+    pub bad_lines: u64,
+    /// Bytes of the map not read yet when the profile was made.
+    #[serde(default)]
+    pub unread_bytes: u64,
+    /// Times the map was read again from its start: another file at its
+    /// path, or the file truncated or rewritten.
+    #[serde(default)]
+    pub rereads: u64,
 }
 
 impl StackQuality {

@@ -694,6 +694,15 @@ by function: malloc 1000, calloc 250, realloc 136
                 unnamed: 1_000_000,
                 notices_lost: 1_000_000,
             }),
+            perf_map: Some(crate::profile::PerfMapQuality {
+                lines: 1_000_000_000_000,
+                kept: 1_000_000_000,
+                evicted: 1_000_000_000_000,
+                names_cut: 1_000_000_000,
+                bad_lines: 1_000_000_000,
+                unread_bytes: 123 << 30,
+                rereads: 1_000_000,
+            }),
         });
         p.live = Some(crate::profile::LiveTotals {
             peak_bytes: 123 << 30,

@@ -391,6 +391,21 @@ pub fn quality_lines(q: &StackQuality) -> String {
         ];
         out.push_str(&wrap_list("python", &lost, ""));
     }
+    if let Some(m) = &q.perf_map {
+        let _ = writeln!(
+            out,
+            "perf map: {} pieces of JIT code named, of {} lines read",
+            m.kept, m.lines
+        );
+        let lost = [
+            format!("evicted (oldest, over the ceiling) {}", m.evicted),
+            format!("names cut {}", m.names_cut),
+            format!("lines not understood {}", m.bad_lines),
+            format!("unread {}", bytes(m.unread_bytes)),
+            format!("read again {}", m.rereads),
+        ];
+        out.push_str(&wrap_list("perf map", &lost, ""));
+    }
     out
 }
 
