@@ -179,13 +179,15 @@ Examples:
   sudo mtrace agent --pid 1234
   sudo mtrace agent --cgroup system.slice/redis.service --sample-bytes 512KiB
   sudo mtrace agent --live --listen 127.0.0.1:7117 --pid 1234
+  sudo mtrace agent --listen 10.0.0.5:7117 --web-config web.yml --pid 1234
   go tool pprof -top http://127.0.0.1:7117/debug/pprof/allocs
   go tool pprof -seconds 30 http://127.0.0.1:7117/debug/pprof/allocs
 
 Endpoints: /debug/pprof/allocs and /debug/pprof/heap (Go's heap profile
 format; ?seconds=N for what was allocated during the next N seconds, in-use
 values left a snapshot; ?pid=PID for one process), /metrics (Prometheus),
-/healthz. GET only.
+/healthz. GET only. Beyond loopback, --web-config FILE gives TLS and basic
+auth in the Prometheus exporters' format (--web.config.file).
 
 Cost: by default (--policy windows) the probes are in for --window seconds,
 then out for as long as keeps the slowdown of the traced process that pays

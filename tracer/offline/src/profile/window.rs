@@ -58,7 +58,7 @@ pub fn without_stacks(p: &Profile) -> Profile {
         meta: p.meta.clone(),
         stacks: Vec::new(),
         totals: p.totals.clone(),
-        losses: p.losses.clone(),
+        losses: p.losses,
         stack_quality: p.stack_quality.clone(),
         live: p.live.clone(),
         snapshot: None,
