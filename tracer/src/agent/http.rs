@@ -12,14 +12,17 @@
 //! connections and sent nothing made the agent's threads grow without
 //! bound; hyper would bring a server framework for four GET routes.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] open. When a new one comes with
-//! all of them taken, one that has sent nothing yet is closed for it (the
-//! one that waited longest), so idle connections cannot lock a scraper
-//! out; a connection that has sent bytes is closed only when every other
-//! has too, and one whose request head has come whole, never. A head
-//! (the TLS handshake included) within [`HEAD_TIMEOUT`] and [`MAX_HEAD`]
-//! bytes; an answer written within [`WRITE_TIMEOUT`]. The listening
-//! socket's backlog holds [`BACKLOG`] connections not yet accepted.
+//! Bounds: [`MAX_CONNECTIONS`] open; past them, connections that have
+//! sent nothing for [`MIN_IDLE`] are closed, the longest waiting first
+//! (looked at when one comes and every 100 ms), so idle connections
+//! cannot lock a scraper out, and a client that sends its request within
+//! [`MIN_IDLE`] of connecting is never closed for another, however fast
+//! idle ones reconnect. At [`MAX_OPEN`] a new connection closes the
+//! longest idle one whatever its age (then one that has sent bytes, but
+//! never one whose request head has come whole). A head (the TLS
+//! handshake included) within [`HEAD_TIMEOUT`] and [`MAX_HEAD`] bytes; an
+//! answer written within [`WRITE_TIMEOUT`]. The listening socket's
+//! backlog holds [`BACKLOG`] connections not yet accepted.
 
 use std::{
     collections::VecDeque,
@@ -44,8 +47,16 @@ use super::{
 };
 use crate::error::{UserError, EXIT_USAGE};
 
-/// Connections open at once at most.
+/// Connections open at once past which idle ones are closed.
 const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may send nothing before it may be closed for
+/// another.
+const MIN_IDLE: Duration = Duration::from_secs(1);
+
+/// Connections open at once at most (a few KiB each; the agent raises its
+/// descriptor limit).
+const MAX_OPEN: usize = 512;
 
 /// How long a connection may take to send its request head (after its
 /// TLS handshake, which counts too).
@@ -207,12 +218,17 @@ struct Ctx {
 /// A connection still waiting for its request head.
 struct Head {
     id: u64,
+    /// When it was accepted.
+    since: std::time::Instant,
     /// Its socket, to see whether bytes wait on it. The entry leaves the
     /// list before the socket is closed, and both happen on the server's
     /// one thread, so the descriptor is this connection's.
     fd: RawFd,
     /// It has sent something (its task saw the socket readable).
     stirred: Arc<AtomicBool>,
+    /// It is counted open (cleared when it is closed for another, which
+    /// uncounts it at once).
+    counted: Arc<AtomicBool>,
     task: tokio::task::AbortHandle,
 }
 
@@ -230,31 +246,62 @@ impl Waiting {
         heads.retain(|h| h.id != id);
     }
 
-    /// Closes a connection waiting for its head to make room: the oldest
-    /// that has sent nothing, else the oldest whose head has not come
-    /// whole. False when every one has a whole head waiting to be read.
+    /// Closes the oldest connection waiting for its head to make room:
+    /// one that has sent nothing, else one whose head has not come whole.
+    /// False when every one has a whole head waiting to be read.
     fn make_room(&self) -> bool {
         let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
-        let waiting: Vec<Pending> = heads
-            .iter()
-            .map(|h| {
-                if h.stirred.load(Ordering::Relaxed) {
-                    Pending::Some
-                } else {
-                    pending(h.fd)
-                }
-            })
-            .collect();
-        let victim = waiting
-            .iter()
-            .position(|p| *p == Pending::Nothing)
+        let waiting: Vec<Pending> = heads.iter().map(Head::pending).collect();
+        let victim = (waiting.iter().position(|p| *p == Pending::Nothing))
             .or_else(|| waiting.iter().position(|p| *p == Pending::Some));
         match victim.and_then(|i| heads.remove(i)) {
             Some(h) => {
-                h.task.abort();
+                self.close(&h);
                 true
             }
             None => false,
+        }
+    }
+
+    /// While more than [`MAX_CONNECTIONS`] are open, closes the oldest
+    /// that have sent nothing for at least [`MIN_IDLE`].
+    fn close_idle(&self) {
+        let mut excess = self
+            .open
+            .load(Ordering::SeqCst)
+            .saturating_sub(MAX_CONNECTIONS);
+        if excess == 0 {
+            return;
+        }
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        heads.retain(|h| {
+            let idle = excess > 0
+                && now.duration_since(h.since) >= MIN_IDLE
+                && h.pending() == Pending::Nothing;
+            if idle {
+                self.close(h);
+                excess -= 1;
+            }
+            !idle
+        });
+    }
+
+    /// Closes `h`, taken out of the list, and uncounts it at once.
+    fn close(&self, h: &Head) {
+        h.task.abort();
+        if h.counted.swap(false, Ordering::SeqCst) {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Head {
+    fn pending(&self) -> Pending {
+        if self.stirred.load(Ordering::Relaxed) {
+            Pending::Some
+        } else {
+            pending(self.fd)
         }
     }
 }
@@ -296,12 +343,15 @@ fn pending(fd: RawFd) -> Pending {
     }
 }
 
-/// Counts a connection open while it lives (an aborted task drops it too).
-struct Open(Arc<Ctx>);
+/// Counts a connection open while it lives, unless it was uncounted when
+/// closed for another (an aborted task drops it too).
+struct Open(Arc<Ctx>, Arc<AtomicBool>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.waiting.open.fetch_sub(1, Ordering::SeqCst);
+        if self.1.swap(false, Ordering::SeqCst) {
+            self.0.waiting.open.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -314,9 +364,14 @@ async fn accept(
         log::warn!("agent: the listening socket could not be served");
         return;
     };
+    let mut look = tokio::time::interval(Duration::from_millis(100));
     loop {
         let stream = tokio::select! {
             _ = &mut stopped => return,
+            _ = look.tick() => {
+                ctx.waiting.close_idle();
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -328,10 +383,7 @@ async fn accept(
             },
         };
         let _ = stream.set_nodelay(true);
-        if ctx.waiting.open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS
-            && !ctx.waiting.make_room()
-        {
-            ctx.waiting.open.fetch_sub(1, Ordering::SeqCst);
+        if ctx.waiting.open.load(Ordering::SeqCst) >= MAX_OPEN && !ctx.waiting.make_room() {
             tokio::spawn(async move {
                 let mut stream = stream;
                 let answer = text(503, "too many connections at once\n");
@@ -343,7 +395,9 @@ async fn accept(
             });
             continue;
         }
-        let open = Open(ctx.clone());
+        ctx.waiting.open.fetch_add(1, Ordering::SeqCst);
+        let counted = Arc::new(AtomicBool::new(true));
+        let open = Open(ctx.clone(), counted.clone());
         let id = ctx.waiting.next.fetch_add(1, Ordering::Relaxed);
         let stirred = Arc::new(AtomicBool::new(false));
         let fd = stream.as_raw_fd();
@@ -357,12 +411,15 @@ async fn accept(
             if !task.is_finished() {
                 heads.push_back(Head {
                     id,
+                    since: std::time::Instant::now(),
                     fd,
                     stirred,
+                    counted,
                     task: task.abort_handle(),
                 });
             }
         }
+        ctx.waiting.close_idle();
         // The connections accepted so far read what they have before the
         // next is accepted (and may have to make room).
         tokio::task::yield_now().await;
@@ -373,7 +430,9 @@ async fn accept(
 /// checked, answered, closed.
 async fn connection(tcp: tokio::net::TcpStream, id: u64, ctx: &Ctx, stirred: &AtomicBool) {
     let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
-    let _ = tokio::time::timeout_at(deadline, tcp.readable()).await;
+    // Until the client sends something (or closes): a peek, since tokio
+    // takes a new socket as readable before anything came.
+    let _ = tokio::time::timeout_at(deadline, tcp.peek(&mut [0u8; 1])).await;
     stirred.store(true, Ordering::Relaxed);
     let loaded = match ctx.web.as_ref().map(|w| w.current()).transpose() {
         Ok(l) => l,
