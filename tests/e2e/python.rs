@@ -521,6 +521,57 @@ fn a_deep_python_stack_marks_where_its_frames_are_cut() {
     }
 }
 
+/// A program that defines `_PyRuntime` and `Py_Version` (3.11) but is no
+/// Python: what its `_PyRuntime` holds is not an interpreter's state
+/// (bytes of 0x41 from launch, written after mtrace attached; its own
+/// address in every word by pid, written before). One line says so, the
+/// report's header says the same, no stack is counted as "not a Python
+/// thread", and the calls are counted exactly, natively.
+#[test]
+fn a_python_runtime_that_cannot_be_read_is_said_once() {
+    let dir = bpf_tempdir!();
+    let built = crate::support::fixtures::compile_c(
+        "fakepython",
+        "fakepython",
+        &["-O2", "-fno-omit-frame-pointer", "-g"],
+        &[],
+    );
+    let fake = crate::support::fixtures::copy_executable(&built, dir.path(), "python3.11");
+    let check = |out: &crate::support::mtrace::Finished, p: &Profile, how: &str| {
+        let d = format!("{how}\n{}", out.describe());
+        let said = stderr_lines_with(out, &["could not be read", "_PyRuntime"]);
+        assert_eq!(said, 1, "{d}");
+        let header = p.doc["meta"]["python"].as_str().unwrap_or("");
+        assert!(
+            header.starts_with("CPython 3.11 in ")
+                && header.contains("its interpreter state (_PyRuntime) could not be read (")
+                && header.ends_with("): native frames only"),
+            "{header}\n{d}"
+        );
+        assert!(out.stdout.contains(&format!("python: {header}")), "{d}");
+        assert!(!out.stdout.contains("not a Python thread"), "{d}");
+        assert!(p.doc["stack_quality"].get("python").is_none(), "{d}");
+        let calls: u64 = p
+            .allocs()
+            .filter(|s| s.bytes == s.calls * 777)
+            .map(|s| s.calls)
+            .sum();
+        assert_eq!(calls, 1000, "{d}");
+        assert!(
+            p.allocs()
+                .filter(|s| s.bytes == s.calls * 777)
+                .all(|s| s.names().contains(&"alloc_one")),
+            "{d}"
+        );
+    };
+    let (out, p) = run_profiled(&["--", fake.to_str().unwrap(), "junk"]);
+    out.assert_exit(0);
+    check(&out, &p, "from launch, 0x41 throughout");
+    let mut fx = FixtureProc::start(&fake, &["self", "wait"]);
+    let (out, p) = trace_by_pid(&mut fx, &[]);
+    check(&out, &p, "by pid, its own address throughout");
+}
+
 /// Live mode: a leak by Python line. `leak` keeps one block in ten, `temp`
 /// frees each at once (`os._exit`: no finalization frees the kept ones
 /// at the end); the module's code is named as the script's own (on

@@ -26,10 +26,15 @@ pub struct Interpreter {
 }
 
 impl Interpreter {
+    /// `CPython 3.X in OBJECT`.
+    pub fn name(&self) -> String {
+        format!("CPython 3.{} in {}", self.minor, self.path)
+    }
+
     /// For the report's header: `CPython 3.X in OBJECT`, and what to
     /// install when the interpreter's own frames cannot be named.
     pub fn describe(&self) -> String {
-        let mut said = format!("CPython 3.{} in {}", self.minor, self.path);
+        let mut said = self.name();
         if self.unnamed {
             let remedy = if self.debian {
                 format!("Debian's python3.{}-dbg of the same version", self.minor)

@@ -9,6 +9,7 @@ pub mod code;
 mod layout;
 pub mod linetable;
 mod names;
+pub mod state;
 
 pub use layout::{detect, Found};
 pub use names::{split, Names};

@@ -7,7 +7,10 @@ use std::{collections::HashMap, sync::Arc};
 
 use tracer_common::{py_code_check, PY_CODE_MASK, PY_CUT_MARK, PY_CUT_MORE, PY_ENTRY, PY_FRAME};
 
-use super::code::{self, Code, CodeLayout, Memory, ProcessMemory};
+use super::{
+    code::{self, Code, CodeLayout, Memory, ProcessMemory},
+    state::{self, State},
+};
 use crate::profile::Frame;
 
 /// The native function whose every frame is a run of the eval loop.
@@ -22,6 +25,11 @@ pub struct Names {
     known: HashMap<(u64, u32), Option<Arc<Code>>>,
     /// Code objects that could not be named.
     pub unnamed: u64,
+    /// The interpreter's state, not judged yet ([`state::check`]): its
+    /// layout and what the report calls the interpreter.
+    pending: Option<(tracer_common::PythonLayout, String)>,
+    /// The line that says the interpreter's state could not be read.
+    unreadable: Option<String>,
 }
 
 /// One Python frame of a stack, as the probe stored it.
@@ -99,13 +107,38 @@ pub fn split(addrs: &[u64]) -> (&[u64], &[u64]) {
 }
 
 impl Names {
-    pub fn new(pid: u32, minor: u8) -> Option<Names> {
+    /// `pending`: the interpreter's state still to judge ([`Names::judge`]),
+    /// with what the report calls the interpreter.
+    pub fn new(
+        pid: u32,
+        minor: u8,
+        pending: Option<(tracer_common::PythonLayout, String)>,
+    ) -> Option<Names> {
         Some(Names {
             mem: ProcessMemory::open(pid).ok(),
             layout: CodeLayout::for_minor(minor as u32)?,
             known: HashMap::new(),
             unnamed: 0,
+            pending,
+            unreadable: None,
         })
+    }
+
+    /// The line that says the interpreter's state could not be read, once
+    /// it is judged so: judged at the first look that finds an interpreter
+    /// with a thread (the process may not have started one at attach).
+    pub fn judge(&mut self) -> Option<&str> {
+        if let (Some((layout, who)), Some(mem)) = (&self.pending, &self.mem) {
+            match state::settled(mem, layout) {
+                State::NotYet => {}
+                State::Readable => self.pending = None,
+                State::Unreadable(why) => {
+                    self.unreadable = Some(state::unreadable_line(who, &why));
+                    self.pending = None;
+                }
+            }
+        }
+        self.unreadable.as_deref()
     }
 
     /// Reads the code objects of `words` (a stack's Python words) not read
@@ -234,6 +267,8 @@ mod tests {
             layout: CodeLayout::for_minor(11).unwrap(),
             known: HashMap::new(),
             unnamed: 0,
+            pending: None,
+            unreadable: None,
         }
     }
 
