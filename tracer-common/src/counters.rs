@@ -75,5 +75,9 @@ pub mod counter {
     /// block was never taken (the copy left by a way not probed: a failed
     /// allocation, or a place the tracer did not find).
     pub const INLINE_UNFINISHED: u32 = MAP_FULL + 24;
-    pub const N: u32 = MAP_FULL + 25;
+    /// Walks of a Python process in a thread whose thread state was not
+    /// among the first `PY_MAX_THREADS` of the interpreter's list (counted
+    /// apart from `PY_NO_THREAD_STATE`: the thread may have one further on).
+    pub const PY_THREADS_BEYOND: u32 = MAP_FULL + 25;
+    pub const N: u32 = MAP_FULL + 26;
 }

@@ -294,6 +294,7 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
     if let Some(py) = p.stack_quality.as_ref().and_then(|q| q.python.as_ref()) {
         out.extend([
             ("python_frames_cut", py.cut),
+            ("python_threads_beyond", py.threads_beyond),
             ("python_frames_unreadable", py.unreadable),
             ("python_code_unnamed", py.unnamed),
             ("python_notices_lost", py.notices_lost),

@@ -174,10 +174,27 @@ impl TracedProcess {
             Some(_) if max_frames == 0 => (None, String::new()),
             other => (other, python_said),
         };
+        // An interpreter whose state cannot be read is said to be, once,
+        // and not read; one not started yet is judged later, by `Names`.
+        let (interpreter, python_said, pending) = match interpreter {
+            Some(i) => match python::state::settled_in(pid, &i.layout) {
+                python::state::State::Unreadable(why) => {
+                    let line = python::state::unreadable_line(&i.name(), &why);
+                    python::say_once(&line);
+                    (None, line, None)
+                }
+                python::state::State::Readable => (Some(i), python_said, None),
+                python::state::State::NotYet => {
+                    let pending = Some((i.layout, i.name()));
+                    (Some(i), python_said, pending)
+                }
+            },
+            None => (None, python_said, None),
+        };
         let layout = interpreter.as_ref().map(|i| i.layout).unwrap_or_default();
         let names = interpreter
             .as_ref()
-            .and_then(|i| python::Names::new(pid, i.minor));
+            .and_then(|i| python::Names::new(pid, i.minor, pending));
         let (probes, unwind) = probes::attach(
             pid,
             &alloc,
