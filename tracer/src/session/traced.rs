@@ -375,11 +375,12 @@ impl TracedProcess {
     }
 }
 
-/// Feeds every event waiting in the rings to the tracker, which applies
-/// those stamped before the drain began; the rest wait for the next drain.
-/// The `last` drain (counting has stopped) takes and applies everything. The walks
-/// the tracer finished come first: an allocation event whose stack the
-/// tracer unwound names it by an id that only they resolve.
+/// Feeds every event waiting in the rings and queues to the tracker, which
+/// applies those stamped before the drain began; the rest wait for the
+/// next drain. The `last` drain (counting has stopped) takes and applies
+/// everything. The walks the tracer finished come first: an allocation
+/// event whose stack the tracer unwound names it by an id that only they
+/// resolve.
 fn drain(
     events: &mut [RingBuf<MapData>],
     aside: Option<&mut KeptAside>,
@@ -394,54 +395,79 @@ fn drain(
     for (id, key) in unwind.walks().take_remaps() {
         tracker.remap_stack(id, key);
     }
-    for ring in events.iter_mut() {
-        while let Some(item) = ring.next() {
-            tracker.on_bytes(&item);
-        }
-    }
+    read_rings(events, tracker);
     // A kept free was queued before its block could be allocated again,
     // and a kept allocation before its block could be freed: an event
     // stamped before `started` comes with every kept one it follows, which
     // were queued before it, so ahead of any stamped after `started`.
     // Taking the queues only that far (all of them at the end) keeps a
-    // drain from chasing the programs while the rings fill. Frees first: a
-    // resize's released block and its new one, kept at once, apply in
-    // that order on equal stamps.
+    // drain from chasing the programs. The rings are read between batches:
+    // an event taken from a queue costs a system call, ten times one read
+    // from a ring, and a ring left full sends every event to the queues.
     if let Some(aside) = aside {
         let until = (!last).then_some(started);
-        let frees = take_kept(
-            &mut aside.frees,
-            until,
-            |f| f.ts,
-            |f| tracker.on_lost_free(f),
-        );
-        let allocs = take_kept(
-            &mut aside.allocs,
-            until,
-            |a| a.ts,
-            |a| tracker.on_lost_alloc(a),
-        );
-        aside.fullest = (aside.fullest.0.max(frees), aside.fullest.1.max(allocs));
+        let (mut frees, mut allocs) = (Taken::default(), Taken::default());
+        while !(frees.done && allocs.done) {
+            take_kept(
+                &mut aside.frees,
+                until,
+                &mut frees,
+                |f| f.ts,
+                |f| tracker.on_lost_free(f),
+            );
+            take_kept(
+                &mut aside.allocs,
+                until,
+                &mut allocs,
+                |a| a.ts,
+                |a| tracker.on_lost_alloc(a),
+            );
+            read_rings(events, tracker);
+        }
+        aside.fullest = (aside.fullest.0.max(frees.n), aside.fullest.1.max(allocs.n));
     }
     tracker.flush((!last).then_some(started));
 }
 
-/// Pops `queue` into `take` until it is empty or, with `until`, up to and
-/// including the first entry stamped after it. Returns how many it took.
+fn read_rings(events: &mut [RingBuf<MapData>], tracker: &mut LiveTracker) {
+    for ring in events.iter_mut() {
+        while let Some(item) = ring.next() {
+            tracker.on_bytes(&item);
+        }
+    }
+}
+
+/// Entries taken from a queue kept aside during one drain.
+#[derive(Default)]
+struct Taken {
+    n: u64,
+    /// The queue was empty, or gave an entry stamped after the drain began.
+    done: bool,
+}
+
+/// Entries taken from a queue between two reads of the rings.
+const KEPT_BATCH: u64 = 4096;
+
+/// Pops up to [`KEPT_BATCH`] entries of `queue` into `take`, until it is
+/// empty or, with `until`, up to and including the first entry stamped
+/// after it (then `taken` is done).
 fn take_kept<T: aya::Pod>(
     queue: &mut aya::maps::Queue<MapData, T>,
     until: Option<u64>,
+    taken: &mut Taken,
     ts: impl Fn(&T) -> u64,
     mut take: impl FnMut(T),
-) -> u64 {
-    let mut n = 0;
-    while let Ok(kept) = queue.pop(0) {
-        let later = until.is_some_and(|t| ts(&kept) > t);
-        take(kept);
-        n += 1;
-        if later {
-            break;
+) {
+    for _ in 0..KEPT_BATCH {
+        if taken.done {
+            return;
         }
+        let Ok(kept) = queue.pop(0) else {
+            taken.done = true;
+            return;
+        };
+        taken.done = until.is_some_and(|t| ts(&kept) > t);
+        take(kept);
+        taken.n += 1;
     }
-    n
 }
