@@ -79,5 +79,11 @@ pub mod counter {
     /// among the first `PY_MAX_THREADS` of the interpreter's list (counted
     /// apart from `PY_NO_THREAD_STATE`: the thread may have one further on).
     pub const PY_THREADS_BEYOND: u32 = MAP_FULL + 25;
-    pub const N: u32 = MAP_FULL + 26;
+    /// Live mode: blocks whose allocation event found the ring full, kept
+    /// in `LOST_ALLOCS` for the tracer to apply: not a loss.
+    pub const ALLOCS_KEPT: u32 = MAP_FULL + 26;
+    /// Live mode: of those, blocks `LOST_ALLOCS` had no room for either:
+    /// never followed, so each may be a leak the report cannot name.
+    pub const ALLOCS_LOST: u32 = MAP_FULL + 27;
+    pub const N: u32 = MAP_FULL + 28;
 }

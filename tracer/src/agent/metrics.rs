@@ -287,6 +287,7 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
         out.extend([
             ("live_events_lost", live.events_lost),
             ("live_frees_lost", live.frees_lost),
+            ("live_allocs_lost", live.allocs_lost),
             ("live_untracked", live.untracked),
             ("live_failed", live.failed),
         ]);

@@ -361,8 +361,9 @@ pub struct TraceArgs {
 
     /// Live mode: how many outstanding blocks mtrace tracks at once;
     /// beyond that, allocations are counted as untracked. The kernel keeps
-    /// as many frees aside (24 bytes each) for when the event buffers are
-    /// full, so that a burst freeing them all loses none.
+    /// as many frees and as many allocations aside (72 bytes the pair) for
+    /// when the event buffers are full, so that a burst freeing or
+    /// allocating them all loses none.
     #[arg(long, value_name = "N", default_value_t = 262144, value_parser = clap::value_parser!(u32).range(1..))]
     pub live_map_size: u32,
 

@@ -349,6 +349,8 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         events_lost: sums[counter::EVENTS_LOST as usize],
         frees_kept: sums[counter::FREES_KEPT as usize],
         frees_lost: sums[counter::FREES_LOST as usize],
+        allocs_kept: sums[counter::ALLOCS_KEPT as usize],
+        allocs_lost: sums[counter::ALLOCS_LOST as usize],
         pending_full: sums[counter::PENDING_FULL as usize],
         inline_unfinished: sums[counter::INLINE_UNFINISHED as usize],
         ..LiveTotals::default()

@@ -224,7 +224,7 @@ fn add_live_totals(mut a: LiveTotals, b: LiveTotals) -> LiveTotals {
     }
     add_fields!(a, b; outstanding, outstanding_bytes, old_outstanding, old_outstanding_bytes,
         tracked_allocations, temporaries, failed, untracked, frees_unknown, events_lost, stale,
-        pending_full, frees_kept, frees_lost, inline_unfinished);
+        pending_full, frees_kept, frees_lost, allocs_kept, allocs_lost, inline_unfinished);
     a
 }
 

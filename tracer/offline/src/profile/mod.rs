@@ -366,6 +366,15 @@ pub struct LiveTotals {
     /// their blocks may be listed outstanding though freed.
     #[serde(default)]
     pub frees_lost: u64,
+    /// Of the events lost, allocations kept aside in the kernel and
+    /// applied in their order: not a loss.
+    #[serde(default)]
+    pub allocs_kept: u64,
+    /// Allocations lost outright (the ring and the map of lost allocations
+    /// both full): their blocks were never followed, so at most this many
+    /// leaks are missing from the suspects.
+    #[serde(default)]
+    pub allocs_lost: u64,
     /// Blocks handed out again while still tracked (a free was missed).
     pub stale: u64,
     /// Allocating calls not followed to their return (no per-thread storage).

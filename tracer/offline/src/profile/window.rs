@@ -115,6 +115,8 @@ pub fn since(start: &Start, later: Profile) -> Profile {
         now.events_lost = now.events_lost.saturating_sub(then.events_lost);
         now.frees_kept = now.frees_kept.saturating_sub(then.frees_kept);
         now.frees_lost = now.frees_lost.saturating_sub(then.frees_lost);
+        now.allocs_kept = now.allocs_kept.saturating_sub(then.allocs_kept);
+        now.allocs_lost = now.allocs_lost.saturating_sub(then.allocs_lost);
     }
     if let (Some(now), Some(then)) = (out.meta.sampling.as_mut(), earlier.meta.sampling.as_ref()) {
         now.samples = now.samples.saturating_sub(then.samples);
