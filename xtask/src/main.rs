@@ -92,8 +92,10 @@ enum Task {
 /// in (tmux), and `man`, which renders the man page in its test; and
 /// Debian's pip for its python3.11 (see [`PYPI_PACKAGES`]); the real
 /// clients of `mtrace agent`'s tests, `go tool pprof` (golang-go) and
-/// Prometheus, and the Redis server and client its benchmark traces.
-const APT_PACKAGES: [&str; 21] = [
+/// Prometheus, the Redis server and client its benchmark traces, the
+/// sqlite3 shell the gate's stability test runs five times, and the
+/// debuginfod server stripped files are symbolized through in their test.
+const APT_PACKAGES: [&str; 23] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -115,6 +117,8 @@ const APT_PACKAGES: [&str; 21] = [
     "prometheus",
     "redis-server",
     "redis-tools",
+    "sqlite3",
+    "debuginfod",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -6,8 +6,8 @@ use super::{expected_sites, s, trace_counts};
 use crate::{
     counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
     support::{
-        copy_executable, diff::DiffOut, run_mtrace, validate_profile, Finished, Fixture, Mtrace,
-        Profile,
+        copy_executable, diff::DiffOut, run_mtrace, validate_against, validate_profile, Finished,
+        Fixture, Mtrace, Profile,
     },
 };
 
@@ -118,7 +118,11 @@ fn check_growth_diff(base: &Path, new: &Path, dir: &Path) {
     expect_only_alloc_small(&out, &d);
     assert_eq!(
         d.regressions,
-        ["regression: calls>+5%: total calls 1281 -> 1481 (+15.61%)"],
+        [
+            "regression: calls>+5%: total calls 1281 -> 1481 (+200, +15.61%); \
+          grew most: +200 malloc <- alloc_small <- main <- __libc_start_call_main \
+          <- __libc_start_main_impl <- _start"
+        ],
         "{}",
         out.describe()
     );
@@ -151,7 +155,7 @@ fn check_growth_diff(base: &Path, new: &Path, dir: &Path) {
     let line = &d.regressions[0];
     assert!(
         line.starts_with("regression: calls>+10%: malloc <- alloc_small <- main")
-            && line.ends_with(": 1000 -> 1200 (+20.00%)"),
+            && line.ends_with(": 1000 -> 1200 (+200, +20.00%)"),
         "{line:?}\n{}",
         out.describe()
     );
@@ -238,6 +242,148 @@ fn diff_gate_catches_growth_across_builds() {
         );
     }
     check_growth_diff(&a, &c, dir.path());
+    check_formats(&a, &c, dir.path());
+}
+
+/// `mtrace diff --format json|markdown|junit` of the growth above, each
+/// read back by a real reader: the JSON against its schema, the JUnit XML
+/// by an XML parser, the markdown's table rows.
+fn check_formats(base: &Path, new: &Path, dir: &Path) {
+    let gate = ["--fail-if", "calls>+5%", "--fail-if", "bytes>+1MiB"];
+    let json_path = dir.join("d.json");
+    let mut args = vec![s(base), s(new), "--format", "json", "-o", s(&json_path)];
+    args.extend(gate);
+    let (out, d) = run_diff(&args);
+    out.assert_exit(1);
+    // The text still goes to stdout.
+    assert_eq!(d.regressions.len(), 1, "{}", out.describe());
+    let doc = validate_against(&json_path, "diff.schema.json");
+    let calls = &doc["totals"]["calls"];
+    assert_eq!(
+        (
+            calls["base"].as_u64(),
+            calls["new"].as_u64(),
+            calls["delta"].as_i64()
+        ),
+        (
+            Some(COUNTS_TOTAL_CALLS),
+            Some(COUNTS_TOTAL_CALLS + 200),
+            Some(200)
+        ),
+        "{doc}"
+    );
+    let changed = doc["changed"].as_array().unwrap();
+    assert_eq!(changed.len(), 1, "{doc}");
+    assert_eq!(changed[0]["frames"][0]["function"], "alloc_small", "{doc}");
+    assert_eq!(changed[0]["bytes"]["delta"], 200 * 48, "{doc}");
+    assert_eq!(
+        doc["unchanged_stacks"].as_u64(),
+        Some(n_sites() - 1),
+        "{doc}"
+    );
+    let conds = doc["gate"]["conditions"].as_array().unwrap();
+    assert_eq!(doc["gate"]["passed"], false, "{doc}");
+    assert_eq!(
+        (conds[0]["passed"].as_bool(), conds[1]["passed"].as_bool()),
+        (Some(false), Some(true)),
+        "{doc}"
+    );
+    let grew = &conds[0]["violations"][0]["grew_most"][0];
+    assert_eq!(
+        grew["stack"]["frames"][0]["function"], "alloc_small",
+        "{doc}"
+    );
+    assert_eq!(grew["delta"], 200, "{doc}");
+
+    // Markdown on stdout, for a step summary.
+    let mut args = vec![s(base), s(new), "--format", "markdown"];
+    args.extend(gate);
+    let out = run_mtrace(&{
+        let mut all = vec!["diff"];
+        all.extend(&args);
+        all
+    });
+    out.assert_exit(1);
+    let md = &out.stdout;
+    assert!(md.starts_with("### mtrace diff: ❌ 1 regression\n"), "{md}");
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| 1 |"))
+        .unwrap_or_else(|| panic!("no changed stack row\n{md}"));
+    assert!(
+        row.contains("1000 → 1200 (+200, +20.00%)") && row.contains("`alloc_small`"),
+        "{row}"
+    );
+    assert!(
+        md.contains("- ❌ `calls>+5%` (totals): 1 regression"),
+        "{md}"
+    );
+    assert!(md.contains("- ✅ `bytes>+1MiB` (totals): held"), "{md}");
+
+    // JUnit XML: a test case per condition, the failing one failed.
+    let xml_path = dir.join("d.xml");
+    let mut args = vec![s(base), s(new), "--format", "junit", "-o", s(&xml_path)];
+    args.extend(gate);
+    let (out, _) = run_diff(&args);
+    out.assert_exit(1);
+    let xml = fs::read_to_string(&xml_path).expect("no JUnit file");
+    let (cases, failures) = junit_cases(&xml);
+    assert_eq!(
+        cases,
+        ["calls>+5% (totals)", "bytes>+1MiB (totals)"],
+        "{xml}"
+    );
+    assert_eq!(failures.len(), 1, "{xml}");
+    assert!(failures[0].contains("alloc_small"), "{xml}");
+
+    // One file for two outputs is refused, before anything is written.
+    let out = run_mtrace(&[
+        "diff",
+        s(base),
+        s(new),
+        "-o",
+        s(&xml_path),
+        "--folded",
+        s(&xml_path),
+    ]);
+    out.assert_exit(2);
+    out.assert_error("given for two outputs");
+}
+
+/// The test cases' names and the failures' messages of a JUnit report,
+/// read by an XML parser that checks the document is well formed.
+fn junit_cases(xml: &str) -> (Vec<String>, Vec<String>) {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    reader.config_mut().check_end_names = true;
+    let (mut cases, mut failures) = (Vec::new(), Vec::new());
+    loop {
+        match reader
+            .read_event()
+            .unwrap_or_else(|e| panic!("bad XML: {e}\n{xml}"))
+        {
+            Event::Start(e) | Event::Empty(e) => {
+                let attr = |n: &str| {
+                    e.try_get_attribute(n)
+                        .unwrap()
+                        .map(|a| {
+                            a.normalized_value(quick_xml::XmlVersion::Explicit1_0)
+                                .unwrap()
+                                .into_owned()
+                        })
+                        .unwrap_or_default()
+                };
+                match e.name().as_ref() {
+                    b"testcase" => cases.push(attr("name")),
+                    b"failure" => failures.push(attr("message")),
+                    _ => {}
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    (cases, failures)
 }
 
 /// The same gate where the new build has the old one's file name in
@@ -256,4 +402,79 @@ fn diff_gate_catches_growth_same_name_other_directory() {
     validate_profile(&a);
     validate_profile(&c);
     check_growth_diff(&a, &c, dir.path());
+}
+
+/// Five identical runs each of Debian's python3.11 (stripped; code objects
+/// of its startup freed before they are read, in some runs), perl (hashes
+/// seeded anew each run) and sqlite3, every ordered pair gated per stack
+/// at +1% of calls and of bytes: never a failure. The gate keys nameless
+/// frames without their addresses, lines a Python frame up whether or not
+/// it was named, and leaves changes of a call or two to the noise floor
+/// (said on a `noise:` line, never hidden).
+#[test]
+fn identical_runs_never_fail_the_per_stack_gate() {
+    let dir = bpf_tempdir!();
+    let script = dir.path().join("w.py");
+    fs::write(
+        &script,
+        "import json\nd = {}\nfor i in range(2000):\n    d['k%d' % i] = [i] * (i % 7)\n\
+         print(len(json.loads(json.dumps(d))))\n",
+    )
+    .unwrap();
+    let programs: [(&str, Vec<&str>); 3] = [
+        ("python", vec!["/usr/bin/python3.11", s(&script)]),
+        (
+            "perl",
+            vec![
+                "perl",
+                "-e",
+                "my %h; $h{\"k$_\"} = [($_) x ($_ % 5)] for 1..3000; \
+                 print scalar(keys %h), \"\\n\";",
+            ],
+        ),
+        (
+            "sqlite3",
+            vec![
+                "sqlite3",
+                ":memory:",
+                "create table t(a integer primary key, b text); \
+                 with recursive c(x) as (select 1 union all select x + 1 from c where x < 3000) \
+                 insert into t select x, hex(randomblob(20)) from c; \
+                 create index tb on t(b); select count(*) from t where b > '8';",
+            ],
+        ),
+    ];
+    for (name, command) in programs {
+        let runs: Vec<_> = (0..5)
+            .map(|i| {
+                let path = dir.path().join(format!("{name}-{i}.json"));
+                let mut args = vec!["-o", s(&path), "--"];
+                args.extend(&command);
+                let mut m = Mtrace::start(&args);
+                m.wait_tracing();
+                m.finish().assert_exit(0);
+                path
+            })
+            .collect();
+        for a in &runs {
+            for b in runs.iter().filter(|b| *b != a) {
+                let (out, d) = run_diff(&[
+                    s(a),
+                    s(b),
+                    "--per-stack",
+                    "--fail-if",
+                    "calls>+1%",
+                    "--fail-if",
+                    "bytes>+1%",
+                ]);
+                assert!(
+                    out.status.code() == Some(0) && d.regressions.is_empty(),
+                    "{name}: {} -> {}\n{}",
+                    a.display(),
+                    b.display(),
+                    out.describe()
+                );
+            }
+        }
+    }
 }

@@ -28,6 +28,8 @@ pub struct DiffOut {
     /// What follows the totals in parentheses: (calls, bytes), as `+0,
     /// +0.00%`.
     pub total_change: (String, String),
+    /// `noise: N stack changes within --noise-floor F not gated`.
+    pub within_noise: u64,
 }
 
 /// `calls 1000 -> 1200 (+200, +20.00%)` or `calls +200 (+20.00%, 1000 -> 1200)` -> (1000, 1200).
@@ -104,6 +106,8 @@ impl DiffOut {
                 d.ok = true;
             } else if line == "no stack changed" {
                 d.no_stack_changed = true;
+            } else if let Some(n) = line.strip_prefix("noise: ") {
+                d.within_noise = n.split(' ').next().unwrap().parse().unwrap();
             } else {
                 panic!("unexpected line {line:?} in\n{text}");
             }

@@ -25,7 +25,7 @@ pub use mtrace::{
     mtrace_path, run_mtrace, run_profiled, trace_by_pid, trace_fixture, Finished, Mtrace,
 };
 pub use process::{dead_pid, read_mem, FixtureProc, Proc, EXIT_TIMEOUT, LINE_TIMEOUT};
-pub use profile::{validate_profile, Profile};
+pub use profile::{validate_against, validate_profile, Profile};
 
 /// The BPF tests need root. Returns false (after a note on stderr) when the
 /// test should be skipped; when the environment variable `CI` is set, not

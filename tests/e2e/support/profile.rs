@@ -12,22 +12,25 @@ use std::{
 use serde::{de::DeserializeOwned, Deserialize};
 use serde_json::Value;
 
-pub fn schema_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/profile.schema.json")
+/// `tracer/schema/NAME`.
+fn schema_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("schema")
+        .join(name)
 }
 
-/// Loads the profile at `path`, asserts that it validates against the
-/// schema (listing every error), and returns it with each stack's frames
-/// in the stack (see [`inline_frames`]).
-pub fn validate_profile(path: &Path) -> Value {
-    let schema_text = fs::read_to_string(schema_path())
-        .unwrap_or_else(|e| panic!("reading {}: {e}", schema_path().display()));
+/// Loads the JSON document at `path` and asserts that it validates
+/// against `tracer/schema/SCHEMA` (listing every error).
+pub fn validate_against(path: &Path, schema: &str) -> Value {
+    let schema_path = schema_path(schema);
+    let schema_text = fs::read_to_string(&schema_path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", schema_path.display()));
     let schema: Value = serde_json::from_str(&schema_text).expect("the schema is not JSON");
     let validator = jsonschema::validator_for(&schema).expect("the schema does not compile");
-    let text = fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading profile {}: {e}", path.display()));
-    let mut doc: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("profile {} is not JSON: {e}", path.display()));
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let doc: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
     let errors: Vec<String> = validator
         .iter_errors(&doc)
         .map(|e| format!("  at {:?}: {e}", e.instance_path().to_string()))
@@ -36,9 +39,17 @@ pub fn validate_profile(path: &Path) -> Value {
         errors.is_empty(),
         "{} does not validate against {}:\n{}",
         path.display(),
-        schema_path().display(),
+        schema_path.display(),
         errors.join("\n")
     );
+    doc
+}
+
+/// Loads the profile at `path`, asserts that it validates against the
+/// schema (listing every error), and returns it with each stack's frames
+/// in the stack (see [`inline_frames`]).
+pub fn validate_profile(path: &Path) -> Value {
+    let mut doc = validate_against(path, "profile.schema.json");
     inline_frames(&mut doc);
     doc
 }

@@ -388,6 +388,12 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..))]
     pub unwind_rules_size: u32,
 
+    /// Ask no debuginfod server (DEBUGINFOD_URLS) for a stripped file's
+    /// debug information; /usr/lib/debug/.build-id and the debuginfod
+    /// cache are still read.
+    #[arg(long)]
+    pub no_debuginfod: bool,
+
     /// Print what mtrace does (probe placement, timings) to standard error.
     #[arg(short, long)]
     pub verbose: bool,
@@ -483,12 +489,38 @@ pub struct DiffArgs {
     #[arg(long)]
     pub per_stack: bool,
 
+    /// With --per-stack: a stack whose calls moved by at most N (and its
+    /// bytes by at most N calls of twice its average size) is noise, never
+    /// a regression. 0 gates every change.
+    #[arg(long, value_name = "CALLS", default_value_t = crate::diff::gate::DEFAULT_NOISE_FLOOR)]
+    pub noise_floor: u64,
+
     /// Show at most N changed stacks (0: all).
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
 
+    /// The report's form: text; json (every change and every condition's
+    /// result, schema tracer/schema/diff.schema.json); markdown (for a pull
+    /// request comment or $GITHUB_STEP_SUMMARY); junit (JUnit XML, a test
+    /// case per --fail-if). Printed, or written to -o.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    pub format: DiffFormat,
+
+    /// Write the --format report to FILE; the text report is still printed.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
     #[command(flatten)]
     pub stacks: StackFiles,
+}
+
+/// `mtrace diff --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    Json,
+    Markdown,
+    Junit,
 }
 
 /// Folded stacks and flame graphs: of a profile, or (`mtrace diff`)

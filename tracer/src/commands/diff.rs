@@ -4,13 +4,19 @@
 use anyhow::Result;
 
 use crate::{
-    cli::{config, DiffArgs},
+    cli::{config, DiffArgs, DiffFormat},
     diff::{self, gate},
     error::UserError,
     profile::{file as profile_file, Profile},
-    render::{diff_table, flamegraph::Kind, folded, text::printable_profile},
+    render::{
+        diff_report::{self, DiffReport, Side},
+        diff_table,
+        flamegraph::Kind,
+        folded,
+        text::printable_profile,
+    },
     say,
-    sinks::{print_stdout, write_file, write_flamegraph},
+    sinks::{check_outputs, print_stdout, write_file, write_flamegraph},
 };
 
 pub fn run(args: DiffArgs) -> Result<i32> {
@@ -21,6 +27,11 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         .collect::<Result<Vec<_>, String>>()
         .map_err(|e| anyhow::Error::new(UserError::with_code(e, profile_file::EXIT_BAD_INPUT)))?;
     let weight = config::diff_weight(args.stacks.weight)?;
+    check_outputs(
+        [&args.output, &args.stacks.folded, &args.stacks.flamegraph]
+            .into_iter()
+            .flatten(),
+    )?;
     // Names from the traced processes, made printable on both sides
     // alike, so that they still match.
     let base = profile_file::read(&args.base)?;
@@ -37,7 +48,12 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         describe(&new)
     );
     out.push_str(&diff_table::render_table(&d, args.top));
-    let violations = gate::check(&d, &conditions, args.per_stack);
+    let options = gate::GateOptions {
+        per_stack: args.per_stack,
+        noise_floor: args.noise_floor,
+    };
+    let outcomes = gate::judge(&d, &conditions, options);
+    let violations: Vec<&gate::Violation> = outcomes.iter().flat_map(|o| &o.violations).collect();
     if !conditions.is_empty() {
         out.push('\n');
         if violations.is_empty() {
@@ -49,8 +65,42 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         for v in &violations {
             out.push_str(&format!("{v}\n"));
         }
+        let noise: usize = outcomes.iter().map(|o| o.within_noise).sum();
+        if noise > 0 {
+            out.push_str(&format!(
+                "noise: {noise} stack change{} within --noise-floor {} not gated\n",
+                if noise == 1 { "" } else { "s" },
+                args.noise_floor
+            ));
+        }
     }
-    print_stdout(&out)?;
+    let (base_path, new_path) = (
+        args.base.display().to_string(),
+        args.new.display().to_string(),
+    );
+    let report = DiffReport {
+        base: side(&base_path, &base),
+        new: side(&new_path, &new),
+        diff: &d,
+        outcomes: &outcomes,
+        top: args.top,
+        noise_floor: args.noise_floor,
+    };
+    let formatted = match args.format {
+        DiffFormat::Text => None,
+        DiffFormat::Json => Some(diff_report::json(&report)),
+        DiffFormat::Markdown => Some(diff_report::markdown(&report)),
+        DiffFormat::Junit => Some(diff_report::junit(&report)),
+    };
+    match (&args.output, formatted) {
+        (Some(path), formatted) => {
+            print_stdout(&out)?;
+            let what = format!("{:?} diff report", args.format).to_lowercase();
+            write_file(path, &what, formatted.unwrap_or(out).as_bytes())?;
+        }
+        (None, Some(formatted)) => print_stdout(&formatted)?,
+        (None, None) => print_stdout(&out)?,
+    }
 
     let files = &args.stacks;
     if files.folded.is_some() || files.flamegraph.is_some() {
@@ -83,6 +133,14 @@ pub fn run(args: DiffArgs) -> Result<i32> {
             if violations.len() == 1 { "" } else { "s" }
         );
         Ok(1)
+    }
+}
+
+fn side<'a>(path: &'a str, p: &'a Profile) -> Side<'a> {
+    Side {
+        path,
+        command: &p.meta.command,
+        start_time: &p.meta.start_time,
     }
 }
 

@@ -79,22 +79,7 @@ impl Outputs {
     /// [`check_output_path`] for each of them, and no file asked for
     /// twice, however spelled (the second file would replace the first).
     pub fn check(&self) -> Result<()> {
-        let mut seen = std::collections::HashMap::new();
-        for path in self.paths() {
-            check_output_path(path)?;
-            if let Some(first) = seen.insert(output_identity(path), path) {
-                let also = if first == path {
-                    String::new()
-                } else {
-                    format!(" (as {})", first.display())
-                };
-                return Err(anyhow::Error::new(UserError::with_code(
-                    format!("{} is given for two outputs{also}", path.display()),
-                    EXIT_USAGE,
-                )));
-            }
-        }
-        Ok(())
+        check_outputs(self.paths())
     }
 
     /// A usage error when the weight needs a live profile and `live` (the
@@ -111,6 +96,27 @@ impl Outputs {
         }
         Ok(())
     }
+}
+
+/// [`check_output_path`] for each of `paths`, and no file asked for twice,
+/// however spelled (the second file would replace the first).
+pub fn check_outputs<'a>(paths: impl IntoIterator<Item = &'a PathBuf>) -> Result<()> {
+    let mut seen = std::collections::HashMap::new();
+    for path in paths {
+        check_output_path(path)?;
+        if let Some(first) = seen.insert(output_identity(path), path) {
+            let also = if first == path {
+                String::new()
+            } else {
+                format!(" (as {})", first.display())
+            };
+            return Err(anyhow::Error::new(UserError::with_code(
+                format!("{} is given for two outputs{also}", path.display()),
+                EXIT_USAGE,
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The report: the table on stdout and every requested file.

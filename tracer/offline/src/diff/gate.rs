@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::{pct_change, Change, Diff, StackKey};
 use crate::profile::Weight;
+use crate::render::text::bytes;
 
 /// A number kept exactly as written: `num / den`. Thresholds are compared in
 /// integers so that `calls>+5%` on 1000 -> 1050 is exactly on the edge (not
@@ -241,6 +242,17 @@ fn parse_decimal(s: &str) -> Result<(u128, u128), String> {
     Ok((mantissa, 10u128.pow(frac.len() as u32)))
 }
 
+/// A stack's part in a change of the totals: its key and how much the
+/// gated count moved on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Moved {
+    pub key: StackKey,
+    pub delta: i128,
+}
+
+/// How many stacks a regression of the totals names: those that grew most.
+pub const MOVED_NAMED: usize = 3;
+
 /// A condition that failed, on the totals or on one stack.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
@@ -251,53 +263,175 @@ pub struct Violation {
     pub stack: Option<StackKey>,
     pub base: u64,
     pub new: u64,
+    /// On the totals: the stacks that grew most in the gated count, at most
+    /// [`MOVED_NAMED`], largest first (none on a stack).
+    pub moved: Vec<Moved>,
 }
 
-/// `regression: calls>+5%: total calls 1000 -> 1200 (+20.00%)` or
-/// `regression: calls>+5%: malloc <- alloc_small <- main: 1000 -> 1200 (+20.00%)`.
+/// `1000 -> 1200 (+200, +20.00%)` for calls, `46.9 KiB -> 56.2 KiB (+9.4
+/// KiB, +20.00%)` for bytes: a size is read in units, its exact figures
+/// are in the JSON.
+pub fn describe_move(metric: Weight, base: u64, new: u64) -> String {
+    let delta = i128::from(new) - i128::from(base);
+    format!(
+        "{} -> {} ({}, {})",
+        amount(metric, base),
+        amount(metric, new),
+        signed_amount(metric, delta),
+        pct_change(base, new)
+    )
+}
+
+/// `1200` calls, `46.9 KiB`.
+pub fn amount(metric: Weight, n: u64) -> String {
+    match metric {
+        Weight::Bytes => bytes(n),
+        Weight::Calls => n.to_string(),
+    }
+}
+
+/// `+200` calls, `+9.4 KiB`, `-512 B`.
+pub fn signed_amount(metric: Weight, delta: i128) -> String {
+    let sign = if delta < 0 { '-' } else { '+' };
+    let size = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
+    format!("{sign}{}", amount(metric, size))
+}
+
+/// `regression: calls>+5%: total calls 1000 -> 1200 (+200, +20.00%); grew
+/// most: +150 malloc <- parse <- main, +50 ...` or `regression: calls>+5%:
+/// malloc <- alloc_small <- main: 1000 -> 1200 (+200, +20.00%)`.
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "regression: {}: ", self.condition)?;
         match &self.stack {
-            None => write!(f, "total {}", self.metric.unit())?,
-            Some(key) => f.write_str(&key.chain())?,
+            None => write!(f, "total {} ", self.metric.unit())?,
+            Some(key) => write!(f, "{}: ", key.chain())?,
         }
-        write!(
-            f,
-            "{} {} -> {} ({})",
-            if self.stack.is_some() { ":" } else { "" },
-            self.base,
-            self.new,
-            pct_change(self.base, self.new)
-        )
+        f.write_str(&describe_move(self.metric, self.base, self.new))?;
+        for (i, m) in self.moved.iter().enumerate() {
+            f.write_str(if i == 0 { "; grew most: " } else { ", " })?;
+            write!(
+                f,
+                "{} {}",
+                signed_amount(self.metric, m.delta),
+                m.key.chain()
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// Checks `conditions` on the totals, or with `per_stack` on every stack
-/// (and then not on the totals). Violations come by condition, then in the
-/// order of [`Diff::rows`].
+/// One condition judged: on the totals, or on every stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub condition: Condition,
+    pub per_stack: bool,
+    /// Empty when it held.
+    pub violations: Vec<Violation>,
+    /// Stacks on which it would have failed but for the noise floor.
+    pub within_noise: usize,
+}
+
+/// How the conditions are applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GateOptions {
+    /// On every stack instead of the totals.
+    pub per_stack: bool,
+    /// Per stack: a change of at most this many calls, of the stack's own
+    /// average size, is noise and never a regression (see [`is_noise`]).
+    pub noise_floor: u64,
+}
+
+/// The default `--noise-floor`: a stack's count moving by one or two calls
+/// between identical runs is what hash seeds and timing do (perl's hashes
+/// split at other times in each run).
+pub const DEFAULT_NOISE_FLOOR: u64 = 2;
+
+/// Whether `change` on one stack is within `floor` calls: its calls moved
+/// by at most `floor`, and its bytes by at most `floor` allocations of up
+/// to twice the stack's larger average size (a stack's sizes vary around
+/// their average; calls of the same count growing in size are still seen).
+pub fn is_noise(change: &Change, floor: u64) -> bool {
+    let calls = change.delta(Weight::Calls).unsigned_abs();
+    let bytes = change.delta(Weight::Bytes).unsigned_abs();
+    let avg = |c: crate::profile::Counts| c.bytes.checked_div(c.calls).unwrap_or(0) + 1;
+    let size = u128::from(avg(change.base).max(avg(change.new)));
+    calls <= u128::from(floor) && bytes <= u128::from(floor) * 2 * size
+}
+
+/// Judges each of `conditions` on the totals, or on every stack (and then
+/// not on the totals), changes within the noise floor left out. Violations
+/// come in the order of [`Diff::rows`].
+pub fn judge(diff: &Diff, conditions: &[Condition], options: GateOptions) -> Vec<Outcome> {
+    let per_stack = options.per_stack;
+    conditions
+        .iter()
+        .map(|cond| {
+            let mut violations = Vec::new();
+            let mut within_noise = 0;
+            let mut judge = |stack: Option<&StackKey>, change: &Change| {
+                let (base, new) = (cond.metric.of(change.base), cond.metric.of(change.new));
+                if !cond.violated_by(base, new) {
+                    return;
+                }
+                if stack.is_some() && is_noise(change, options.noise_floor) {
+                    within_noise += 1;
+                } else {
+                    violations.push(Violation {
+                        condition: cond.text.clone(),
+                        metric: cond.metric,
+                        stack: stack.cloned(),
+                        base,
+                        new,
+                        moved: if stack.is_none() {
+                            grew_most(diff, cond.metric)
+                        } else {
+                            Vec::new()
+                        },
+                    });
+                }
+            };
+            if per_stack {
+                for row in &diff.rows {
+                    judge(Some(&row.key), &row.change);
+                }
+            } else {
+                judge(None, &diff.total);
+            }
+            Outcome {
+                condition: cond.clone(),
+                per_stack,
+                violations,
+                within_noise,
+            }
+        })
+        .collect()
+}
+
+/// The stacks whose `metric` grew most, at most [`MOVED_NAMED`].
+fn grew_most(diff: &Diff, metric: Weight) -> Vec<Moved> {
+    let mut grown: Vec<Moved> = diff
+        .rows
+        .iter()
+        .map(|r| Moved {
+            key: r.key.clone(),
+            delta: r.change.delta(metric),
+        })
+        .filter(|m| m.delta > 0)
+        .collect();
+    grown.sort_by(|a, b| b.delta.cmp(&a.delta).then_with(|| a.key.cmp(&b.key)));
+    grown.truncate(MOVED_NAMED);
+    grown
+}
+
+/// Every violation of [`judge`] without a noise floor, by condition.
 pub fn check(diff: &Diff, conditions: &[Condition], per_stack: bool) -> Vec<Violation> {
-    let mut out = Vec::new();
-    for cond in conditions {
-        let mut judge = |stack: Option<&StackKey>, change: &Change| {
-            let (base, new) = (cond.metric.of(change.base), cond.metric.of(change.new));
-            if cond.violated_by(base, new) {
-                out.push(Violation {
-                    condition: cond.text.clone(),
-                    metric: cond.metric,
-                    stack: stack.cloned(),
-                    base,
-                    new,
-                });
-            }
-        };
-        if per_stack {
-            for row in &diff.rows {
-                judge(Some(&row.key), &row.change);
-            }
-        } else {
-            judge(None, &diff.total);
-        }
-    }
-    out
+    let options = GateOptions {
+        per_stack,
+        noise_floor: 0,
+    };
+    judge(diff, conditions, options)
+        .into_iter()
+        .flat_map(|o| o.violations)
+        .collect()
 }

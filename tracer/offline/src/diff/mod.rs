@@ -6,7 +6,8 @@
 //! its object (the traced program itself is just `<program>`). Addresses,
 //! files, lines, build ids and threads are left out, so two runs of one
 //! binary, or two builds of it, line up; entries that map to the same key
-//! are summed.
+//! are summed. A frame without a name is keyed without its address (see
+//! [`stable_function`]).
 //!
 //! The `--fail-if` condition language lives in [`gate`]; the diff table in
 //! [`crate::render::diff_table`]; the differential folded stacks and flame
@@ -56,11 +57,35 @@ impl KeyFrame {
             })
             .filter(|m| !m.is_empty())
             .map(str::to_string);
-        KeyFrame {
-            function: frame.function.clone(),
-            module,
+        let function = stable_function(&frame.function, frame.module.as_deref(), module.as_deref());
+        KeyFrame { function, module }
+    }
+}
+
+/// A frame's function as a key: its name, or for a frame without one a
+/// name that does not move between runs. An address (of a code object, of
+/// anonymous code, of no mapping) changes from run to run and is left out;
+/// a place in a file (`bench+0x142a`) keeps its offset but is named by the
+/// key's module (`<program>+0x142a`), not by the file's name, which two
+/// builds may not share.
+fn stable_function(function: &str, module: Option<&str>, key_module: Option<&str>) -> String {
+    for unnamed in ["[python code 0x", "[anonymous code 0x", "[unknown 0x"] {
+        if function.starts_with(unnamed) && function.ends_with(']') {
+            return format!("{}]", unnamed.trim_end_matches(" 0x"));
         }
     }
+    if let (Some(m), Some(k)) = (module, key_module) {
+        let file = short_path(m.strip_suffix(" (deleted)").unwrap_or(m));
+        if let Some(offset) = function
+            .strip_prefix(file)
+            .and_then(|rest| rest.strip_prefix("+0x"))
+        {
+            if !offset.is_empty() && offset.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return format!("{k}+0x{offset}");
+            }
+        }
+    }
+    function.to_string()
 }
 
 /// Identifies a stack across runs and builds.
@@ -187,6 +212,7 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
         .into_iter()
         .map(|(key, change)| DiffRow { key, change })
         .collect();
+    reconcile_unnamed(&mut rows);
     rows.sort_by(compare_rows);
     Diff {
         total: Change {
@@ -200,6 +226,47 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
             new.stack_quality.as_ref().map(|q| q.whole_pct()),
         ),
     }
+}
+
+/// Folds each stack seen on one side only into the one stack seen only on
+/// the other side that is the same but for the names of frames in no
+/// object file (Python's): a code object freed before the tracer read it
+/// is unnamed in one run, or named by what took its place, and named in
+/// another. With no such stack, or several, it stays apart. The counts
+/// are still compared, so a real change is still seen.
+fn reconcile_unnamed(rows: &mut Vec<DiffRow>) {
+    // By shape (the key with the names of frames in no object file left
+    // out): the rows seen on the base side only, and on the new side only.
+    let mut shapes: BTreeMap<StackKey, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        let one_sided = r.change.base.calls == 0 || r.change.new.calls == 0;
+        if !one_sided || !r.key.frames.iter().any(|f| f.module.is_none()) {
+            continue;
+        }
+        let mut shape = r.key.clone();
+        for f in shape.frames.iter_mut().filter(|f| f.module.is_none()) {
+            f.function.clear();
+        }
+        let sides = shapes.entry(shape).or_default();
+        if r.change.new.calls == 0 {
+            sides.0.push(i);
+        } else {
+            sides.1.push(i);
+        }
+    }
+    let mut gone = vec![false; rows.len()];
+    for (base_only, new_only) in shapes.values() {
+        if let ([b], [n]) = (&base_only[..], &new_only[..]) {
+            let from = rows[*b].change.base;
+            add(&mut rows[*n].change.base, from);
+            gone[*b] = true;
+        }
+    }
+    let mut i = 0;
+    rows.retain(|_| {
+        i += 1;
+        !gone[i - 1]
+    });
 }
 
 /// [`Counts::add`], saturating: a corrupt file must not panic the gate.

@@ -141,12 +141,17 @@ fn one_site_up_twenty_percent() {
             metric: Weight::Calls,
             stack: None,
             base: 2000,
-            new: 2200
+            new: 2200,
+            moved: vec![Moved {
+                key: d.rows[0].key.clone(),
+                delta: 200
+            }],
         }]
     );
     assert_eq!(
         v[0].to_string(),
-        "regression: calls>+5%: total calls 2000 -> 2200 (+10.00%)"
+        "regression: calls>+5%: total calls 2000 -> 2200 (+200, +10.00%); \
+         grew most: +200 malloc <- alloc_small <- main"
     );
     assert!(check(&d, &[cond("calls>+10%")], false).is_empty());
     assert_eq!(check(&d, &[cond("calls>=+10%")], false).len(), 1);
@@ -158,7 +163,7 @@ fn one_site_up_twenty_percent() {
     assert_eq!((v[0].base, v[0].new), (1000, 1200));
     assert_eq!(
         v[0].to_string(),
-        "regression: calls>+5%: malloc <- alloc_small <- main: 1000 -> 1200 (+20.00%)"
+        "regression: calls>+5%: malloc <- alloc_small <- main: 1000 -> 1200 (+200, +20.00%)"
     );
     assert!(check(&d, &[cond("calls>+20%")], true).is_empty());
     assert_eq!(check(&d, &[cond("calls>=20%")], true).len(), 1);
@@ -204,6 +209,90 @@ fn matching_ignores_addresses_lines_threads_and_module_directories() {
     assert_eq!(d.rows.len(), 3);
     assert!(d.rows.iter().all(|r| r.change.is_unchanged()), "{d:#?}");
     assert_eq!(d.rows[0].key.frames[0].module.as_deref(), Some("fixture"));
+}
+
+/// Frames without names line up across runs: a code object, anonymous
+/// code and an address in no mapping without their per-run addresses, a
+/// stripped program's place by offset whatever the program's file name.
+#[test]
+fn unnamed_frames_line_up_across_runs_and_file_names() {
+    let unnamed = |exe: &str, addr: u64, offset: u64| {
+        let name = exe.rsplit('/').next().unwrap();
+        let frame = |function: String, module: Option<&str>| Frame {
+            function,
+            module: module.map(String::from),
+            addr,
+            ..Frame::default()
+        };
+        let mut p = profile(vec![stack(
+            "malloc",
+            vec![
+                frame(format!("[python code {addr:#x}]"), None),
+                frame(format!("[anonymous code {addr:#x}]"), Some("[anon:jit]")),
+                frame(format!("[unknown {addr:#x}]"), None),
+                frame(format!("{name}+{offset:#x}"), Some(exe)),
+                frame(format!("libz.so.1+{offset:#x}"), Some("/lib/libz.so.1")),
+            ],
+            10,
+            10,
+        )]);
+        p.meta.executable = exe.into();
+        p
+    };
+    let d = diff(
+        &unnamed("/a/hf_strip", 0x1000, 0x142a),
+        &unnamed("/b/hf_renamed", 0x7f00, 0x142a),
+    );
+    assert_eq!(d.rows.len(), 1, "{d:#?}");
+    assert!(d.rows[0].change.is_unchanged());
+    assert_eq!(
+        names(&d.rows[0].key),
+        [
+            "[python code]",
+            "[anonymous code]",
+            "[unknown]",
+            "<program>+0x142a",
+            "libz.so.1+0x142a"
+        ]
+    );
+    // Another place in the file is another frame.
+    let d = diff(
+        &unnamed("/a/hf_strip", 0x1000, 0x142a),
+        &unnamed("/a/hf_strip", 0x1000, 0x1500),
+    );
+    assert_eq!(d.rows.len(), 2, "{d:#?}");
+}
+
+/// A Python frame named in one run and unnamed, or named by the code
+/// object that took its place, in another: the stacks are one, and their
+/// counts are still compared. Where two stacks could be the one, neither is
+/// chosen.
+#[test]
+fn python_frames_named_in_one_run_only_line_up() {
+    let py = |name: &str| Frame {
+        function: name.into(),
+        file: Some("<frozen getpath>".into()),
+        ..Frame::default()
+    };
+    let one = |name: &str, calls: u64| {
+        stack(
+            "malloc",
+            vec![sym("_Py_wfopen", "/usr/bin/python3.11", 1, 1), py(name)],
+            calls,
+            calls * 10,
+        )
+    };
+    let base = profile(vec![one("<module>", 5)]);
+    for other in ["[python code 0x36344040]", "safe_path"] {
+        let d = diff(&base, &profile(vec![one(other, 5)]));
+        assert_eq!(d.rows.len(), 1, "{d:#?}");
+        assert!(d.rows[0].change.is_unchanged());
+        let d = diff(&base, &profile(vec![one(other, 6)]));
+        assert_eq!(d.rows.len(), 1, "{d:#?}");
+        assert_eq!(d.rows[0].change.delta(Weight::Calls), 1);
+    }
+    let two = profile(vec![one("a", 5), one("b", 5)]);
+    assert_eq!(diff(&base, &two).rows.len(), 3);
 }
 
 #[test]
@@ -292,7 +381,7 @@ fn new_and_gone_stacks() {
     assert_eq!(v[0].stack.as_ref(), Some(&leak.key));
     assert_eq!(
         v[0].to_string(),
-        "regression: calls>+1000000%: malloc <- leak <- main: 0 -> 3 (new)"
+        "regression: calls>+1000000%: malloc <- leak <- main: 0 -> 3 (+3, new)"
     );
     // ... but absolute thresholds still apply as written.
     assert!(check(&d, &[cond("calls>+3")], true).is_empty());
@@ -329,7 +418,7 @@ fn empty_base_totals_are_an_infinite_increase() {
     let v = check(&d, &[cond("calls>+50%")], false);
     assert_eq!(
         v[0].to_string(),
-        "regression: calls>+50%: total calls 0 -> 1 (new)"
+        "regression: calls>+50%: total calls 0 -> 1 (+1, new); grew most: +1 malloc <- a"
     );
     let both_empty = diff(&Profile::default(), &Profile::default());
     assert!(check(&both_empty, &[cond("calls>+0%"), cond("bytes>0")], false).is_empty());
@@ -405,7 +494,8 @@ fn several_conditions_and_bytes_units() {
     assert_eq!(texts, ["bytes>512KiB", "bytes>+5%"]);
     assert_eq!(
         v[0].to_string(),
-        "regression: bytes>512KiB: total bytes 10485760 -> 11534336 (+10.00%)"
+        "regression: bytes>512KiB: total bytes 10.0 MiB -> 11.0 MiB (+1.0 MiB, +10.00%); \
+         grew most: +1.0 MiB malloc <- a"
     );
 }
 

@@ -13,6 +13,7 @@ pub use crate::profile::{is_allocation, Weight, FREE_FUNC};
 use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, StackEntry, Thread};
 
 pub mod calltree;
+pub mod diff_report;
 pub mod diff_table;
 pub mod flamegraph;
 pub mod folded;
