@@ -52,6 +52,7 @@ mod python;
 mod sampling;
 mod scopes;
 mod support;
+mod symbols;
 mod table;
 mod threads;
 mod tree;

@@ -66,6 +66,14 @@ fn main() {
         )
         .format_timestamp(None)
         .init();
+    let no_debuginfod = match &cli.sub {
+        Some(Sub::Top(a)) => a.no_debuginfod,
+        Some(Sub::Agent(a)) => a.trace.no_debuginfod,
+        _ => cli.trace.no_debuginfod,
+    };
+    if no_debuginfod {
+        symbolize::no_debuginfod();
+    }
     let result = match cli.sub {
         Some(Sub::Report(args)) => commands::report::run(args),
         Some(Sub::Diff(args)) => commands::diff::run(args),

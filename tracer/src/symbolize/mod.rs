@@ -18,6 +18,10 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
 };
 
+mod debuginfo;
+
+pub use debuginfo::disable_servers as no_debuginfod;
+
 use crate::{
     allocators::FuncInfo,
     collect::raw::RawProfile,
@@ -123,15 +127,12 @@ pub fn symbolize(
                 continue;
             }
             let offsets: Vec<u64> = todo.iter().map(|&(_, o)| o).collect();
-            let results = file.and_then(|f| {
-                let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", f.as_raw_fd())));
-                symbolizer.symbolize(&src, Input::FileOffset(&offsets)).ok()
-            });
+            let mut results = match file {
+                Some(f) => frames_in_file(symbolizer, f, id, &offsets),
+                None => Vec::new(),
+            };
             for (i, &(addr, offset)) in todo.iter().enumerate() {
-                let found = match results.as_ref().and_then(|r| r.get(i)) {
-                    Some(Symbolized::Sym(sym)) => Some(sym_frames(sym, "", 0)),
-                    _ => None,
-                };
+                let found = results.get_mut(i).and_then(Option::take);
                 resolved.insert(addr, frames_at(found.as_deref(), display, addr, offset));
                 if let Some(id) = id {
                     if known.len() >= KNOWN_KEPT {
@@ -207,6 +208,7 @@ pub fn symbolize(
         losses: raw.losses,
         stack_quality: Some(StackQuality {
             perf_map: space.perf_map().quality(),
+            symbols: debuginfo::quality(),
             ..raw.stack_quality.clone()
         }),
         live: raw.live.clone(),
@@ -249,13 +251,8 @@ pub fn returns_in_file(file: &std::fs::File, module: &str, returns: &[u64]) -> V
     let mut fresh: HashMap<u64, Option<Vec<Frame>>> = HashMap::new();
     if !todo.is_empty() {
         SYMBOLIZER.with(|symbolizer| {
-            let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
-            let results = symbolizer.symbolize(&src, Input::FileOffset(&todo)).ok();
-            for (i, &o) in todo.iter().enumerate() {
-                let found = match results.as_ref().and_then(|r| r.get(i)) {
-                    Some(Symbolized::Sym(sym)) => Some(sym_frames(sym, "", 0)),
-                    _ => None,
-                };
+            let results = frames_in_file(symbolizer, file, id, &todo);
+            for (&o, found) in todo.iter().zip(results) {
                 fresh.insert(o, found);
             }
         });
@@ -280,6 +277,49 @@ pub fn returns_in_file(file: &std::fs::File, module: &str, returns: &[u64]) -> V
     }
     KNOWN.with(|k| k.replace(known));
     frames
+}
+
+/// The frames at each of `offsets` (file offsets of calls) in `file`
+/// (whose identity is `id`), none where nothing is known. A stripped file
+/// (neither symbols nor DWARF) is looked up in its debug file, found by
+/// its build id ([`debuginfo`]), where it has one.
+fn frames_in_file(
+    symbolizer: &Symbolizer,
+    file: &std::fs::File,
+    id: Option<FileId>,
+    offsets: &[u64],
+) -> Vec<Option<Vec<Frame>>> {
+    let frames = |src: &Source, input: Input<&[u64]>| -> Vec<Option<Vec<Frame>>> {
+        match symbolizer.symbolize(src, input) {
+            Ok(found) => found
+                .iter()
+                .map(|r| match r {
+                    Symbolized::Sym(sym) => Some(sym_frames(sym, "", 0)),
+                    _ => None,
+                })
+                .collect(),
+            Err(_) => vec![None; offsets.len()],
+        }
+    };
+    let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
+    let mut found = frames(&src, Input::FileOffset(offsets));
+    if found.iter().all(Option::is_some) {
+        return found;
+    }
+    let Some(split) = debuginfo::split_for(file, id) else {
+        return found;
+    };
+    let addrs: Vec<u64> = offsets.iter().map(|&o| split.virtual_address(o)).collect();
+    let src = Source::Elf(Elf::new(split.path.clone()));
+    for (f, more) in found
+        .iter_mut()
+        .zip(frames(&src, Input::VirtOffset(&addrs)))
+    {
+        if f.is_none() {
+            *f = more;
+        }
+    }
+    found
 }
 
 fn func_name(funcs: &[FuncInfo], func: u32) -> String {

@@ -189,6 +189,10 @@ fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
         }
         (x, y) => x.or(y),
     };
+    a.symbols = match (a.symbols, b.symbols) {
+        (Some(x), Some(y)) => Some(x.latest(y)),
+        (x, y) => x.or(y),
+    };
     for (cause, n) in b.truncated {
         *a.truncated.entry(cause).or_default() += n;
     }

@@ -99,6 +99,48 @@ pub struct StackQuality {
     /// kept or read. Absent where no perf map was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub perf_map: Option<PerfMapQuality>,
+    /// Stripped files' debug information, looked up by build id. Absent
+    /// where no stripped file was met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbols: Option<SymbolsQuality>,
+}
+
+/// Debug information for the stripped files of a run (each counted once
+/// per build id, for the whole run): found on the machine, fetched from a
+/// debuginfod server, or not found, its frames left as addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SymbolsQuality {
+    /// Files without symbols or debug information met, by build id.
+    #[serde(default)]
+    pub stripped_files: u64,
+    /// Their debug files found on this machine: in a debug directory's
+    /// `.build-id` tree or in the debuginfod client's cache.
+    #[serde(default)]
+    pub local: u64,
+    /// Fetched from a server of `DEBUGINFOD_URLS`.
+    #[serde(default)]
+    pub fetched: u64,
+    /// On no server asked (or none was asked: no `DEBUGINFOD_URLS`, or
+    /// `--no-debuginfod`).
+    #[serde(default)]
+    pub not_on_servers: u64,
+    /// Not fetched because a server failed (a timeout, an error).
+    #[serde(default)]
+    pub not_fetched: u64,
+}
+
+impl SymbolsQuality {
+    /// Each count the larger of the two: both are of the same run, one
+    /// later than the other.
+    pub fn latest(self, o: SymbolsQuality) -> SymbolsQuality {
+        SymbolsQuality {
+            stripped_files: self.stripped_files.max(o.stripped_files),
+            local: self.local.max(o.local),
+            fetched: self.fetched.max(o.fetched),
+            not_on_servers: self.not_on_servers.max(o.not_on_servers),
+            not_fetched: self.not_fetched.max(o.not_fetched),
+        }
+    }
 }
 
 /// How whole a Python process's Python frames are. Each count is of

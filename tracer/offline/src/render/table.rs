@@ -704,6 +704,13 @@ by function: malloc 1000, calloc 250, realloc 136
                 unread_bytes: 123 << 30,
                 rereads: 1_000_000,
             }),
+            symbols: Some(crate::profile::SymbolsQuality {
+                stripped_files: 1_000_000,
+                local: 1_000_000,
+                fetched: 1_000_000,
+                not_on_servers: 1_000_000,
+                not_fetched: 1_000_000,
+            }),
         });
         p.live = Some(crate::profile::LiveTotals {
             peak_bytes: 123 << 30,

@@ -275,13 +275,14 @@ pub fn fold_templates(name: &str, width: usize) -> std::borrow::Cow<'_, str> {
 fn fold_pairs(s: &mut Vec<char>, width: usize, open_ch: char, close_ch: char) {
     let folded = |s: &[char], (o, c): (usize, usize)| c == o + 2 && s[o + 1] == '…';
     loop {
-        // Every pair of brackets ('<' matched by the next unmatched '>').
+        // Every pair of brackets ('<' matched by the next unmatched '>'
+        // that is not the arrow of a Rust `fn() -> T`).
         let mut stack = Vec::new();
         let mut pairs = Vec::new();
         for (i, &ch) in s.iter().enumerate() {
             if ch == open_ch {
                 stack.push(i);
-            } else if ch == close_ch {
+            } else if ch == close_ch && !(ch == '>' && i > 0 && s[i - 1] == '-') {
                 if let Some(o) = stack.pop() {
                     pairs.push((o, i));
                 }
@@ -416,6 +417,16 @@ pub fn quality_lines(q: &StackQuality) -> String {
         ];
         out.push_str(&wrap_list("perf map", &lost, ""));
     }
+    if let Some(d) = &q.symbols {
+        let counts = [
+            format!("stripped files {}", d.stripped_files),
+            format!("debug info found here {}", d.local),
+            format!("fetched {}", d.fetched),
+            format!("missing {}", d.not_on_servers + d.not_fetched),
+            format!("of those for a failed server {}", d.not_fetched),
+        ];
+        out.push_str(&wrap_list("symbols", &counts, ""));
+    }
     out
 }
 
@@ -503,6 +514,17 @@ impl Paint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arrow of a Rust function type closes no generic.
+    #[test]
+    fn a_rust_fn_arrow_is_not_a_bracket() {
+        let name = "<fn() -> core::result::Result<(), alloc::string::String> as core::ops::function::FnOnce<()>>::call_once";
+        assert_eq!(
+            fold_templates(name, 90),
+            "<fn() -> core::result::Result<…> as core::ops::function::FnOnce<…>>::call_once"
+        );
+        assert_eq!(fold_templates(name, 20), "<…>::call_once");
+    }
 
     #[test]
     fn long_template_names_fold_innermost_first() {
