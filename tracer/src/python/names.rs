@@ -125,11 +125,11 @@ impl Names {
     /// replaced by the Python frames its run executed (`words`: the
     /// stack's Python words). Runs the native walk did not reach go at
     /// the end; eval-loop frames without Python frames stay.
-    pub fn splice(&self, native: Vec<Frame>, words: &[u64]) -> Vec<Frame> {
-        let mut runs: Vec<Vec<Frame>> = Vec::new();
+    pub fn splice(&self, native: Vec<Arc<Frame>>, words: &[u64]) -> Vec<Arc<Frame>> {
+        let mut runs: Vec<Vec<Arc<Frame>>> = Vec::new();
         let mut run = Vec::new();
         for w in py_words(words) {
-            run.push(self.frame(w));
+            run.push(Arc::new(self.frame(w)));
             if w.entry {
                 runs.push(std::mem::take(&mut run));
             }
@@ -158,11 +158,11 @@ mod tests {
     use super::*;
     use tracer_common::py_frame_words;
 
-    fn native(name: &str) -> Frame {
-        Frame {
+    fn native(name: &str) -> Arc<Frame> {
+        Arc::new(Frame {
             function: name.into(),
             ..Frame::default()
-        }
+        })
     }
 
     #[test]

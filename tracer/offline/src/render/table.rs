@@ -418,6 +418,7 @@ mod tests {
     use super::super::SortKey;
     use super::*;
     use crate::profile::{Counts, Frame, StackQuality};
+    use std::sync::Arc;
 
     const NO_LOSSES: &str = "\
 lost: map full 0, stack walk failed 0, stack collisions 0, stack map full 0,
@@ -437,7 +438,7 @@ lost: caller unreadable 0, thread names 0";
     fn sample() -> Profile {
         let mut leaf = entry("malloc", &[], 1000, 48000);
         leaf.frames = vec![
-            Frame {
+            Arc::new(Frame {
                 function: "make_node".into(),
                 file: Some("/src/list.c".into()),
                 line: Some(12),
@@ -445,8 +446,8 @@ lost: caller unreadable 0, thread names 0";
                 addr: 0x1234,
                 inlined: true,
                 ..Default::default()
-            },
-            Frame {
+            }),
+            Arc::new(Frame {
                 function: "main".into(),
                 file: Some("/src/main.c".into()),
                 line: Some(30),
@@ -454,7 +455,7 @@ lost: caller unreadable 0, thread names 0";
                 addr: 0x1300,
                 inlined: false,
                 ..Default::default()
-            },
+            }),
         ];
         let mut p = profile(vec![
             leaf,

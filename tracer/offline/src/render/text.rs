@@ -11,7 +11,9 @@
 //! raw bytes below 1 KiB as `512 B` with a space and one decimal above
 //! without options, and this is six lines.
 
-use std::{borrow::Cow, fmt::Write as _};
+use std::{borrow::Cow, fmt::Write as _, sync::Arc};
+
+use foldhash::{HashMap, HashSet};
 
 use anstyle::{AnsiColor, Style};
 
@@ -44,9 +46,10 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 }
 
 /// Calls `$f` on every name in `$profile` that the traced process chose
-/// (command, executable and object paths, process and thread names,
-/// function, file and module names), by reference (`ref`) or by mutable
-/// reference (`mut`): one list of the fields for reading and rewriting.
+/// (command, executable and object paths, process and thread names), but
+/// for the frames' (see [`map_names`]), by reference (`ref`) or by
+/// mutable reference (`mut`): one list of the fields for reading and
+/// rewriting.
 macro_rules! each_name {
     (ref $profile:expr, $f:expr) => {
         each_name!(@ $profile, $f, &)
@@ -81,44 +84,72 @@ macro_rules! each_name {
             if let Some(r) = $($r)+ st.process {
                 f($($r)+ r.name);
             }
-            for frame in $($r)+ st.frames {
-                f($($r)+ frame.function);
-                if let Some(file) = $($r)+ frame.file {
-                    f(file);
-                }
-                if let Some(module) = $($r)+ frame.module {
-                    f(module);
-                }
-            }
         }
     }};
+}
+
+/// `frame` with its function, file and module names passed through `fix`:
+/// the same [`Arc`] when `fix` changed none of them.
+fn map_frame(frame: &Arc<Frame>, fix: &impl Fn(&str) -> Cow<'_, str>) -> Arc<Frame> {
+    let function = fix(&frame.function);
+    let file = frame.file.as_deref().map(fix);
+    let module = frame.module.as_deref().map(fix);
+    let owned = |c: &Option<Cow<'_, str>>| matches!(c, Some(Cow::Owned(_)));
+    if matches!(function, Cow::Borrowed(_)) && !owned(&file) && !owned(&module) {
+        return frame.clone();
+    }
+    Arc::new(Frame {
+        function: function.into_owned(),
+        file: file.map(Cow::into_owned),
+        module: module.map(Cow::into_owned),
+        ..(**frame).clone()
+    })
+}
+
+/// `profile` with every name that came from the traced process (those of
+/// [`each_name`], the frames' and the allocator functions') passed
+/// through `fix`; borrowed when `fix` changed none. Each distinct frame
+/// (each [`Arc`] of one) is looked at once, and the stacks that shared it
+/// share what it became: the work and the memory grow with the distinct
+/// frames, not with the frames of every stack.
+pub fn map_names<'p>(profile: &'p Profile, fix: impl Fn(&str) -> Cow<'_, str>) -> Cow<'p, Profile> {
+    let changes = |name: &str| matches!(fix(name), Cow::Owned(_));
+    let mut dirty = profile.totals.per_func.keys().any(|k| changes(k));
+    each_name!(ref profile, |name: &String| dirty |= changes(name));
+    let mut seen: HashSet<*const Frame> = HashSet::default();
+    let mut frames = profile.stacks.iter().flat_map(|st| &st.frames);
+    dirty = dirty
+        || frames.any(|f| seen.insert(Arc::as_ptr(f)) && !Arc::ptr_eq(&map_frame(f, &fix), f));
+    if !dirty {
+        return Cow::Borrowed(profile);
+    }
+    let mut clean = profile.clone();
+    each_name!(mut &mut clean, |name: &mut String| {
+        if let Cow::Owned(fixed) = fix(name) {
+            *name = fixed;
+        }
+    });
+    // Keyed by the address of each frame `profile` holds: `profile` is
+    // borrowed throughout, so no address is freed and reused meanwhile.
+    let mut fixed: HashMap<*const Frame, Arc<Frame>> = HashMap::default();
+    for frame in clean.stacks.iter_mut().flat_map(|st| &mut st.frames) {
+        *frame = fixed
+            .entry(Arc::as_ptr(frame))
+            .or_insert_with(|| map_frame(frame, &fix))
+            .clone();
+    }
+    clean.totals.per_func = std::mem::take(&mut clean.totals.per_func)
+        .into_iter()
+        .map(|(k, v)| (fix(&k).into_owned(), v))
+        .collect();
+    Cow::Owned(clean)
 }
 
 /// `profile` with every name that came from the traced process made
 /// [`printable`]; borrowed when there was nothing to change. Text
 /// renderers take this before they write a line.
 pub fn printable_profile(profile: &Profile) -> Cow<'_, Profile> {
-    let mut dirty = profile
-        .totals
-        .per_func
-        .keys()
-        .any(|k| k.chars().any(unprintable));
-    each_name!(ref profile, |name: &String| dirty |=
-        name.chars().any(unprintable));
-    if !dirty {
-        return Cow::Borrowed(profile);
-    }
-    let mut clean = profile.clone();
-    each_name!(mut &mut clean, |name: &mut String| {
-        if let Cow::Owned(fixed) = printable(name) {
-            *name = fixed;
-        }
-    });
-    clean.totals.per_func = std::mem::take(&mut clean.totals.per_func)
-        .into_iter()
-        .map(|(k, v)| (printable(&k).into_owned(), v))
-        .collect();
-    Cow::Owned(clean)
+    map_names(profile, printable)
 }
 
 /// The width every line of the report keeps to (but for frames and paths,
@@ -517,10 +548,10 @@ mod tests {
         p.meta.command = "./x \x1b[2J".into();
         p.stacks.push(crate::profile::StackEntry {
             func: "malloc".into(),
-            frames: vec![Frame {
+            frames: vec![Arc::new(Frame {
                 function: "f\x1b[31m".into(),
                 ..Frame::default()
-            }],
+            })],
             thread: Some(crate::profile::Thread {
                 tid: 1,
                 name: "t\x07".into(),

@@ -8,7 +8,7 @@
 //! graph, loaded when first shown; the charts are plotters' SVGs inline ([`plots`]). The page's own
 //! script (report.js) only sorts tables and switches the flame graph.
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, sync::Arc};
 
 use anyhow::Result;
 use base64::Engine as _;
@@ -19,7 +19,7 @@ use super::{
     text::{bytes, duration_ns, short_count},
     ReportOptions, Row, Weight,
 };
-use crate::profile::{LiveStats, LiveTotals, Profile, StackEntry};
+use crate::profile::{Frame, LiveStats, LiveTotals, Profile, StackEntry};
 
 pub mod plots;
 
@@ -392,7 +392,7 @@ fn num_cell(out: &mut String, v: f64, text: &str) {
 }
 
 /// The frames of a stack, innermost first, the first one as the summary.
-fn stack_cell(out: &mut String, entry_frames: &[crate::profile::Frame], truncated: bool) {
+fn stack_cell(out: &mut String, entry_frames: &[Arc<Frame>], truncated: bool) {
     let first = entry_frames
         .first()
         .map_or("[unknown]".to_string(), |f| f.describe());
