@@ -1,6 +1,8 @@
 //! `mtrace diff BASE.json NEW.json`: prints what changed; exits 1 when a
 //! `--fail-if` condition holds, 2 on unreadable input or a bad condition.
 
+use std::fmt::Write as _;
+
 use anyhow::Result;
 
 use crate::{
@@ -8,9 +10,14 @@ use crate::{
     diff::{self, gate},
     error::UserError,
     profile::{file as profile_file, Profile},
-    render::{diff_table, flamegraph::Kind, folded, text::printable_profile},
+    render::{
+        diff_table,
+        flamegraph::Kind,
+        folded,
+        text::{printable_profile, shown},
+    },
     say,
-    sinks::{print_stdout, write_file, write_flamegraph},
+    sinks::{write_file, write_flamegraph, StdoutText},
 };
 
 pub fn run(args: DiffArgs) -> Result<i32> {
@@ -29,28 +36,32 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     let new = printable_profile(&new);
     let d = diff::diff(&base, &new);
 
-    let mut out = format!(
-        "mtrace diff: {} ({}) -> {} ({})\n",
-        args.base.display(),
-        describe(&base),
-        args.new.display(),
-        describe(&new)
-    );
-    out.push_str(&diff_table::render_table(&d, args.top));
     let violations = gate::check(&d, &conditions, args.per_stack);
-    if !conditions.is_empty() {
-        out.push('\n');
-        if violations.is_empty() {
-            out.push_str(&format!(
-                "ok: no regression ({})\n",
-                args.fail_if.join(", ")
-            ));
+    let mut stdout = StdoutText::new();
+    let mut text = || -> std::fmt::Result {
+        writeln!(
+            stdout,
+            "mtrace diff: {} ({}) -> {} ({})",
+            args.base.display(),
+            describe(&base),
+            args.new.display(),
+            describe(&new)
+        )?;
+        diff_table::render_table_to(&mut stdout, &d, args.top)?;
+        if !conditions.is_empty() {
+            stdout.write_char('\n')?;
+            if violations.is_empty() {
+                writeln!(stdout, "ok: no regression ({})", args.fail_if.join(", "))?;
+            }
+            for v in &violations {
+                writeln!(stdout, "{v}")?;
+            }
         }
-        for v in &violations {
-            out.push_str(&format!("{v}\n"));
-        }
-    }
-    print_stdout(&out)?;
+        Ok(())
+    };
+    // A failed write is kept, and said by `finish`.
+    let _ = text();
+    stdout.finish()?;
 
     let files = &args.stacks;
     if files.folded.is_some() || files.flamegraph.is_some() {
@@ -86,6 +97,8 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     }
 }
 
+/// `command, start time`, each as a person is shown it (the command is
+/// printable already).
 fn describe(p: &Profile) -> String {
-    format!("{}, {}", p.meta.command, p.meta.start_time)
+    format!("{}, {}", shown(&p.meta.command), shown(&p.meta.start_time))
 }

@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::profile::{is_allocation, Weight};
 use crate::profile::{short_path, Counts, Frame, Profile, StackEntry};
+use crate::render::text::cut;
 
 /// One frame of a [`StackKey`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -98,10 +99,10 @@ impl StackKey {
     /// frames' function names innermost first. After [`MAX_CHAIN_FRAMES`]
     /// frames the rest is only counted (`<- ... (+3 frames)`).
     pub fn chain(&self) -> String {
-        let mut out = self.func.clone();
+        let mut out = cut(&self.func).into_owned();
         for frame in self.frames.iter().take(MAX_CHAIN_FRAMES) {
             out.push_str(" <- ");
-            out.push_str(&frame.function);
+            out.push_str(&cut(&frame.function));
         }
         let rest = self.frames.len().saturating_sub(MAX_CHAIN_FRAMES);
         if rest > 0 {

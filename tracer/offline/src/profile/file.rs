@@ -182,6 +182,8 @@ struct FileV2 {
     timeline: Option<Timeline>,
 }
 
+/// A stack as read, its live statistics boxed: every stack read is held
+/// until the last is, and most have none.
 #[derive(Deserialize)]
 struct StackIn {
     function: String,
@@ -194,7 +196,7 @@ struct StackIn {
     calls: u64,
     bytes: u64,
     #[serde(default)]
-    live: Option<LiveStats>,
+    live: Option<Box<LiveStats>>,
 }
 
 #[derive(Deserialize)]
@@ -242,7 +244,7 @@ impl FileV2 {
                             calls: s.calls,
                             bytes: s.bytes,
                         },
-                        live: s.live,
+                        live: s.live.map(|l| *l),
                     })
                 })
                 .collect()

@@ -11,7 +11,7 @@
 //! (a file names each distinct frame once and its stacks by index; read
 //! back, each index becomes a pointer to that frame).
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
 
 use foldhash::HashMap;
 
@@ -50,14 +50,21 @@ pub struct Frame {
 impl Frame {
     /// `function (file:line)` or just `function`.
     pub fn describe(&self) -> String {
+        format!("{}{}", self.function, self.place(Cow::Borrowed))
+    }
+
+    /// What [`Frame::describe`] writes after the function's name: ` (file:line)`,
+    /// ` (file)`, ` [object]` for a frame no symbol names, or nothing.
+    /// Each path is written as its last component passed through `shown`.
+    pub fn place<'a>(&'a self, shown: impl Fn(&'a str) -> Cow<'a, str>) -> String {
         match (&self.file, self.line) {
-            (Some(f), Some(l)) => format!("{} ({}:{})", self.function, short_path(f), l),
-            (Some(f), None) => format!("{} ({})", self.function, short_path(f)),
+            (Some(f), Some(l)) => format!(" ({}:{l})", shown(short_path(f))),
+            (Some(f), None) => format!(" ({})", shown(short_path(f))),
             _ => match &self.module {
                 Some(m) if self.function.starts_with('[') || self.function.contains("+0x") => {
-                    format!("{} [{}]", self.function, short_path(m))
+                    format!(" [{}]", shown(short_path(m)))
                 }
-                _ => self.function.clone(),
+                _ => String::new(),
             },
         }
     }

@@ -17,15 +17,16 @@
 //! In both, the allocator function is not a node: a stack's counts are
 //! the self of its direct caller.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write};
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashSet};
 
 use crate::profile::{Counts, Frame, Profile, StackEntry};
 
-use super::text::{bytes, count, printable_profile, WIDTH};
+use super::text::{bytes, count, cut, printable_profile, WIDTH};
 use super::{is_allocation, percent, SortKey, StackWeight};
 
 /// Nodes under this share of all (in percent) are left out unless
@@ -157,9 +158,11 @@ struct Run {
 impl<'a> Paths<'a> {
     fn of(profile: &'a Profile) -> Paths<'a> {
         let mut names = Names::default();
-        let mut ids = Vec::new();
-        let mut stacks = Vec::new();
-        for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
+        let allocations = || profile.stacks.iter().filter(|e| is_allocation(e));
+        // As many numbers as frames (or one), no more.
+        let mut ids = Vec::with_capacity(allocations().map(|e| e.frames.len().max(1)).sum());
+        let mut stacks = Vec::with_capacity(allocations().count());
+        for entry in allocations() {
             let start = ids.len();
             names.path(entry, &mut ids);
             stacks.push((start, ids.len(), entry.counts));
@@ -268,6 +271,21 @@ fn key(c: Counts, sort: SortKey) -> (u64, u64) {
 /// Nodes under `threshold_pct` of the sort key (under [`MIN_SHARE_PCT`]
 /// when it is 0) are left out. Every line ends with a newline.
 pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> String {
+    let mut out = String::new();
+    // Writing to a string does not fail.
+    let _ = render_tree_to(&mut out, profile, sort, threshold_pct);
+    out
+}
+
+/// [`render_tree`], written to `out` line by line as it is made: the text
+/// is never held whole (a stack may be thousands of frames deep). Stops
+/// at the first failed write.
+pub fn render_tree_to(
+    out: &mut impl Write,
+    profile: &Profile,
+    sort: SortKey,
+    threshold_pct: f64,
+) -> fmt::Result {
     let profile = &*printable_profile(profile);
     let paths = Paths::of(profile);
     let root = paths.root();
@@ -276,29 +294,31 @@ pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> Stri
         SortKey::Calls => "calls",
         SortKey::Bytes | SortKey::Live => "bytes",
     };
-    let mut out = format!("call tree, top-down (nodes under {min_pct}% of {what} left out)\n");
+    writeln!(
+        out,
+        "call tree, top-down (nodes under {min_pct}% of {what} left out)"
+    )?;
     if root.total == Counts::default() {
-        out.push_str("no allocations traced\n");
-        return out;
+        return out.write_str("no allocations traced\n");
     }
-    let _ = writeln!(
+    writeln!(
         out,
         "{:>9} {:>6} {:>11}  {:>10} {:>12}  function",
         "calls", "share", "bytes", "self calls", "self bytes"
-    );
+    )?;
     let mut hidden = Hidden::default();
     let all = key(root.total, sort).0;
-    write_nodes(&mut out, &paths, root, sort, all, min_pct, &mut hidden);
+    write_nodes(out, &paths, root, sort, all, min_pct, &mut hidden)?;
     if hidden.nodes > 0 {
-        let _ = writeln!(
+        writeln!(
             out,
             "{} left out ({}, {}; --threshold to change)",
             count(hidden.nodes as u64, "smaller node"),
             count(hidden.counts.calls, "call"),
             bytes(hidden.counts.bytes)
-        );
+        )?;
     }
-    out
+    Ok(())
 }
 
 /// Nodes left out of the tree (whole subtrees counted once, at their top).
@@ -313,15 +333,17 @@ struct Hidden {
 /// the call stack: a stack of any depth is written. A node left out is
 /// not looked into.
 fn write_nodes(
-    out: &mut String,
+    out: &mut impl Write,
     paths: &Paths<'_>,
     root: Run,
     sort: SortKey,
     all: u64,
     min_pct: f64,
     hidden: &mut Hidden,
-) {
+) -> fmt::Result {
     let names = &paths.names.names;
+    // Each name cut once, however many nodes it names.
+    let shown: Vec<Cow<'_, str>> = names.iter().map(|n| cut(n)).collect();
     let mut todo = vec![root];
     while let Some(node) = todo.pop() {
         let (own, mut children) = paths.children(&node);
@@ -332,7 +354,7 @@ fn write_nodes(
             } else {
                 format!("{}[{depth}] ", "  ".repeat(MAX_INDENT))
             };
-            let _ = writeln!(
+            writeln!(
                 out,
                 "{:>9} {:>5.1}% {:>11}  {:>10} {:>12}  {indent}{}",
                 node.total.calls,
@@ -340,8 +362,8 @@ fn write_nodes(
                 bytes(node.total.bytes),
                 own.calls,
                 bytes(own.bytes),
-                names[node.name as usize]
-            );
+                shown[node.name as usize]
+            )?;
         }
         children.sort_by(|a, b| {
             key(b.total, sort)
@@ -358,6 +380,7 @@ fn write_nodes(
             }
         }
     }
+    Ok(())
 }
 
 /// One function of the graph.

@@ -6,7 +6,6 @@
 //! [`select`] picks and orders the rows the table shows; the folded and
 //! flame graph renderers always use every stack.
 
-use foldhash::HashMap;
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -107,7 +106,8 @@ pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
         keep
     });
 
-    rows.sort_by(|a, b| compare_rows(a, b, opts.sort));
+    // No two rows are equal in this order: it needs no stable sort.
+    rows.sort_unstable_by(|a, b| compare_rows(a, b, opts.sort));
 
     if opts.top > 0 && rows.len() > opts.top {
         for (_, row) in rows.drain(opts.top..) {
@@ -155,58 +155,52 @@ fn passes_threshold(calls: u64, total: u64, threshold_pct: f64) -> bool {
 
 /// Rows identical but for the thread (unless `per_thread`), summed; each
 /// with its frames' numbers in the profile's [`FrameOrder`], by which
-/// rows are told apart and ordered.
+/// rows are told apart and ordered. Entries of one row are found next to
+/// each other once sorted by what makes a row.
 fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<(Vec<u32>, Row<'_>)> {
-    type Key<'a> = (
-        &'a str,
-        Vec<u32>,
-        bool,
-        Option<&'a Thread>,
-        Option<&'a ProcessRef>,
-    );
     let stacks = || profile.stacks.iter().filter(|e| is_allocation(e));
     let order = FrameOrder::of(stacks());
-    // Each row with the number of entries summed into it.
-    let mut merged: HashMap<Key<'_>, (Row<'_>, usize)> = HashMap::default();
-    for entry in stacks() {
-        let thread = if per_thread {
-            entry.thread.as_ref()
-        } else {
-            None
-        };
-        let process = if per_process {
-            entry.process.as_ref()
-        } else {
-            None
-        };
-        let key = (
-            entry.func.as_str(),
-            order.ranks(&entry.frames),
-            entry.truncated,
-            thread,
-            process,
-        );
-        let (row, n) = merged.entry(key).or_insert_with(|| {
+    let mut entries: Vec<(Vec<u32>, Row<'_>)> = stacks()
+        .map(|entry| {
             let row = Row {
                 func: &entry.func,
                 frames: &entry.frames,
                 truncated: entry.truncated,
-                thread,
-                process,
-                counts: Counts::default(),
-                live: None,
+                thread: entry.thread.as_ref().filter(|_| per_thread),
+                process: entry.process.as_ref().filter(|_| per_process),
+                counts: entry.counts,
+                live: entry.live.as_ref(),
             };
-            (row, 0)
-        });
-        row.counts.add(entry.counts);
-        // Live statistics of one entry only: percentiles do not add up.
-        row.live = if *n == 0 { entry.live.as_ref() } else { None };
-        *n += 1;
-    }
-    merged
-        .into_iter()
-        .map(|((_, ranks, ..), (row, _))| (ranks, row))
-        .collect()
+            (order.ranks(&entry.frames), row)
+        })
+        .collect();
+    entries.sort_unstable_by(|a, b| row_key(a).cmp(&row_key(b)));
+    // In place: a row is the first of its entries, the others summed
+    // into it.
+    entries.dedup_by(|next, row| {
+        let same = row_key(next) == row_key(row);
+        if same {
+            row.1.counts.add(next.1.counts);
+            // Live statistics of one entry only: percentiles do not add
+            // up.
+            row.1.live = None;
+        }
+        same
+    });
+    entries
+}
+
+/// What makes a row: entries with equal keys are one row.
+type RowKey<'k, 'a> = (
+    &'a str,
+    &'k [u32],
+    bool,
+    Option<&'a Thread>,
+    Option<&'a ProcessRef>,
+);
+
+fn row_key<'k, 'a>((ranks, r): &'k (Vec<u32>, Row<'a>)) -> RowKey<'k, 'a> {
+    (r.func, ranks, r.truncated, r.thread, r.process)
 }
 
 /// Descending by the sort key, then by the other count; then ascending by

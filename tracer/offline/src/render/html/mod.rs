@@ -16,7 +16,7 @@ use base64::Engine as _;
 use super::{
     flamegraph::{self, Kind},
     folded, percent, select, suspects,
-    text::{bytes, duration_ns, short_count},
+    text::{bytes, duration_ns, printable, short_count, shown_profile},
     ReportOptions, Row, Weight,
 };
 use crate::profile::{Frame, LiveStats, LiveTotals, Profile, StackEntry};
@@ -36,6 +36,9 @@ const SPREAD_STACKS: usize = 12;
 /// threshold and the split by thread or process, and starts in the sort
 /// order; every stack passing the threshold is a row (up to [`MAX_ROWS`]).
 pub fn render(profile: &Profile, opts: &ReportOptions) -> Result<String> {
+    // Names as the table shows them: control characters escaped, a name
+    // of more than NAME_CHARS characters cut (the flame graphs' too).
+    let profile = &*shown_profile(profile);
     let meta = &profile.meta;
     let title = format!("mtrace: {} (pid {})", meta.command, meta.pid);
     let all = ReportOptions {
@@ -87,8 +90,11 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> Result<String> {
 }
 
 /// `s` with the characters HTML gives a meaning escaped (text and
-/// attribute values alike).
+/// attribute values alike), and those a terminal acts on written as
+/// their escapes, as the table writes them ([`printable`]): the page
+/// carries no raw control character, whatever the profile held.
 pub fn esc(s: &str) -> String {
+    let s = printable(s);
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
