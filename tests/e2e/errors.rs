@@ -138,3 +138,110 @@ fn a_command_without_dashes_is_suggested_with_them() {
     );
     assert_eq!(out.stdout, "");
 }
+
+/// Every numeric option tried with the values that break arithmetic
+/// (0, 1e-300, 1e300, inf, nan, negatives): each is a one-line usage error
+/// (exit 2), or is accepted with the meaning docs/usage.md gives it (the
+/// cases listed in `accepted`, which must then trace to a clean end); none
+/// panics. The command traced lives a third of a second, long enough for
+/// the agent's windows policy to open and close a window.
+#[test]
+fn numeric_options_at_their_extremes_are_refused_or_meant() {
+    need_bpf!();
+    const VALUES: [&str; 7] = ["0", "1e-300", "1e300", "inf", "nan", "-1", "-0"];
+    let profile = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/offline/tests/data/render/profile.json"
+    );
+    // (the words before the option, the option, the words after its value)
+    let trace_cmd: &[&str] = &["--", "/bin/sh", "-c", "sleep 0.3"];
+    let live: &[&str] = &["--live"];
+    let agent: &[&str] = &["agent", "--listen", "127.0.0.1:0"];
+    let report: &[&str] = &["report", profile];
+    let diff: &[&str] = &["diff", profile, profile];
+    let options: [(&[&str], &str); 22] = [
+        (&[], "--duration"),
+        (&[], "--interval"),
+        (live, "--min-age"),
+        (live, "--temporary-under"),
+        (live, "--live-map-size"),
+        (live, "--event-buffer-size"),
+        (&[], "--sample-bytes"),
+        (&[], "--sample-every"),
+        (&[], "--max-stack"),
+        (&[], "--max-processes"),
+        (&[], "--count-map-size"),
+        (&[], "--stack-map-size"),
+        (&[], "--unwind-rules-size"),
+        (&[], "--top"),
+        (&[], "--threshold"),
+        (agent, "--window"),
+        (agent, "--every"),
+        (agent, "--budget"),
+        (report, "--top"),
+        (report, "--threshold"),
+        (diff, "--top"),
+        (diff, "--fail-if"),
+    ];
+    // What docs/usage.md says these mean: no minimum age (or one beyond
+    // any trace), no temporaries, no stack, no row cut, every row.
+    let accepted = |option: &str, value: &str| {
+        matches!(
+            (option, value),
+            ("--min-age", "0" | "1e-300" | "1e300" | "-0")
+                | ("--temporary-under", "0")
+                | ("--max-stack", "0" | "-0")
+                | ("--top", "0")
+                | ("--threshold", "0" | "1e-300" | "-0")
+        )
+    };
+    let mut cases = Vec::new();
+    for (before, option) in options {
+        for value in VALUES {
+            let mut args: Vec<String> = before.iter().map(|a| a.to_string()).collect();
+            if option == "--fail-if" {
+                args.extend(["--fail-if".into(), format!("calls>+{value}%")]);
+            } else {
+                args.push(format!("{option}={value}"));
+            }
+            if before != report && before != diff {
+                args.extend(trace_cmd.iter().map(|a| a.to_string()));
+            }
+            let expect_ok = accepted(option, value) || (option == "--fail-if" && value == "0");
+            cases.push((args, expect_ok));
+        }
+    }
+    let cases = std::sync::Mutex::new(cases);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| loop {
+                let Some((args, expect_ok)) = cases.lock().unwrap().pop() else {
+                    return;
+                };
+                let out = run_mtrace(&args);
+                let code = out.status.code();
+                let said: Vec<&String> = out.stderr.iter().filter(|l| !l.is_empty()).collect();
+                let panicked = out.stderr.iter().any(|l| l.contains("panicked"));
+                let one_line = !said.is_empty()
+                    && said[0].starts_with("mtrace: ")
+                    && said[1..].iter().all(|l| l.starts_with("usage: mtrace"))
+                    && said.len() <= 2;
+                let fine = !panicked
+                    && match code {
+                        Some(0) => expect_ok,
+                        Some(2) => !expect_ok && one_line,
+                        _ => false,
+                    };
+                if !fine {
+                    failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("{args:?}\n{}", out.describe()));
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

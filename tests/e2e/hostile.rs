@@ -420,6 +420,39 @@ fn one_path_for_two_outputs_is_refused() {
     assert!(names_in(dir.path()).is_empty());
 }
 
+/// One file named by two spellings (relative and `./`, absolute, through
+/// `..`, through a symbolic link to its directory) for two outputs is
+/// refused as the same spelling is: the second output would replace the
+/// first, and both would be said written.
+#[test]
+fn one_file_spelled_two_ways_for_two_outputs_is_refused() {
+    let dir = public_tempdir();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::os::unix::fs::symlink(dir.path(), dir.path().join("link")).unwrap();
+    let abs = dir.path().join("same.json");
+    let pairs = [
+        ("same.json", "./same.json"),
+        ("same.json", s(&abs)),
+        ("sub/../same.json", "same.json"),
+        ("link/same.json", s(&abs)),
+    ];
+    for (first, second) in pairs {
+        let mut cmd = mtrace_command(&[
+            "-o",
+            first,
+            "--html",
+            second,
+            "--",
+            Fixture::Counts.path_str(),
+        ]);
+        let out = Mtrace::spawn(cmd.current_dir(dir.path())).finish();
+        assert_calm(&out);
+        out.assert_exit(2);
+        out.assert_error(&format!("{second} is given for two outputs (as {first})"));
+        assert_eq!(names_in(dir.path()), ["link", "sub"], "{first} {second}");
+    }
+}
+
 /// Every hostile case above in one place, by its exit: never "panicked",
 /// never exit 101.
 #[test]
@@ -459,4 +492,48 @@ fn no_hostile_case_panics() {
     for f in [&fifo, &fifo2] {
         assert!(!fs::symlink_metadata(f).unwrap().file_type().is_fifo());
     }
+}
+
+/// `--help` and `--version` whose output cannot be written (stdout on
+/// /dev/full, or closed) are an output error (exit 74, one line), as a
+/// report's would be, not a success; and the help says what `-o` writes
+/// as `--version` does, not a schema version of its own.
+#[test]
+fn help_that_cannot_be_written_is_exit_74() {
+    for args in [&["--help"][..], &["--version"], &["report", "--help"]] {
+        let full = fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let mut cmd = mtrace_command(args);
+        cmd.stdout(Stdio::from(full));
+        let mut proc = Proc::spawn(&mut cmd, "mtrace");
+        let stderr = proc.stderr_lines();
+        let status = proc.wait_timeout(EXIT_TIMEOUT);
+        assert_eq!(status.code(), Some(74), "{args:?} on /dev/full");
+        assert_eq!(
+            stderr.rest(LINE_TIMEOUT),
+            ["mtrace: cannot write the help to stdout: No space left on device (os error 28)"],
+            "{args:?}"
+        );
+        let out = with_closed_stdout(args);
+        out.assert_exit(74);
+        out.assert_error("cannot write the help to stdout: it is closed");
+    }
+    let help = run_mtrace(&["report", "--help"]);
+    help.assert_exit(0);
+    assert!(
+        help.stdout.contains("schema version as `mtrace --version`"),
+        "{}",
+        help.stdout
+    );
+    let version = run_mtrace(&["--version"]);
+    assert!(
+        version
+            .stdout
+            .trim()
+            .ends_with("(profile schema version 2)"),
+        "{}",
+        version.stdout
+    );
 }

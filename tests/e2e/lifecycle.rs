@@ -384,3 +384,74 @@ fn by_pid_a_target_killed_by_a_signal_is_said() {
         out.describe()
     );
 }
+
+/// The target and mtrace signalled at the same moment (a process group
+/// killed, a container stopped with its sidecar): the target's SIGTERM
+/// reaches it every time, whatever mtrace held it with as it let go. 20
+/// rounds by pid and 20 under `mtrace agent`, side by side; the order of
+/// the two signals alternates, so do mtrace's signal (SIGTERM, SIGINT,
+/// SIGKILL) and the target's state (allocating, or blocked in a read).
+#[test]
+fn a_signal_to_the_target_as_mtrace_stops_reaches_it() {
+    need_bpf!();
+    let by_pid = std::thread::spawn(|| signalled_together(&[]));
+    let agent = std::thread::spawn(|| signalled_together(&["agent", "--listen", "127.0.0.1:0"]));
+    let mut failures = by_pid.join().unwrap();
+    failures.extend(agent.join().unwrap());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// 20 rounds of mtrace (`mode` and `--pid`) and its target signalled
+/// together; what went wrong in each round.
+fn signalled_together(mode: &[&str]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for round in 0..20 {
+        let mut target = Longrun::start_for("stdin");
+        let pid = target.fx.pid();
+        if round % 2 == 0 {
+            target.fx.release();
+        }
+        let pid_arg = pid.to_string();
+        let mut args = mode.to_vec();
+        args.extend(["--top", "0", "--pid", &pid_arg]);
+        let mut m = Mtrace::start(&args);
+        m.wait_tracing();
+        let mtrace = m.proc.id() as i32;
+        let stop = [libc::SIGTERM, libc::SIGINT, libc::SIGKILL][round % 3];
+        let both = if round % 4 < 2 {
+            [(mtrace, stop), (pid as i32, libc::SIGTERM)]
+        } else {
+            [(pid as i32, libc::SIGTERM), (mtrace, stop)]
+        };
+        for (p, sig) in both {
+            unsafe { libc::kill(p, sig) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while target.fx.proc.running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let what = format!(
+            "{} round {round} (mtrace sent signal {stop})",
+            mode.first().unwrap_or(&"by pid")
+        );
+        if target.fx.proc.running() {
+            failures.push(format!("{what}: the target outlived its SIGTERM"));
+            target.fx.proc.signal(libc::SIGKILL);
+        } else {
+            let status = target.fx.proc.wait_timeout(EXIT_TIMEOUT);
+            if status.signal() != Some(libc::SIGTERM) {
+                failures.push(format!("{what}: the target ended with {status:?}"));
+            }
+        }
+        let out = m.finish();
+        let expected = if stop == libc::SIGKILL {
+            out.status.signal() == Some(libc::SIGKILL)
+        } else {
+            out.status.code() == Some(0)
+        };
+        if !expected {
+            failures.push(format!("{what}: mtrace\n{}", out.describe()));
+        }
+    }
+    failures
+}

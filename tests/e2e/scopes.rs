@@ -4,12 +4,12 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::{
     counts::assert_counts_sites_times,
-    lifecycle::sigkilled_mtrace_leaves_no_breakpoints_in,
+    lifecycle::{sigkilled_mtrace_leaves_no_breakpoints_in, Longrun},
     support::{Fixture, Mtrace},
 };
 
@@ -322,4 +322,89 @@ fn sigkilled_mtrace_leaves_nothing_on_the_host() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(left(), 0, "host_alloc programs left in the kernel");
+}
+
+/// A process that leaves the traced cgroup is let go within a second: its
+/// probes go (its libc's first bytes are its own again) and its counting
+/// stops (fewer calls counted than it made, most of its loop after it
+/// left), and the profile says it left; a process that stays keeps the
+/// trace going, probed to the end.
+#[test]
+fn a_process_that_leaves_the_cgroup_is_let_go() {
+    need_bpf!();
+    let cg = TestCgroup::new("leave");
+    let elsewhere = TestCgroup::new("elsewhere");
+    let mut leaver = Longrun::start_for("stdin");
+    let mut stayer = Longrun::start_for("stdin");
+    let (leaver_pid, stayer_pid) = (leaver.fx.pid(), stayer.fx.pid());
+    cg.add(leaver_pid);
+    cg.add(stayer_pid);
+    let mut m = Mtrace::start_profiled(&["--per-process", "--cgroup", cg.path()]);
+    m.mtrace.wait_tracing();
+    leaver.fx.release();
+    stayer.fx.release();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(leaver.probed() && stayer.probed(), "not probed while in");
+    elsewhere.add(leaver_pid);
+    let moved = Instant::now();
+    while leaver.probed() && moved.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let let_go = moved.elapsed();
+    assert!(
+        !leaver.probed(),
+        "probes left in a process out of the cgroup"
+    );
+    assert!(let_go < Duration::from_secs(1), "let go after {let_go:?}");
+    // The leaver loops on outside the scope for as long again as it did
+    // inside, untraced.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(stayer.probed(), "the process still in was let go");
+    m.mtrace.proc.signal(libc::SIGINT);
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let made = leaver.finish();
+    stayer.finish();
+    let d = out.describe();
+    assert!(
+        out.stdout.contains(", 1 let go when they left the cgroup"),
+        "{d}"
+    );
+    let counted: u64 = p
+        .allocs()
+        .filter(|s| s.process.as_ref().is_some_and(|r| r.pid == leaver_pid))
+        .filter(|s| s.function == "malloc")
+        .map(|s| s.calls)
+        .sum();
+    assert!(
+        counted > 0 && counted * 2 < made,
+        "{counted} of the leaver's {made} mallocs counted\n{d}"
+    );
+    let record = p.doc["meta"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pid"] == leaver_pid)
+        .unwrap_or_else(|| panic!("no record of pid {leaver_pid}\n{d}"))
+        .clone();
+    assert!(
+        record["not_traced"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("left the cgroup")),
+        "{record}"
+    );
+}
+
+/// The root of cgroup v2 holds every process of the host and has no
+/// `cgroup.events` to say when it empties: `--cgroup /` (the mount, by
+/// any spelling) is a one-line usage error that names `--all`, not a
+/// trace that ends at once saying the cgroup is empty.
+#[test]
+fn the_cgroup2_root_is_a_usage_error_naming_all() {
+    for root in ["/", ""] {
+        let out = crate::support::run_mtrace(&["--cgroup", root, "--duration", "2"]);
+        out.assert_exit(2);
+        out.assert_error("is the root of cgroup v2");
+        out.assert_error("trace them with --all");
+    }
 }

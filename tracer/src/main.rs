@@ -94,7 +94,18 @@ fn main() {
 fn usage_error(e: clap::Error) -> ! {
     use clap::error::ErrorKind;
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-        let _ = e.print();
+        // Help that could not be written (stdout full or closed) is an
+        // output error as a report's would be, not a success.
+        use std::io::Write;
+        let written = if sinks::stdout_closed() {
+            Err(std::io::Error::other("it is closed"))
+        } else {
+            e.print().and_then(|()| std::io::stdout().flush())
+        };
+        if let Err(err) = written {
+            say!("mtrace: cannot write the help to stdout: {err}");
+            std::process::exit(error::EXIT_IO);
+        }
         std::process::exit(0);
     }
     let args: Vec<String> = std::env::args_os()

@@ -99,6 +99,11 @@ impl Mtrace {
     /// Waits for mtrace to exit by itself and collects its output.
     pub fn finish(mut self) -> Finished {
         let status = self.proc.wait_timeout(EXIT_TIMEOUT);
+        self.output(status)
+    }
+
+    /// What it printed, once it exited with `status`.
+    fn output(self, status: ExitStatus) -> Finished {
         let stdout = self.stdout.rest(LINE_TIMEOUT);
         let stderr = self.stderr.rest(LINE_TIMEOUT);
         let mut out = String::new();
@@ -184,15 +189,37 @@ impl Profiled {
     /// printed, when it wrote none.
     pub fn finish(self) -> (Finished, Profile) {
         let out = self.mtrace.finish();
-        assert!(
-            self.path.is_file(),
-            "mtrace wrote no profile to {}\n{}",
-            self.path.display(),
-            out.describe()
-        );
-        let profile = Profile::load(&self.path);
+        let profile = written(&self.path, &out);
         (out, profile)
     }
+
+    /// [`Profiled::finish`], with what the run used and when it ended.
+    pub fn finish_measured(mut self) -> (Finished, Profile, Measured) {
+        let (status, usage, exited) = self.mtrace.proc.wait_rusage(EXIT_TIMEOUT);
+        let out = self.mtrace.output(status);
+        let profile = written(&self.path, &out);
+        (out, profile, Measured { usage, exited })
+    }
+}
+
+/// The profile at `path` (validated against the schema); panics, with
+/// everything mtrace printed, when it wrote none.
+fn written(path: &Path, out: &Finished) -> Profile {
+    assert!(
+        path.is_file(),
+        "mtrace wrote no profile to {}\n{}",
+        path.display(),
+        out.describe()
+    );
+    Profile::load(path)
+}
+
+/// How an mtrace run went, as the kernel measured it: its resource
+/// usage (`ru_maxrss`, its maximum resident set size in KiB) and when it
+/// exited.
+pub struct Measured {
+    pub usage: libc::rusage,
+    pub exited: std::time::Instant,
 }
 
 impl Finished {

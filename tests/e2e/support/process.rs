@@ -83,6 +83,29 @@ impl Proc {
         }
     }
 
+    /// [`Proc::wait_timeout`], reaping it with `wait4`: also what it
+    /// used (its maximum resident set size among it), and when it exited
+    /// (to within 5 ms).
+    pub fn wait_rusage(&mut self, timeout: Duration) -> (ExitStatus, libc::rusage, Instant) {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + timeout;
+        let pid = self.id() as i32;
+        loop {
+            let mut status = 0;
+            // SAFETY: plain out-parameters.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+            if got == pid {
+                return (ExitStatus::from_raw(status), usage, Instant::now());
+            }
+            assert_eq!(got, 0, "wait4: {}", std::io::Error::last_os_error());
+            if Instant::now() >= deadline {
+                panic!("{} did not exit within {timeout:?}", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     pub fn signal(&mut self, sig: i32) {
         if self.running() {
             unsafe { libc::kill(self.id() as i32, sig) };

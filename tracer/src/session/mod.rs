@@ -28,6 +28,7 @@ use crate::{
     pipeline::Clock,
     profile::{merge, Meta, ProcessMeta, ProcessRef, Profile},
     sinks::Sink,
+    tracee::perf_map::{self, PerfMap},
     watch::Tick,
 };
 
@@ -55,6 +56,13 @@ const GONE_WITH_PID: u32 = 64;
 /// `Options::bounded`: process records kept, at most (the oldest gone
 /// one goes first).
 const AGENT_RECORDS: usize = 1024;
+
+/// By cgroup: its directory, and the channel to the hold that seizes the
+/// processes joining it and lets go of those leaving it.
+pub struct Scope {
+    pub dir: std::path::PathBuf,
+    pub handover: std::sync::mpsc::Sender<crate::tracee::launch::Handover>,
+}
 
 /// Everything needed to turn the kernel maps into a profile at any time.
 pub struct Session {
@@ -88,6 +96,8 @@ pub struct Session {
     /// and since when the first has waited.
     gone: Vec<u32>,
     gone_since: Option<Instant>,
+    /// By cgroup, while the loop runs: the scope its processes must stay in.
+    cgroup: Option<Scope>,
 }
 
 impl Session {
@@ -124,6 +134,7 @@ impl Session {
             exec_replaced: Vec::new(),
             gone: Vec::new(),
             gone_since: None,
+            cgroup: None,
         };
         session.begin_window();
         session
@@ -174,8 +185,15 @@ impl Session {
     /// mappings), joined by what the stacks say.
     pub fn profile(&self) -> Result<Profile> {
         let mut parts: Vec<Profile> = self.ended.get().into_iter().cloned().collect();
+        // What the root's reading found of its Python (its interpreter's
+        // state judged unreadable since it was probed).
+        let mut python = self.meta.python.clone();
         for proc in self.procs.values() {
-            parts.push(self.proc_profile(proc)?);
+            let part = self.proc_profile(proc)?;
+            if proc.pid == self.root {
+                python.clone_from(&part.meta.python);
+            }
+            parts.push(part);
         }
         let mut profile = if parts.len() == 1 {
             parts.pop().unwrap_or_default()
@@ -193,6 +211,7 @@ impl Session {
             },
             processes_unlisted: self.tree.unlisted,
             windows: self.duty.as_ref().map(duty::Duty::info),
+            python,
             ..self.meta.clone()
         };
         profile.timeline = Some(self.timeline.timeline().clone());
@@ -286,9 +305,19 @@ impl Session {
         }
     }
 
-    /// Counting ends in every process; the timeline's last point.
+    /// Counting ends in every process; the timeline's last point. Their
+    /// perf maps are read to where they are meanwhile, for at most
+    /// [`perf_map::CATCH_UP`] (what is left is counted as unread).
     pub fn finish(&mut self) -> Result<()> {
         let stopping = Instant::now();
+        let perf_maps: Vec<PerfMap> = self
+            .procs
+            .values()
+            .map(|p| p.space.lock().unwrap().perf_map())
+            .collect();
+        for m in &perf_maps {
+            m.ask();
+        }
         for proc in self.procs.values_mut() {
             proc.finish()?;
         }
@@ -308,6 +337,9 @@ impl Session {
         let tick = self.tick();
         self.timeline
             .record(tick.elapsed, tick.running, tick.live_bytes, true);
+        for m in &perf_maps {
+            m.wait(stopping + perf_map::CATCH_UP);
+        }
         Ok(())
     }
 }

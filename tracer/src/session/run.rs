@@ -31,8 +31,9 @@ pub struct Inputs {
     /// The live view's `q`.
     pub stop: Option<oneshot::Receiver<()>>,
     /// By cgroup: its directory, and where to send the processes that
-    /// join it (the hold seizes them and tells of them as forks).
-    pub cgroup: Option<(std::path::PathBuf, std::sync::mpsc::Sender<u32>)>,
+    /// join it (the hold seizes them and tells of them as forks) and those
+    /// that leave it (the hold lets them go).
+    pub cgroup: Option<super::Scope>,
     /// A watcher wants the trace now, not at the next second.
     pub wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
@@ -126,6 +127,7 @@ impl Session {
         // cgroup's end seen.
         let mut cgroup_scan = tokio::time::interval(CGROUP_SCAN_EVERY);
         let scanning = cgroup.is_some();
+        self.cgroup = cgroup;
         let cgroup_due = async |tick: &mut tokio::time::Interval| {
             if scanning {
                 tick.tick().await;
@@ -259,20 +261,8 @@ impl Session {
                     }
                 }
                 _ = cgroup_due(&mut cgroup_scan) => {
-                    if let Some((dir, adopt)) = &cgroup {
-                        if !schedule.until_stopped && !crate::tracee::cgroup::populated(dir) {
-                            break (End::CgroupEmpty, exit_rx);
-                        }
-                        for pid in crate::tracee::cgroup::members_below(dir) {
-                            let known = self
-                                .tree
-                                .processes
-                                .iter()
-                                .any(|p| p.pid == pid && p.exit_code.is_none());
-                            if !known {
-                                let _ = adopt.send(pid);
-                            }
-                        }
+                    if !self.scan_cgroup() && !schedule.until_stopped {
+                        break (End::CgroupEmpty, exit_rx);
                     }
                 }
                 req = next_event(&mut tree_events) => match req {

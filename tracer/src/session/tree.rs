@@ -1,7 +1,10 @@
 //! The process tree: every process seen, and what the session does when
 //! one forks, exec's or exits (the launch thread or the exit hold tells it).
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use anyhow::Result;
 
@@ -10,7 +13,11 @@ use crate::{
     profile::{Meta, ProcessMeta},
     render::text::printable,
     say,
-    tracee::{self, launch::TreeEvent, AddressSpace, Mapping},
+    tracee::{
+        self,
+        launch::{Handover, TreeEvent},
+        perf_map, AddressSpace, Mapping,
+    },
 };
 
 /// The process tree as traced: every process seen, in order.
@@ -203,6 +210,16 @@ impl Session {
                     cgroup: tracee::cgroup::of(child),
                     ..Default::default()
                 });
+                // A process that left the cgroup before it forked (and
+                // is still to be let go) makes a child outside it too.
+                if let Some(scope) = &self.cgroup {
+                    if !tracee::cgroup::contains(&scope.dir, child) {
+                        let _ = scope.handover.send(Handover::Release(child));
+                        self.tree
+                            .not_traced(child, "created outside the cgroup".into());
+                        return Ok(true);
+                    }
+                }
                 // A vfork child shares its parent's memory, and its probes,
                 // until it execs (and may call nothing but exec or _exit).
                 if vfork {
@@ -263,7 +280,12 @@ impl Session {
                     // ring are finished now (one that passes code without
                     // call-frame information reads the call before its
                     // return address from that memory).
-                    proc.unwind.walks().finish_all();
+                    let mut walks = proc.unwind.walks();
+                    // Its interpreter's state judged while it can be read,
+                    // if it never was.
+                    if let Some(names) = walks.python.as_mut() {
+                        names.judge();
+                    }
                 }
                 Ok(true)
             }
@@ -294,11 +316,17 @@ impl Session {
     pub(super) fn settle(&mut self) {
         self.read_exec_replaced();
         self.gone_since = None;
+        let mut catch_up = None;
         for pid in std::mem::take(&mut self.gone) {
             let Some(mut proc) = self.procs.remove(&pid) else {
                 continue;
             };
             proc.probes.last_read = true;
+            // Its perf map is read to its end (from the file held open),
+            // the processes gone together waiting at most that long.
+            let perf_map = proc.space.lock().unwrap().perf_map();
+            perf_map.ask();
+            perf_map.wait(*catch_up.get_or_insert_with(|| Instant::now() + perf_map::CATCH_UP));
             let read = proc.finish().and_then(|()| self.proc_profile(&proc));
             match read {
                 Ok(profile) => self.ended.add(profile),
@@ -313,6 +341,67 @@ impl Session {
 }
 
 impl Session {
+    /// By cgroup, every scan: the processes that joined it are handed to
+    /// the hold to be seized (and told of as forks); those that left it
+    /// are let go ([`Session::let_go_of_leaver`]). False when no process
+    /// of the cgroup (or of one below it) runs.
+    pub(super) fn scan_cgroup(&mut self) -> bool {
+        let Some(scope) = &self.cgroup else {
+            return true;
+        };
+        let dir = scope.dir.clone();
+        let members = tracee::cgroup::members_below(&dir);
+        for &pid in &members {
+            let known = self
+                .tree
+                .processes
+                .iter()
+                .any(|p| p.pid == pid && p.exit_code.is_none());
+            if !known {
+                let _ = scope.handover.send(Handover::Adopt(pid));
+            }
+        }
+        // A process that moves between two cgroups of the scope while they
+        // are listed can be in neither list: its own path says.
+        let left: Vec<u32> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|pid| members.binary_search(pid).is_err() && !self.gone.contains(pid))
+            .filter(|&pid| tracee::cgroup::is_alive(pid) && !tracee::cgroup::contains(&dir, pid))
+            .collect();
+        for pid in left {
+            self.let_go_of_leaver(pid);
+        }
+        !members.is_empty() || tracee::cgroup::populated(&dir)
+    }
+
+    /// A process that left the traced cgroup: its counting stops, what it
+    /// counted while in the cgroup joins what ended, its probes go, and
+    /// the hold lets go of it (what it creates from then on is outside the
+    /// scope too).
+    fn let_go_of_leaver(&mut self, pid: u32) {
+        self.read_exec_replaced();
+        if let Some(mut proc) = self.procs.remove(&pid) {
+            let read = proc.finish().and_then(|()| self.proc_profile(&proc));
+            match read {
+                Ok(profile) => self.ended.add(profile),
+                Err(e) => log::warn!("pid {pid}: counts unread: {e:#}"),
+            }
+            detach::let_go(proc.release());
+        }
+        let after = self.clock.started.elapsed().as_secs_f64();
+        if let Some(p) = self.tree.get(pid) {
+            p.not_traced = Some(format!(
+                "left the cgroup {after:.1} s into the trace, counted until then"
+            ));
+        }
+        if let Some(scope) = &self.cgroup {
+            let _ = scope.handover.send(Handover::Release(pid));
+        }
+        log::debug!("pid {pid} left the cgroup: let go");
+    }
+
     /// Reads the programs exec replaced into their processes' new ones.
     pub(super) fn read_exec_replaced(&mut self) {
         let per_thread = self.options.settings.mode.per_thread;

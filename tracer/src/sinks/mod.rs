@@ -76,18 +76,23 @@ impl Outputs {
         .flatten()
     }
 
-    /// [`check_output_path`] for each of them, and no path asked for
-    /// twice (the second file would overwrite the first).
+    /// [`check_output_path`] for each of them, and no file asked for
+    /// twice, however spelled (the second file would replace the first).
     pub fn check(&self) -> Result<()> {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashMap::new();
         for path in self.paths() {
-            if !seen.insert(path) {
+            check_output_path(path)?;
+            if let Some(first) = seen.insert(output_identity(path), path) {
+                let also = if first == path {
+                    String::new()
+                } else {
+                    format!(" (as {})", first.display())
+                };
                 return Err(anyhow::Error::new(UserError::with_code(
-                    format!("{} is given for two outputs", path.display()),
+                    format!("{} is given for two outputs{also}", path.display()),
                     EXIT_USAGE,
                 )));
             }
-            check_output_path(path)?;
         }
         Ok(())
     }
@@ -305,6 +310,12 @@ static SEE_STDOUT: extern "C" fn() = {
     see_stdout
 };
 
+/// Whether fd 1 was closed when mtrace started: what is printed there
+/// would vanish.
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
 /// The report's text on its way to stdout, written as the renderers make
 /// it (`render_to`): a report is never held whole in memory, however many
 /// lines it has. The first failed write is kept, and nothing more is
@@ -317,9 +328,7 @@ pub struct StdoutText {
 impl StdoutText {
     #[allow(clippy::new_without_default)]
     pub fn new() -> StdoutText {
-        let failed = STDOUT_CLOSED
-            .load(Ordering::Relaxed)
-            .then(|| std::io::Error::other("it is closed"));
+        let failed = stdout_closed().then(|| std::io::Error::other("it is closed"));
         StdoutText {
             out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
             failed,
@@ -463,6 +472,23 @@ fn write_device(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// The directory an output file goes to.
+/// What names the file an output path writes: its directory's identity
+/// (device and inode: the same directory however the path reaches it,
+/// through `..`, `.` or a symbolic link) and its own name. A file is
+/// written by linking a new one at that name, so two paths write the same
+/// file exactly when these agree (a hard link or a symbolic link at the
+/// name is replaced, not written through).
+fn output_identity(path: &Path) -> (Option<(u64, u64)>, PathBuf) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::fs::metadata(output_dir(path))
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    match (dir, path.file_name()) {
+        (Some(dir), Some(name)) => (Some(dir), PathBuf::from(name)),
+        _ => (None, path.to_path_buf()),
+    }
+}
+
 fn output_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

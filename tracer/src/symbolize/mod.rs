@@ -22,7 +22,7 @@ use blazesym::symbolize::{
 use crate::{
     allocators::FuncInfo,
     collect::raw::RawProfile,
-    profile::{Frame, Meta, Profile, StackEntry, Thread, Totals},
+    profile::{Frame, Meta, Profile, StackEntry, StackQuality, Thread, Totals},
     python::{split, Names},
     tracee::{AddressSpace, FileId},
 };
@@ -220,7 +220,10 @@ pub fn symbolize(
         stacks,
         totals,
         losses: raw.losses,
-        stack_quality: Some(raw.stack_quality.clone()),
+        stack_quality: Some(StackQuality {
+            perf_map: space.perf_map().quality(),
+            ..raw.stack_quality.clone()
+        }),
         live: raw.live.clone(),
         snapshot: None,
         timeline: None,
@@ -358,11 +361,9 @@ fn demangled(name: &str) -> std::borrow::Cow<'_, str> {
 
 /// A frame in code no file backs (a JIT's): its address, and the
 /// mapping's name where the runtime gave it one (`[anon:...]`).
-fn anonymous_code_frame(name: &str, addr: u64, jit: Option<&str>) -> Frame {
+fn anonymous_code_frame(name: &str, addr: u64, jit: Option<String>) -> Frame {
     Frame {
-        function: jit
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("[anonymous code {addr:#x}]")),
+        function: jit.unwrap_or_else(|| format!("[anonymous code {addr:#x}]")),
         module: (!name.is_empty()).then(|| name.to_string()),
         addr,
         ..Frame::default()

@@ -106,8 +106,14 @@ impl AddressSpace {
     }
 
     /// The runtime's name of the JIT code at `addr` (its perf map).
-    pub fn jit_name(&self, addr: u64) -> Option<&str> {
+    pub fn jit_name(&self, addr: u64) -> Option<String> {
         self.jit.name(addr)
+    }
+
+    /// The perf map (another handle on it: waiting for it to be read
+    /// needs no lock on the address space).
+    pub fn perf_map(&self) -> super::perf_map::PerfMap {
+        self.jit.clone()
     }
 
     /// Paths of the files mapped executable (each once).

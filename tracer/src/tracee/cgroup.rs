@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::user_error;
+use crate::{
+    error::{UserError, EXIT_USAGE},
+    user_error,
+};
 
 /// Where cgroup v2 is mounted: on a v2-only host once, at
 /// `/sys/fs/cgroup`; on a hybrid one beside the v1 controllers (often
@@ -39,7 +42,7 @@ pub fn resolve(path: &str) -> Result<PathBuf> {
     for m in &mounts {
         candidates.push(m.join(path.trim_start_matches('/')));
     }
-    candidates
+    let dir = candidates
         .into_iter()
         .find(|c| c.join("cgroup.procs").is_file())
         .ok_or_else(|| {
@@ -48,7 +51,36 @@ pub fn resolve(path: &str) -> Result<PathBuf> {
                 "{path}: not a cgroup v2 directory (looked under {})",
                 under.join(", ")
             )
-        })
+        })?;
+    // The root holds every process of the host (and has no
+    // `cgroup.events` to say when it empties): that scope is `--all`.
+    if !dir.join("cgroup.events").is_file() {
+        return Err(anyhow::Error::new(UserError::with_code(
+            format!(
+                "--cgroup {path} is the root of cgroup v2 ({}), which holds every process on the host: trace them with --all",
+                dir.display()
+            ),
+            EXIT_USAGE,
+        )));
+    }
+    Ok(dir)
+}
+
+/// Whether `pid` still runs (its /proc entry is there; a zombie's too).
+pub fn is_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Whether `pid` is in the cgroup `dir` or one below it now (false once
+/// it is gone).
+pub fn contains(dir: &Path, pid: u32) -> bool {
+    let path = of(pid);
+    if path.is_empty() {
+        return false;
+    }
+    mounts()
+        .iter()
+        .any(|m| m.join(path.trim_start_matches('/')).starts_with(dir))
 }
 
 /// The processes in the cgroup now (not those of the cgroups below it).

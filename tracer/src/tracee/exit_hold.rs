@@ -24,7 +24,7 @@ use std::{
     thread::JoinHandle,
 };
 
-use super::launch::{wait_tree, TreeEvent};
+use super::launch::{wait_tree, Handover, TreeEvent};
 
 pub struct ExitHold {
     stop: Arc<AtomicBool>,
@@ -48,14 +48,15 @@ impl ExitHold {
 
     /// As [`ExitHold::start`] with children, for `pid` and `others` (the
     /// processes of a cgroup): the others and their descendants are among
-    /// the descendants returned, each as a child of its parent. Pids sent
-    /// to `adopt` are seized (with what they created) while the tree runs,
-    /// and told to `on_event` as forks.
+    /// the descendants returned, each as a child of its parent. What is
+    /// sent to `handover` is done while the tree runs: a process adopted is
+    /// seized (with what it created) and told to `on_event` as forks; a
+    /// process released is detached.
     pub fn start_with<E>(
         pid: u32,
         others: Vec<u32>,
         children: bool,
-        adopt: Option<std::sync::mpsc::Receiver<u32>>,
+        handover: Option<std::sync::mpsc::Receiver<Handover>>,
         mut on_event: E,
     ) -> (ExitHold, Vec<(u32, u32)>)
     where
@@ -95,7 +96,7 @@ impl ExitHold {
                 // Until the session can hear of the tree; an end of the
                 // trace before then detaches at once.
                 let _ = wait_go.recv();
-                wait_tree(pid, group, Some(&flag), adopt.as_ref(), &mut on_event);
+                wait_tree(pid, group, Some(&flag), handover.as_ref(), &mut on_event);
             })
             .ok();
         let descendants = found.recv().unwrap_or_default();

@@ -9,7 +9,7 @@ pub mod cgroup;
 mod exit_hold;
 pub mod launch;
 mod linkmap;
-mod perf_map;
+pub mod perf_map;
 pub mod proc;
 mod run_as;
 

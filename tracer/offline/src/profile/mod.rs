@@ -148,6 +148,10 @@ pub struct StackQuality {
     /// Absent where no CPython interpreter was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<PythonQuality>,
+    /// JIT code's names from the runtime's perf map: what could not be
+    /// kept or read. Absent where no perf map was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perf_map: Option<PerfMapQuality>,
 }
 
 /// How whole a Python process's Python frames are. Each count is of
@@ -166,8 +170,13 @@ pub struct PythonQuality {
     pub no_thread_state: u64,
     #[serde(default)]
     pub no_code_running: u64,
+    /// Stacks walked in a thread whose thread state, if it has one, lies
+    /// past the first 4096 of the interpreter's list (not searched).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub threads_beyond: u64,
     /// Python frames left out for want of room (the stack's native frames
-    /// took most of the 127 slots, or more than 48 Python frames).
+    /// took most of the 127 slots, or more than 47 Python frames): the
+    /// stack shows `[N Python frames not read]` where they are missing.
     pub cut: u64,
     /// Walks whose Python frames ended at a frame that could not be read.
     pub unreadable: u64,
@@ -177,6 +186,36 @@ pub struct PythonQuality {
     /// New stacks whose notice to the tracer found the ring full (their
     /// code objects were named later, if they still lived).
     pub notices_lost: u64,
+}
+
+/// A JIT's perf map (`/tmp/perf-PID.map`) as mtrace read it, summed over
+/// the processes that had one. The names are kept within a ceiling per
+/// process, the oldest evicted first; each count is of lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerfMapQuality {
+    /// Lines read that named code.
+    #[serde(default)]
+    pub lines: u64,
+    /// Pieces of code named when the profile was made.
+    #[serde(default)]
+    pub kept: u64,
+    /// Names evicted to stay within the ceiling: their code's frames read
+    /// `[anonymous code 0x...]`.
+    #[serde(default)]
+    pub evicted: u64,
+    /// Names longer than the longest kept, cut.
+    #[serde(default)]
+    pub names_cut: u64,
+    /// Lines that are not `START SIZE NAME`, skipped.
+    #[serde(default)]
+    pub bad_lines: u64,
+    /// Bytes of the map not read yet when the profile was made.
+    #[serde(default)]
+    pub unread_bytes: u64,
+    /// Times the map was read again from its start: another file at its
+    /// path, or the file truncated or rewritten.
+    #[serde(default)]
+    pub rereads: u64,
 }
 
 impl StackQuality {
@@ -381,6 +420,15 @@ pub struct LiveTotals {
     /// their blocks may be listed outstanding though freed.
     #[serde(default)]
     pub frees_lost: u64,
+    /// Of the events lost, allocations kept aside in the kernel and
+    /// applied in their order: not a loss.
+    #[serde(default)]
+    pub allocs_kept: u64,
+    /// Allocations lost outright (the ring and the map of lost allocations
+    /// both full): their blocks were never followed, so at most this many
+    /// leaks are missing from the suspects.
+    #[serde(default)]
+    pub allocs_lost: u64,
     /// Blocks handed out again while still tracked (a free was missed).
     pub stale: u64,
     /// Allocating calls not followed to their return (no per-thread storage).

@@ -221,6 +221,16 @@ fn header(profile: &Profile, paint: Paint) -> String {
                 out,
                 "processes: {traced} traced ({exited} exited during the trace)"
             );
+            // Traced for a while, then out of the scope: a process that
+            // left the traced cgroup.
+            let left = meta
+                .processes
+                .iter()
+                .filter(|p| p.traced && p.exit_code.is_none() && p.not_traced.is_some())
+                .count();
+            if left > 0 {
+                let _ = write!(out, ", {left} let go when they left the cgroup");
+            }
             if not_traced > 0 {
                 let _ = write!(out, ", {not_traced} not traced");
             }
@@ -699,10 +709,20 @@ by function: malloc 1000, calloc 250, realloc 136
                 no_interpreter: 1_000_000,
                 no_thread_state: 1_000_000,
                 no_code_running: 1_000_000,
+                threads_beyond: 1_000_000,
                 cut: 1_000_000,
                 unreadable: 1_000_000,
                 unnamed: 1_000_000,
                 notices_lost: 1_000_000,
+            }),
+            perf_map: Some(crate::profile::PerfMapQuality {
+                lines: 1_000_000_000_000,
+                kept: 1_000_000_000,
+                evicted: 1_000_000_000_000,
+                names_cut: 1_000_000_000,
+                bad_lines: 1_000_000_000,
+                unread_bytes: 123 << 30,
+                rereads: 1_000_000,
             }),
         });
         p.live = Some(crate::profile::LiveTotals {

@@ -497,17 +497,27 @@ pub fn quality_lines(q: &StackQuality) -> String {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
     if let Some(p) = &q.python {
-        let walked = p.with_frames + p.no_interpreter + p.no_thread_state + p.no_code_running;
+        let walked = p.with_frames
+            + p.no_interpreter
+            + p.no_thread_state
+            + p.no_code_running
+            + p.threads_beyond;
         let _ = writeln!(
             out,
             "python: {} of {walked} stacks walked carry Python frames",
             p.with_frames
         );
-        let without = [
+        let mut without = vec![
             format!("no interpreter yet {}", p.no_interpreter),
             format!("not a Python thread {}", p.no_thread_state),
             format!("no Python code running {}", p.no_code_running),
         ];
+        if p.threads_beyond > 0 {
+            without.push(format!(
+                "thread past the 4096 thread states searched {}",
+                p.threads_beyond
+            ));
+        }
         out.push_str(&wrap_list("python: without", &without, ""));
         let lost = [
             format!("frames cut {}", p.cut),
@@ -516,6 +526,21 @@ pub fn quality_lines(q: &StackQuality) -> String {
             format!("notices lost {}", p.notices_lost),
         ];
         out.push_str(&wrap_list("python", &lost, ""));
+    }
+    if let Some(m) = &q.perf_map {
+        let _ = writeln!(
+            out,
+            "perf map: {} pieces of JIT code named, of {} lines read",
+            m.kept, m.lines
+        );
+        let lost = [
+            format!("evicted (oldest, over the ceiling) {}", m.evicted),
+            format!("names cut {}", m.names_cut),
+            format!("lines not understood {}", m.bad_lines),
+            format!("unread {}", bytes(m.unread_bytes)),
+            format!("read again {}", m.rereads),
+        ];
+        out.push_str(&wrap_list("perf map", &lost, ""));
     }
     out
 }

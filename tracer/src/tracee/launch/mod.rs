@@ -37,10 +37,10 @@ use std::{
 
 use anyhow::Result;
 
-pub use tree::{wait_tree, TreeEvent};
+pub use tree::{wait_tree, Handover, TreeEvent};
 
 use self::{
-    ptrace::{ptrace, waitpid},
+    ptrace::{ptrace, waitpid, HeldSignals},
     startup::{wait_for_allocator, Exited},
 };
 use crate::{
@@ -147,7 +147,8 @@ where
                     return;
                 }
             };
-            let attached = wait_for_allocator(pid, attach);
+            let mut held = HeldSignals::default();
+            let attached = wait_for_allocator(pid, &mut held, attach);
             match attached {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok((pid, t)));
@@ -165,7 +166,7 @@ where
                     return;
                 }
             }
-            if let Err(e) = ptrace(libc::PTRACE_CONT, pid, 0) {
+            if let Err(e) = held.resume(libc::PTRACE_CONT, pid) {
                 log::warn!("resuming pid {pid}: {e}");
             }
             let group = HashMap::from([(pid, pid)]);

@@ -97,6 +97,50 @@ pub(super) fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Resu
     Ok(())
 }
 
+/// Signals that reached a tracee while mtrace held it for its own ends
+/// (running a new program to its allocator, letting it go): none may be
+/// lost, so each is delivered when the tracee is resumed.
+#[derive(Default, Debug)]
+pub(super) struct HeldSignals(Vec<i32>);
+
+impl HeldSignals {
+    /// True (and the signal kept) when `status` is a signal-delivery stop:
+    /// a stop for a signal on its way to the tracee, not a trap of
+    /// mtrace's own (a breakpoint, a step, a system call, a ptrace event).
+    pub(super) fn keep(&mut self, status: i32) -> bool {
+        if !libc::WIFSTOPPED(status) || status >> 16 != 0 {
+            return false;
+        }
+        let sig = libc::WSTOPSIG(status);
+        if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) {
+            return false;
+        }
+        self.0.push(sig);
+        true
+    }
+
+    /// The signal to deliver with the next resume (0: none).
+    pub(super) fn next(&mut self) -> usize {
+        if self.0.is_empty() {
+            0
+        } else {
+            self.0.remove(0) as usize
+        }
+    }
+
+    /// Resumes `tid` (`request`: `PTRACE_CONT` or `PTRACE_DETACH`) with the
+    /// first signal held; the others are sent again first, so that they
+    /// come back as signals of the running tracee.
+    pub(super) fn resume(mut self, request: libc::c_uint, tid: u32) -> std::io::Result<()> {
+        let first = self.next();
+        for sig in self.0 {
+            let tgid = tgid_of(tid).unwrap_or(tid);
+            unsafe { libc::syscall(libc::SYS_tgkill, tgid as i32, tid as i32, sig) };
+        }
+        ptrace(request, tid, first)
+    }
+}
+
 /// The thread group a new tracee belongs to (`Tgid:` in its status).
 pub(super) fn tgid_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 
-use super::ptrace::{get_regs, peek, poke, ptrace, set_regs, waitpid};
+use super::ptrace::{get_regs, peek, poke, ptrace, set_regs, waitpid, HeldSignals};
 use crate::{
     tracee::{is_dynamic_linker, proc::read_maps, DynamicLinker, Mapping, RT_CONSISTENT},
     user_error,
@@ -51,18 +51,21 @@ fn check_alive(status: i32) -> Result<()> {
 /// dynamic linker has mapped every library it starts with and before any
 /// of their code runs ([`run_to_consistent`]); otherwise (or if that
 /// fails) from system call to system call until an object that defines
-/// `malloc` is mapped executable.
+/// `malloc` is mapped executable. Signals that reach the child on the way
+/// and cannot be delivered at once (it was stepping) are left in `held`,
+/// for the caller to deliver when it resumes the child, error or not.
 pub(super) fn wait_for_allocator<T>(
     pid: u32,
+    held: &mut HeldSignals,
     mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
 ) -> Result<T> {
     let maps = read_maps(pid)?;
     if let Some(ld) = DynamicLinker::find(pid, &maps) {
-        if let Some(t) = run_to_consistent(pid, &ld, &mut attach)? {
+        if let Some(t) = run_to_consistent(pid, &ld, held, &mut attach)? {
             return Ok(t);
         }
     }
-    step_syscalls(pid, attach)
+    step_syscalls(pid, held, attach)
 }
 
 /// A breakpoint on the dynamic linker's `_dl_debug_state`, which it calls
@@ -74,6 +77,7 @@ pub(super) fn wait_for_allocator<T>(
 fn run_to_consistent<T>(
     pid: u32,
     ld: &DynamicLinker,
+    held: &mut HeldSignals,
     attach: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
 ) -> Result<Option<T>> {
     let Some(bp) = ld.debug_state else {
@@ -86,19 +90,12 @@ fn run_to_consistent<T>(
     if poke(pid, bp, armed).is_err() {
         return Ok(None);
     }
-    let mut inject = 0;
     loop {
-        ptrace(libc::PTRACE_CONT, pid, inject)?;
-        inject = 0;
+        // A signal held since the last stop goes with this resume.
+        ptrace(libc::PTRACE_CONT, pid, held.next())?;
         let status = waitpid(pid)?;
         check_alive(status)?;
-        if !libc::WIFSTOPPED(status) {
-            continue;
-        }
-        let sig = libc::WSTOPSIG(status);
-        if sig != libc::SIGTRAP {
-            // A real signal: deliver it.
-            inject = sig as usize;
+        if !libc::WIFSTOPPED(status) || held.keep(status) {
             continue;
         }
         let mut regs = get_regs(pid)?;
@@ -126,9 +123,17 @@ fn run_to_consistent<T>(
             }
         }
         // Not yet (or a library loaded later may bring the allocator):
-        // step over the instruction and arm the breakpoint again.
-        ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
-        check_alive(waitpid(pid)?)?;
+        // step over the instruction and arm the breakpoint again. A signal
+        // that stops the step comes before the instruction ran: it is held
+        // for the next resume and the step taken again.
+        loop {
+            ptrace(libc::PTRACE_SINGLESTEP, pid, 0)?;
+            let status = waitpid(pid)?;
+            check_alive(status)?;
+            if !held.keep(status) {
+                break;
+            }
+        }
         poke(pid, bp, armed)?;
     }
 }
@@ -140,6 +145,7 @@ const RET: u64 = 0xc3;
 /// allocator is mapped executable and `attach` has attached to it.
 fn step_syscalls<T>(
     pid: u32,
+    held: &mut HeldSignals,
     mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
 ) -> Result<T> {
     let mut seen_paths: Vec<String> = Vec::new();
@@ -161,17 +167,11 @@ fn step_syscalls<T>(
             }
             seen_paths = paths;
         }
-        ptrace(libc::PTRACE_SYSCALL, pid, 0)?;
+        // A real signal held since the last stop goes with this step.
+        ptrace(libc::PTRACE_SYSCALL, pid, held.next())?;
         let status = waitpid(pid)?;
         check_alive(status)?;
-        if libc::WIFSTOPPED(status) {
-            let sig = libc::WSTOPSIG(status);
-            if sig != (libc::SIGTRAP | 0x80) && sig != libc::SIGTRAP {
-                // A real signal: deliver it on the next step.
-                ptrace(libc::PTRACE_SYSCALL, pid, sig as usize)?;
-                check_alive(waitpid(pid)?)?;
-            }
-        }
+        held.keep(status);
     }
     Err(user_error!(
         "no malloc found in the command or any library it maps"
@@ -181,19 +181,21 @@ fn step_syscalls<T>(
 /// The traced process stopped at an `exec` (`PTRACE_EVENT_EXEC`): runs the
 /// new program to the point where its allocator is known and calls
 /// `on_exec` there (the old program's probes and mappings mean nothing in
-/// it). Returns the exit code to pass through when it exited meanwhile.
+/// it). Returns the exit code to pass through when it exited meanwhile;
+/// otherwise the process has been resumed, with every signal that reached
+/// it meanwhile.
 pub fn follow_exec(
     pid: u32,
     on_exec: &mut impl FnMut(u32, &[Mapping]) -> Result<Option<()>>,
 ) -> Option<i32> {
-    match wait_for_allocator(pid, on_exec) {
-        Ok(()) => None,
-        Err(e) => match e.downcast_ref::<Exited>() {
-            Some(Exited(code)) => Some(*code),
-            None => {
-                log::warn!("pid {pid} after exec: {e:#}");
-                None
-            }
-        },
+    let mut held = HeldSignals::default();
+    if let Err(e) = wait_for_allocator(pid, &mut held, on_exec) {
+        if let Some(Exited(code)) = e.downcast_ref::<Exited>() {
+            return Some(*code);
+        }
+        log::warn!("pid {pid} after exec: {e:#}");
     }
+    // A tracee that is gone already: its wait status says how.
+    let _ = held.resume(libc::PTRACE_CONT, pid);
+    None
 }

@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid, Waited},
+    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid, HeldSignals, Waited},
     startup::{exit_code, follow_exec},
 };
 use crate::tracee::Mapping;
@@ -38,6 +38,18 @@ pub enum TreeEvent<'a> {
     Gone { pid: u32, code: i32 },
 }
 
+/// What the session hands the thread that follows a tree by pid (a
+/// cgroup's): a process to seize (it joined the cgroup), or one to let go
+/// (it left it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Seized with what it created, each told as a fork of its parent.
+    Adopt(u32),
+    /// Every thread of the process detached (signals on their way to it
+    /// delivered); what it creates from then on is not traced.
+    Release(u32),
+}
+
 /// Follows the root process (and with `PTRACE_O_TRACEFORK` and its kin,
 /// every process and thread it creates, daemons that fork away from it
 /// included) until every one is gone, passing signals on and telling
@@ -47,14 +59,13 @@ pub enum TreeEvent<'a> {
 /// where the tracees were seized), ends when the flag is set: every tracee
 /// is then detached and runs on, and `None` is returned. Otherwise,
 /// tracees still running when the trace ends are detached by the kernel
-/// when this thread ends. `adopt` (by pid) hands over processes to seize
-/// while the tree runs (a process that joined a traced cgroup), each told
-/// as a fork of its parent once seized.
+/// when this thread ends. `handover` (by pid) hands over processes to
+/// seize or to let go while the tree runs ([`Handover`]).
 pub fn wait_tree(
     root: u32,
     mut group: HashMap<u32, u32>,
     stop: Option<&AtomicBool>,
-    adopt: Option<&std::sync::mpsc::Receiver<u32>>,
+    handover: Option<&std::sync::mpsc::Receiver<Handover>>,
     on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>,
 ) -> Option<i32> {
     // New tracees whose first stop came before their creator's event.
@@ -72,10 +83,10 @@ pub fn wait_tree(
             let _ = waitpid(tid);
         }
     };
-    // Handed over processes wait here until seized.
-    let pending: std::cell::RefCell<Vec<u32>> = Default::default();
+    // Handed over processes wait here until seized or let go.
+    let pending: std::cell::RefCell<Vec<Handover>> = Default::default();
     let asked = || {
-        if let Some(rx) = adopt {
+        if let Some(rx) = handover {
             pending.borrow_mut().extend(rx.try_iter());
         }
         !pending.borrow().is_empty()
@@ -84,13 +95,27 @@ pub fn wait_tree(
         let (tid, status) = match wait_any(stop, &asked) {
             Some(Waited::Tracee(tid, status)) => (tid, status),
             Some(Waited::Asked) => {
-                for pid in pending.take() {
-                    for (parent, child) in super::super::exit_hold::seize_tree(pid, &mut group) {
-                        let _ = on_event(TreeEvent::Fork {
-                            parent,
-                            child,
-                            vfork: false,
-                        });
+                for asked in pending.take() {
+                    match asked {
+                        Handover::Adopt(pid) => {
+                            let seized = super::super::exit_hold::seize_tree(pid, &mut group);
+                            for (parent, child) in seized {
+                                let _ = on_event(TreeEvent::Fork {
+                                    parent,
+                                    child,
+                                    vfork: false,
+                                });
+                            }
+                        }
+                        Handover::Release(pid) => {
+                            let threads: Vec<u32> = group
+                                .iter()
+                                .filter(|&(_, &g)| g == pid)
+                                .map(|(&t, _)| t)
+                                .collect();
+                            group.retain(|_, g| *g != pid);
+                            detach_all(threads.into_iter());
+                        }
                     }
                 }
                 continue;
@@ -162,9 +187,7 @@ pub fn wait_tree(
                     if pid == root && stop.is_none() {
                         root_code = Some(code);
                     }
-                    continue;
                 }
-                cont(pid, 0);
             }
             libc::PTRACE_EVENT_EXIT => {
                 // The last thread of the group (its memory still there) or
@@ -186,20 +209,26 @@ pub fn wait_tree(
                     cont(tid, 0);
                 }
             }
-            _ if sig == libc::SIGTRAP || sig == (libc::SIGTRAP | 0x80) => cont(tid, 0),
-            // A signal on its way to the tracee: deliver it.
+            // No system call is traced here and every ptrace event is
+            // matched above: a SIGTRAP stop is a real signal (the program's
+            // own breakpoint, `kill -TRAP`) and is delivered as any other.
             _ => cont(tid, sig),
         }
     }
 }
 
 /// Stops each tracee (`PTRACE_INTERRUPT`, seized tracees only) and lets it
-/// go.
+/// go. The stop it reports may be a signal on its way to it (sent as the
+/// trace ended, not yet seen by the loop): that signal goes with the
+/// detach, or it would be lost.
 fn detach_all(tids: impl Iterator<Item = u32>) {
     for tid in tids {
+        let mut held = HeldSignals::default();
         if ptrace(libc::PTRACE_INTERRUPT, tid, 0).is_ok() {
-            let _ = waitpid(tid);
+            if let Ok(status) = waitpid(tid) {
+                held.keep(status);
+            }
         }
-        let _ = ptrace(libc::PTRACE_DETACH, tid, 0);
+        let _ = held.resume(libc::PTRACE_DETACH, tid);
     }
 }
