@@ -86,3 +86,18 @@ pub fn siblings(n: usize) -> Profile {
         ]
     }))
 }
+
+/// One frame whose function's name is `name`, in stacks 1, 2, ... frames
+/// deep (every frame of each is that one) until it is named at least
+/// `names` times: a file that names it once and a model that copied it
+/// into every stack differ by a factor of `names`.
+pub fn one_frame_named_often(name: String, names: usize) -> Profile {
+    let shared = frame(name, 1);
+    let mut depths = Vec::new();
+    let mut named = 0;
+    while named < names {
+        depths.push(depths.len() + 1);
+        named += depths.len();
+    }
+    profile(depths.into_iter().map(|depth| vec![shared.clone(); depth]))
+}
