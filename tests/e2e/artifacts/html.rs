@@ -442,3 +442,35 @@ fn report_renders_a_saved_profile_as_html() {
     assert_eq!(weights, ["calls", "bytes"]);
     assert!(flames[0].1.contains("parse_record") && flames[0].1.contains("make_table"));
 }
+
+/// Names holding ESC, BEL and CR (a frame's, the command's) reach the page
+/// and its flame graphs as their escapes, as the table writes them: the
+/// page as written holds no raw control character a terminal (`cat`,
+/// `less -r`) or a tool would act on.
+#[test]
+fn control_characters_of_names_are_escaped_in_the_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("app.json");
+    let mut profile = count_profile();
+    let crafted = "parse\u{1b}]0 owned\u{7}\u{1b}[2J\rrecord";
+    profile["stacks"][0]["frames"][0]["function"] = json!(crafted);
+    profile["meta"]["command"] = json!("./app\u{1b}[31m\r");
+    fs::write(&json, serde_json::to_string(&profile).unwrap()).unwrap();
+    let page = dir.path().join("app.html");
+    report(&[s(&json), "--html", s(&page)]);
+    let dom = fs::read_to_string(&page).unwrap();
+    let flames = flame_graphs(&dom);
+    assert_eq!(flames.len(), 2);
+    for (what, text) in
+        std::iter::once(("the page", &dom)).chain(flames.iter().map(|f| ("a flame graph", &f.1)))
+    {
+        for c in ['\u{1b}', '\u{7}', '\r'] {
+            assert!(!text.contains(c), "{what} holds {c:?}");
+        }
+        assert!(
+            text.contains("parse\\u{1b}]0 owned\\u{7}\\u{1b}[2J\\u{d}record"),
+            "{what} lacks the escaped name"
+        );
+    }
+    assert!(dom.contains("./app\\u{1b}[31m\\u{d}"), "no escaped command");
+}

@@ -102,6 +102,16 @@ impl Mtrace {
         self.output(status)
     }
 
+    /// [`Mtrace::finish`], with what the run used and when it ended.
+    pub fn finish_measured(mut self) -> (Finished, Measured) {
+        let (status, _usage, peak_rss_kib, exited) = self.proc.wait_rusage(EXIT_TIMEOUT);
+        let measured = Measured {
+            peak_rss_kib,
+            exited,
+        };
+        (self.output(status), measured)
+    }
+
     /// What it printed, once it exited with `status`.
     fn output(self, status: ExitStatus) -> Finished {
         let stdout = self.stdout.rest(LINE_TIMEOUT);
@@ -194,14 +204,9 @@ impl Profiled {
     }
 
     /// [`Profiled::finish`], with what the run used and when it ended.
-    pub fn finish_measured(mut self) -> (Finished, Profile, Measured) {
-        let (status, _usage, peak_rss_kib, exited) = self.mtrace.proc.wait_rusage(EXIT_TIMEOUT);
-        let out = self.mtrace.output(status);
+    pub fn finish_measured(self) -> (Finished, Profile, Measured) {
+        let (out, measured) = self.mtrace.finish_measured();
         let profile = written(&self.path, &out);
-        let measured = Measured {
-            peak_rss_kib,
-            exited,
-        };
         (out, profile, measured)
     }
 }

@@ -1,6 +1,8 @@
 //! `mtrace diff BASE.json NEW.json`: prints what changed; exits 1 when a
 //! `--fail-if` condition holds, 2 on unreadable input or a bad condition.
 
+use std::fmt::Write;
+
 use anyhow::Result;
 
 use crate::{
@@ -13,10 +15,10 @@ use crate::{
         diff_table,
         flamegraph::Kind,
         folded,
-        text::printable_profile,
+        text::{printable_profile, shown},
     },
     say,
-    sinks::{check_outputs, print_stdout, write_file, write_flamegraph},
+    sinks::{check_outputs, write_file, write_flamegraph, StdoutText},
 };
 
 pub fn run(args: DiffArgs) -> Result<i32> {
@@ -40,40 +42,43 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     let new = printable_profile(&new);
     let d = diff::diff(&base, &new);
 
-    let mut out = format!(
-        "mtrace diff: {} ({}) -> {} ({})\n",
-        args.base.display(),
-        describe(&base),
-        args.new.display(),
-        describe(&new)
-    );
-    out.push_str(&diff_table::render_table(&d, args.top));
     let options = gate::GateOptions {
         per_stack: args.per_stack,
         noise_floor: args.noise_floor,
     };
     let outcomes = gate::judge(&d, &conditions, options);
     let violations: Vec<&gate::Violation> = outcomes.iter().flat_map(|o| &o.violations).collect();
-    if !conditions.is_empty() {
-        out.push('\n');
-        if violations.is_empty() {
-            out.push_str(&format!(
-                "ok: no regression ({})\n",
-                args.fail_if.join(", ")
-            ));
+    // The text report, written as it is made.
+    let text = |out: &mut dyn Write| -> std::fmt::Result {
+        writeln!(
+            out,
+            "mtrace diff: {} ({}) -> {} ({})",
+            args.base.display(),
+            describe(&base),
+            args.new.display(),
+            describe(&new)
+        )?;
+        diff_table::render_table_to(&mut &mut *out, &d, args.top)?;
+        if !conditions.is_empty() {
+            out.write_char('\n')?;
+            if violations.is_empty() {
+                writeln!(out, "ok: no regression ({})", args.fail_if.join(", "))?;
+            }
+            for v in &violations {
+                writeln!(out, "{v}")?;
+            }
+            let noise: usize = outcomes.iter().map(|o| o.within_noise).sum();
+            if noise > 0 {
+                writeln!(
+                    out,
+                    "noise: {noise} stack change{} within --noise-floor {} not gated",
+                    if noise == 1 { "" } else { "s" },
+                    args.noise_floor
+                )?;
+            }
         }
-        for v in &violations {
-            out.push_str(&format!("{v}\n"));
-        }
-        let noise: usize = outcomes.iter().map(|o| o.within_noise).sum();
-        if noise > 0 {
-            out.push_str(&format!(
-                "noise: {noise} stack change{} within --noise-floor {} not gated\n",
-                if noise == 1 { "" } else { "s" },
-                args.noise_floor
-            ));
-        }
-    }
+        Ok(())
+    };
     let (base_path, new_path) = (
         args.base.display().to_string(),
         args.new.display().to_string(),
@@ -86,20 +91,27 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         top: args.top,
         noise_floor: args.noise_floor,
     };
-    let formatted = match args.format {
-        DiffFormat::Text => None,
-        DiffFormat::Json => Some(diff_report::json(&report)),
-        DiffFormat::Markdown => Some(diff_report::markdown(&report)),
-        DiffFormat::Junit => Some(diff_report::junit(&report)),
-    };
-    match (&args.output, formatted) {
-        (Some(path), formatted) => {
-            print_stdout(&out)?;
-            let what = format!("{:?} diff report", args.format).to_lowercase();
-            write_file(path, &what, formatted.unwrap_or(out).as_bytes())?;
+    let formatted = || match args.format {
+        DiffFormat::Text => {
+            let mut s = String::new();
+            let _ = text(&mut s);
+            s
         }
-        (None, Some(formatted)) => print_stdout(&formatted)?,
-        (None, None) => print_stdout(&out)?,
+        DiffFormat::Json => diff_report::json(&report),
+        DiffFormat::Markdown => diff_report::markdown(&report),
+        DiffFormat::Junit => diff_report::junit(&report),
+    };
+    let mut stdout = StdoutText::new();
+    if args.output.is_none() && args.format != DiffFormat::Text {
+        let _ = stdout.write_str(&formatted());
+    } else {
+        // A failed write is kept, and said by `finish`.
+        let _ = text(&mut stdout);
+    }
+    stdout.finish()?;
+    if let Some(path) = &args.output {
+        let what = format!("{:?} diff report", args.format).to_lowercase();
+        write_file(path, &what, formatted().as_bytes())?;
     }
 
     let files = &args.stacks;
@@ -144,6 +156,8 @@ fn side<'a>(path: &'a str, p: &'a Profile) -> Side<'a> {
     }
 }
 
+/// `command, start time`, each as a person is shown it (the command is
+/// printable already).
 fn describe(p: &Profile) -> String {
-    format!("{}, {}", p.meta.command, p.meta.start_time)
+    format!("{}, {}", shown(&p.meta.command), shown(&p.meta.start_time))
 }

@@ -1,7 +1,10 @@
 //! Reading the host scope's maps into a profile: each key's counts summed
 //! over the CPUs, its caller symbolized in its file, its process named.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
@@ -115,7 +118,7 @@ fn profile_of(
         }
     }
     index.find(by_file.keys().copied());
-    let mut frames: HashMap<(u32, u64, u64), Vec<Frame>> = HashMap::new();
+    let mut frames: HashMap<(u32, u64, u64), Vec<Arc<Frame>>> = HashMap::new();
     for (file, mut offsets) in by_file {
         offsets.sort_unstable();
         offsets.dedup();
@@ -124,7 +127,7 @@ fn profile_of(
             None => offsets.iter().map(|&o| vec![unopened(file, o)]).collect(),
         };
         for (o, f) in offsets.iter().zip(found) {
-            frames.insert((file.0, file.1, *o), f);
+            frames.insert((file.0, file.1, *o), f.into_iter().map(Arc::new).collect());
         }
     }
 
@@ -144,7 +147,7 @@ fn profile_of(
         let name = seen.get(&p).map(|m| m.name.clone()).unwrap_or_default();
         let caller = match frames.get(&(v.dev, v.ino, v.offset)) {
             Some(f) if v.place == PLACE_FILE => f.clone(),
-            _ => vec![no_file(k.ret, v.place)],
+            _ => vec![Arc::new(no_file(k.ret, v.place))],
         };
         stacks.push(StackEntry {
             func: func_name(k.func),

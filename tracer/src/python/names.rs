@@ -200,13 +200,13 @@ impl Names {
     /// stack's Python words), the mark of a cut after the last frame kept.
     /// Runs the native walk did not reach go at the end; eval-loop frames
     /// without Python frames stay.
-    pub fn splice(&self, native: Vec<Frame>, words: &[u64]) -> Vec<Frame> {
-        let mut runs: Vec<Vec<Frame>> = Vec::new();
+    pub fn splice(&self, native: Vec<Arc<Frame>>, words: &[u64]) -> Vec<Arc<Frame>> {
+        let mut runs: Vec<Vec<Arc<Frame>>> = Vec::new();
         let mut run = Vec::new();
         for item in py_items(words) {
             match item {
                 PyItem::Frame(w) => {
-                    run.push(self.frame(w));
+                    run.push(Arc::new(self.frame(w)));
                     if w.entry {
                         runs.push(std::mem::take(&mut run));
                     }
@@ -214,8 +214,8 @@ impl Names {
                 // The cut follows the last frame kept, in its run (the
                 // eval-loop frames of the runs left out stay as they are).
                 PyItem::Cut { left, more } => match runs.last_mut() {
-                    Some(last) if run.is_empty() => last.push(cut_frame(left, more)),
-                    _ => run.push(cut_frame(left, more)),
+                    Some(last) if run.is_empty() => last.push(Arc::new(cut_frame(left, more))),
+                    _ => run.push(Arc::new(cut_frame(left, more))),
                 },
             }
         }
@@ -243,15 +243,15 @@ mod tests {
     use super::*;
     use tracer_common::{py_cut_words, py_frame_words};
 
-    fn native(name: &str) -> Frame {
-        Frame {
+    fn native(name: &str) -> Arc<Frame> {
+        Arc::new(Frame {
             function: name.into(),
             ..Frame::default()
-        }
+        })
     }
 
     /// Native frames with two runs of the eval loop.
-    fn two_runs() -> Vec<Frame> {
+    fn two_runs() -> Vec<Arc<Frame>> {
         vec![
             native("PyUnicode_New"),
             native(EVAL_LOOP),
@@ -281,7 +281,7 @@ mod tests {
             names
                 .splice(two_runs(), &words)
                 .into_iter()
-                .map(|f| f.function)
+                .map(|f| f.function.clone())
                 .collect()
         };
         // A run cut short (3.11: no entry frame read); each frame a run

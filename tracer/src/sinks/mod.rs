@@ -128,16 +128,23 @@ impl Sink for Report {
     fn finish(&mut self, profile: &Profile) -> Result<()> {
         let mut outcome = Outcome::default();
         let out = &self.0;
-        let mut text = render::table::render(profile, &out.table);
-        if out.tree {
-            text.push('\n');
-            text.push_str(&render::calltree::render_tree(
-                profile,
-                out.table.sort,
-                out.table.threshold_pct,
-            ));
-        }
-        outcome.add(print_stdout(&text));
+        let mut stdout = StdoutText::new();
+        let mut text = || -> std::fmt::Result {
+            render::table::render_to(&mut stdout, profile, &out.table)?;
+            if out.tree {
+                std::fmt::Write::write_char(&mut stdout, '\n')?;
+                render::calltree::render_tree_to(
+                    &mut stdout,
+                    profile,
+                    out.table.sort,
+                    out.table.threshold_pct,
+                )?;
+            }
+            Ok(())
+        };
+        // A failed write is kept, and said by `finish`.
+        let _ = text();
+        outcome.add(stdout.finish());
         if let Some(path) = &out.profile {
             outcome.add(write_file(
                 path,
@@ -315,20 +322,52 @@ pub fn stdout_closed() -> bool {
     STDOUT_CLOSED.load(Ordering::Relaxed)
 }
 
-/// Prints `text` on stdout and flushes it; a failed write (a full disk, a
-/// closed pipe, stdout closed from the start) is a one-line error with
-/// exit code [`EXIT_IO`].
-pub fn print_stdout(text: &str) -> Result<()> {
-    if stdout_closed() {
-        return Err(io_error(
-            "cannot write the report to stdout: it is closed".into(),
-        ));
+/// The report's text on its way to stdout, written as the renderers make
+/// it (`render_to`): a report is never held whole in memory, however many
+/// lines it has. The first failed write is kept, and nothing more is
+/// written after it.
+pub struct StdoutText {
+    out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    failed: Option<std::io::Error>,
+}
+
+impl StdoutText {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> StdoutText {
+        let failed = stdout_closed().then(|| std::io::Error::other("it is closed"));
+        StdoutText {
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
+            failed,
+        }
     }
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-        .map_err(|e| io_error(format!("cannot write the report to stdout: {e}")))
+
+    /// Flushes what is left; a failed write (a full disk, a closed pipe,
+    /// stdout closed from the start) is a one-line error with exit code
+    /// [`EXIT_IO`].
+    pub fn finish(mut self) -> Result<()> {
+        let failed = match self.failed.take() {
+            Some(e) => Some(e),
+            None => self.out.flush().err(),
+        };
+        // What could not be written is dropped, not written again.
+        let _ = self.out.into_parts();
+        match failed {
+            Some(e) => Err(io_error(format!("cannot write the report to stdout: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Write for StdoutText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.failed.is_some() {
+            return Err(std::fmt::Error);
+        }
+        self.out.write_all(s.as_bytes()).map_err(|e| {
+            self.failed = Some(e);
+            std::fmt::Error
+        })
+    }
 }
 
 fn io_error(message: String) -> anyhow::Error {

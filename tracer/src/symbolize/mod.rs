@@ -11,6 +11,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     os::fd::AsRawFd,
+    sync::Arc,
 };
 
 use blazesym::symbolize::{
@@ -97,7 +98,18 @@ pub fn symbolize(
             }
         }
     }
-    let mut resolved: HashMap<u64, Vec<Frame>> = HashMap::new();
+    // The frames of each address, located, once: the stacks through an
+    // address share them.
+    let shared = |frames: Vec<Frame>| -> Vec<Arc<Frame>> {
+        frames
+            .into_iter()
+            .map(|mut f| {
+                space.locate(&mut f);
+                Arc::new(f)
+            })
+            .collect()
+    };
+    let mut resolved: HashMap<u64, Vec<Arc<Frame>>> = HashMap::new();
     SYMBOLIZER.with(|symbolizer| {
         let mut known = KNOWN.with(|k| k.take());
         for (path, mut addrs) in by_file {
@@ -118,7 +130,8 @@ pub fn symbolize(
                     .saturating_sub(1);
                 match id.and_then(|id| known.get(&(id, offset))) {
                     Some(k) => {
-                        resolved.insert(addr, frames_at(k.as_deref(), display, addr, offset));
+                        resolved
+                            .insert(addr, shared(frames_at(k.as_deref(), display, addr, offset)));
                     }
                     None => todo.push((addr, offset)),
                 }
@@ -133,7 +146,10 @@ pub fn symbolize(
             };
             for (i, &(addr, offset)) in todo.iter().enumerate() {
                 let found = results.get_mut(i).and_then(Option::take);
-                resolved.insert(addr, frames_at(found.as_deref(), display, addr, offset));
+                resolved.insert(
+                    addr,
+                    shared(frames_at(found.as_deref(), display, addr, offset)),
+                );
                 if let Some(id) = id {
                     if known.len() >= KNOWN_KEPT {
                         known.clear();
@@ -152,16 +168,15 @@ pub fn symbolize(
         for &addr in native {
             match resolved.get(&addr) {
                 Some(f) => frames.extend(f.iter().cloned()),
-                None => match space.mapping(addr).filter(|m| m.is_anonymous_code()) {
-                    Some(m) => {
-                        frames.push(anonymous_code_frame(&m.path, addr, space.jit_name(addr)))
-                    }
-                    None => frames.push(unknown_frame(None, addr, addr)),
-                },
+                None => {
+                    let mut frame = match space.mapping(addr).filter(|m| m.is_anonymous_code()) {
+                        Some(m) => anonymous_code_frame(&m.path, addr, space.jit_name(addr)),
+                        None => unknown_frame(None, addr, addr),
+                    };
+                    space.locate(&mut frame);
+                    frames.push(Arc::new(frame));
+                }
             }
-        }
-        for frame in &mut frames {
-            space.locate(frame);
         }
         if let (Some(names), false) = (python, py.is_empty()) {
             frames = names.splice(frames, py);

@@ -16,13 +16,15 @@
 pub mod gate;
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
+use foldhash::HashMap;
 use serde::Serialize;
 
 use crate::profile::{is_allocation, Weight};
 use crate::profile::{short_path, Counts, Frame, Profile, StackEntry};
+use crate::render::text::cut;
 
 /// One frame of a [`StackKey`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -95,8 +97,9 @@ pub struct StackKey {
     pub func: String,
     /// Innermost first, like [`StackEntry::frames`]. Whether a frame was
     /// inlined is left out: it is a compiler decision that may change
-    /// between builds while the source-level stack stays the same.
-    pub frames: Vec<KeyFrame>,
+    /// between builds while the source-level stack stays the same. Keys
+    /// through one frame share it.
+    pub frames: Vec<Arc<KeyFrame>>,
     /// Only the direct caller is known (stack walk failed or collided).
     /// Kept apart, as in the main table, so a cut stack is not mistaken for
     /// a complete one-frame stack.
@@ -111,7 +114,7 @@ impl StackKey {
             frames: entry
                 .frames
                 .iter()
-                .map(|f| KeyFrame::of(f, program))
+                .map(|f| Arc::new(KeyFrame::of(f, program)))
                 .collect(),
             truncated: entry.truncated,
         }
@@ -121,10 +124,10 @@ impl StackKey {
     /// frames' function names innermost first. After [`MAX_CHAIN_FRAMES`]
     /// frames the rest is only counted (`<- ... (+3 frames)`).
     pub fn chain(&self) -> String {
-        let mut out = self.func.clone();
+        let mut out = cut(&self.func).into_owned();
         for frame in self.frames.iter().take(MAX_CHAIN_FRAMES) {
             out.push_str(" <- ");
-            out.push_str(&frame.function);
+            out.push_str(&cut(&frame.function));
         }
         let rest = self.frames.len().saturating_sub(MAX_CHAIN_FRAMES);
         if rest > 0 {
@@ -197,30 +200,103 @@ pub struct Diff {
     pub whole_pct: (Option<f64>, Option<f64>),
 }
 
+/// The key frames of both sides of a diff, each distinct one once: a
+/// frame is keyed once per [`Arc`] of it (per side: the program's path is
+/// each side's own), and each distinct key frame is numbered in the order
+/// of its content, so that stacks are matched and ordered by numbers, a
+/// number per frame, however long the frames' names.
+#[derive(Default)]
+struct KeyFrames<'a> {
+    /// By side and frame.
+    by_arc: HashMap<(bool, *const Frame), u32>,
+    numbers: HashMap<Arc<KeyFrame>, u32>,
+    frames: Vec<Arc<KeyFrame>>,
+    /// The frames whose addresses are keys of `by_arc` stay borrowed while
+    /// this lives: no address is freed and reused meanwhile.
+    _borrowed: std::marker::PhantomData<&'a Frame>,
+}
+
+impl<'a> KeyFrames<'a> {
+    /// The numbers of `entry`'s key frames, in the order first met.
+    fn numbers(&mut self, entry: &'a StackEntry, is_new: bool, program: &str) -> Vec<u32> {
+        entry
+            .frames
+            .iter()
+            .map(|f| {
+                let at = (is_new, Arc::as_ptr(f));
+                if let Some(&n) = self.by_arc.get(&at) {
+                    return n;
+                }
+                let key = Arc::new(KeyFrame::of(f, Some(program)));
+                let next = self.frames.len() as u32;
+                let n = *self.numbers.entry(key.clone()).or_insert(next);
+                if n == next {
+                    self.frames.push(key);
+                }
+                self.by_arc.insert(at, n);
+                n
+            })
+            .collect()
+    }
+
+    /// Each number's rank in the order of the key frames' content.
+    fn ranks(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.frames.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| self.frames[a as usize].cmp(&self.frames[b as usize]));
+        let mut rank = vec![0; order.len()];
+        for (r, &n) in order.iter().enumerate() {
+            rank[n as usize] = r as u32;
+        }
+        rank
+    }
+}
+
 /// Compares `base` with `new`. `free` entries are left out.
 pub fn diff(base: &Profile, new: &Profile) -> Diff {
-    let mut by_key: BTreeMap<StackKey, Change> = BTreeMap::new();
+    type Key<'a> = (&'a str, Vec<u32>, bool);
+    let mut frames = KeyFrames::default();
+    let mut by_key: HashMap<Key<'_>, Change> = HashMap::default();
     let mut in_stacks = Change::default();
     for (profile, is_new) in [(base, false), (new, true)] {
         for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-            let key = StackKey::of(entry, Some(&profile.meta.executable));
+            let numbers = frames.numbers(entry, is_new, &profile.meta.executable);
+            let key = (entry.func.as_str(), numbers, entry.truncated);
             add(by_key.entry(key).or_default().side(is_new), entry.counts);
             add(in_stacks.side(is_new), entry.counts);
         }
     }
-    let mut rows: Vec<DiffRow> = by_key
+    // Numbers in the order of content: ordering a key's numbers orders
+    // its frames.
+    let rank = frames.ranks();
+    let mut rows: Vec<(Vec<u32>, DiffRow)> = by_key
         .into_iter()
-        .map(|(key, change)| DiffRow { key, change })
+        .map(|((func, numbers, truncated), change)| {
+            let key = StackKey {
+                func: func.to_string(),
+                frames: numbers
+                    .iter()
+                    .map(|&n| frames.frames[n as usize].clone())
+                    .collect(),
+                truncated,
+            };
+            let ranks = numbers.iter().map(|&n| rank[n as usize]).collect();
+            (ranks, DiffRow { key, change })
+        })
         .collect();
     reconcile_unnamed(&mut rows);
-    rows.sort_by(compare_rows);
+    rows.sort_by(|(a_ranks, a), (b_ranks, b)| {
+        compare_sizes(a, b)
+            .then_with(|| a.key.func.cmp(&b.key.func))
+            .then_with(|| a_ranks.cmp(b_ranks))
+            .then_with(|| a.key.truncated.cmp(&b.key.truncated))
+    });
     Diff {
         total: Change {
             base: base.totals.allocs,
             new: new.totals.allocs,
         },
         in_stacks,
-        rows,
+        rows: rows.into_iter().map(|(_, row)| row).collect(),
         whole_pct: (
             base.stack_quality.as_ref().map(|q| q.whole_pct()),
             new.stack_quality.as_ref().map(|q| q.whole_pct()),
@@ -234,18 +310,22 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
 /// is unnamed in one run, or named by what took its place, and named in
 /// another. With no such stack, or several, it stays apart. The counts
 /// are still compared, so a real change is still seen.
-fn reconcile_unnamed(rows: &mut Vec<DiffRow>) {
+fn reconcile_unnamed<K>(rows: &mut Vec<(K, DiffRow)>) {
     // By shape (the key with the names of frames in no object file left
     // out): the rows seen on the base side only, and on the new side only.
-    let mut shapes: BTreeMap<StackKey, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
-    for (i, r) in rows.iter().enumerate() {
+    let mut shapes: std::collections::BTreeMap<StackKey, (Vec<usize>, Vec<usize>)> =
+        std::collections::BTreeMap::new();
+    for (i, (_, r)) in rows.iter().enumerate() {
         let one_sided = r.change.base.calls == 0 || r.change.new.calls == 0;
         if !one_sided || !r.key.frames.iter().any(|f| f.module.is_none()) {
             continue;
         }
         let mut shape = r.key.clone();
         for f in shape.frames.iter_mut().filter(|f| f.module.is_none()) {
-            f.function.clear();
+            *f = std::sync::Arc::new(KeyFrame {
+                function: String::new(),
+                module: None,
+            });
         }
         let sides = shapes.entry(shape).or_default();
         if r.change.new.calls == 0 {
@@ -257,8 +337,8 @@ fn reconcile_unnamed(rows: &mut Vec<DiffRow>) {
     let mut gone = vec![false; rows.len()];
     for (base_only, new_only) in shapes.values() {
         if let ([b], [n]) = (&base_only[..], &new_only[..]) {
-            let from = rows[*b].change.base;
-            add(&mut rows[*n].change.base, from);
+            let from = rows[*b].1.change.base;
+            add(&mut rows[*n].1.change.base, from);
             gone[*b] = true;
         }
     }
@@ -275,14 +355,16 @@ fn add(to: &mut Counts, c: Counts) {
     to.bytes = to.bytes.saturating_add(c.bytes);
 }
 
-fn compare_rows(a: &DiffRow, b: &DiffRow) -> Ordering {
+/// Largest absolute change first: calls, then bytes. Rows of equal
+/// changes are then ordered by key.
+fn compare_sizes(a: &DiffRow, b: &DiffRow) -> Ordering {
     let size = |r: &DiffRow| {
         (
             Reverse(r.change.delta(Weight::Calls).unsigned_abs()),
             Reverse(r.change.delta(Weight::Bytes).unsigned_abs()),
         )
     };
-    size(a).cmp(&size(b)).then_with(|| a.key.cmp(&b.key))
+    size(a).cmp(&size(b))
 }
 
 /// `+20.00%`, `-100.00%`, `+0.00%` (0 -> 0), or `new` (0 -> something).

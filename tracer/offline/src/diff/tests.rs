@@ -25,7 +25,7 @@ fn sym(function: &str, module: &str, addr: u64, line: u32) -> Frame {
 fn stack(func: &str, frames: Vec<Frame>, calls: u64, bytes: u64) -> StackEntry {
     StackEntry {
         func: func.into(),
-        frames,
+        frames: frames.into_iter().map(Arc::new).collect(),
         truncated: false,
         thread: None,
         process: None,
@@ -195,6 +195,7 @@ fn matching_ignores_addresses_lines_threads_and_module_directories() {
     let mut new = run(1000, "/home/ci/build-2", 0x40);
     for (i, e) in new.stacks.iter_mut().enumerate() {
         for f in &mut e.frames {
+            let f = Arc::make_mut(f);
             f.line = f.line.map(|l| l + 7);
             f.file = Some("/elsewhere/x.c".into());
             f.inlined = true;
@@ -204,7 +205,8 @@ fn matching_ignores_addresses_lines_threads_and_module_directories() {
             name: "w".into(),
         });
     }
-    new.stacks[0].frames[1].module = Some("/home/ci/build-2/fixture (deleted)".into());
+    Arc::make_mut(&mut new.stacks[0].frames[1]).module =
+        Some("/home/ci/build-2/fixture (deleted)".into());
     let d = diff(&base, &new);
     assert_eq!(d.rows.len(), 3);
     assert!(d.rows.iter().all(|r| r.change.is_unchanged()), "{d:#?}");
@@ -331,7 +333,7 @@ fn entries_with_the_same_key_are_summed() {
         on_thread(entry("malloc", &["a", "main"], 20, 200), 2, "t2"),
     ]);
     let mut second = entry("malloc", &["a", "main"], 5, 50);
-    second.frames[0].addr = 0x99;
+    Arc::make_mut(&mut second.frames[0]).addr = 0x99;
     let new = profile(vec![entry("malloc", &["a", "main"], 30, 300), second]);
     let d = diff(&base, &new);
     assert_eq!(d.rows.len(), 1);
@@ -762,9 +764,9 @@ fn differential_folded_format() {
         entry("free", &["leaf", "main"], 9, 0),
     ]);
     let mut odd = entry("malloc", &["<[u8; 8] as Foo>::bar", ""], 1, 8);
-    odd.frames[0].module = Some("/lib/a.so".into());
+    Arc::make_mut(&mut odd.frames[0]).module = Some("/lib/a.so".into());
     let mut odd_elsewhere = odd.clone();
-    odd_elsewhere.frames[0].module = Some("/lib/b.so".into());
+    Arc::make_mut(&mut odd_elsewhere.frames[0]).module = Some("/lib/b.so".into());
     let new = profile(vec![
         entry("malloc", &["leaf", "mid", "main"], 12, 96),
         entry("malloc", &["fresh", "main"], 3, 30),

@@ -3,7 +3,9 @@
 //! and `mtrace diff`. The schema is `tracer/schema/profile.schema.json`.
 //! Writing files is the tracer's `sinks` (one place for every output).
 
-use std::{collections::HashMap, fmt::Write as _, path::Path};
+use std::{fmt::Write as _, path::Path, sync::Arc};
+
+use foldhash::HashMap;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -76,23 +78,35 @@ struct SnapshotOut<'a> {
     delta_stacks: Vec<StackOut<'a>>,
 }
 
-/// Numbers each distinct frame in the order first met.
+/// Numbers each distinct frame in the order first met. A frame is looked
+/// up by its content once per [`Arc`] of it: stacks that share a frame
+/// cost a pointer's lookup each, however long its names.
 #[derive(Default)]
 struct Interner<'a> {
     index: HashMap<&'a Frame, usize>,
+    by_arc: HashMap<*const Frame, usize>,
     frames: Vec<&'a Frame>,
 }
 
 impl<'a> Interner<'a> {
+    fn number(&mut self, f: &'a Arc<Frame>) -> usize {
+        if let Some(&i) = self.by_arc.get(&Arc::as_ptr(f)) {
+            return i;
+        }
+        let next = self.frames.len();
+        let i = *self.index.entry(f).or_insert(next);
+        if i == next {
+            self.frames.push(f);
+        }
+        self.by_arc.insert(Arc::as_ptr(f), i);
+        i
+    }
+
     fn stack(&mut self, e: &'a StackEntry) -> StackOut<'a> {
         let mut list = String::with_capacity(2 + e.frames.len() * 7);
         list.push('[');
         for (n, f) in e.frames.iter().enumerate() {
-            let next = self.frames.len();
-            let i = *self.index.entry(f).or_insert(next);
-            if i == next {
-                self.frames.push(f);
-            }
+            let i = self.number(f);
             if n > 0 {
                 list.push(',');
             }
@@ -150,18 +164,11 @@ pub fn to_json(profile: &Profile) -> String {
     serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
 }
 
-/// A version 1 file: [`Profile`] as it serializes.
-#[derive(Deserialize)]
-struct FileV1 {
-    #[serde(flatten)]
-    profile: Profile,
-}
-
 /// A version 2 file, frames still indexes.
 #[derive(Deserialize)]
 struct FileV2 {
     meta: Meta,
-    frames: Vec<Frame>,
+    frames: Vec<Arc<Frame>>,
     stacks: Vec<StackIn>,
     totals: Totals,
     losses: Losses,
@@ -175,10 +182,13 @@ struct FileV2 {
     timeline: Option<Timeline>,
 }
 
+/// A stack as read, its live statistics boxed: every stack read is held
+/// until the last is, and most have none.
 #[derive(Deserialize)]
 struct StackIn {
     function: String,
-    frames: Vec<usize>,
+    #[serde(deserialize_with = "indexes")]
+    frames: Box<[u32]>,
     truncated: bool,
     thread: Option<Thread>,
     #[serde(default)]
@@ -186,7 +196,7 @@ struct StackIn {
     calls: u64,
     bytes: u64,
     #[serde(default)]
-    live: Option<LiveStats>,
+    live: Option<Box<LiveStats>>,
 }
 
 #[derive(Deserialize)]
@@ -198,26 +208,32 @@ struct SnapshotIn {
     delta_stacks: Vec<StackIn>,
 }
 
+/// A stack's frame indexes, in no more memory than they take: the
+/// stacks' indexes are all held until the last is read.
+fn indexes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Box<[u32]>, D::Error> {
+    Vec::<u32>::deserialize(d).map(Vec::into_boxed_slice)
+}
+
 impl FileV2 {
-    /// The profile with every frame index replaced by its frame.
+    /// The profile with every frame index replaced by its frame of the
+    /// table, shared (never copied).
     fn resolve(self) -> Result<Profile, String> {
         let table = self.frames;
         let resolve = |stacks: Vec<StackIn>| -> Result<Vec<StackEntry>, String> {
             stacks
                 .into_iter()
                 .map(|s| {
-                    let frames = s
-                        .frames
-                        .iter()
-                        .map(|&i| {
-                            table.get(i).cloned().ok_or_else(|| {
-                                format!(
-                                    "corrupt profile: a stack names frame {i} of {}",
-                                    table.len()
-                                )
-                            })
-                        })
-                        .collect::<Result<_, _>>()?;
+                    // As many pointers as frames, no more.
+                    let mut frames = Vec::with_capacity(s.frames.len());
+                    for &i in &s.frames {
+                        let frame = table.get(i as usize).ok_or_else(|| {
+                            format!(
+                                "corrupt profile: a stack names frame {i} of {}",
+                                table.len()
+                            )
+                        })?;
+                        frames.push(frame.clone());
+                    }
                     Ok(StackEntry {
                         func: s.function,
                         frames,
@@ -228,7 +244,7 @@ impl FileV2 {
                             calls: s.calls,
                             bytes: s.bytes,
                         },
-                        live: s.live,
+                        live: s.live.map(|l| *l),
                     })
                 })
                 .collect()
@@ -302,7 +318,11 @@ pub fn read(path: &Path) -> Result<Profile> {
     if text.len() as u64 > MAX_PROFILE_BYTES {
         return Err(bad_input(path, "grew over the size a profile may have"));
     }
-    parse(&text).map_err(|what| bad_input(path, what))
+    // The text is let go before the stacks are made of what was read.
+    let read = read_text(&text);
+    drop(text);
+    read.and_then(Parsed::into_profile)
+        .map_err(|what| bad_input(path, what))
 }
 
 /// The two fields that say what a file is; everything else is skipped
@@ -317,6 +337,29 @@ struct Header {
 /// [`OLDEST_SCHEMA_VERSION`] to [`SCHEMA_VERSION`]), or says what is wrong
 /// with it.
 pub fn parse(text: &str) -> Result<Profile, String> {
+    read_text(text)?.into_profile()
+}
+
+/// A profile file as read, before its stacks are made.
+enum Parsed {
+    V1(Profile),
+    V2(FileV2),
+}
+
+impl Parsed {
+    /// The profile, its values checked.
+    fn into_profile(self) -> Result<Profile, String> {
+        let profile = match self {
+            Parsed::V1(p) => p,
+            Parsed::V2(file) => file.resolve()?,
+        };
+        check_values(&profile)?;
+        Ok(profile)
+    }
+}
+
+/// The text of a profile file read, or what is wrong with it.
+fn read_text(text: &str) -> Result<Parsed, String> {
     let header = match serde_json::from_str::<Header>(text) {
         Ok(h) => h,
         Err(e) if e.is_eof() => {
@@ -337,23 +380,16 @@ pub fn parse(text: &str) -> Result<Profile, String> {
         ));
     }
     let malformed = |e: serde_json::Error| format!("malformed profile: {e}");
-    let profile = match header.schema_version.as_ref().map(|v| (v, v.as_u64())) {
-        Some((_, Some(1))) => serde_json::from_str::<FileV1>(text)
-            .map_err(malformed)?
-            .profile,
-        Some((_, Some(2))) => serde_json::from_str::<FileV2>(text)
-            .map_err(malformed)?
-            .resolve()?,
-        Some((_, Some(v))) => {
-            return Err(format!(
-                "profile schema version {v} is not supported by this mtrace (it reads versions {OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION})"
-            ))
-        }
-        Some((v, None)) => return Err(format!("schema_version must be a number, found {v}")),
-        None => return Err("profile has no schema_version".into()),
-    };
-    check_values(&profile)?;
-    Ok(profile)
+    match header.schema_version.as_ref().map(|v| (v, v.as_u64())) {
+        // The fields a profile does not have (`format`, ...) are skipped.
+        Some((_, Some(1))) => serde_json::from_str(text).map(Parsed::V1).map_err(malformed),
+        Some((_, Some(2))) => serde_json::from_str(text).map(Parsed::V2).map_err(malformed),
+        Some((_, Some(v))) => Err(format!(
+            "profile schema version {v} is not supported by this mtrace (it reads versions {OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION})"
+        )),
+        Some((v, None)) => Err(format!("schema_version must be a number, found {v}")),
+        None => Err("profile has no schema_version".into()),
+    }
 }
 
 /// Values no trace produces: a corrupt (or hand-edited) profile.
@@ -407,10 +443,10 @@ mod tests {
     fn frames_are_written_once() {
         let mut p = sample();
         let mut second = p.stacks[0].clone();
-        let mut outer = second.frames[0].clone();
+        let mut outer = (*second.frames[0]).clone();
         outer.function = "main".into();
         outer.addr += 1;
-        second.frames.push(outer.clone());
+        second.frames.push(Arc::new(outer));
         second.func = "calloc".into();
         p.stacks.push(second);
         p.snapshot = Some(crate::profile::Snapshot {
@@ -461,7 +497,7 @@ mod tests {
         p.meta.mode = "count".into();
         p.stacks.push(StackEntry {
             func: "malloc".into(),
-            frames: vec![Frame {
+            frames: vec![Arc::new(Frame {
                 function: "alloc_small".into(),
                 file: Some("/src/counts.c".into()),
                 line: Some(25),
@@ -470,7 +506,7 @@ mod tests {
                 file_offset: Some(0x1234),
                 addr: 0x5555_1234,
                 inlined: false,
-            }],
+            })],
             truncated: false,
             thread: None,
             process: None,

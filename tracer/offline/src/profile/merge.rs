@@ -236,16 +236,19 @@ fn add_live_totals(mut a: LiveTotals, b: LiveTotals) -> LiveTotals {
 mod tests {
     use super::*;
     use crate::profile::{Counts, Frame, Probe};
+    use std::sync::Arc;
 
     fn entry(func: &str, frames: &[(&str, u64)], calls: u64) -> StackEntry {
         StackEntry {
             func: func.into(),
             frames: frames
                 .iter()
-                .map(|(f, addr)| Frame {
-                    function: f.to_string(),
-                    addr: *addr,
-                    ..Frame::default()
+                .map(|(f, addr)| {
+                    Arc::new(Frame {
+                        function: f.to_string(),
+                        addr: *addr,
+                        ..Frame::default()
+                    })
                 })
                 .collect(),
             counts: Counts {

@@ -4,8 +4,16 @@
 //! written and read as a file by [`file`]. Stacks are stored innermost first: `frames[0]` is the
 //! direct caller of the allocator function (the allocator's own frame is
 //! implied by [`StackEntry::func`]).
+//!
+//! A frame is shared, not copied: every stack that passes through it holds
+//! an [`Arc`] of the one [`Frame`], so a profile takes memory in
+//! proportion to its distinct frames plus a pointer per frame of a stack
+//! (a file names each distinct frame once and its stacks by index; read
+//! back, each index becomes a pointer to that frame).
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
+
+use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -42,16 +50,61 @@ pub struct Frame {
 impl Frame {
     /// `function (file:line)` or just `function`.
     pub fn describe(&self) -> String {
+        format!("{}{}", self.function, self.place(Cow::Borrowed))
+    }
+
+    /// What [`Frame::describe`] writes after the function's name: ` (file:line)`,
+    /// ` (file)`, ` [object]` for a frame no symbol names, or nothing.
+    /// Each path is written as its last component passed through `shown`.
+    pub fn place<'a>(&'a self, shown: impl Fn(&'a str) -> Cow<'a, str>) -> String {
         match (&self.file, self.line) {
-            (Some(f), Some(l)) => format!("{} ({}:{})", self.function, short_path(f), l),
-            (Some(f), None) => format!("{} ({})", self.function, short_path(f)),
+            (Some(f), Some(l)) => format!(" ({}:{l})", shown(short_path(f))),
+            (Some(f), None) => format!(" ({})", shown(short_path(f))),
             _ => match &self.module {
                 Some(m) if self.function.starts_with('[') || self.function.contains("+0x") => {
-                    format!("{} [{}]", self.function, short_path(m))
+                    format!(" [{}]", shown(short_path(m)))
                 }
-                _ => self.function.clone(),
+                _ => String::new(),
             },
         }
+    }
+}
+
+/// Every distinct frame of some stacks numbered in the order of its
+/// content: equal frames (one shared [`Arc`] or several) get one number,
+/// and two stacks' numbers compare as their frames do. Each [`Arc`] is
+/// looked at once, so grouping and ordering stacks by their numbers costs
+/// a number per frame of a stack, however long the frames' names are.
+pub struct FrameOrder {
+    rank: HashMap<*const Frame, u32>,
+}
+
+impl FrameOrder {
+    /// Numbers the frames of `stacks`.
+    pub fn of<'a>(stacks: impl IntoIterator<Item = &'a StackEntry>) -> FrameOrder {
+        let mut rank: HashMap<_, _> = HashMap::default();
+        let mut distinct: Vec<&Arc<Frame>> = Vec::new();
+        for f in stacks.into_iter().flat_map(|st| &st.frames) {
+            rank.entry(Arc::as_ptr(f)).or_insert_with(|| {
+                distinct.push(f);
+                0
+            });
+        }
+        distinct.sort_unstable();
+        let mut n = 0;
+        for (i, f) in distinct.iter().enumerate() {
+            if i > 0 && distinct[i - 1] != *f {
+                n += 1;
+            }
+            rank.insert(Arc::as_ptr(f), n);
+        }
+        FrameOrder { rank }
+    }
+
+    /// The numbers of `frames`, which must be frames of the stacks this
+    /// was made of.
+    pub fn ranks(&self, frames: &[Arc<Frame>]) -> Vec<u32> {
+        frames.iter().map(|f| self.rank[&Arc::as_ptr(f)]).collect()
     }
 }
 
@@ -279,8 +332,9 @@ pub struct StackEntry {
     /// sharing one address are joined with `/` (`aligned_alloc/memalign`).
     #[serde(rename = "function")]
     pub func: String,
-    /// Innermost first; `frames[0]` is the direct caller.
-    pub frames: Vec<Frame>,
+    /// Innermost first; `frames[0]` is the direct caller. Stacks through
+    /// one frame share it.
+    pub frames: Vec<Arc<Frame>>,
     /// The stack walk failed or collided: only the direct caller is known.
     pub truncated: bool,
     /// Thread id and name when split per thread.

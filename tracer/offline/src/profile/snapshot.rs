@@ -58,15 +58,16 @@ pub fn delta(index: u32, elapsed_secs: f64, prev: Option<&Profile>, now: &Profil
 mod tests {
     use super::*;
     use crate::profile::Frame;
+    use std::sync::Arc;
 
     fn entry(addr: u64, calls: u64) -> StackEntry {
         StackEntry {
             func: "malloc".into(),
-            frames: vec![Frame {
+            frames: vec![Arc::new(Frame {
                 function: "f".into(),
                 addr,
                 ..Frame::default()
-            }],
+            })],
             truncated: false,
             thread: None,
             process: None,

@@ -2,13 +2,15 @@
 //! scale: many deep distinct stacks, one very deep stack, a node of very
 //! many children.
 
+use std::sync::Arc;
+
 use super::{Counts, Frame, Profile, StackEntry};
 
 /// A frame of `function` in a made-up program, at `site` (which sets its
 /// line and address).
-fn frame(function: String, site: u64) -> Frame {
+fn frame(function: String, site: u64) -> Arc<Frame> {
     let addr = 0x40_0000 + site * 0x40;
-    Frame {
+    Arc::new(Frame {
         function,
         file: Some("/home/user/src/app/handlers.c".into()),
         line: Some(site as u32),
@@ -17,12 +19,12 @@ fn frame(function: String, site: u64) -> Frame {
         file_offset: Some(addr - 0x40_0000),
         addr,
         inlined: false,
-    }
+    })
 }
 
 /// A count-mode profile of one `malloc` of 8 bytes under each of `stacks`
 /// (frames innermost first), its totals their sum.
-fn profile(stacks: impl Iterator<Item = Vec<Frame>>) -> Profile {
+fn profile(stacks: impl Iterator<Item = Vec<Arc<Frame>>>) -> Profile {
     let mut p = Profile::default();
     p.meta.mode = "count".into();
     p.meta.command = "./app".into();
@@ -49,6 +51,9 @@ fn profile(stacks: impl Iterator<Item = Vec<Frame>>) -> Profile {
 /// the innermost six levels (every stack up to a million is distinct) and
 /// by a hash of `i` above. Its 10 × `depth` frames recur in every stack.
 pub fn deep_stacks(stacks: usize, depth: usize) -> Profile {
+    let sites: Vec<Arc<Frame>> = (0..depth * 10)
+        .map(|s| frame(format!("level{}_site{}", s / 10, s % 10), s as u64))
+        .collect();
     profile((0..stacks).map(|i| {
         (0..depth)
             .map(|l| {
@@ -57,7 +62,7 @@ pub fn deep_stacks(stacks: usize, depth: usize) -> Profile {
                 } else {
                     (i.wrapping_mul(2_654_435_761) >> (l % 20)) % 10
                 };
-                frame(format!("level{l}_site{site}"), (l * 10 + site) as u64)
+                sites[l * 10 + site].clone()
             })
             .collect()
     }))
@@ -80,4 +85,19 @@ pub fn siblings(n: usize) -> Profile {
             frame("main".into(), 0),
         ]
     }))
+}
+
+/// One frame whose function's name is `name`, in stacks 1, 2, ... frames
+/// deep (every frame of each is that one) until it is named at least
+/// `names` times: a file that names it once and a model that copied it
+/// into every stack differ by a factor of `names`.
+pub fn one_frame_named_often(name: String, names: usize) -> Profile {
+    let shared = frame(name, 1);
+    let mut depths = Vec::new();
+    let mut named = 0;
+    while named < names {
+        depths.push(depths.len() + 1);
+        named += depths.len();
+    }
+    profile(depths.into_iter().map(|depth| vec![shared.clone(); depth]))
 }

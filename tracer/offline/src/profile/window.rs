@@ -204,10 +204,10 @@ mod tests {
     fn entry(func: &str, caller: &str, calls: u64, bytes: u64) -> StackEntry {
         StackEntry {
             func: func.into(),
-            frames: vec![crate::profile::Frame {
+            frames: vec![std::sync::Arc::new(crate::profile::Frame {
                 function: caller.into(),
                 ..Default::default()
-            }],
+            })],
             counts: Counts { calls, bytes },
             ..Default::default()
         }

@@ -17,12 +17,16 @@
 //! In both, the allocator function is not a node: a stack's counts are
 //! the self of its direct caller.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt::{self, Write};
+use std::sync::Arc;
 
-use crate::profile::{Counts, Profile, StackEntry};
+use foldhash::{HashMap, HashSet};
 
-use super::text::{bytes, count, printable_profile, WIDTH};
+use crate::profile::{Counts, Frame, Profile, StackEntry};
+
+use super::text::{bytes, count, cut, printable_profile, WIDTH};
 use super::{is_allocation, percent, SortKey, StackWeight};
 
 /// Nodes under this share of all (in percent) are left out unless
@@ -44,8 +48,9 @@ const MAX_INDENT: usize = 24;
 
 /// A node of the top-down tree.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Node {
-    pub name: String,
+pub struct Node<'a> {
+    /// The function's name, the profile's own (not a copy per node).
+    pub name: &'a str,
     /// Every stack through this node.
     pub total: Counts,
     /// Stacks whose direct caller is this node.
@@ -57,18 +62,18 @@ pub struct Node {
 /// The top-down tree, its nodes in one vector (no node owns another, so
 /// no walk of it, not even its drop, recurses as deep as a stack is).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tree {
+pub struct Tree<'a> {
     /// `nodes[0]` is the unnamed root.
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<Node<'a>>,
 }
 
-impl Tree {
-    pub fn root(&self) -> &Node {
+impl<'a> Tree<'a> {
+    pub fn root(&self) -> &Node<'a> {
         &self.nodes[0]
     }
 
     /// The child of `node` named `name`.
-    pub fn child(&self, node: &Node, name: &str) -> Option<&Node> {
+    pub fn child(&self, node: &Node<'a>, name: &str) -> Option<&Node<'a>> {
         node.children
             .iter()
             .map(|&i| &self.nodes[i])
@@ -76,49 +81,172 @@ impl Tree {
     }
 }
 
-/// The frame names of `entry`, outermost first (`[no frames]` when it has
-/// none).
-fn path(entry: &StackEntry) -> Vec<&str> {
-    if entry.frames.is_empty() {
-        return vec!["[no frames]"];
+/// The function names of frames, each numbered: equal names get one
+/// number. A frame's name is looked at (and hashed) once per [`Arc`] of
+/// it, so the stacks through a frame cost a pointer's lookup each,
+/// however long its name.
+#[derive(Default)]
+struct Names<'a> {
+    by_arc: HashMap<*const Frame, u32>,
+    by_name: HashMap<&'a str, u32>,
+    names: Vec<&'a str>,
+}
+
+impl<'a> Names<'a> {
+    /// The number of `name`.
+    fn number(&mut self, name: &'a str) -> u32 {
+        let next = self.names.len() as u32;
+        let n = *self.by_name.entry(name).or_insert(next);
+        if n == next {
+            self.names.push(name);
+        }
+        n
     }
-    entry
-        .frames
-        .iter()
-        .rev()
-        .map(|f| {
-            if f.function.trim().is_empty() {
-                "[unknown]"
-            } else {
-                f.function.as_str()
+
+    /// Appends the numbers of `entry`'s frame names to `path`, outermost
+    /// first (of `[no frames]` when it has none); a blank name is
+    /// `[unknown]`.
+    fn path(&mut self, entry: &'a StackEntry, path: &mut Vec<u32>) {
+        if entry.frames.is_empty() {
+            path.push(self.number("[no frames]"));
+            return;
+        }
+        for f in entry.frames.iter().rev() {
+            let n = match self.by_arc.get(&Arc::as_ptr(f)) {
+                Some(&n) => n,
+                None => {
+                    let name = if f.function.trim().is_empty() {
+                        "[unknown]"
+                    } else {
+                        f.function.as_str()
+                    };
+                    let n = self.number(name);
+                    self.by_arc.insert(Arc::as_ptr(f), n);
+                    n
+                }
+            };
+            path.push(n);
+        }
+    }
+}
+
+/// Every allocation stack as the path of its names' numbers from the
+/// root (outermost first), the paths in their order: the stacks through
+/// a node of the tree are then one run of them, and a node's children
+/// are found by scanning its run. A tree is walked without keeping its
+/// nodes: a number per frame of a stack, and the nodes on the way.
+struct Paths<'a> {
+    names: Names<'a>,
+    /// Every path's numbers, one path after another.
+    ids: Vec<u32>,
+    /// Each stack's path (`ids[start..end]`) and counts, in the order of
+    /// the paths.
+    stacks: Vec<(usize, usize, Counts)>,
+}
+
+/// A node of the tree as [`Paths`] finds it.
+struct Run {
+    /// Its frames from the root (1 for a thread's outermost frame).
+    depth: usize,
+    name: u32,
+    /// The stacks through it: `Paths::stacks[lo..hi]`.
+    lo: usize,
+    hi: usize,
+    total: Counts,
+}
+
+impl<'a> Paths<'a> {
+    fn of(profile: &'a Profile) -> Paths<'a> {
+        let mut names = Names::default();
+        let allocations = || profile.stacks.iter().filter(|e| is_allocation(e));
+        // As many numbers as frames (or one), no more.
+        let mut ids = Vec::with_capacity(allocations().map(|e| e.frames.len().max(1)).sum());
+        let mut stacks = Vec::with_capacity(allocations().count());
+        for entry in allocations() {
+            let start = ids.len();
+            names.path(entry, &mut ids);
+            stacks.push((start, ids.len(), entry.counts));
+        }
+        stacks.sort_unstable_by(|a, b| ids[a.0..a.1].cmp(&ids[b.0..b.1]));
+        Paths { names, ids, stacks }
+    }
+
+    fn path(&self, i: usize) -> &[u32] {
+        let (start, end, _) = self.stacks[i];
+        &self.ids[start..end]
+    }
+
+    /// The root: every stack.
+    fn root(&self) -> Run {
+        let mut total = Counts::default();
+        for s in &self.stacks {
+            total.add(s.2);
+        }
+        Run {
+            depth: 0,
+            name: 0,
+            lo: 0,
+            hi: self.stacks.len(),
+            total,
+        }
+    }
+
+    /// What `node`'s stacks call the allocator from the node itself
+    /// (those whose path ends there: they come first in its run), and
+    /// its children, in the order of their numbers.
+    fn children(&self, node: &Run) -> (Counts, Vec<Run>) {
+        let depth = node.depth;
+        let mut own = Counts::default();
+        let mut i = node.lo;
+        while i < node.hi && self.path(i).len() == depth {
+            own.add(self.stacks[i].2);
+            i += 1;
+        }
+        let mut children = Vec::new();
+        while i < node.hi {
+            let name = self.path(i)[depth];
+            let lo = i;
+            let mut total = Counts::default();
+            while i < node.hi && self.path(i)[depth] == name {
+                total.add(self.stacks[i].2);
+                i += 1;
             }
-        })
-        .collect()
+            children.push(Run {
+                depth: depth + 1,
+                name,
+                lo,
+                hi: i,
+                total,
+            });
+        }
+        (own, children)
+    }
 }
 
 /// The tree of every allocation stack under an unnamed root whose total
-/// is all of them; children in no particular order. Linear in the frames
-/// of the stacks: a node's child is found by hashing its name.
-pub fn build(profile: &Profile) -> Tree {
-    let mut nodes = vec![Node::default()];
-    let mut child_of: HashMap<(usize, &str), usize> = HashMap::new();
-    for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-        nodes[0].total.add(entry.counts);
-        let mut at = 0;
-        for name in path(entry) {
-            let next = nodes.len();
-            let child = *child_of.entry((at, name)).or_insert(next);
-            if child == next {
-                nodes.push(Node {
-                    name: name.to_string(),
-                    ..Node::default()
-                });
-                nodes[at].children.push(child);
-            }
-            at = child;
-            nodes[at].total.add(entry.counts);
+/// is all of them; children in no particular order. Each node is made
+/// once, by scanning the run of stacks through its parent.
+pub fn build(profile: &Profile) -> Tree<'_> {
+    let paths = Paths::of(profile);
+    let root = paths.root();
+    let mut nodes = vec![Node {
+        total: root.total,
+        ..Node::default()
+    }];
+    let mut todo = vec![(0, root)];
+    while let Some((at, run)) = todo.pop() {
+        let (own, children) = paths.children(&run);
+        nodes[at].own = own;
+        for child in children {
+            let i = nodes.len();
+            nodes.push(Node {
+                name: paths.names.names[child.name as usize],
+                total: child.total,
+                ..Node::default()
+            });
+            nodes[at].children.push(i);
+            todo.push((i, child));
         }
-        nodes[at].own.add(entry.counts);
     }
     Tree { nodes }
 }
@@ -143,37 +271,54 @@ fn key(c: Counts, sort: SortKey) -> (u64, u64) {
 /// Nodes under `threshold_pct` of the sort key (under [`MIN_SHARE_PCT`]
 /// when it is 0) are left out. Every line ends with a newline.
 pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> String {
+    let mut out = String::new();
+    // Writing to a string does not fail.
+    let _ = render_tree_to(&mut out, profile, sort, threshold_pct);
+    out
+}
+
+/// [`render_tree`], written to `out` line by line as it is made: the text
+/// is never held whole (a stack may be thousands of frames deep). Stops
+/// at the first failed write.
+pub fn render_tree_to(
+    out: &mut impl Write,
+    profile: &Profile,
+    sort: SortKey,
+    threshold_pct: f64,
+) -> fmt::Result {
     let profile = &*printable_profile(profile);
-    let tree = build(profile);
-    let root = tree.root();
+    let paths = Paths::of(profile);
+    let root = paths.root();
     let min_pct = min_share(threshold_pct);
     let what = match sort {
         SortKey::Calls => "calls",
         SortKey::Bytes | SortKey::Live => "bytes",
     };
-    let mut out = format!("call tree, top-down (nodes under {min_pct}% of {what} left out)\n");
+    writeln!(
+        out,
+        "call tree, top-down (nodes under {min_pct}% of {what} left out)"
+    )?;
     if root.total == Counts::default() {
-        out.push_str("no allocations traced\n");
-        return out;
+        return out.write_str("no allocations traced\n");
     }
-    let _ = writeln!(
+    writeln!(
         out,
         "{:>9} {:>6} {:>11}  {:>10} {:>12}  function",
         "calls", "share", "bytes", "self calls", "self bytes"
-    );
+    )?;
     let mut hidden = Hidden::default();
     let all = key(root.total, sort).0;
-    write_nodes(&mut out, &tree, sort, all, min_pct, &mut hidden);
+    write_nodes(out, &paths, root, sort, all, min_pct, &mut hidden)?;
     if hidden.nodes > 0 {
-        let _ = writeln!(
+        writeln!(
             out,
             "{} left out ({}, {}; --threshold to change)",
             count(hidden.nodes as u64, "smaller node"),
             count(hidden.counts.calls, "call"),
             bytes(hidden.counts.bytes)
-        );
+        )?;
     }
-    out
+    Ok(())
 }
 
 /// Nodes left out of the tree (whole subtrees counted once, at their top).
@@ -185,53 +330,57 @@ struct Hidden {
 
 /// The nodes under the root, depth first, each node's children by the
 /// sort key. The nodes still to write are on a stack of their own, not
-/// the call stack: a stack of any depth is written.
+/// the call stack: a stack of any depth is written. A node left out is
+/// not looked into.
 fn write_nodes(
-    out: &mut String,
-    tree: &Tree,
+    out: &mut impl Write,
+    paths: &Paths<'_>,
+    root: Run,
     sort: SortKey,
     all: u64,
     min_pct: f64,
     hidden: &mut Hidden,
-) {
-    // Children pushed in reverse, so the first pops first.
-    let push_children = |todo: &mut Vec<(usize, usize)>, node: &Node, depth: usize| {
-        let mut children: Vec<usize> = node.children.clone();
-        children.sort_by(|&a, &b| {
-            let (a, b) = (&tree.nodes[a], &tree.nodes[b]);
+) -> fmt::Result {
+    let names = &paths.names.names;
+    // Each name cut once, however many nodes it names.
+    let shown: Vec<Cow<'_, str>> = names.iter().map(|n| cut(n)).collect();
+    let mut todo = vec![root];
+    while let Some(node) = todo.pop() {
+        let (own, mut children) = paths.children(&node);
+        if node.depth > 0 {
+            let depth = node.depth - 1;
+            let indent = if depth <= MAX_INDENT {
+                "  ".repeat(depth)
+            } else {
+                format!("{}[{depth}] ", "  ".repeat(MAX_INDENT))
+            };
+            writeln!(
+                out,
+                "{:>9} {:>5.1}% {:>11}  {:>10} {:>12}  {indent}{}",
+                node.total.calls,
+                percent(key(node.total, sort).0, all),
+                bytes(node.total.bytes),
+                own.calls,
+                bytes(own.bytes),
+                shown[node.name as usize]
+            )?;
+        }
+        children.sort_by(|a, b| {
             key(b.total, sort)
                 .cmp(&key(a.total, sort))
-                .then_with(|| a.name.cmp(&b.name))
+                .then_with(|| names[a.name as usize].cmp(names[b.name as usize]))
         });
-        todo.extend(children.into_iter().rev().map(|c| (c, depth)));
-    };
-    let mut todo = Vec::new();
-    push_children(&mut todo, tree.root(), 0);
-    while let Some((i, depth)) = todo.pop() {
-        let child = &tree.nodes[i];
-        let share = percent(key(child.total, sort).0, all);
-        if share < min_pct {
-            hidden.nodes += 1;
-            hidden.counts.add(child.total);
-            continue;
+        // Pushed in reverse, so the first pops first.
+        for child in children.into_iter().rev() {
+            if percent(key(child.total, sort).0, all) < min_pct {
+                hidden.nodes += 1;
+                hidden.counts.add(child.total);
+            } else {
+                todo.push(child);
+            }
         }
-        let indent = if depth <= MAX_INDENT {
-            "  ".repeat(depth)
-        } else {
-            format!("{}[{depth}] ", "  ".repeat(MAX_INDENT))
-        };
-        let _ = writeln!(
-            out,
-            "{:>9} {:>5.1}% {:>11}  {:>10} {:>12}  {indent}{}",
-            child.total.calls,
-            share,
-            bytes(child.total.bytes),
-            child.own.calls,
-            bytes(child.own.bytes),
-            child.name
-        );
-        push_children(&mut todo, child, depth + 1);
     }
+    Ok(())
 }
 
 /// One function of the graph.
@@ -252,35 +401,46 @@ pub struct Graph {
     pub all: u64,
 }
 
-/// The call graph of every allocation stack weighted by `weight`.
+/// The call graph of every allocation stack weighted by `weight`. Summed
+/// by the names' numbers, each name copied once.
 pub fn graph(profile: &Profile, weight: StackWeight) -> Graph {
-    let mut g = Graph::default();
+    let mut names = Names::default();
+    let mut funcs: HashMap<u32, FuncWeight> = HashMap::default();
+    let mut edges: HashMap<(u32, u32), u64> = HashMap::default();
+    let mut all = 0;
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
         let w = weight.of(entry);
         if w == 0 {
             continue;
         }
-        g.all += w;
-        let names = path(entry);
-        let mut seen = BTreeSet::new();
-        for name in &names {
-            if seen.insert(*name) {
-                g.funcs.entry(name.to_string()).or_default().total += w;
+        all += w;
+        let mut path = Vec::new();
+        names.path(entry, &mut path);
+        let mut seen = HashSet::default();
+        for &name in &path {
+            if seen.insert(name) {
+                funcs.entry(name).or_default().total += w;
             }
         }
-        if let Some(direct) = names.last() {
-            g.funcs.entry(direct.to_string()).or_default().own += w;
+        if let Some(&direct) = path.last() {
+            funcs.entry(direct).or_default().own += w;
         }
-        let mut seen_edges = BTreeSet::new();
-        for pair in names.windows(2) {
+        let mut seen_edges = HashSet::default();
+        for pair in path.windows(2) {
             if seen_edges.insert((pair[0], pair[1])) {
-                *g.edges
-                    .entry((pair[0].to_string(), pair[1].to_string()))
-                    .or_default() += w;
+                *edges.entry((pair[0], pair[1])).or_default() += w;
             }
         }
     }
-    g
+    let name = |n: u32| names.names[n as usize].to_string();
+    Graph {
+        funcs: funcs.into_iter().map(|(n, f)| (name(n), f)).collect(),
+        edges: edges
+            .into_iter()
+            .map(|((a, b), w)| ((name(a), name(b)), w))
+            .collect(),
+        all,
+    }
 }
 
 /// `"text"` for Graphviz: `\` and `"` escaped, line breaks as `\n`.
@@ -419,7 +579,8 @@ mod tests {
 
     #[test]
     fn totals_and_self_per_node() {
-        let tree = build(&sample());
+        let p = sample();
+        let tree = build(&p);
         let root = tree.root();
         assert_eq!(
             root.total,

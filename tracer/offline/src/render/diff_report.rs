@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::Weight;
 use crate::diff::gate::{amount, describe_move, signed_amount, Outcome};
-use crate::diff::{Change, Diff, DiffRow, KeyFrame, StackKey};
+use crate::diff::{Change, Diff, DiffRow, StackKey};
 
 /// The version of the diff JSON's layout.
 pub const DIFF_SCHEMA_VERSION: u32 = 1;
@@ -143,7 +143,7 @@ fn pct(base: u64, new: u64) -> Option<f64> {
 fn key_json(key: &StackKey) -> Value {
     json!({
         "func": key.func,
-        "frames": key.frames.iter().map(|f: &KeyFrame| json!({
+        "frames": key.frames.iter().map(|f| json!({
             "function": f.function,
             "module": f.module,
         })).collect::<Vec<_>>(),

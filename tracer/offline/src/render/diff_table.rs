@@ -11,10 +11,13 @@
 //! 3 stacks unchanged
 //! ```
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write};
+use std::sync::Arc;
 
-use super::Weight;
-use crate::diff::{pct_change, Change, Diff, DiffRow};
+use foldhash::HashMap;
+
+use super::{text::cut, Weight};
+use crate::diff::{pct_change, Change, Diff, DiffRow, KeyFrame};
 
 /// `+200`, `-3`, `+0`.
 fn signed(delta: i128) -> String {
@@ -42,6 +45,16 @@ fn describe_change(change: &Change, weight: Weight, delta_first: bool) -> String
 }
 
 pub fn render_table(diff: &Diff, top: usize) -> String {
+    let mut out = String::new();
+    // Writing to a string does not fail.
+    let _ = render_table_to(&mut out, diff, top);
+    out
+}
+
+/// [`render_table`], written to `to` row by row, each frame's line as it
+/// is made: the text is never held whole. Stops at the first failed
+/// write.
+pub fn render_table_to(to: &mut impl Write, diff: &Diff, top: usize) -> fmt::Result {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -78,12 +91,14 @@ pub fn render_table(diff: &Diff, top: usize) -> String {
     } else {
         top.min(changed.len())
     };
+    to.write_str(&out)?;
+    let mut frames = FrameLines::default();
     for (i, row) in changed[..shown].iter().enumerate() {
-        out.push('\n');
-        write_row(&mut out, i + 1, row);
+        to.write_char('\n')?;
+        write_row(to, i + 1, row, &mut frames)?;
     }
 
-    out.push('\n');
+    let mut out = String::from("\n");
     if changed.is_empty() {
         out.push_str("no stack changed\n");
     }
@@ -110,32 +125,54 @@ pub fn render_table(diff: &Diff, top: usize) -> String {
             if unchanged == 1 { "" } else { "s" }
         );
     }
-    out
+    to.write_str(&out)
+}
+
+/// Each key frame's line, `    function [module]`, made once per [`Arc`]
+/// of it however many rows name it.
+#[derive(Default)]
+struct FrameLines {
+    made: HashMap<*const KeyFrame, String>,
+}
+
+impl FrameLines {
+    /// The line of `frame`, which the diff keeps (and so its address)
+    /// while this lives.
+    fn get(&mut self, frame: &Arc<KeyFrame>) -> &str {
+        self.made.entry(Arc::as_ptr(frame)).or_insert_with(|| {
+            let mut line = format!("    {}", cut(&frame.function));
+            if let Some(module) = &frame.module {
+                let _ = write!(line, " [{}]", cut(module));
+            }
+            line
+        })
+    }
 }
 
 /// `#1  calls +200 (+20.00%, 1000 -> 1200)  bytes ...  malloc` and the
 /// frames, `function [module]`, innermost first.
-fn write_row(out: &mut String, rank: usize, row: &DiffRow) {
-    let _ = write!(
+fn write_row(
+    out: &mut impl Write,
+    rank: usize,
+    row: &DiffRow,
+    frames: &mut FrameLines,
+) -> fmt::Result {
+    write!(
         out,
         "#{rank}  {}  {}  {}",
         row_delta(&row.change, Weight::Calls),
         row_delta(&row.change, Weight::Bytes),
-        row.key.func
-    );
+        cut(&row.key.func)
+    )?;
     if row.key.truncated {
-        out.push_str("  [stack truncated]");
+        out.write_str("  [stack truncated]")?;
     }
-    out.push('\n');
+    out.write_char('\n')?;
     if row.key.frames.is_empty() {
-        out.push_str("    [no frames]\n");
+        out.write_str("    [no frames]\n")?;
     }
     for frame in &row.key.frames {
-        out.push_str("    ");
-        out.push_str(&frame.function);
-        if let Some(module) = &frame.module {
-            let _ = write!(out, " [{module}]");
-        }
-        out.push('\n');
+        writeln!(out, "{}", frames.get(frame))?;
     }
+    Ok(())
 }

@@ -121,6 +121,8 @@ pub fn differential(diff: &Diff, weight: Weight) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::super::test_util::{entry, on_thread, profile};
     use super::*;
 
@@ -169,7 +171,7 @@ mod tests {
     #[test]
     fn inlined_frames_are_annotated() {
         let mut e = entry("malloc", &["inner", "outer"], 1, 8);
-        e.frames[0].inlined = true;
+        Arc::make_mut(&mut e.frames[0]).inlined = true;
         let p = profile(vec![e]);
         assert_eq!(
             render(&p, StackWeight::Calls, false),

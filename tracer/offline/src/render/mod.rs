@@ -7,10 +7,12 @@
 //! flame graph renderers always use every stack.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use crate::profile::{is_allocation, Weight, FREE_FUNC};
-use crate::profile::{Counts, Frame, LiveStats, ProcessRef, Profile, StackEntry, Thread};
+use crate::profile::{
+    Counts, Frame, FrameOrder, LiveStats, ProcessRef, Profile, StackEntry, Thread,
+};
 
 pub mod calltree;
 pub mod diff_report;
@@ -59,7 +61,7 @@ pub struct ReportOptions {
 pub struct Row<'a> {
     pub func: &'a str,
     /// Innermost first.
-    pub frames: &'a [Frame],
+    pub frames: &'a [Arc<Frame>],
     pub truncated: bool,
     /// Always `None` unless [`ReportOptions::per_thread`] is set.
     pub thread: Option<&'a Thread>,
@@ -96,7 +98,7 @@ pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
 
     let total = profile.totals.allocs.calls;
     let mut selection = Selection::default();
-    rows.retain(|row| {
+    rows.retain(|(_, row)| {
         let keep = passes_threshold(row.counts.calls, total, opts.threshold_pct);
         if !keep {
             selection.hidden_by_threshold.rows += 1;
@@ -105,15 +107,16 @@ pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
         keep
     });
 
-    rows.sort_by(|a, b| compare_rows(a, b, opts.sort));
+    // No two rows are equal in this order: it needs no stable sort.
+    rows.sort_unstable_by(|a, b| compare_rows(a, b, opts.sort));
 
     if opts.top > 0 && rows.len() > opts.top {
-        for row in rows.drain(opts.top..) {
+        for (_, row) in rows.drain(opts.top..) {
             selection.hidden_by_top.rows += 1;
             selection.hidden_by_top.counts.add(row.counts);
         }
     }
-    selection.rows = rows;
+    selection.rows = rows.into_iter().map(|(_, row)| row).collect();
     selection
 }
 
@@ -151,58 +154,64 @@ fn passes_threshold(calls: u64, total: u64, threshold_pct: f64) -> bool {
     calls as f64 * 100.0 >= threshold_pct * total as f64
 }
 
-/// Rows identical but for the thread (unless `per_thread`), summed.
-fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row<'_>> {
-    type Key<'a> = (
-        &'a str,
-        &'a [Frame],
-        bool,
-        Option<&'a Thread>,
-        Option<&'a ProcessRef>,
-    );
-    let mut merged: BTreeMap<Key<'_>, (Counts, Option<&LiveStats>, usize)> = BTreeMap::new();
-    for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-        let thread = if per_thread {
-            entry.thread.as_ref()
-        } else {
-            None
-        };
-        let process = if per_process {
-            entry.process.as_ref()
-        } else {
-            None
-        };
-        let key = (
-            entry.func.as_str(),
-            entry.frames.as_slice(),
-            entry.truncated,
-            thread,
-            process,
-        );
-        let slot = merged.entry(key).or_default();
-        slot.0.add(entry.counts);
-        slot.1 = entry.live.as_ref();
-        slot.2 += 1;
-    }
-    merged
-        .into_iter()
-        .map(
-            |((func, frames, truncated, thread, process), (counts, live, n))| Row {
-                func,
-                frames,
-                truncated,
-                thread,
-                process,
-                counts,
-                live: if n == 1 { live } else { None },
-            },
-        )
-        .collect()
+/// Rows identical but for the thread (unless `per_thread`), summed; each
+/// with its frames' numbers in the profile's [`FrameOrder`], by which
+/// rows are told apart and ordered. Entries of one row are found next to
+/// each other once sorted by what makes a row.
+fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<(Vec<u32>, Row<'_>)> {
+    let stacks = || profile.stacks.iter().filter(|e| is_allocation(e));
+    let order = FrameOrder::of(stacks());
+    let mut entries: Vec<(Vec<u32>, Row<'_>)> = stacks()
+        .map(|entry| {
+            let row = Row {
+                func: &entry.func,
+                frames: &entry.frames,
+                truncated: entry.truncated,
+                thread: entry.thread.as_ref().filter(|_| per_thread),
+                process: entry.process.as_ref().filter(|_| per_process),
+                counts: entry.counts,
+                live: entry.live.as_ref(),
+            };
+            (order.ranks(&entry.frames), row)
+        })
+        .collect();
+    entries.sort_unstable_by(|a, b| row_key(a).cmp(&row_key(b)));
+    // In place: a row is the first of its entries, the others summed
+    // into it.
+    entries.dedup_by(|next, row| {
+        let same = row_key(next) == row_key(row);
+        if same {
+            row.1.counts.add(next.1.counts);
+            // Live statistics of one entry only: percentiles do not add
+            // up.
+            row.1.live = None;
+        }
+        same
+    });
+    entries
+}
+
+/// What makes a row: entries with equal keys are one row.
+type RowKey<'k, 'a> = (
+    &'a str,
+    &'k [u32],
+    bool,
+    Option<&'a Thread>,
+    Option<&'a ProcessRef>,
+);
+
+fn row_key<'k, 'a>((ranks, r): &'k (Vec<u32>, Row<'a>)) -> RowKey<'k, 'a> {
+    (r.func, ranks, r.truncated, r.thread, r.process)
 }
 
 /// Descending by the sort key, then by the other count; then ascending by
-/// function, frames, truncation and thread so the order is total.
-fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
+/// function, frames (their numbers), truncation and thread so the order
+/// is total.
+fn compare_rows(
+    (a_ranks, a): &(Vec<u32>, Row<'_>),
+    (b_ranks, b): &(Vec<u32>, Row<'_>),
+    sort: SortKey,
+) -> Ordering {
     let key = |r: &Row<'_>| match sort {
         SortKey::Calls => (r.counts.calls, r.counts.bytes),
         SortKey::Bytes => (r.counts.bytes, r.counts.calls),
@@ -211,7 +220,7 @@ fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
     key(b)
         .cmp(&key(a))
         .then_with(|| a.func.cmp(b.func))
-        .then_with(|| a.frames.cmp(b.frames))
+        .then_with(|| a_ranks.cmp(b_ranks))
         .then_with(|| a.truncated.cmp(&b.truncated))
         .then_with(|| a.thread.cmp(&b.thread))
         .then_with(|| a.process.cmp(&b.process))
@@ -220,6 +229,8 @@ fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
 /// Helpers to build profiles by hand in the renderers' tests.
 #[cfg(test)]
 pub(crate) mod test_util {
+    use std::sync::Arc;
+
     use crate::profile::{Counts, Frame, Profile, StackEntry, Thread};
 
     pub fn frame(function: &str) -> Frame {
@@ -235,8 +246,8 @@ pub(crate) mod test_util {
     }
 
     /// Frames from names given innermost first.
-    pub fn frames(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|n| frame(n)).collect()
+    pub fn frames(names: &[&str]) -> Vec<Arc<Frame>> {
+        names.iter().map(|n| Arc::new(frame(n))).collect()
     }
 
     pub fn entry(func: &str, names: &[&str], calls: u64, bytes: u64) -> StackEntry {

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::io::Write as _;
+use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use anyhow::{Context, Result};
@@ -321,7 +322,7 @@ fn has_function(frame: &Frame) -> bool {
 /// Splits a stack (innermost first) into the frames of each machine
 /// address: inlined frames followed by the frame they were inlined into,
 /// all with the same address.
-fn group_by_address(frames: &[Frame]) -> Vec<&[Frame]> {
+fn group_by_address(frames: &[Arc<Frame>]) -> Vec<&[Arc<Frame>]> {
     let mut groups = Vec::new();
     let mut start = 0;
     for (i, frame) in frames.iter().enumerate() {
@@ -513,7 +514,7 @@ impl Builder {
     }
 
     /// The location of the frames of one machine address (innermost first).
-    fn frames_location(&mut self, group: &[Frame]) -> u64 {
+    fn frames_location(&mut self, group: &[Arc<Frame>]) -> u64 {
         let outer = &group[group.len() - 1];
         let mapping_id = self.mapping_id(outer.module.as_deref());
         // The mappings have memory_start = file_offset = 0 (the profile keeps
@@ -633,11 +634,12 @@ mod tests {
         let work = frame("work", "app.c", 20, app, 0x1234);
         let strdup = frame("strdup", "strdup.c", 3, libc, 0x3000);
         let mut e1 = entry("malloc", &[], 10, 1000);
-        e1.frames = vec![helper, work.clone(), main.clone(), start.clone()];
+        let (work, main, start) = (Arc::new(work), Arc::new(main), Arc::new(start));
+        e1.frames = vec![Arc::new(helper), work.clone(), main.clone(), start.clone()];
         let mut e2 = entry("calloc", &[], 5, 80);
         e2.frames = vec![work.clone(), main.clone(), start.clone()];
         let mut e3 = entry("malloc", &[], 2, 64);
-        e3.frames = vec![strdup, main.clone(), start.clone()];
+        e3.frames = vec![Arc::new(strdup), main.clone(), start.clone()];
         let e3 = on_thread(e3, 42, "worker");
         let mut e4 = entry("free", &[], 9, 0);
         e4.frames = vec![main, start];
@@ -861,16 +863,16 @@ mod tests {
     #[test]
     fn inlined_frame_without_its_caller_is_its_own_location() {
         let mut e = entry("malloc", &["inner", "outer"], 1, 8);
-        e.frames[0].inlined = true;
-        e.frames[0].addr = 1;
-        e.frames[1].addr = 2;
+        Arc::make_mut(&mut e.frames[0]).inlined = true;
+        Arc::make_mut(&mut e.frames[0]).addr = 1;
+        Arc::make_mut(&mut e.frames[1]).addr = 2;
         let p = decode(&profile(vec![e]));
         check_valid(&p);
         assert_eq!(p.sample[0].location_id.len(), 3);
 
         let mut e = entry("malloc", &["a", "b", "c"], 1, 8);
-        e.frames[0].inlined = true;
-        e.frames[1].inlined = true;
+        Arc::make_mut(&mut e.frames[0]).inlined = true;
+        Arc::make_mut(&mut e.frames[1]).inlined = true;
         let p = decode(&profile(vec![e]));
         assert_eq!(p.sample[0].location_id.len(), 2);
         assert_eq!(line_names(&p, p.sample[0].location_id[1]), ["a", "b", "c"]);
@@ -929,7 +931,7 @@ mod tests {
     fn unsymbolized_frames_are_flagged() {
         let mut e = entry("malloc", &["[unknown]", "app+0x10"], 1, 8);
         for f in &mut e.frames {
-            f.module = Some("/app".into());
+            Arc::make_mut(f).module = Some("/app".into());
         }
         let p = decode(&profile(vec![e]));
         check_valid(&p);

@@ -177,6 +177,8 @@ fn name(function: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use serde_json::Value;
 
     use super::super::test_util::{entry, on_thread, profile};
@@ -287,8 +289,8 @@ mod tests {
             entry("malloc", &["a", "main"], 1, 1),
             entry("malloc", &["a", "main"], 1, 1),
         ]);
-        p.stacks[1].frames[0].line = Some(12);
-        p.stacks[1].frames[0].file = Some("a.c".into());
+        Arc::make_mut(&mut p.stacks[1].frames[0]).line = Some(12);
+        Arc::make_mut(&mut p.stacks[1].frames[0]).file = Some("a.c".into());
         let v = parse(&p);
         let frames = v["shared"]["frames"].as_array().expect("frames");
         // main, a, malloc, a (a.c:12)
@@ -307,7 +309,7 @@ mod tests {
     #[test]
     fn inlined_frames_are_frames_of_their_own() {
         let mut e = entry("malloc", &["inner", "outer"], 1, 8);
-        e.frames[0].inlined = true;
+        Arc::make_mut(&mut e.frames[0]).inlined = true;
         let v = parse(&profile(vec![e]));
         assert_eq!(stacks(&v, 0)[0].0, ["outer", "inner", "malloc"]);
     }

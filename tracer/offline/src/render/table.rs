@@ -21,12 +21,13 @@
 //! the label ([`wrap_list`]). Call counts stay exact integers; sizes are
 //! rounded to one decimal of KiB, MiB, ... (the JSON profile keeps bytes).
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write};
 
 use crate::profile::{Losses, Profile};
 
 use super::text::{
-    bytes, count, frame_text, printable_profile, quality_lines, thousands, wrap_list, Paint,
+    bytes, count, map_names, printable, quality_lines, shown, thousands, wrap_list, FrameTexts,
+    Paint,
 };
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
 
@@ -37,45 +38,57 @@ const UNTRACED_SHOWN: usize = 10;
 
 /// Renders the report. Every line ends with a newline.
 pub fn render(profile: &Profile, opts: &ReportOptions) -> String {
-    let profile = &*printable_profile(profile);
-    let paint = Paint::new(opts.color);
     let mut out = String::new();
-    out.push_str(&header(profile, paint));
+    // Writing to a string does not fail.
+    let _ = render_to(&mut out, profile, opts);
+    out
+}
+
+/// [`render`], written to `out` line by line as it is made: the text is
+/// never held whole (a row may have thousands of frames). Stops at the
+/// first failed write.
+pub fn render_to(out: &mut impl Write, profile: &Profile, opts: &ReportOptions) -> fmt::Result {
+    // Names made printable and cut, but the frames' names, which are cut
+    // after their templates are folded (`FrameTexts`).
+    let profile = &*map_names(profile, shown, printable);
+    let paint = Paint::new(opts.color);
+    let mut frames = FrameTexts::new(paint);
+    out.write_str(&header(profile, paint))?;
 
     let selection = select(profile, opts);
     let total_calls = profile.totals.allocs.calls;
     let hidden_rows = selection.hidden_by_threshold.rows + selection.hidden_by_top.rows;
     if selection.rows.is_empty() && hidden_rows == 0 {
-        out.push_str("\nno allocations traced\n");
+        out.write_str("\nno allocations traced\n")?;
     }
     for (i, row) in selection.rows.iter().enumerate() {
-        out.push('\n');
-        write_row(&mut out, i + 1, row, total_calls, paint);
+        out.write_char('\n')?;
+        write_row(out, i + 1, row, total_calls, &mut frames)?;
     }
 
-    out.push('\n');
-    write_hidden(&mut out, selection.hidden_by_threshold, "--threshold");
-    write_hidden(&mut out, selection.hidden_by_top, "--top");
-    out.push_str(&totals_lines(profile, paint));
+    out.write_char('\n')?;
+    write_hidden(out, selection.hidden_by_threshold, "--threshold")?;
+    write_hidden(out, selection.hidden_by_top, "--top")?;
+    out.write_str(&totals_lines(profile, paint))?;
     if profile.totals.nested > 0 {
-        let _ = writeln!(
+        writeln!(
             out,
             "nested allocator calls not counted twice: {}",
             profile.totals.nested
-        );
+        )?;
     }
     if let Some(q) = &profile.stack_quality {
-        out.push_str(&quality_lines(q));
+        out.write_str(&quality_lines(q))?;
     }
-    out.push_str(&single_stepped_lines(profile));
-    out.push_str(&losses_lines(&profile.losses, paint));
+    out.write_str(&single_stepped_lines(profile))?;
+    out.write_str(&losses_lines(&profile.losses, paint))?;
     for note in losses_notes(&profile.losses) {
-        let _ = writeln!(out, "{} {note}", paint.warn("note:"));
+        writeln!(out, "{} {note}", paint.warn("note:"))?;
     }
     if let Some(live) = &profile.live {
-        out.push_str(&leaks::summary(profile, live, opts.top, paint));
+        leaks::summary(out, profile, live, opts.top, &mut frames)?;
     }
-    out
+    Ok(())
 }
 
 /// Processes shown by [`by_process`].
@@ -258,7 +271,14 @@ fn header(profile: &Profile, paint: Paint) -> String {
 }
 
 /// `#1  1000 calls  72.13%  46.9 KiB  avg 48 B  malloc` and the frames.
-fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64, paint: Paint) {
+fn write_row<'a>(
+    out: &mut impl Write,
+    rank: usize,
+    row: &Row<'a>,
+    total_calls: u64,
+    frames: &mut FrameTexts<'a>,
+) -> fmt::Result {
+    let paint = frames.paint();
     let counts = row.counts;
     let avg = counts.bytes.checked_div(counts.calls).unwrap_or(0);
     let mut first = format!(
@@ -270,43 +290,42 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64, pai
     );
     first = paint.strong(&first);
     first.push_str(&paint.func(row.func));
-    out.push_str(&first);
+    out.write_str(&first)?;
     if let Some(process) = row.process {
-        let _ = write!(out, "  process {} (pid {})", process.name, process.pid);
+        write!(out, "  process {} (pid {})", process.name, process.pid)?;
     }
     if let Some(thread) = row.thread {
-        let _ = write!(out, "  thread {} (tid {})", thread.name, thread.tid);
+        write!(out, "  thread {} (tid {})", thread.name, thread.tid)?;
     }
     if row.truncated {
-        out.push_str(&paint.warn("  [stack truncated]"));
+        out.write_str(&paint.warn("  [stack truncated]"))?;
     }
-    out.push('\n');
+    out.write_char('\n')?;
     if row.frames.is_empty() {
-        out.push_str("    [no frames]\n");
+        out.write_str("    [no frames]\n")?;
     }
     for frame in row.frames {
-        out.push_str("    ");
-        out.push_str(&frame_text(frame, paint));
-        out.push('\n');
+        writeln!(out, "    {}", frames.get(frame))?;
     }
     if let Some(live) = row.live {
-        out.push_str(&leaks::row_lines(live));
+        out.write_str(&leaks::row_lines(live))?;
     }
+    Ok(())
 }
 
 /// `2 more stacks (15 calls, 300 B) hidden by --top`
-fn write_hidden(out: &mut String, hidden: Hidden, option: &str) {
+fn write_hidden(out: &mut impl Write, hidden: Hidden, option: &str) -> fmt::Result {
     if hidden.rows == 0 {
-        return;
+        return Ok(());
     }
-    let _ = writeln!(
+    writeln!(
         out,
         "{} more {} ({}, {}) hidden by {option}",
         hidden.rows,
         if hidden.rows == 1 { "stack" } else { "stacks" },
         count(hidden.counts.calls, "call"),
         bytes(hidden.counts.bytes)
-    );
+    )
 }
 
 /// The probed functions the kernel cannot emulate the first instruction
@@ -428,6 +447,7 @@ mod tests {
     use super::super::SortKey;
     use super::*;
     use crate::profile::{Counts, Frame, StackQuality};
+    use std::sync::Arc;
 
     const NO_LOSSES: &str = "\
 lost: map full 0, stack walk failed 0, stack collisions 0, stack map full 0,
@@ -447,7 +467,7 @@ lost: caller unreadable 0, thread names 0";
     fn sample() -> Profile {
         let mut leaf = entry("malloc", &[], 1000, 48000);
         leaf.frames = vec![
-            Frame {
+            Arc::new(Frame {
                 function: "make_node".into(),
                 file: Some("/src/list.c".into()),
                 line: Some(12),
@@ -455,8 +475,8 @@ lost: caller unreadable 0, thread names 0";
                 addr: 0x1234,
                 inlined: true,
                 ..Default::default()
-            },
-            Frame {
+            }),
+            Arc::new(Frame {
                 function: "main".into(),
                 file: Some("/src/main.c".into()),
                 line: Some(30),
@@ -464,7 +484,7 @@ lost: caller unreadable 0, thread names 0";
                 addr: 0x1300,
                 inlined: false,
                 ..Default::default()
-            },
+            }),
         ];
         let mut p = profile(vec![
             leaf,

@@ -11,7 +11,9 @@
 //! raw bytes below 1 KiB as `512 B` with a space and one decimal above
 //! without options, and this is six lines.
 
-use std::{borrow::Cow, fmt::Write as _};
+use std::{borrow::Cow, fmt::Write as _, sync::Arc};
+
+use foldhash::{HashMap, HashSet};
 
 use anstyle::{AnsiColor, Style};
 
@@ -44,9 +46,10 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 }
 
 /// Calls `$f` on every name in `$profile` that the traced process chose
-/// (command, executable and object paths, process and thread names,
-/// function, file and module names), by reference (`ref`) or by mutable
-/// reference (`mut`): one list of the fields for reading and rewriting.
+/// (command, executable and object paths, process and thread names), but
+/// for the frames' (see [`map_names`]), by reference (`ref`) or by
+/// mutable reference (`mut`): one list of the fields for reading and
+/// rewriting.
 macro_rules! each_name {
     (ref $profile:expr, $f:expr) => {
         each_name!(@ $profile, $f, &)
@@ -81,48 +84,133 @@ macro_rules! each_name {
             if let Some(r) = $($r)+ st.process {
                 f($($r)+ r.name);
             }
-            for frame in $($r)+ st.frames {
-                f($($r)+ frame.function);
-                if let Some(file) = $($r)+ frame.file {
-                    f(file);
-                }
-                if let Some(module) = $($r)+ frame.module {
-                    f(module);
-                }
-            }
         }
     }};
+}
+
+/// `frame` with its function, file and module names passed through `fix`:
+/// the same [`Arc`] when `fix` changed none of them.
+fn map_frame(frame: &Arc<Frame>, fix: &impl Fn(&str) -> Cow<'_, str>) -> Arc<Frame> {
+    let function = fix(&frame.function);
+    let file = frame.file.as_deref().map(fix);
+    let module = frame.module.as_deref().map(fix);
+    let owned = |c: &Option<Cow<'_, str>>| matches!(c, Some(Cow::Owned(_)));
+    if matches!(function, Cow::Borrowed(_)) && !owned(&file) && !owned(&module) {
+        return frame.clone();
+    }
+    Arc::new(Frame {
+        function: function.into_owned(),
+        file: file.map(Cow::into_owned),
+        module: module.map(Cow::into_owned),
+        ..(**frame).clone()
+    })
+}
+
+/// `profile` with every name that came from the traced process passed
+/// through `fix` (those of [`each_name`] and the allocator functions') or
+/// `fix_frame` (the frames' function, file and object names); borrowed
+/// when they changed none. Each distinct frame (each [`Arc`] of one) is
+/// looked at once, and the stacks that shared it share what it became:
+/// the work and the memory grow with the distinct frames, not with the
+/// frames of every stack.
+pub fn map_names<'p>(
+    profile: &'p Profile,
+    fix: impl Fn(&str) -> Cow<'_, str>,
+    fix_frame: impl Fn(&str) -> Cow<'_, str>,
+) -> Cow<'p, Profile> {
+    let changes = |name: &str| matches!(fix(name), Cow::Owned(_));
+    let mut dirty = profile.totals.per_func.keys().any(|k| changes(k));
+    each_name!(ref profile, |name: &String| dirty |= changes(name));
+    let mut seen: HashSet<*const Frame> = HashSet::default();
+    let mut frames = profile.stacks.iter().flat_map(|st| &st.frames);
+    dirty = dirty
+        || frames
+            .any(|f| seen.insert(Arc::as_ptr(f)) && !Arc::ptr_eq(&map_frame(f, &fix_frame), f));
+    if !dirty {
+        return Cow::Borrowed(profile);
+    }
+    let mut clean = profile.clone();
+    each_name!(mut &mut clean, |name: &mut String| {
+        if let Cow::Owned(fixed) = fix(name) {
+            *name = fixed;
+        }
+    });
+    // Keyed by the address of each frame `profile` holds: `profile` is
+    // borrowed throughout, so no address is freed and reused meanwhile.
+    let mut fixed: HashMap<*const Frame, Arc<Frame>> = HashMap::default();
+    for frame in clean.stacks.iter_mut().flat_map(|st| &mut st.frames) {
+        *frame = fixed
+            .entry(Arc::as_ptr(frame))
+            .or_insert_with(|| map_frame(frame, &fix_frame))
+            .clone();
+    }
+    clean.totals.per_func = std::mem::take(&mut clean.totals.per_func)
+        .into_iter()
+        .map(|(k, v)| (fix(&k).into_owned(), v))
+        .collect();
+    Cow::Owned(clean)
 }
 
 /// `profile` with every name that came from the traced process made
 /// [`printable`]; borrowed when there was nothing to change. Text
 /// renderers take this before they write a line.
 pub fn printable_profile(profile: &Profile) -> Cow<'_, Profile> {
-    let mut dirty = profile
-        .totals
-        .per_func
-        .keys()
-        .any(|k| k.chars().any(unprintable));
-    each_name!(ref profile, |name: &String| dirty |=
-        name.chars().any(unprintable));
-    if !dirty {
-        return Cow::Borrowed(profile);
+    map_names(profile, printable, printable)
+}
+
+/// The most characters of a name a person is shown (a function's, a
+/// file's, an object's, a thread's, a command line): the table, the tree,
+/// the diff, the HTML page and `mtrace top` show a longer one cut there,
+/// with the count of the characters left out ([`cut`]). Real names stay
+/// under it (the longest C++ names seen are some hundreds of characters);
+/// a made-up one of megabytes would otherwise be printed whole, on every
+/// line that names it. The JSON profile, pprof, speedscope and folded
+/// stacks keep every name whole.
+pub const NAME_CHARS: usize = 1024;
+
+/// `text` as its first `n` characters and the count of those after them.
+fn split_at_chars(text: &str, n: usize) -> (&str, usize) {
+    match text.char_indices().nth(n) {
+        Some((at, _)) => (&text[..at], text[at..].chars().count()),
+        None => (text, 0),
     }
-    let mut clean = profile.clone();
-    each_name!(mut &mut clean, |name: &mut String| {
-        if let Cow::Owned(fixed) = printable(name) {
-            *name = fixed;
-        }
-    });
-    clean.totals.per_func = std::mem::take(&mut clean.totals.per_func)
-        .into_iter()
-        .map(|(k, v)| (printable(&k).into_owned(), v))
-        .collect();
-    Cow::Owned(clean)
+}
+
+/// `text` followed by the mark of `left_out` characters cut off after it,
+/// `…[1047552 more characters]`; `text` alone when none were.
+fn marked(text: &str, left_out: usize) -> Cow<'_, str> {
+    if left_out == 0 {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(format!("{text}…[{left_out} more characters]"))
+    }
+}
+
+/// `text`, or its first [`NAME_CHARS`] characters and the count of the
+/// rest: `…[1047552 more characters]`.
+pub fn cut(text: &str) -> Cow<'_, str> {
+    let (head, left_out) = split_at_chars(text, NAME_CHARS);
+    marked(head, left_out)
+}
+
+/// A name as a person is shown it: [`printable`], then [`cut`].
+pub fn shown(name: &str) -> Cow<'_, str> {
+    match printable(name) {
+        Cow::Borrowed(name) => cut(name),
+        Cow::Owned(name) => Cow::Owned(cut(&name).into_owned()),
+    }
+}
+
+/// `profile` with every name that came from the traced process as a
+/// person is shown it ([`shown`]): what the HTML page and `mtrace top`
+/// render. The table cuts the frames' names itself (after folding
+/// templates), and so does the tree.
+pub fn shown_profile(profile: &Profile) -> Cow<'_, Profile> {
+    map_names(profile, shown, shown)
 }
 
 /// The width every line of the report keeps to (but for frames and paths,
-/// which are never cut).
+/// which are only cut past [`NAME_CHARS`]).
 pub const WIDTH: usize = 80;
 
 /// `512 B`, `1.0 KiB`, `46.9 KiB`, `3.2 MiB`, `1.5 GiB`, ... `8.0 EiB`:
@@ -230,20 +318,59 @@ pub fn duration_ns(ns: u64) -> String {
 /// `function (file:line)`, the place faint, ` [inlined]` after an inlined
 /// function.
 pub fn frame_text(frame: &Frame, paint: Paint) -> String {
-    let described = frame.describe();
-    // `describe` starts with the function's name, then says where.
-    let (name, place) = described.split_at(frame.function.len().min(described.len()));
+    let place = frame.place(cut);
     // A table line is indented by 4: the name's templates are folded
     // until the line fits 80 columns (the JSON and folded stacks keep
-    // the name whole).
+    // the name whole). Folding looks at the first FOLD_CHARS characters
+    // only; what is left is cut after NAME_CHARS.
     let inlined = if frame.inlined { " [inlined]".len() } else { 0 };
     let room = FRAME_COLUMNS.saturating_sub(place.chars().count() + inlined);
-    let name = fold_templates(name, room);
-    let mut text = format!("{name}{}", paint.faint(place));
+    let (head, beyond) = split_at_chars(&frame.function, FOLD_CHARS);
+    let folded = fold_templates(head, room);
+    let (name, more) = split_at_chars(&folded, NAME_CHARS);
+    let mut text = format!("{}{}", marked(name, more + beyond), paint.faint(&place));
     if frame.inlined {
         text.push_str(&paint.faint(" [inlined]"));
     }
     text
+}
+
+/// Characters of a name whose templates are folded, at most: folding
+/// takes time that grows with their square.
+const FOLD_CHARS: usize = 4 * NAME_CHARS;
+
+/// The [`frame_text`] of each frame of a profile, made once per [`Arc`]
+/// of it: a frame named in many rows (or many times in one) is folded,
+/// cut and counted once.
+pub struct FrameTexts<'a> {
+    paint: Paint,
+    made: HashMap<*const Frame, String>,
+    /// The frames whose addresses are keys of `made` stay borrowed while
+    /// this lives: no address is freed and reused meanwhile.
+    _frames: std::marker::PhantomData<&'a Frame>,
+}
+
+impl<'a> FrameTexts<'a> {
+    pub fn new(paint: Paint) -> FrameTexts<'a> {
+        FrameTexts {
+            paint,
+            made: HashMap::default(),
+            _frames: std::marker::PhantomData,
+        }
+    }
+
+    /// How the texts are painted.
+    pub fn paint(&self) -> Paint {
+        self.paint
+    }
+
+    /// [`frame_text`] of `frame`.
+    pub fn get(&mut self, frame: &'a Arc<Frame>) -> &str {
+        let paint = self.paint;
+        self.made
+            .entry(Arc::as_ptr(frame))
+            .or_insert_with(|| frame_text(frame, paint))
+    }
 }
 
 /// Columns a frame's text may take in the table (80, less its indent).
@@ -271,34 +398,33 @@ pub fn fold_templates(name: &str, width: usize) -> std::borrow::Cow<'_, str> {
 }
 
 /// Folds the innermost pairs of `open_ch`/`close_ch` in `s` to `…`, level
-/// by level, until `s` is at most `width` long or nothing is left.
+/// by level, until `s` is at most `width` long or nothing is left. Each
+/// level is one pass over `s`.
 fn fold_pairs(s: &mut Vec<char>, width: usize, open_ch: char, close_ch: char) {
     let folded = |s: &[char], (o, c): (usize, usize)| c == o + 2 && s[o + 1] == '…';
     loop {
-        // Every pair of brackets ('<' matched by the next unmatched '>'
-        // that is not the arrow of a Rust `fn() -> T`).
-        let mut stack = Vec::new();
-        let mut pairs = Vec::new();
+        // The innermost pairs not yet folded: pairs ('<' matched by the
+        // next unmatched '>' that is not the arrow of a Rust `fn() -> T`),
+        // neither folded nor empty, with no such pair
+        // inside them. Each '<' waiting for its match notes whether one
+        // closed inside it.
+        let mut waiting: Vec<(usize, bool)> = Vec::new();
+        let mut innermost = Vec::new();
         for (i, &ch) in s.iter().enumerate() {
             if ch == open_ch {
-                stack.push(i);
+                waiting.push((i, false));
             } else if ch == close_ch && !(ch == '>' && i > 0 && s[i - 1] == '-') {
-                if let Some(o) = stack.pop() {
-                    pairs.push((o, i));
+                if let Some((o, open_inside)) = waiting.pop() {
+                    let open = !folded(s, (o, i)) && i > o + 1;
+                    if open && !open_inside {
+                        innermost.push((o, i));
+                    }
+                    if let Some(outer) = waiting.last_mut() {
+                        outer.1 |= open || open_inside;
+                    }
                 }
             }
         }
-        // The innermost not yet folded: none unfolded inside them.
-        let open: Vec<(usize, usize)> = pairs
-            .iter()
-            .copied()
-            .filter(|&p| !folded(s, p) && p.1 > p.0 + 1)
-            .collect();
-        let innermost: Vec<(usize, usize)> = open
-            .iter()
-            .copied()
-            .filter(|&(o, c)| !open.iter().any(|&(o2, c2)| o2 > o && c2 < c))
-            .collect();
         if innermost.is_empty() {
             break;
         }
@@ -564,10 +690,10 @@ mod tests {
         p.meta.command = "./x \x1b[2J".into();
         p.stacks.push(crate::profile::StackEntry {
             func: "malloc".into(),
-            frames: vec![Frame {
+            frames: vec![Arc::new(Frame {
                 function: "f\x1b[31m".into(),
                 ..Frame::default()
-            }],
+            })],
             thread: Some(crate::profile::Thread {
                 tid: 1,
                 name: "t\x07".into(),

@@ -41,7 +41,7 @@ use tokio::sync::oneshot;
 use crate::{
     error::{UserError, EXIT_USAGE},
     profile::Profile,
-    render::{text::printable_profile, SortKey},
+    render::{text::shown_profile, SortKey},
     watch::{Tick, Watcher},
 };
 
@@ -190,7 +190,7 @@ fn read_keys(
 impl Watcher for TopView {
     fn tick(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()> {
         let profile = profile()?;
-        let profile = printable_profile(&profile);
+        let profile = shown_profile(&profile);
         let mut s = self.screen.lock().unwrap();
         s.model.update(&profile, tick);
         s.redraw();
@@ -215,7 +215,7 @@ impl TopView {
             // stay, and the title says so.
             let unread = match profile() {
                 Ok(p) => {
-                    s.model.update(&printable_profile(&p), tick);
+                    s.model.update(&shown_profile(&p), tick);
                     String::new()
                 }
                 Err(e) => format!(" (the last counts shown: the final ones are unreadable: {e})"),

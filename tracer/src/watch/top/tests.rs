@@ -18,10 +18,12 @@ fn entry(func: &str, frames: &[&str], calls: u64, bytes: u64) -> StackEntry {
         frames: frames
             .iter()
             .enumerate()
-            .map(|(i, f)| PFrame {
-                function: f.to_string(),
-                addr: 0x1000 + i as u64,
-                ..PFrame::default()
+            .map(|(i, f)| {
+                std::sync::Arc::new(PFrame {
+                    function: f.to_string(),
+                    addr: 0x1000 + i as u64,
+                    ..PFrame::default()
+                })
             })
             .collect(),
         counts: Counts { calls, bytes },

@@ -7,9 +7,11 @@ fn key(func: &str, frames: &[&str]) -> StackKey {
         func: func.into(),
         frames: frames
             .iter()
-            .map(|f| KeyFrame {
-                function: f.to_string(),
-                module: Some("<program>".into()),
+            .map(|f| {
+                std::sync::Arc::new(crate::diff::KeyFrame {
+                    function: f.to_string(),
+                    module: Some("<program>".into()),
+                })
             })
             .collect(),
         truncated: false,

@@ -8,7 +8,7 @@
 //! graph, loaded when first shown; the charts are plotters' SVGs inline ([`plots`]). The page's own
 //! script (report.js) only sorts tables and switches the flame graph.
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, sync::Arc};
 
 use anyhow::Result;
 use base64::Engine as _;
@@ -16,10 +16,10 @@ use base64::Engine as _;
 use super::{
     flamegraph::{self, Kind},
     folded, percent, select, suspects,
-    text::{bytes, duration_ns, short_count},
+    text::{bytes, duration_ns, printable, short_count, shown_profile},
     ReportOptions, Row, Weight,
 };
-use crate::profile::{LiveStats, LiveTotals, Profile, StackEntry};
+use crate::profile::{Frame, LiveStats, LiveTotals, Profile, StackEntry};
 
 pub mod plots;
 
@@ -36,6 +36,9 @@ const SPREAD_STACKS: usize = 12;
 /// threshold and the split by thread or process, and starts in the sort
 /// order; every stack passing the threshold is a row (up to [`MAX_ROWS`]).
 pub fn render(profile: &Profile, opts: &ReportOptions) -> Result<String> {
+    // Names as the table shows them: control characters escaped, a name
+    // of more than NAME_CHARS characters cut (the flame graphs' too).
+    let profile = &*shown_profile(profile);
     let meta = &profile.meta;
     let title = format!("mtrace: {} (pid {})", meta.command, meta.pid);
     let all = ReportOptions {
@@ -87,8 +90,11 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> Result<String> {
 }
 
 /// `s` with the characters HTML gives a meaning escaped (text and
-/// attribute values alike).
+/// attribute values alike), and those a terminal acts on written as
+/// their escapes, as the table writes them ([`printable`]): the page
+/// carries no raw control character, whatever the profile held.
 pub fn esc(s: &str) -> String {
+    let s = printable(s);
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -394,7 +400,7 @@ fn num_cell(out: &mut String, v: f64, text: &str) {
 }
 
 /// The frames of a stack, innermost first, the first one as the summary.
-fn stack_cell(out: &mut String, entry_frames: &[crate::profile::Frame], truncated: bool) {
+fn stack_cell(out: &mut String, entry_frames: &[Arc<Frame>], truncated: bool) {
     let first = entry_frames
         .first()
         .map_or("[unknown]".to_string(), |f| f.describe());

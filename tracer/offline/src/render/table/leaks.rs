@@ -1,12 +1,12 @@
 //! The live-mode parts of the table: lines under each stack, the heap
 //! summary and the leak suspects.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
 
 use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile};
 
 use crate::render::suspects;
-use crate::render::text::{bytes, count, duration_ns, frame_text, wrap_list, Paint};
+use crate::render::text::{bytes, count, duration_ns, wrap_list, FrameTexts, Paint};
 
 /// `p50 64 B, p90 64 B, p99 64 B, max 64 B`
 fn percentiles(p: &Percentiles, fmt: impl Fn(u64) -> String) -> String {
@@ -54,8 +54,16 @@ pub fn row_lines(live: &LiveStats) -> String {
     out
 }
 
-/// Heap summary and leak suspects, after the totals.
-pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint) -> String {
+/// Heap summary and leak suspects, after the totals, written to `to`
+/// (the suspects' frames line by line).
+pub fn summary<'a>(
+    to: &mut impl Write,
+    profile: &'a Profile,
+    totals: &LiveTotals,
+    top: usize,
+    frames: &mut FrameTexts<'a>,
+) -> fmt::Result {
+    let paint = frames.paint();
     let mut items = vec![
         format!(
             "peak {} at {:.3} s",
@@ -132,7 +140,7 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
                 paint.alert(&title)
             );
         }
-        return out;
+        return to.write_str(&out);
     }
     let _ = writeln!(
         out,
@@ -153,6 +161,7 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
             count(totals.frees_lost, "free"),
         );
     }
+    to.write_str(&out)?;
     let shown = if top == 0 {
         suspects.len()
     } else {
@@ -166,20 +175,20 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
             bytes(live.old_outstanding_bytes),
             live.oldest_age_secs,
         );
-        let _ = writeln!(out, "{}{}", paint.strong(&first), paint.func(&entry.func));
+        writeln!(to, "{}{}", paint.strong(&first), paint.func(&entry.func))?;
         for frame in &entry.frames {
-            let _ = writeln!(out, "    {}", frame_text(frame, paint));
+            writeln!(to, "    {}", frames.get(frame))?;
         }
     }
     if suspects.len() > shown {
         let hidden = suspects.len() - shown;
-        let _ = writeln!(
-            out,
+        writeln!(
+            to,
             "{hidden} more leak {} hidden by --top",
             if hidden == 1 { "suspect" } else { "suspects" }
-        );
+        )?;
     }
-    out
+    Ok(())
 }
 
 /// The `uncertain:` lines of blocks never followed, each of which may be a
@@ -238,6 +247,20 @@ fn not_followed(profile: &Profile, totals: &LiveTotals, paint: Paint) -> String 
 mod tests {
     use super::*;
 
+    /// The summary of `p` as text, every suspect shown.
+    fn summary_text(p: &Profile, totals: &LiveTotals) -> String {
+        let mut text = String::new();
+        summary(
+            &mut text,
+            p,
+            totals,
+            0,
+            &mut FrameTexts::new(Paint::default()),
+        )
+        .unwrap();
+        text
+    }
+
     #[test]
     fn suspects_are_listed_by_bytes() {
         let mut p = crate::render::test_util::profile(vec![
@@ -259,7 +282,7 @@ mod tests {
             old_outstanding_bytes: 4736,
             ..LiveTotals::default()
         };
-        let text = summary(&p, &totals, 0, Paint::default());
+        let text = summary_text(&p, &totals);
         let big = text.find("big_leak").unwrap();
         let small = text.find("small_leak").unwrap();
         assert!(big < small, "{text}");
@@ -271,7 +294,7 @@ mod tests {
             frees_kept: 3,
             ..totals.clone()
         };
-        let text = summary(&p, &kept, 0, Paint::default());
+        let text = summary_text(&p, &kept);
         assert!(text.contains("11 blocks, 4.6 KiB\n#1"), "{text}");
         let lost = LiveTotals {
             events_lost: 5,
@@ -279,7 +302,7 @@ mod tests {
             frees_lost: 2,
             ..totals.clone()
         };
-        let text = summary(&p, &lost, 0, Paint::default());
+        let text = summary_text(&p, &lost);
         assert!(
             text.contains(
                 "4.6 KiB\nuncertain: 2 frees lost; a lost free leaves its block among these\n"
@@ -293,7 +316,7 @@ mod tests {
             allocs_kept: 3,
             ..totals.clone()
         };
-        let text = summary(&p, &kept, 0, Paint::default());
+        let text = summary_text(&p, &kept);
         assert!(text.contains("11 blocks, 4.6 KiB\n#1"), "{text}");
         assert!(!text.contains("note:"), "{text}");
         // Allocations lost outright, and calls not followed to their
@@ -305,7 +328,7 @@ mod tests {
             pending_full: 1,
             ..totals.clone()
         };
-        let text = summary(&p, &lost, 0, Paint::default());
+        let text = summary_text(&p, &lost);
         assert!(
             text.contains(
                 "4.6 KiB\n\
@@ -339,7 +362,7 @@ mod tests {
             live_map_size: 1024,
             ..LiveTotals::default()
         };
-        let text = summary(&p, &full, 0, Paint::default());
+        let text = summary_text(&p, &full);
         assert!(
             text.contains(
                 "leak suspects (outstanding at the end): none among the blocks followed\n\
@@ -352,7 +375,7 @@ mod tests {
             min_age_secs: 3600.0,
             ..full.clone()
         };
-        let text = summary(&p, &old, 0, Paint::default());
+        let text = summary_text(&p, &old);
         assert!(
             text.contains("leak suspects (outstanding at the end, at least 3600 s old): none\n"),
             "{text}"
@@ -363,7 +386,7 @@ mod tests {
             allocs_lost: 1,
             ..full.clone()
         };
-        let text = summary(&p, &lost, 0, Paint::default());
+        let text = summary_text(&p, &lost);
         assert!(
             text.contains(
                 "leak suspects (outstanding at the end): none among the blocks followed\n\
@@ -376,7 +399,7 @@ mod tests {
             untracked: 0,
             ..full
         };
-        let text = summary(&p, &followed, 0, Paint::default());
+        let text = summary_text(&p, &followed);
         assert!(
             text.contains("leak suspects (outstanding at the end): none\n"),
             "{text}"
