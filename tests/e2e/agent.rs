@@ -34,7 +34,7 @@ fn agent_fixture() -> &'static Path {
     })
 }
 
-fn have(program: &str) -> bool {
+pub(crate) fn have(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
         .stdout(Stdio::null())
@@ -52,13 +52,13 @@ fn tell(fx: &mut FixtureProc, cmd: &str) {
 
 /// A running agent and the address it serves on (`--listen 127.0.0.1:0`:
 /// the port the kernel chose, read from its line).
-struct Agent {
-    mtrace: Mtrace,
+pub(crate) struct Agent {
+    pub(crate) mtrace: Mtrace,
     addr: String,
 }
 
 impl Agent {
-    fn start(args: &[&str]) -> Agent {
+    pub(crate) fn start(args: &[&str]) -> Agent {
         let mut all = vec!["agent", "--listen", "127.0.0.1:0"];
         all.extend_from_slice(args);
         let mut mtrace = Mtrace::spawn(&mut mtrace_command(&all));
@@ -73,7 +73,7 @@ impl Agent {
         Agent { mtrace, addr }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
@@ -128,15 +128,15 @@ fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
 /// One sample of `go tool pprof -raw`: its values and the functions of
 /// its locations, leaf (the allocator) first.
 #[derive(Debug)]
-struct Sample {
-    values: Vec<i64>,
-    functions: Vec<String>,
+pub(crate) struct Sample {
+    pub(crate) values: Vec<i64>,
+    pub(crate) functions: Vec<String>,
     labels: String,
 }
 
 /// `go tool pprof -raw [extra] URL`, parsed: the sample types and the
 /// samples.
-fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
+pub(crate) fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
     let out = Command::new("go")
         .args(["tool", "pprof", "-raw"])
         .args(extra)

@@ -106,6 +106,9 @@ pub struct Stack {
     pub bytes: u64,
     /// Live mode: the stack's live statistics.
     pub live: Option<Value>,
+    /// A Go heap row: its objects (`calls`) and bytes in use.
+    #[serde(default)]
+    pub in_use: Option<Counts>,
 }
 
 impl Stack {

@@ -429,7 +429,8 @@ impl Query {
 fn profile(shared: &Shared, q: &Query, default_type: &str) -> Routed {
     let first = shared.fresh().map_err(|e| (503, e))?;
     let live = first.profile.live.is_some();
-    if default_type == "inuse_space" && !live {
+    // In count mode only a Go program's own heap has in-use figures.
+    if default_type == "inuse_space" && !live && first.profile.go_heaps.is_empty() {
         return Err((
             501,
             "in-use memory is not tracked: the agent runs in count mode (start it with --live); /debug/pprof/allocs has the allocations".into(),

@@ -154,6 +154,7 @@ fn profile_of(
             process: Some(ProcessRef { pid: k.tgid, name }),
             counts: *c,
             live: None,
+            in_use: None,
         });
     }
 
@@ -200,6 +201,8 @@ fn profile_of(
         live: None,
         snapshot: None,
         timeline: None,
+        go_heaps: Vec::new(),
+        unseen: Vec::new(),
     })
 }
 

@@ -11,6 +11,7 @@ use tracer_common::{maps, LostFree};
 use crate::{
     allocators,
     collect::live_tracker::{self, LiveTracker},
+    golang,
     pipeline::{self, Clock},
     probes::{self, MapSizes, Mode, Probes},
     profile::{merge, Meta, Profile},
@@ -59,6 +60,11 @@ pub struct TracedProcess {
     /// Its command name when probed (read again after it is gone, it
     /// would be lost).
     pub name: String,
+    /// A Go program: its runtime's own heap profile, read at each reading.
+    pub go: Option<Box<golang::GoProcess>>,
+    /// Heaps it keeps that mtrace cannot see (a JVM's, V8's, a Go
+    /// program's that cannot be read), one line each.
+    pub unseen: Vec<crate::profile::Unseen>,
 }
 
 /// What `--python-objects` does not see in an interpreter that copied its
@@ -197,6 +203,8 @@ impl TracedProcess {
         meta.allocator_beside = alloc.beside.clone().unwrap_or_default();
         meta.python = python_said;
         meta.probes = probes.attached.clone();
+        let name = tracee::comm(pid);
+        let (go, unseen) = go_and_unseen(pid, &name, &meta.executable, maps);
         let mut proc = TracedProcess {
             pid,
             probes,
@@ -208,7 +216,9 @@ impl TracedProcess {
             meta,
             before_exec: Vec::new(),
             shadowed: alloc.shadowed,
-            name: tracee::comm(pid),
+            name,
+            go,
+            unseen,
         };
         proc.events = proc.take_event_rings()?;
         if proc.tracker.is_some() {
@@ -219,9 +229,13 @@ impl TracedProcess {
     }
 
     /// Everything it ran: the programs before each `exec`, then the
-    /// current one.
+    /// current one (with its Go heap, and what it keeps unseen).
     pub(super) fn profile(&self, clock: &Clock, per_thread: bool) -> Result<Profile> {
-        let current = self.current_profile(clock, per_thread)?;
+        let mut current = self.current_profile(clock, per_thread)?;
+        if let Some(go) = &self.go {
+            go.add_to(&mut current);
+        }
+        current.unseen.extend(self.unseen.iter().cloned());
         if self.before_exec.is_empty() {
             return Ok(current);
         }
@@ -350,6 +364,28 @@ impl TracedProcess {
         }
         Ok(events)
     }
+}
+
+/// `pid`'s Go heap (a Go program's) and the heaps it keeps that cannot be
+/// seen.
+pub(super) fn go_and_unseen(
+    pid: u32,
+    name: &str,
+    exe: &str,
+    maps: &[Mapping],
+) -> (Option<Box<golang::GoProcess>>, Vec<crate::profile::Unseen>) {
+    let mut unseen: Vec<_> = golang::unseen::detect(pid, name, exe, maps)
+        .into_iter()
+        .collect();
+    let go = match golang::detect(pid, maps) {
+        golang::Found::Go(go) => Some(go),
+        golang::Found::Unreadable(u) => {
+            unseen.push(u);
+            None
+        }
+        golang::Found::None => None,
+    };
+    (go, unseen)
 }
 
 /// Feeds every event waiting in the rings to the tracker, which applies

@@ -180,6 +180,7 @@ pub fn symbolize(
             process: None,
             counts: st.counts,
             live: st.live.clone(),
+            in_use: None,
         });
     }
 
@@ -212,6 +213,8 @@ pub fn symbolize(
         live: raw.live.clone(),
         snapshot: None,
         timeline: None,
+        go_heaps: Vec::new(),
+        unseen: Vec::new(),
     }
 }
 

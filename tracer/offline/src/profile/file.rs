@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 use crate::{
     error::UserError,
     profile::{
-        Counts, Frame, LiveStats, LiveTotals, Losses, Meta, ProcessRef, Profile, Snapshot,
-        StackEntry, StackQuality, Thread, Timeline, Totals,
+        Counts, Frame, GoHeap, LiveStats, LiveTotals, Losses, Meta, ProcessRef, Profile, Snapshot,
+        StackEntry, StackQuality, Thread, Timeline, Totals, Unseen,
     },
 };
 
@@ -49,6 +49,10 @@ struct FileOut<'a> {
     snapshot: Option<SnapshotOut<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeline: &'a Option<Timeline>,
+    #[serde(skip_serializing_if = "<[GoHeap]>::is_empty")]
+    go_heaps: &'a [GoHeap],
+    #[serde(skip_serializing_if = "<[Unseen]>::is_empty")]
+    unseen: &'a [Unseen],
 }
 
 /// A [`StackEntry`] whose frames are indexes into the frame table, on one
@@ -65,6 +69,8 @@ struct StackOut<'a> {
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     live: &'a Option<LiveStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_use: &'a Option<Counts>,
 }
 
 #[derive(Serialize)]
@@ -108,6 +114,7 @@ impl<'a> Interner<'a> {
             calls: e.counts.calls,
             bytes: e.counts.bytes,
             live: &e.live,
+            in_use: &e.in_use,
         }
     }
 }
@@ -146,6 +153,8 @@ pub fn to_json(profile: &Profile) -> String {
         live: &profile.live,
         snapshot,
         timeline: &profile.timeline,
+        go_heaps: &profile.go_heaps,
+        unseen: &profile.unseen,
     };
     serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
 }
@@ -173,6 +182,10 @@ struct FileV2 {
     snapshot: Option<SnapshotIn>,
     #[serde(default)]
     timeline: Option<Timeline>,
+    #[serde(default)]
+    go_heaps: Vec<GoHeap>,
+    #[serde(default)]
+    unseen: Vec<Unseen>,
 }
 
 #[derive(Deserialize)]
@@ -187,6 +200,8 @@ struct StackIn {
     bytes: u64,
     #[serde(default)]
     live: Option<LiveStats>,
+    #[serde(default)]
+    in_use: Option<Counts>,
 }
 
 #[derive(Deserialize)]
@@ -229,6 +244,7 @@ impl FileV2 {
                             bytes: s.bytes,
                         },
                         live: s.live,
+                        in_use: s.in_use,
                     })
                 })
                 .collect()
@@ -252,6 +268,8 @@ impl FileV2 {
             live: self.live,
             snapshot,
             timeline: self.timeline,
+            go_heaps: self.go_heaps,
+            unseen: self.unseen,
         })
     }
 }

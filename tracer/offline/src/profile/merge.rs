@@ -148,6 +148,8 @@ impl Merged {
             (a, b) => a.or(b),
         };
         out.snapshot = part.snapshot;
+        out.go_heaps.extend(part.go_heaps);
+        out.unseen.extend(part.unseen);
     }
 }
 
@@ -162,6 +164,9 @@ fn join_row(stacks: &mut Vec<StackEntry>, index: &mut HashMap<StackKey, usize>, 
             row.counts.add(entry.counts);
             row.truncated |= entry.truncated;
             row.live = add_live(row.live.take(), entry.live);
+            if let Some(in_use) = entry.in_use {
+                row.in_use.get_or_insert_default().add(in_use);
+            }
             row.frames = entry.frames;
         }
         None => {

@@ -27,7 +27,10 @@ pub fn between(earlier: &Profile, later: &Profile) -> Profile {
                 now.temporaries = now.temporaries.saturating_sub(then.temporaries);
             }
         }
-        e.counts.calls > 0 || e.live.as_ref().is_some_and(|l| l.outstanding > 0)
+        // A Go heap row's in-use figure is a state, as live mode's blocks.
+        e.counts.calls > 0
+            || e.live.as_ref().is_some_and(|l| l.outstanding > 0)
+            || e.in_use.is_some_and(|u| u.bytes > 0)
     });
     let t = &mut out.totals;
     for (func, counts) in t.per_func.iter_mut() {
@@ -103,7 +106,9 @@ pub fn scale_windows(profile: &mut Profile) {
     }
     let scale = |n: &mut u64| *n = (*n as f64 * factor).round() as u64;
     let t = &mut profile.totals;
-    let counts = (profile.stacks.iter_mut().map(|e| &mut e.counts))
+    // Go heap rows are read whole at each reading, windows or not.
+    let rows = profile.stacks.iter_mut().filter(|e| !super::is_go_heap(e));
+    let counts = (rows.map(|e| &mut e.counts))
         .chain(t.per_func.values_mut())
         .chain([&mut t.allocs]);
     for c in counts {

@@ -68,6 +68,8 @@ pub struct Row<'a> {
     /// Live mode: the entry's live statistics (`None` when several entries
     /// were merged into this row: percentiles do not add up).
     pub live: Option<&'a LiveStats>,
+    /// A Go heap row: what its stack holds in use (Go's estimate).
+    pub in_use: Option<Counts>,
 }
 
 /// Rows left out of a [`Selection`] for one reason.
@@ -89,14 +91,42 @@ pub struct Selection<'a> {
 
 /// Picks the rows to show: merges threads (unless per thread), hides rows
 /// under the threshold, sorts by the sort key (descending) and keeps the top
-/// rows. `free` entries are never rows.
+/// rows. `free` entries are never rows. Go heap rows
+/// ([`crate::profile::GO_HEAP_FUNC`]) come after the malloc rows, top rows
+/// of their own, most bytes in use first whatever the sort key (as Go's
+/// heap profile shows first), their share against Go's totals.
 pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
-    let mut rows = merge_rows(profile, opts.per_thread, opts.per_process);
+    let (go, malloc): (Vec<Row<'a>>, Vec<Row<'a>>) =
+        merge_rows(profile, opts.per_thread, opts.per_process)
+            .into_iter()
+            .partition(|r| r.func == crate::profile::GO_HEAP_FUNC);
+    let mut selection = select_rows(malloc, profile.totals.allocs.calls, opts);
+    if go.is_empty() {
+        return selection;
+    }
+    let go_total = profile.go_heaps.iter().map(|g| g.allocated.calls).sum();
+    let go_opts = ReportOptions {
+        sort: SortKey::Live,
+        ..opts.clone()
+    };
+    let go = select_rows(go, go_total, &go_opts);
+    selection.rows.extend(go.rows);
+    for (mine, theirs) in [
+        (&mut selection.hidden_by_threshold, go.hidden_by_threshold),
+        (&mut selection.hidden_by_top, go.hidden_by_top),
+    ] {
+        mine.rows += theirs.rows;
+        mine.counts.add(theirs.counts);
+    }
+    selection
+}
 
-    let total = profile.totals.allocs.calls;
+/// [`select`] of `rows`, against `total` calls.
+fn select_rows<'a>(mut rows: Vec<Row<'a>>, total: u64, opts: &ReportOptions) -> Selection<'a> {
     let mut selection = Selection::default();
     rows.retain(|row| {
-        let keep = passes_threshold(row.counts.calls, total, opts.threshold_pct);
+        let keep = passes_threshold(row.counts.calls, total, opts.threshold_pct)
+            || row.in_use.is_some_and(|u| u.bytes > 0);
         if !keep {
             selection.hidden_by_threshold.rows += 1;
             selection.hidden_by_threshold.counts.add(row.counts);
@@ -159,7 +189,8 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
         Option<&'a Thread>,
         Option<&'a ProcessRef>,
     );
-    let mut merged: BTreeMap<Key<'_>, (Counts, Option<&LiveStats>, usize)> = BTreeMap::new();
+    type Slot<'a> = (Counts, Option<&'a LiveStats>, usize, Option<Counts>);
+    let mut merged: BTreeMap<Key<'_>, Slot<'_>> = BTreeMap::new();
     for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
         let thread = if per_thread {
             entry.thread.as_ref()
@@ -182,11 +213,14 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
         slot.0.add(entry.counts);
         slot.1 = entry.live.as_ref();
         slot.2 += 1;
+        if let Some(u) = entry.in_use {
+            slot.3.get_or_insert_default().add(u);
+        }
     }
     merged
         .into_iter()
         .map(
-            |((func, frames, truncated, thread, process), (counts, live, n))| Row {
+            |((func, frames, truncated, thread, process), (counts, live, n, in_use))| Row {
                 func,
                 frames,
                 truncated,
@@ -194,6 +228,7 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
                 process,
                 counts,
                 live: if n == 1 { live } else { None },
+                in_use,
             },
         )
         .collect()
@@ -205,7 +240,13 @@ fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
     let key = |r: &Row<'_>| match sort {
         SortKey::Calls => (r.counts.calls, r.counts.bytes),
         SortKey::Bytes => (r.counts.bytes, r.counts.calls),
-        SortKey::Live => (r.live.map_or(0, |l| l.outstanding_bytes), r.counts.bytes),
+        SortKey::Live => (
+            r.live
+                .map(|l| l.outstanding_bytes)
+                .or(r.in_use.map(|u| u.bytes))
+                .unwrap_or(0),
+            r.counts.bytes,
+        ),
     };
     key(b)
         .cmp(&key(a))
@@ -247,6 +288,7 @@ pub(crate) mod test_util {
             process: None,
             counts: Counts { calls, bytes },
             live: None,
+            in_use: None,
         }
     }
 

@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use flate2::{write::GzEncoder, Compression};
 use prost::Message as _;
 
-use crate::profile::{short_path, Frame, Profile, StackEntry};
+use crate::profile::{is_go_heap, short_path, Frame, Profile, StackEntry};
 
 use super::{is_allocation, text};
 
@@ -232,8 +232,10 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
         },
     ];
     // Live mode: what was still allocated when tracing ended, as
-    // go tool pprof's heap profiles name it.
-    if profile.live.is_some() {
+    // go tool pprof's heap profiles name it; a Go program's own heap has
+    // it too (malloc's rows hold 0 there outside live mode).
+    let with_inuse = profile.live.is_some() || profile.stacks.iter().any(|e| e.in_use.is_some());
+    if with_inuse {
         sample_type.push(proto::ValueType {
             r#type: b.string("inuse_objects"),
             unit: b.string("count"),
@@ -248,7 +250,6 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
     } else {
         "alloc_space"
     });
-    let with_inuse = profile.live.is_some();
 
     let samples: Vec<proto::Sample> = profile
         .stacks
@@ -268,6 +269,12 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
     ))];
     if let Some(q) = &profile.stack_quality {
         comment.push(b.string(&text::quality_line(q)));
+    }
+    for g in &profile.go_heaps {
+        comment.push(b.string(&format!(
+            "go heap: pid {} ({}), {}: its runtime's sampled profile, one sample per {} bytes, scaled as Go scales it",
+            g.pid, g.name, g.version, g.rate
+        )));
     }
 
     Ok(proto::Profile {
@@ -543,17 +550,28 @@ impl Builder {
         with_inuse: bool,
     ) -> proto::Sample {
         let mut location_id = Vec::with_capacity(entry.frames.len() + 1);
-        let allocator_mapping = self.mapping_id(Some(allocator_object));
-        let allocator = proto::Line {
-            function_id: self.function(&entry.func, None),
-            line: 0,
-        };
-        location_id.push(self.location(allocator_mapping, 0, vec![allocator]));
+        // A Go heap row's leaf is the Go code that allocated, as in Go's
+        // own heap profile; its samples carry `allocator: go heap`.
+        if !is_go_heap(entry) {
+            let allocator_mapping = self.mapping_id(Some(allocator_object));
+            let allocator = proto::Line {
+                function_id: self.function(&entry.func, None),
+                line: 0,
+            };
+            location_id.push(self.location(allocator_mapping, 0, vec![allocator]));
+        }
         for group in group_by_address(&entry.frames) {
             location_id.push(self.frames_location(group));
         }
 
         let mut label = Vec::new();
+        if is_go_heap(entry) {
+            label.push(proto::Label {
+                key: self.string("allocator"),
+                str: self.string(&entry.func),
+                ..Default::default()
+            });
+        }
         if let Some(thread) = &entry.thread {
             label.push(proto::Label {
                 key: self.string("thread_id"),
@@ -568,9 +586,13 @@ impl Builder {
         }
         let mut values = vec![value(entry.counts.calls), value(entry.counts.bytes)];
         if with_inuse {
-            let live = entry.live.as_ref();
-            values.push(value(live.map_or(0, |l| l.outstanding)));
-            values.push(value(live.map_or(0, |l| l.outstanding_bytes)));
+            let (objects, bytes) = match (&entry.live, entry.in_use) {
+                (Some(l), _) => (l.outstanding, l.outstanding_bytes),
+                (None, Some(u)) => (u.calls, u.bytes),
+                (None, None) => (0, 0),
+            };
+            values.push(value(objects));
+            values.push(value(bytes));
         }
         proto::Sample {
             location_id,
