@@ -349,3 +349,22 @@ fn node_says_its_v8_heap_is_not_seen() {
     assert_eq!(p.doc["unseen"][0]["heap"], "v8 heap");
     assert!(p.totals.allocs.calls > 0, "{}", out.describe());
 }
+
+/// A JVM keeps Java objects in its own heap (libjvm.so, loaded after the
+/// probes are in): said in one line, its malloc calls counted.
+#[test]
+fn a_jvm_says_its_java_heap_is_not_seen() {
+    let _dir = bpf_tempdir!();
+    if !support::require(have("java"), "java is missing") {
+        return;
+    }
+    let (out, p) = run_profiled(&["--", "java", "-Xshare:auto", "-version"]);
+    out.assert_exit(0);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("not seen: "))
+        .unwrap_or_else(|| panic!("no `not seen:` line\n{}", out.describe()));
+    assert!(line.contains("java heap"), "{line}");
+    assert!(p.totals.allocs.calls > 0, "{}", out.describe());
+}

@@ -235,13 +235,31 @@ impl TracedProcess {
         if let Some(go) = &self.go {
             go.add_to(&mut current);
         }
-        current.unseen.extend(self.unseen.iter().cloned());
+        current.unseen.extend(self.unseen_now());
         if self.before_exec.is_empty() {
             return Ok(current);
         }
         let mut parts = self.before_exec.clone();
         parts.push(current);
         Ok(merge::merge(parts))
+    }
+
+    /// The heaps it keeps that mtrace cannot see: its Go heap's line (said
+    /// at attach), and its runtime's as its mappings say now (a JVM loads
+    /// libjvm.so after the probes are in), or as they said last.
+    pub(super) fn unseen_now(&self) -> Vec<crate::profile::Unseen> {
+        let (go, runtime): (Vec<_>, Vec<_>) = self
+            .unseen
+            .iter()
+            .cloned()
+            .partition(|u| u.heap == "go heap");
+        let now = match tracee::read_maps(self.pid) {
+            Ok(maps) => golang::unseen::detect(self.pid, &self.name, &self.meta.executable, &maps)
+                .into_iter()
+                .collect(),
+            Err(_) => runtime,
+        };
+        go.into_iter().chain(now).collect()
     }
 
     /// The program it runs now (since its last `exec`).

@@ -298,8 +298,11 @@ impl Session {
                 if let Some(go) = self.go_only.get_mut(&pid) {
                     go.keep_exit_reading();
                 }
-                if let Some(go) = self.procs.get_mut(&pid).and_then(|p| p.go.as_mut()) {
-                    go.keep_exit_reading();
+                if let Some(proc) = self.procs.get_mut(&pid) {
+                    if let Some(go) = proc.go.as_mut() {
+                        go.keep_exit_reading();
+                    }
+                    proc.unseen = proc.unseen_now();
                 }
                 if let Some(proc) = self.procs.get(&pid) {
                     proc.space.lock().unwrap().refresh(pid);
