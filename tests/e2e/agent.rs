@@ -3,6 +3,11 @@
 //! `-seconds` windows; Prometheus (Debian's prometheus) scrapes `/metrics`
 //! and answers queries on it. The fixture (tests/fixtures/agent.c)
 //! allocates exactly what the test tells it to, when it tells it.
+//! `capacity` holds the agent's bounds against many clients, `tls` its
+//! TLS and authentication.
+
+mod capacity;
+mod tls;
 
 use std::{
     collections::BTreeMap,
@@ -55,22 +60,60 @@ fn tell(fx: &mut FixtureProc, cmd: &str) {
 pub(crate) struct Agent {
     pub(crate) mtrace: Mtrace,
     addr: String,
+    /// What it said of where it serves.
+    line: String,
 }
 
 impl Agent {
     pub(crate) fn start(args: &[&str]) -> Agent {
-        let mut all = vec!["agent", "--listen", "127.0.0.1:0"];
+        Agent::start_on("127.0.0.1:0", args)
+    }
+
+    /// An agent on `--listen LISTEN` (a port the kernel chooses), reached
+    /// on loopback at the port it says.
+    fn start_on(listen: &str, args: &[&str]) -> Agent {
+        let mut all = vec!["agent", "--listen", listen];
         all.extend_from_slice(args);
         let mut mtrace = Mtrace::spawn(&mut mtrace_command(&all));
         let line = mtrace
             .stderr
             .wait_for(|l| l.starts_with("mtrace agent: serving on "), LINE_TIMEOUT);
-        let addr = line["mtrace agent: serving on http://".len()..]
-            .split('/')
-            .next()
+        let port = line
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|addr| addr.rsplit(':').next())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Agent {
+            mtrace,
+            addr: format!("127.0.0.1:{port}"),
+            line,
+        }
+    }
+
+    /// The agent's resident and peak resident memory, in bytes; the peak
+    /// is set back to the resident after reading it.
+    fn memory(&self) -> (u64, u64) {
+        let pid = self.mtrace.proc.child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let kib = |key: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {status}"))
+        };
+        let read = (kib("VmRSS:") * 1024, kib("VmHWM:") * 1024);
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+        read
+    }
+
+    /// The descriptors the agent holds.
+    fn descriptors(&self) -> usize {
+        let pid = self.mtrace.proc.child.id();
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
-            .to_string();
-        Agent { mtrace, addr }
+            .count()
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -108,21 +151,28 @@ fn start(
 
 /// One HTTP/1.0 request: the status and the body (as text).
 fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    try_http(addr, method, path).unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// [`http`], or what went wrong.
+fn try_http(addr: &str, method: &str, path: &str) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connecting: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
+        .map_err(|e| format!("writing: {e}"))?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    s.read_to_end(&mut raw)
+        .map_err(|e| format!("reading: {e}"))?;
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
+        .ok_or_else(|| format!("no HTTP head in {text:?}"))?;
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
-    (code, body.to_string())
+        .ok_or_else(|| format!("bad status line in {head:?}"))?;
+    Ok((code, body.to_string()))
 }
 
 /// One sample of `go tool pprof -raw`: its values and the functions of
@@ -134,17 +184,38 @@ pub(crate) struct Sample {
     labels: String,
 }
 
-/// `go tool pprof -raw [extra] URL`, parsed: the sample types and the
-/// samples.
-pub(crate) fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
-    let out = Command::new("go")
+/// `go tool pprof -raw [extra] URL` with `env` set, as it ran.
+fn pprof_fetch(
+    dir: &Path,
+    url: &str,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> std::process::Output {
+    Command::new("go")
         .args(["tool", "pprof", "-raw"])
         .args(extra)
         .arg(url)
         .env("PPROF_TMPDIR", dir)
         .env("HOME", dir)
+        .envs(env.iter().copied())
         .output()
-        .expect("running go tool pprof");
+        .expect("running go tool pprof")
+}
+
+/// `go tool pprof -raw [extra] URL`, parsed: the sample types and the
+/// samples.
+pub(crate) fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
+    pprof_raw_env(dir, url, extra, &[])
+}
+
+/// [`pprof_raw`] with `env` set.
+fn pprof_raw_env(
+    dir: &Path,
+    url: &str,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> (Vec<String>, Vec<Sample>) {
+    let out = pprof_fetch(dir, url, extra, env);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -374,6 +445,47 @@ fn heap_profile_keeps_in_use_whole_across_windows() {
     agent.mtrace.finish().assert_exit(0);
 }
 
+/// Prometheus scraping one job, `mtrace`, every second, configured by
+/// `job` (its lines after `job_name`, indented by four); ready to answer
+/// queries, and the address of its API.
+fn start_prometheus(dir: &Path, job: &str) -> (Proc, String) {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n  - job_name: mtrace\n    {job}"
+        ),
+    )
+    .unwrap();
+    let prom_addr = format!("127.0.0.1:{}", free_port());
+    let mut prom = Proc::spawn(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "prometheus",
+    );
+    // Listening comes before ready (its storage opening): the query API
+    // answers 503 until /-/ready says 200.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(&prom_addr).is_err() || http(&prom_addr, "GET", "/-/ready").0 != 200 {
+        assert!(prom.running(), "prometheus exited");
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never became ready on {prom_addr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (prom, prom_addr)
+}
+
 /// A port free now on loopback.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -421,41 +533,8 @@ fn prometheus_scrapes_the_allocation_rate() {
     else {
         return;
     };
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
-             scrape_configs:\n  - job_name: mtrace\n    static_configs:\n      - targets: ['{}']\n",
-            agent.addr
-        ),
-    )
-    .unwrap();
-    let prom_addr = format!("127.0.0.1:{}", free_port());
-    let mut prom = Proc::spawn(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-        "prometheus",
-    );
-    // Listening comes before ready (its storage opening): the query API
-    // answers 503 until /-/ready says 200.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(&prom_addr).is_err() || http(&prom_addr, "GET", "/-/ready").0 != 200 {
-        assert!(prom.running(), "prometheus exited");
-        assert!(
-            Instant::now() < deadline,
-            "prometheus never became ready on {prom_addr}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let job = format!("static_configs:\n      - targets: ['{}']\n", agent.addr);
+    let (mut prom, prom_addr) = start_prometheus(dir.path(), &job);
     let up = prom_until(
         &prom_addr,
         "up{job=\"mtrace\"}",
@@ -885,7 +964,7 @@ fn agent_all_windows_take_the_probes_out_of_every_process() {
 
 /// What the agent refuses before anything is attached, in one line each:
 /// a port in use (exit 1), windows with live mode (exit 2), a budget of
-/// nothing (exit 2).
+/// nothing or next to nothing (exit 2; 1e-20 overflowed the pause).
 #[test]
 fn agent_refusals_are_one_line() {
     need_bpf!();
@@ -900,16 +979,18 @@ fn agent_refusals_are_one_line() {
     ]);
     out.assert_exit(2);
     out.assert_error("--policy windows counts exact windows");
-    let out = crate::support::mtrace::run_mtrace(&["agent", "--budget", "0", "--pid", &me]);
-    out.assert_exit(2);
-    out.assert_error("--budget must be above 0%");
+    for budget in ["0", "1e-20"] {
+        let out = crate::support::mtrace::run_mtrace(&["agent", "--budget", budget, "--pid", &me]);
+        out.assert_exit(2);
+        out.assert_error("--budget must be at least 0.01%");
+    }
 }
 
 /// A local client that opens connection after connection and sends
 /// nothing, or sends a head without end, neither grows the agent nor
-/// locks a scraper out: idle connections beyond the limit give way to new
-/// ones (the one waiting longest for its head is closed), a head past
-/// 16 KiB is refused with 431, and the agent keeps a few threads.
+/// locks a scraper out: idle connections beyond 64 are closed once they
+/// have sent nothing for a second, a head past 16 KiB is refused with
+/// 431, and the agent keeps a few threads.
 #[test]
 fn agent_keeps_serving_through_a_flood_of_idle_connections() {
     need_bpf!();
@@ -938,7 +1019,8 @@ fn agent_keeps_serving_through_a_flood_of_idle_connections() {
         .and_then(|t| t.trim().parse().ok())
         .unwrap();
     assert!(threads < 40, "the agent runs {threads} threads");
-    // Most idle connections were closed for the new ones.
+    // Past 64, those silent for a second are closed.
+    std::thread::sleep(Duration::from_millis(1500));
     let closed = idle
         .into_iter()
         .filter(|s| {

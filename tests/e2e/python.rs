@@ -102,8 +102,13 @@ fn available(list: Vec<(PathBuf, u8)>) -> Vec<(PathBuf, u8)> {
 }
 
 fn script(dir: &std::path::Path) -> PathBuf {
-    let path = dir.join("alloc_chain.py");
-    fs::write(&path, SCRIPT).unwrap();
+    write_script(dir, "alloc_chain.py", SCRIPT)
+}
+
+/// `text` written to `dir/name`.
+fn write_script(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, text).unwrap();
     path
 }
 
@@ -331,8 +336,7 @@ for t in ts:
 #[test]
 fn python_threads_each_under_their_own_frames() {
     let dir = bpf_tempdir!();
-    let path = dir.path().join("threads.py");
-    fs::write(&path, THREADS_SCRIPT).unwrap();
+    let path = write_script(dir.path(), "threads.py", THREADS_SCRIPT);
     let script = path.to_str().unwrap();
     for (python, minor) in available(vec![
         (PathBuf::from("/usr/bin/python3.11"), 11),
@@ -369,6 +373,205 @@ fn python_threads_each_under_their_own_frames() {
     }
 }
 
+/// More threads than the interpreter's first 64 thread states (the programs
+/// once searched no further, and a new thread's state goes first): `old`'s
+/// 200 threads allocate in `work` once all of them run, the oldest furthest
+/// down the list; 50 `new` threads come and go; then the old ones allocate
+/// again, each finding its state again past the ones made since. Every
+/// call is under its own thread's Python frames.
+const MANY_THREADS_SCRIPT: &str = "\
+import sys, threading
+def work(n):
+    keep = []
+    for _ in range(n):
+        keep.append(bytearray(6000))
+    return keep
+def old(n, ready, more):
+    ready.wait()
+    work(n)
+    more.wait()
+    work(n)
+def new(n):
+    work(n)
+t, n = int(sys.argv[1]), int(sys.argv[2])
+ready = threading.Barrier(t)
+more = threading.Event()
+olds = [threading.Thread(target=old, args=(n, ready, more)) for _ in range(t)]
+for th in olds:
+    th.start()
+news = [threading.Thread(target=new, args=(n,)) for _ in range(t // 4)]
+for th in news:
+    th.start()
+for th in news:
+    th.join()
+more.set()
+for th in olds:
+    th.join()
+";
+
+#[test]
+fn every_one_of_200_python_threads_is_under_its_own_frames() {
+    let dir = bpf_tempdir!();
+    let path = write_script(dir.path(), "many_threads.py", MANY_THREADS_SCRIPT);
+    let script = path.to_str().unwrap();
+    let (threads, n) = (200u64, 10u64);
+    for (python, minor) in available(vec![
+        (PathBuf::from(DEBIAN_PYTHON), 11),
+        (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
+        (
+            PathBuf::from("/root/.pyenv/versions/3.13.0/bin/python3"),
+            13,
+        ),
+    ]) {
+        let py = python.to_str().unwrap();
+        let (out, p) = run_named(&["--", py, script, &threads.to_string(), &n.to_string()]);
+        out.assert_exit(0);
+        let d = format!("3.{minor}\n{}", out.describe());
+        // The blocks of 6001 bytes, by the two innermost Python frames.
+        let mut by_chain: std::collections::BTreeMap<Chain, u64> = Default::default();
+        for s in p.allocs().filter(|s| s.bytes == s.calls * 6001) {
+            let chain: Chain = chain_of(s, script).into_iter().take(2).collect();
+            *by_chain.entry(chain).or_default() += s.calls;
+        }
+        let want: std::collections::BTreeMap<Chain, u64> = [
+            (vec![("work".into(), 5), ("old".into(), 9)], threads * n),
+            (vec![("work".into(), 5), ("old".into(), 11)], threads * n),
+            (
+                vec![("work".into(), 5), ("new".into(), 13)],
+                threads / 4 * n,
+            ),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(by_chain, want, "{d}");
+        let py_q = &p.doc["stack_quality"]["python"];
+        assert_eq!(py_q.get("threads_beyond"), None, "{d}");
+    }
+}
+
+/// A recursion 900 calls deep allocates at its bottom: the stack keeps its
+/// 47 innermost Python frames and marks where the others are missing, in
+/// the report, the profile and the folded stacks, on 3.11 (few native
+/// frames) and 3.9 (an eval loop's native frames per Python call, more
+/// than a stack keeps: the Python frames take the place of the outermost).
+const DEEP_SCRIPT: &str = "\
+import sys
+def leaf(n):
+    keep = []
+    for _ in range(n):
+        keep.append(bytearray(5000))
+    return keep
+def down(d, n):
+    if d == 0:
+        return leaf(n)
+    return down(d - 1, n)
+down(900, int(sys.argv[1]))
+";
+
+#[test]
+fn a_deep_python_stack_marks_where_its_frames_are_cut() {
+    let dir = bpf_tempdir!();
+    let path = write_script(dir.path(), "deep.py", DEEP_SCRIPT);
+    let script = path.to_str().unwrap();
+    let mark = "[Python frames not read]";
+    for (python, minor) in available(vec![
+        (PathBuf::from(DEBIAN_PYTHON), 11),
+        (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
+    ]) {
+        let py = python.to_str().unwrap();
+        let folded = dir.path().join(format!("deep-{minor}.folded"));
+        let (out, p) = run_named(&[
+            "--folded",
+            folded.to_str().unwrap(),
+            "--",
+            py,
+            script,
+            "321",
+        ]);
+        out.assert_exit(0);
+        let d = format!("3.{minor}\n{}", out.describe());
+        let deep: Vec<_> = p.allocs().filter(|s| s.bytes == s.calls * 5001).collect();
+        assert_eq!(deep.iter().map(|s| s.calls).sum::<u64>(), 321, "{d}");
+        for s in &deep {
+            let names = s.names();
+            // leaf, 46 of down's frames, then the mark.
+            let at = names.iter().position(|n| *n == mark);
+            let chain = chain_of(s, script);
+            assert_eq!(chain.len(), 47, "{names:?}\n{d}");
+            assert_eq!(chain[0], ("leaf".into(), 5), "{d}");
+            assert_eq!(chain[1], ("down".into(), 9), "{d}");
+            assert!(chain[1..].iter().all(|f| f.0 == "down"), "{chain:?}");
+            let last = names.iter().rposition(|n| *n == "down").unwrap();
+            assert_eq!(
+                at,
+                Some(last + 1),
+                "the mark right after the frames kept: {names:?}"
+            );
+        }
+        assert!(out.stdout.contains(&format!("    {mark}\n")), "{d}");
+        let folded = fs::read_to_string(&folded).unwrap();
+        let marked: u64 = folded
+            .lines()
+            .filter(|l| l.contains(&format!("{mark};down;")) && l.contains(";leaf;"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        assert!(marked >= 321, "folded stacks:\n{folded}");
+        let cut = p.doc["stack_quality"]["python"]["cut"].as_u64().unwrap();
+        assert!(cut >= 321, "{d}");
+    }
+}
+
+/// A program that defines `_PyRuntime` and `Py_Version` (3.11) but is no
+/// Python: what its `_PyRuntime` holds is not an interpreter's state
+/// (bytes of 0x41 from launch, written after mtrace attached; its own
+/// address in every word by pid, written before). One line says so, the
+/// report's header says the same, no stack is counted as "not a Python
+/// thread", and the calls are counted exactly, natively.
+#[test]
+fn a_python_runtime_that_cannot_be_read_is_said_once() {
+    let dir = bpf_tempdir!();
+    let built = crate::support::fixtures::compile_c(
+        "fakepython",
+        "fakepython",
+        &["-O2", "-fno-omit-frame-pointer", "-g"],
+        &[],
+    );
+    let fake = crate::support::fixtures::copy_executable(&built, dir.path(), "python3.11");
+    let check = |out: &crate::support::mtrace::Finished, p: &Profile, how: &str| {
+        let d = format!("{how}\n{}", out.describe());
+        let said = stderr_lines_with(out, &["could not be read", "_PyRuntime"]);
+        assert_eq!(said, 1, "{d}");
+        let header = p.doc["meta"]["python"].as_str().unwrap_or("");
+        assert!(
+            header.starts_with("CPython 3.11 in ")
+                && header.contains("its interpreter state (_PyRuntime) could not be read (")
+                && header.ends_with("): native frames only"),
+            "{header}\n{d}"
+        );
+        assert!(out.stdout.contains(&format!("python: {header}")), "{d}");
+        assert!(!out.stdout.contains("not a Python thread"), "{d}");
+        assert!(p.doc["stack_quality"].get("python").is_none(), "{d}");
+        let calls: u64 = p
+            .allocs()
+            .filter(|s| s.bytes == s.calls * 777)
+            .map(|s| s.calls)
+            .sum();
+        assert_eq!(calls, 1000, "{d}");
+        assert!(
+            p.allocs()
+                .filter(|s| s.bytes == s.calls * 777)
+                .all(|s| s.names().contains(&"alloc_one")),
+            "{d}"
+        );
+    };
+    let (out, p) = run_profiled(&["--", fake.to_str().unwrap(), "junk"]);
+    out.assert_exit(0);
+    check(&out, &p, "from launch, 0x41 throughout");
+    let mut fx = FixtureProc::start(&fake, &["self", "wait"]);
+    let (out, p) = trace_by_pid(&mut fx, &[]);
+    check(&out, &p, "by pid, its own address throughout");
+}
+
 /// Live mode: a leak by Python line. `leak` keeps one block in ten, `temp`
 /// frees each at once (`os._exit`: no finalization frees the kept ones
 /// at the end); the module's code is named as the script's own (on
@@ -394,8 +597,7 @@ os._exit(0)
 #[test]
 fn python_leaks_by_line_in_live_mode() {
     let dir = bpf_tempdir!();
-    let path = dir.path().join("leaky.py");
-    fs::write(&path, LEAK_SCRIPT).unwrap();
+    let path = write_script(dir.path(), "leaky.py", LEAK_SCRIPT);
     let script = path.to_str().unwrap();
     for (python, minor) in available(vec![
         (PathBuf::from("/usr/bin/python3.11"), 11),
@@ -535,8 +737,7 @@ fn resizes_at(p: &Profile, script: &str, line: u64) -> u64 {
 #[test]
 fn python_objects_counted_by_line_as_tracemalloc_counts_them() {
     let dir = bpf_tempdir!();
-    let path = dir.path().join("objects.py");
-    fs::write(&path, OBJECTS_SCRIPT).unwrap();
+    let path = write_script(dir.path(), "objects.py", OBJECTS_SCRIPT);
     let script = path.to_str().unwrap();
     let pyenv = |v: &str| PathBuf::from(format!("/root/.pyenv/versions/{v}/bin/python3"));
     for (python, v) in available(vec![(pyenv("3.12.1"), 12), (pyenv("3.9.18"), 9)]) {
@@ -577,8 +778,7 @@ const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
 /// The objects script in `dir` and what tracemalloc counts of it under
 /// [`DEBIAN_PYTHON`] (`None`: that interpreter is missing, outside CI).
 fn debian_objects_script(dir: &std::path::Path) -> Option<(PathBuf, Vec<u64>)> {
-    let path = dir.join("objects.py");
-    fs::write(&path, OBJECTS_SCRIPT).unwrap();
+    let path = write_script(dir, "objects.py", OBJECTS_SCRIPT);
     if !require(
         std::path::Path::new(DEBIAN_PYTHON).exists(),
         "Debian's python3.11 is missing",
@@ -829,8 +1029,7 @@ mid(int(sys.argv[1]))
 #[test]
 fn python_frames_agree_with_py_spy() {
     let dir = bpf_tempdir!();
-    let path = dir.path().join("pause.py");
-    fs::write(&path, PAUSE_SCRIPT).unwrap();
+    let path = write_script(dir.path(), "pause.py", PAUSE_SCRIPT);
     let script = path.to_str().unwrap();
     let py = "/usr/bin/python3.11";
     let spy_ok = std::process::Command::new("py-spy")

@@ -75,5 +75,15 @@ pub mod counter {
     /// block was never taken (the copy left by a way not probed: a failed
     /// allocation, or a place the tracer did not find).
     pub const INLINE_UNFINISHED: u32 = MAP_FULL + 24;
-    pub const N: u32 = MAP_FULL + 25;
+    /// Walks of a Python process in a thread whose thread state was not
+    /// among the first `PY_MAX_THREADS` of the interpreter's list (counted
+    /// apart from `PY_NO_THREAD_STATE`: the thread may have one further on).
+    pub const PY_THREADS_BEYOND: u32 = MAP_FULL + 25;
+    /// Live mode: blocks whose allocation event found the ring full, kept
+    /// in `LOST_ALLOCS` for the tracer to apply: not a loss.
+    pub const ALLOCS_KEPT: u32 = MAP_FULL + 26;
+    /// Live mode: of those, blocks `LOST_ALLOCS` had no room for either:
+    /// never followed, so each may be a leak the report cannot name.
+    pub const ALLOCS_LOST: u32 = MAP_FULL + 27;
+    pub const N: u32 = MAP_FULL + 28;
 }

@@ -72,6 +72,21 @@ pub struct LostFree {
     pub born_by: u64,
 }
 
+/// Live mode: a block whose allocation event found the ring full, kept in
+/// the `LOST_ALLOCS` queue until the tracer applies it: a lost allocation
+/// must never leave a leak unreported. (The block a resize released is
+/// kept as a [`LostFree`].)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostAlloc {
+    /// The block.
+    pub ptr: u64,
+    /// As [`AllocEvent::ts`].
+    pub ts: u64,
+    pub size: u64,
+    pub key: CountKey,
+}
+
 /// Live mode: a call to `free` with a non-NULL pointer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

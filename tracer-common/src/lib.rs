@@ -41,6 +41,7 @@ mod pod {
     unsafe impl aya::Pod for CachedRule {}
     unsafe impl aya::Pod for MissEvent {}
     unsafe impl aya::Pod for LostFree {}
+    unsafe impl aya::Pod for LostAlloc {}
     unsafe impl aya::Pod for WalkMemo {}
     unsafe impl aya::Pod for PyNotice {}
     unsafe impl aya::Pod for HostKey {}

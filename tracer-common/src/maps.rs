@@ -30,6 +30,9 @@ pub const UNWIND_FULL: &str = "UNWIND_FULL";
 /// Live mode: frees whose event found the ring full ([`crate::LostFree`]),
 /// a queue the tracer pops and applies.
 pub const LOST_FREES: &str = "LOST_FREES";
+/// Live mode: blocks whose allocation event found the ring full
+/// ([`crate::LostAlloc`]), a queue the tracer pops and applies.
+pub const LOST_ALLOCS: &str = "LOST_ALLOCS";
 /// One flag, set by the tracer once every probe is attached and cleared
 /// when tracing ends: counting starts and stops for all functions at once.
 pub const ENABLED: &str = "ENABLED";
@@ -63,7 +66,7 @@ pub const HOST_EXECS: &str = "HOST_EXECS";
 pub const HOST_SELF: &str = "HOST_SELF";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 25] = [
+pub const ALL_MAPS: [&str; 26] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -77,6 +80,7 @@ pub const ALL_MAPS: [&str; 25] = [
     UNWIND_FULL,
     ENABLED,
     LOST_FREES,
+    LOST_ALLOCS,
     WALK,
     MEMO,
     PROCESS,

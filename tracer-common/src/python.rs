@@ -9,7 +9,9 @@
 //! (a native `_PyEval_EvalFrameDefault` frame) ran the Python frames up to
 //! and including the next one marked [`PY_ENTRY`].
 
-/// Most Python frames a stack keeps.
+/// Most Python frames a stack keeps, two words each: 47 frames read and,
+/// when the thread has more, a cut marker ([`py_cut_words`]) in the last
+/// place.
 pub const PY_MAX_FRAMES: usize = 48;
 
 /// The first word of a Python frame has this bit set (no user address
@@ -22,6 +24,25 @@ pub const PY_ENTRY: u64 = 1 << 62;
 
 /// The code object's address in a Python frame's first word.
 pub const PY_CODE_MASK: u64 = (1 << 48) - 1;
+
+/// A Python frame's first word with this bit (and [`PY_FRAME`]) set is no
+/// frame but the mark of a cut ([`py_cut_words`]): the thread's Python
+/// frames go on past it, not kept.
+pub const PY_CUT_MARK: u64 = 1 << 61;
+
+/// In a cut mark's second word: frames past the ones it counts were not
+/// read either (how many is not known).
+pub const PY_CUT_MORE: u64 = 1 << 32;
+
+/// The two words of a cut mark: `left` frames read but left out for want
+/// of room in the stack, and with `more` frames past them not read. Its
+/// words are a function of the frames read and the room, so that a stack's
+/// key (which counts them) stays the same for the same frames.
+#[inline(always)]
+pub const fn py_cut_words(left: u32, more: bool) -> [u64; 2] {
+    let m = if more { PY_CUT_MORE } else { 0 };
+    [PY_FRAME | PY_CUT_MARK, m | left as u64]
+}
 
 /// A Python frame's two words: `PY_FRAME | entry | code` and
 /// `check << 32 | instr`, where `instr` says where in the code the frame
@@ -87,8 +108,21 @@ pub const PY_OWNED_BY_CSTACK: u8 = 3;
 /// in them.
 pub const PY_FRAME_READ: usize = 128;
 
-/// Most thread states the programs look through for the calling thread's.
-pub const PY_MAX_THREADS: u32 = 64;
+/// Most thread states the programs look through for the calling thread's
+/// (once per thread: the one found is remembered in the thread's storage).
+pub const PY_MAX_THREADS: u32 = 4096;
+
+/// What a thread's task storage remembers of its last search for its
+/// Python thread state in interpreter `interp`: the state found (`ts`), or
+/// none (`ts == 0`), when the interpreter's newest thread state had the id
+/// `stamp` (`stamp == 0`: nothing remembered).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PyThreadSeen {
+    pub ts: u64,
+    pub stamp: u64,
+    pub interp: u64,
+}
 
 /// Where a CPython interpreter keeps its threads' frames, for the
 /// programs: offsets of the fields they follow, by version. `runtime == 0`:
@@ -104,6 +138,11 @@ pub struct PythonLayout {
     pub threads_head: u32,
     /// `PyThreadState.next`.
     pub tstate_next: u32,
+    /// `PyThreadState.interp`: the interpreter it belongs to.
+    pub tstate_interp: u32,
+    /// `PyThreadState.id`: unique in its interpreter, increasing (a new
+    /// thread state's is higher than any before it).
+    pub tstate_id: u32,
     /// `PyThreadState.native_thread_id` (the kernel's thread id), or with
     /// `tid_is_pthread` `thread_id` (the thread's `pthread_self()`, its
     /// fs base on x86_64).

@@ -88,12 +88,18 @@ pub struct WalkScratch {
     pub ip: u64,
     /// The thread's Python frames ([`crate::py_frame_words`]), `py_n`
     /// words, read after the native walk; the frame read last, the thread
-    /// state looked at and the thread looked for while reading them.
+    /// state looked at, the thread looked for, its interpreter, how the
+    /// search through the interpreter's thread states ended, the id of the
+    /// newest state it need not look at and the id of the last it did.
     pub py: [u64; 2 * crate::PY_MAX_FRAMES],
     pub py_n: u64,
     pub py_frame: u64,
     pub py_ts: u64,
     pub py_me: u64,
+    pub py_interp: u64,
+    pub py_search: u64,
+    pub py_floor: u64,
+    pub py_last: u64,
     pub py_buf: [u8; crate::PY_FRAME_READ],
     /// 1 when the counting program owns its CPU's plain-add counts: kept
     /// here, where the verifier does not follow values, rather than in a

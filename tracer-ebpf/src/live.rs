@@ -8,8 +8,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use tracer_common::{
-    counter, AllocEvent, CountKey, FreeEvent, LostFree, Pending, Role, COOKIE_INLINE_ID_SHIFT,
-    EVENT_ALLOC, EVENT_FREE, EVENT_RINGS,
+    counter, AllocEvent, CountKey, FreeEvent, LostAlloc, LostFree, Pending, Role,
+    COOKIE_INLINE_ID_SHIFT, EVENT_ALLOC, EVENT_FREE, EVENT_RINGS,
 };
 
 use crate::{
@@ -17,7 +17,7 @@ use crate::{
     args::{attach_cookie, block_arg, cookie_func, ReturnArgs},
     maps::{
         EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVENTS7, INLINE_PENDING,
-        LOST_FREES, PENDING,
+        LOST_ALLOCS, LOST_FREES, PENDING,
     },
 };
 
@@ -125,9 +125,15 @@ fn send_alloc(pending: &Pending, ptr: u64, resizes: bool) {
         old_ptr: released,
         entry_ts: pending.entry_ts,
     });
-    // The new block goes untracked; the old one must not stay live.
-    if !sent && released != 0 {
-        keep_free(released, Some(pending.entry_ts));
+    if !sent {
+        // Kept aside in their order: the released block before the new
+        // one, which may be the same address (a resize in place).
+        if released != 0 {
+            keep_free(released, Some(pending.entry_ts));
+        }
+        if ptr != 0 {
+            keep_alloc(pending, ptr);
+        }
     }
 }
 
@@ -192,6 +198,25 @@ fn keep_free(ptr: u64, born_by: Option<u64>) {
         bump_counter(counter::FREES_KEPT, 1);
     } else {
         bump_counter(counter::FREES_LOST, 1);
+    }
+}
+
+/// A block `pending` made that the ring had no room for: kept for the
+/// tracer, which applies it in its time order. It is queued before the call
+/// returns, so before the block can be freed: the tracer, reading the queue
+/// after the rings, never sees the block's free without it.
+#[inline(always)]
+fn keep_alloc(pending: &Pending, ptr: u64) {
+    let kept = LostAlloc {
+        ptr,
+        ts: now_ns(),
+        size: pending.size,
+        key: pending.key,
+    };
+    if LOST_ALLOCS.push(&kept, 0).is_ok() {
+        bump_counter(counter::ALLOCS_KEPT, 1);
+    } else {
+        bump_counter(counter::ALLOCS_LOST, 1);
     }
 }
 

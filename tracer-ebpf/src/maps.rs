@@ -8,10 +8,10 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFunc,
-    HostKey, HostMark, HostProcess, HostValue, KernelOffsets, LostFree, Pending, ProcessConfig,
-    StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
-    MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE,
-    WALK_LEVELS, WEIGHT_TABLE_LEN,
+    HostKey, HostMark, HostProcess, HostValue, KernelOffsets, LostAlloc, LostFree, Pending,
+    ProcessConfig, PyThreadSeen, StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch,
+    EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MEMO_ENTRIES,
+    RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS, WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -187,6 +187,13 @@ pub(crate) static PENDING: TaskStorage<Pending> = TaskStorage::new();
 #[unsafe(export_name = "INLINE_PENDING")]
 pub(crate) static INLINE_PENDING: TaskStorage<Pending> = TaskStorage::new();
 
+/// A Python process's threads: each one's Python thread state, found once
+/// and checked at each call, or the mark that it has none
+/// ([`PyThreadSeen`]). Task-local: it goes with the thread.
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "PY_THREADS")]
+pub(crate) static PY_THREADS: TaskStorage<PyThreadSeen> = TaskStorage::new();
+
 /// Host scope: per (process, function, caller's place in its file), calls
 /// and bytes. Per CPU; not preallocated (size set by the tracer).
 #[map]
@@ -302,3 +309,8 @@ event_rings!(EVENTS0, EVENTS1, EVENTS2, EVENTS3, EVENTS4, EVENTS5, EVENTS6, EVEN
 /// order; sized by the tracer.
 #[map]
 pub(crate) static LOST_FREES: Queue<LostFree> = Queue::with_max_entries(1, 0);
+
+/// Live mode: blocks whose allocation event found the ring full (see
+/// `LostAlloc`), in order; sized by the tracer.
+#[map]
+pub(crate) static LOST_ALLOCS: Queue<LostAlloc> = Queue::with_max_entries(1, 0);

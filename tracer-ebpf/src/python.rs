@@ -6,15 +6,15 @@
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user};
 use tracer_common::{
-    counter, py_code_check, py_entry, py_frame_words, python_key_finish, stack_hash_step, PyNotice,
-    PythonLayout, WalkScratch, MAX_FRAMES, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS,
-    PY_OWNED_BY_CSTACK,
+    counter, py_code_check, py_cut_words, py_entry, py_frame_words, python_key_finish,
+    stack_hash_step, stop, PyNotice, PythonLayout, WalkScratch, MAX_FRAMES, PY_CUT_MARK, PY_ENTRY,
+    PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS, PY_OWNED_BY_CSTACK,
 };
 
 use crate::{
     aggregate::bump_counter,
-    maps::{PROCESS, UNWIND_MISSES},
-    scratch::run_loop,
+    maps::{PROCESS, PY_THREADS, UNWIND_MISSES},
+    scratch::{level_of, run_loop, scratch_at},
 };
 
 /// The process's interpreter layout, when it runs one the programs read.
@@ -35,6 +35,23 @@ fn read_u64(addr: u64) -> u64 {
 /// none when the thread has no thread state or runs no Python code).
 #[inline(always)]
 pub(crate) fn read_python(w: &mut WalkScratch) {
+    python_read_at(level_of(w));
+}
+
+/// [`read_python`] of the walk scratch at `level`. A global function
+/// (numbers in, a number out): the verifier checks it once, not once for
+/// each way the program reaches it. Returns 0.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn python_read_at(level: u64) -> u64 {
+    if let Some(w) = scratch_at(level) {
+        read_frames(unsafe { &mut *w });
+    }
+    0
+}
+
+#[inline(always)]
+fn read_frames(w: &mut WalkScratch) {
     w.py_n = 0;
     let Some(l) = python_layout() else {
         return;
@@ -44,7 +61,7 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
         bump_counter(counter::PY_NO_INTERPRETER, 1);
         return;
     }
-    w.py_ts = read_u64(interp + l.threads_head as u64);
+    w.py_interp = interp;
     w.py_me = if l.tid_is_pthread != 0 {
         let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
         unsafe {
@@ -55,9 +72,10 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
         bpf_get_current_pid_tgid() & 0xffff_ffff
     };
     w.py_frame = 0;
+    w.py_search = 0;
     // (A thread state not yet bound to a thread says 0: never match it.)
     if w.py_me != 0 {
-        run_loop(PY_MAX_THREADS, find_thread, w);
+        find_thread_state(w, l);
     }
     if w.py_frame != 0 {
         // Shim frames (3.12+) sit between the runs.
@@ -67,6 +85,8 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
         counter::PY_WITH_FRAMES
     } else if w.py_me == FOUND {
         counter::PY_NO_CODE_RUNNING
+    } else if w.py_search & SEARCH_BEYOND != 0 {
+        counter::PY_THREADS_BEYOND
     } else {
         counter::PY_NO_THREAD_STATE
     };
@@ -76,8 +96,112 @@ pub(crate) fn read_python(w: &mut WalkScratch) {
 /// `py_me` once the calling thread's state is found.
 const FOUND: u64 = u64::MAX;
 
-/// One thread state of the interpreter's list: the calling thread's sets
-/// `py_frame` to its current frame and ends the loop.
+/// How a search through the interpreter's thread states ended
+/// (`py_search`): at the end of the list; at the first state no newer than
+/// the floor; at a state that is not the interpreter's, unreadable, or no
+/// older than the one before it (the list changed under the search, or is
+/// no list); at the bound with states left; and whether it passed a state
+/// not bound to a thread yet (which may be the caller's, bound once it
+/// runs).
+const SEARCH_END: u64 = 1;
+const SEARCH_FLOOR: u64 = 2;
+const SEARCH_BROKEN: u64 = 4;
+const SEARCH_BEYOND: u64 = 8;
+const SEARCH_UNBOUND: u64 = 16;
+/// The states searched surely hold none of the caller's: the search went
+/// to the list's end or its floor, through states all bound to a thread.
+const SEARCH_SURE: u64 = 32;
+
+/// Searches the interpreter's thread states from `head`, newest first,
+/// down to the first one whose id is `floor` or lower (0: all of them):
+/// the caller's state, or 0 with `py_search` saying whether the states
+/// searched surely hold none of the caller's ([`SEARCH_SURE`]).
+#[inline(always)]
+fn search(w: &mut WalkScratch, head: u64, floor: u64) -> u64 {
+    w.py_ts = head;
+    w.py_floor = floor;
+    w.py_last = u64::MAX;
+    w.py_search = 0;
+    run_loop(PY_MAX_THREADS, find_thread, w);
+    if w.py_me == FOUND {
+        return w.py_ts;
+    }
+    let s = w.py_search;
+    if s & (SEARCH_END | SEARCH_FLOOR | SEARCH_BROKEN) == 0 {
+        w.py_search |= SEARCH_BEYOND;
+    }
+    if s & (SEARCH_END | SEARCH_FLOOR) != 0 && s & (SEARCH_BROKEN | SEARCH_UNBOUND) == 0 {
+        w.py_search |= SEARCH_SURE;
+    }
+    0
+}
+
+/// Finds the calling thread's state, searching the interpreter's list as
+/// little as it can: the thread's storage remembers what its last search
+/// found (a state, or none) and the id of the interpreter's newest state
+/// then. The list only grows at its head, each new state with an id
+/// higher than any before, and a thread binds the state made for it
+/// before it allocates; so only the states made since need a search, and
+/// a state remembered holds while it is still bound to the thread. Sets
+/// `py_frame` to the thread's current frame and `py_me` to [`FOUND`] when
+/// found.
+#[inline(always)]
+fn find_thread_state(w: &mut WalkScratch, l: &PythonLayout) {
+    let head = read_u64(w.py_interp + l.threads_head as u64);
+    if head == 0 {
+        return;
+    }
+    let newest = read_u64(head + l.tstate_id as u64);
+    let seen = PY_THREADS.current(true);
+    let (mut ts, mut stamp) = match seen {
+        Some(ref s) if s.interp == w.py_interp => (s.ts, s.stamp),
+        _ => (0, 0),
+    };
+    if stamp != 0 && newest != stamp {
+        // The states made since the last search.
+        let found = search(w, head, stamp);
+        if found != 0 {
+            ts = found;
+        } else if w.py_search & SEARCH_SURE == 0 {
+            stamp = 0;
+        }
+    }
+    if stamp != 0 && ts != 0 && w.py_me != FOUND {
+        // The state remembered, if it is still the thread's.
+        if read_u64(ts + l.tstate_tid as u64) == w.py_me {
+            w.py_me = FOUND;
+        } else {
+            stamp = 0;
+        }
+    }
+    if stamp == 0 {
+        ts = search(w, head, 0);
+        let sure = w.py_search & SEARCH_SURE != 0;
+        stamp = if ts != 0 || sure { newest } else { 0 };
+    } else {
+        stamp = newest;
+    }
+    if let Some(s) = seen {
+        s.ts = ts;
+        s.stamp = stamp;
+        s.interp = w.py_interp;
+    }
+    if ts == 0 {
+        return;
+    }
+    w.py_me = FOUND;
+    let mut frame = read_u64(ts + l.tstate_frame as u64);
+    if l.via_cframe != 0 && frame != 0 {
+        frame = read_u64(frame + l.cframe_frame as u64);
+    }
+    w.py_frame = frame;
+}
+
+/// One thread state of the interpreter's list (`py_ts`): the calling
+/// thread's ends the loop with `py_me` set to [`FOUND`] (`py_ts` left on
+/// it); so do the list's end, the floor, and a state that is not the
+/// interpreter's or not older than the one before it (each state is put at
+/// the head with an id higher than any before: ids fall along the list).
 #[inline(never)]
 extern "C" fn find_thread(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
@@ -86,18 +210,38 @@ extern "C" fn find_thread(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     let ts = w.py_ts;
     if ts == 0 {
+        w.py_search |= SEARCH_END;
         return 1;
     }
-    if read_u64(ts + l.tstate_tid as u64) == w.py_me {
-        let mut frame = read_u64(ts + l.tstate_frame as u64);
-        if l.via_cframe != 0 && frame != 0 {
-            frame = read_u64(frame + l.cframe_frame as u64);
-        }
-        w.py_frame = frame;
+    if read_u64(ts + l.tstate_interp as u64) != w.py_interp {
+        w.py_search |= SEARCH_BROKEN;
+        return 1;
+    }
+    let id = read_u64(ts + l.tstate_id as u64);
+    if id == 0 || id >= w.py_last {
+        w.py_search |= SEARCH_BROKEN;
+        return 1;
+    }
+    if id <= w.py_floor {
+        w.py_search |= SEARCH_FLOOR;
+        return 1;
+    }
+    w.py_last = id;
+    let tid = read_u64(ts + l.tstate_tid as u64);
+    if tid == w.py_me {
         w.py_me = FOUND;
         return 1;
     }
-    w.py_ts = read_u64(ts + l.tstate_next as u64);
+    if tid == 0 {
+        w.py_search |= SEARCH_UNBOUND;
+    }
+    match unsafe { bpf_probe_read_user((ts + l.tstate_next as u64) as *const u64) } {
+        Ok(next) => w.py_ts = next,
+        Err(_) => {
+            w.py_search |= SEARCH_BROKEN;
+            return 1;
+        }
+    }
     0
 }
 
@@ -110,8 +254,8 @@ fn field_u64(w: &WalkScratch, off: u32) -> u64 {
 }
 
 /// One frame from `py_frame` out: stored, or (a 3.12+ shim) marking the
-/// run's first frame; ends the loop at the outermost frame or when the
-/// stack has no room left.
+/// run's first frame; ends the loop at the outermost frame, or at a frame
+/// more than the stack keeps, whose place takes the mark of the cut.
 #[inline(never)]
 extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
@@ -124,7 +268,6 @@ extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     let n = w.py_n as usize;
     if n > 2 * PY_MAX_FRAMES - 2 {
-        bump_counter(counter::PY_CUT, 1);
         return 1;
     }
     let len = (l.frame_read as usize).clamp(8, PY_FRAME_READ) as u32;
@@ -150,6 +293,15 @@ extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     let code = field_u64(w, l.frame_code);
     if code == 0 {
+        return 1;
+    }
+    if n == 2 * PY_MAX_FRAMES - 2 {
+        // A frame more than a stack keeps: the last place marks the cut.
+        let words = py_cut_words(0, true);
+        w.py[n] = words[0];
+        w.py[n + 1] = words[1];
+        w.py_n = n as u64 + 2;
+        bump_counter(counter::PY_CUT, 1);
         return 1;
     }
     let instr = if l.instr_is_ptr != 0 {
@@ -214,21 +366,34 @@ extern "C" fn hash_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
-/// Puts the Python frames read behind the native ones (as many whole
-/// frames as the stack has room for), for the stack map.
+/// Puts the Python frames read behind the native ones, for the stack map
+/// (as `tracer::python::fit` does for a walk the tracer finishes): a
+/// native walk cut short already gives way to them; then as many whole
+/// frames as the stack has room for, the last place taken by the mark of
+/// the cut when they do not all fit.
 #[inline(always)]
 pub(crate) fn append_python(w: &mut WalkScratch) {
-    if w.py_n != 0 {
-        run_loop(PY_MAX_FRAMES as u32, append_step, w);
+    if w.py_n == 0 {
+        return;
     }
+    let py_n = (w.py_n as usize).min(2 * PY_MAX_FRAMES);
+    if unsafe { core::ptr::read_volatile(&w.stack.stop) } != stop::END {
+        let len = unsafe { core::ptr::read_volatile(&w.stack.len) } as usize;
+        if len + py_n > MAX_FRAMES {
+            unsafe { core::ptr::write_volatile(&mut w.stack.len, (MAX_FRAMES - py_n) as u32) };
+        }
+    }
+    run_loop(PY_MAX_FRAMES as u32, append_step, w);
 }
 
-/// Frame `i` of the Python frames onto the stack.
+/// Frame `i` of the Python frames onto the stack, or the mark of the cut
+/// when only its place is left and more frames follow.
 #[inline(never)]
 extern "C" fn append_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
     let k = (2 * i) as usize;
-    if k > 2 * PY_MAX_FRAMES - 2 || k + 2 > w.py_n as usize {
+    let py_n = w.py_n as usize;
+    if k > 2 * PY_MAX_FRAMES - 2 || k + 2 > py_n {
         return 1;
     }
     let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
@@ -236,11 +401,22 @@ extern "C" fn append_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         bump_counter(counter::PY_CUT, 1);
         return 1;
     }
-    let (a, b) = (w.py[k], w.py[k + 1]);
+    let (a, b) = if n + 2 > MAX_FRAMES - 2 && k + 2 < py_n {
+        // The frames from this one on are left out (with those past a
+        // mark that ends them, not read).
+        let last = (py_n - 2).min(2 * PY_MAX_FRAMES - 2);
+        let marked = w.py[last] & PY_CUT_MARK != 0;
+        let left = (py_n - k) / 2 - marked as usize;
+        bump_counter(counter::PY_CUT, 1);
+        let words = py_cut_words(left as u32, marked);
+        (words[0], words[1])
+    } else {
+        (w.py[k], w.py[k + 1])
+    };
     w.stack.frames[n] = a;
     w.stack.frames[n + 1] = b;
     unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 2) };
-    0
+    (a & PY_CUT_MARK != 0) as i64
 }
 
 /// Tells the tracer of a new stack's Python frames, for it to read their

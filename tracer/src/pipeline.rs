@@ -46,13 +46,21 @@ pub fn profile(
 ) -> Result<Profile> {
     let mut walks = unwind.walks();
     let mut raw = collect::collect(probes, &walks.counted).context("reading the kernel maps")?;
-    // Code objects no notice told of, while the process may still live.
+    // Code objects no notice told of, while the process may still live;
+    // unless its interpreter's state turned out unreadable, which is all
+    // there is to say of its Python.
     if let Some(names) = walks.python.as_mut() {
-        for st in &raw.stacks {
-            names.learn(crate::python::split(&st.addrs).1);
+        if let Some(line) = names.judge() {
+            crate::python::say_once(line);
+            meta.python = line.to_string();
+            raw.stack_quality.python = None;
+        } else {
+            for st in &raw.stacks {
+                names.learn(crate::python::split(&st.addrs).1);
+            }
+            let q = raw.stack_quality.python.get_or_insert_default();
+            q.unnamed = names.unnamed;
         }
-        let q = raw.stack_quality.python.get_or_insert_default();
-        q.unnamed = names.unnamed;
     }
     if let Some(tracker) = tracker {
         add_live(&mut raw, tracker, clock);

@@ -413,29 +413,24 @@ fn test(args: &[String]) -> Result<()> {
             .arg("--target-dir")
             .arg(root.join("target/tmp/rustjem")),
     )?;
-    // The stress test keeps both CPUs of a small machine busy for a
-    // minute: it runs alone, after the rest, so that no other test's
-    // waits run out beside it.
-    status(Command::new(cargo()).args([
-        "test",
-        "--release",
-        "--workspace",
-        "--",
-        "--skip",
-        STRESS,
-    ]))?;
-    status(Command::new(cargo()).args([
-        "test",
-        "--release",
-        "-p",
-        "tracer",
-        "--test",
-        "e2e",
-        "--",
-        "--exact",
-        STRESS,
-    ]))
+    // The stress tests keep both CPUs of a small machine busy for a
+    // minute each: they run alone, one after the other, after the rest,
+    // so that no other test's waits run out beside them.
+    let mut rest = vec!["test", "--release", "--workspace", "--"];
+    for name in ALONE {
+        rest.extend(["--skip", name]);
+    }
+    status(Command::new(cargo()).args(rest))?;
+    status(
+        Command::new(cargo())
+            .args(["test", "--release", "-p", "tracer", "--test", "e2e", "--"])
+            .args(["--exact", "--test-threads", "1"])
+            .args(ALONE),
+    )
 }
 
-/// The end-to-end stress test of live mode (a minute).
-const STRESS: &str = "losses::a_minute_of_cross_thread_frees_in_live_mode_is_exact";
+/// The end-to-end stress tests of live mode (a minute each).
+const ALONE: [&str; 2] = [
+    "losses::a_minute_of_cross_thread_frees_in_live_mode_is_exact",
+    "losses::a_burst_at_any_table_size_reports_every_leak_and_no_freed_block",
+];

@@ -1,46 +1,65 @@
-//! The agent's HTTP endpoints: GET and HEAD only, nothing that writes.
+//! The agent's HTTP server: GET and HEAD only, nothing that writes.
 //!
 //! Connections are tokio tasks on a thread of their own (an idle one
-//! costs a few KiB, not a thread); a request's head is parsed by
-//! `httparse`; each request is answered on a blocking thread, so that a
-//! `?seconds=60` profile does not hold up a scrape of `/metrics`. Every
-//! answer closes its connection. Written here rather than taken whole
-//! from a crate: tiny_http (used before) gives every connection a thread
-//! for as long as the client keeps it open and has neither a limit nor a
-//! timeout, so a local client that opened connections and sent nothing
-//! made the agent's threads grow without bound; hyper would bring a
-//! server framework for four GET routes.
+//! costs a few KiB, not a thread); with `--web-config` each is a TLS
+//! connection (rustls) and its requests need a user's password or a
+//! client certificate ([`super::web`]); a request's head is parsed by
+//! `httparse`; what is answered, and how much of each kind at once, is
+//! [`super::pages`]'. Every answer closes its connection. Written here
+//! rather than taken whole from a crate: tiny_http (used before) gives
+//! every connection a thread for as long as the client keeps it open and
+//! has neither a limit nor a timeout, so a local client that opened
+//! connections and sent nothing made the agent's threads grow without
+//! bound; hyper would bring a server framework for four GET routes.
 //!
-//! Bounds: at most [`MAX_CONNECTIONS`] open (when full, the one that has
-//! waited longest for its request head is closed for the new one, so idle
-//! connections cannot lock a scraper out), a head within [`HEAD_TIMEOUT`]
-//! and [`MAX_HEAD`] bytes, at most [`MAX_IN_FLIGHT`] requests answered at
-//! once (more get 503).
+//! Bounds: [`MAX_CONNECTIONS`] open; past them, connections that have
+//! sent nothing for [`MIN_IDLE`] are closed, the longest waiting first
+//! (looked at when one comes and every 100 ms), so idle connections
+//! cannot lock a scraper out, and a client that sends its request within
+//! [`MIN_IDLE`] of connecting is never closed for another, however fast
+//! idle ones reconnect. At [`MAX_OPEN`] a new connection closes the
+//! longest idle one whatever its age (then one that has sent bytes, but
+//! never one whose request head has come whole). A head (the TLS
+//! handshake included) within [`HEAD_TIMEOUT`] and [`MAX_HEAD`] bytes; an
+//! answer written within [`WRITE_TIMEOUT`]. The listening socket's
+//! backlog holds [`BACKLOG`] connections not yet accepted.
 
 use std::{
     collections::VecDeque,
     net::{SocketAddr, TcpListener},
+    os::fd::{AsRawFd, RawFd},
+    path::PathBuf,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{metrics, Reading, Shared};
-use crate::{profile::Profile, render::pprof};
+use super::{
+    pages::{text, Answer, Pages},
+    web::WebConfig,
+    Shared,
+};
+use crate::error::{UserError, EXIT_USAGE};
 
-/// Requests answered side by side at most.
-const MAX_IN_FLIGHT: usize = 16;
-
-/// Connections open at once at most.
+/// Connections open at once past which idle ones are closed.
 const MAX_CONNECTIONS: usize = 64;
 
-/// How long a connection may take to send its request head.
+/// How long a connection may send nothing before it may be closed for
+/// another.
+const MIN_IDLE: Duration = Duration::from_secs(1);
+
+/// Connections open at once at most (a few KiB each; the agent raises its
+/// descriptor limit).
+const MAX_OPEN: usize = 512;
+
+/// How long a connection may take to send its request head (after its
+/// TLS handshake, which counts too).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest request head read (431 beyond).
@@ -50,29 +69,92 @@ const MAX_HEAD: usize = 16 * 1024;
 /// nothing is dropped).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Longest `?seconds=` window.
-const MAX_SECONDS: u64 = 3600;
+/// Connections the kernel holds for the agent before it accepts them: a
+/// reconnect storm of hundreds at once finds room (the kernel bounds it
+/// by `net.core.somaxconn`, 4096 by default).
+const BACKLOG: i32 = 1024;
+
+/// Password checks (bcrypt, tens of milliseconds of CPU each) at once at
+/// most; a password checked before is remembered and costs nothing.
+const MAX_PASSWORD_CHECKS: usize = 2;
+
+/// A connection, plain or TLS.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// `--listen` and what goes with it.
+pub struct Listen {
+    pub addr: SocketAddr,
+    /// `--web-config`: TLS and basic auth.
+    pub web_config: Option<PathBuf>,
+    /// `--insecure-listen`: an address that is not loopback may be served
+    /// without TLS and authentication.
+    pub insecure: bool,
+}
 
 /// The listening socket, bound before anything is attached (a port in
 /// use is a usage error, not a trace lost), then served.
 pub struct Server {
     listener: Option<TcpListener>,
     pub addr: SocketAddr,
+    web: Option<Arc<WebConfig>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Server {
-    pub fn bind(addr: SocketAddr) -> Result<Server> {
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| crate::user_error!("cannot listen on {addr}: {e}"))?;
+    /// Reads `--web-config` and binds `--listen`; an address that is not
+    /// loopback is refused without TLS and authentication unless
+    /// `--insecure-listen` says so.
+    pub fn bind(listen: &Listen) -> Result<Server> {
+        let addr = listen.addr;
+        let loopback = addr.ip().is_loopback();
+        if !loopback && listen.web_config.is_none() && !listen.insecure {
+            return Err(anyhow::Error::new(UserError::with_code(
+                format!("--listen {addr} is not loopback: give --web-config FILE (TLS and basic auth, as Prometheus exporters take it), or --insecure-listen to let any host that reaches it read the profiles"),
+                EXIT_USAGE,
+            )));
+        }
+        let web = listen
+            .web_config
+            .as_deref()
+            .map(|p| WebConfig::load(p, !loopback && !listen.insecure))
+            .transpose()?
+            .map(Arc::new);
+        let listener =
+            listen_on(addr).map_err(|e| crate::user_error!("cannot listen on {addr}: {e}"))?;
         let addr = listener.local_addr()?;
         Ok(Server {
             listener: Some(listener),
             addr,
+            web,
             stop: None,
             thread: None,
         })
+    }
+
+    /// Where it serves and what that lets in, said once at the start.
+    pub fn describe(&self) -> String {
+        let loaded = self.web.as_ref().and_then(|w| w.current().ok());
+        let scheme = match loaded.as_ref().and_then(|l| l.tls.as_ref()) {
+            Some(_) => "https",
+            None => "http",
+        };
+        let addr = self.addr;
+        let access = loaded.as_ref().map(|l| l.describe());
+        match (addr.ip().is_loopback(), access) {
+            (true, None) => format!("serving on {scheme}://{addr}/ (loopback only)"),
+            (true, Some(access)) => {
+                format!("serving on {scheme}://{addr}/ (loopback only; {access})")
+            }
+            (false, Some(access)) if loaded.as_ref().is_some_and(|l| l.secured()) => {
+                format!("serving on {scheme}://{addr}/ (NOT loopback; {access})")
+            }
+            (false, access) => format!(
+                "serving on {scheme}://{addr}/: NOT loopback, {}: any host that reaches this address can read the profiles",
+                access.unwrap_or_else(|| "neither TLS nor authentication".into())
+            ),
+        }
     }
 
     /// Answers requests from `shared`'s readings, on a thread, until
@@ -85,10 +167,16 @@ impl Server {
             .enable_all()
             .build()
             .context("the agent's HTTP runtime")?;
+        let ctx = Arc::new(Ctx {
+            pages: Pages::new(shared),
+            web: self.web.clone(),
+            waiting: Waiting::default(),
+            password_checks: tokio::sync::Semaphore::new(MAX_PASSWORD_CHECKS),
+        });
         let thread = std::thread::Builder::new()
             .name("mtrace-agent-http".into())
             .spawn(move || {
-                runtime.block_on(accept(listener, shared, stopped));
+                runtime.block_on(accept(listener, ctx, stopped));
                 // Answers under way finish on their threads, unwaited.
                 runtime.shutdown_background();
             })
@@ -109,46 +197,181 @@ impl Server {
     }
 }
 
-/// Connections still waiting for their request head, oldest first: the
-/// first to close when the connections are at their limit.
+/// A listening socket on `addr` with [`BACKLOG`] (std's is 128).
+fn listen_on(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// What every connection's task shares.
+struct Ctx {
+    pages: Pages,
+    web: Option<Arc<WebConfig>>,
+    waiting: Waiting,
+    password_checks: tokio::sync::Semaphore,
+}
+
+/// A connection still waiting for its request head.
+struct Head {
+    id: u64,
+    /// When it was accepted.
+    since: std::time::Instant,
+    /// Its socket, to see whether bytes wait on it. The entry leaves the
+    /// list before the socket is closed, and both happen on the server's
+    /// one thread, so the descriptor is this connection's.
+    fd: RawFd,
+    /// It has sent something (its task saw the socket readable).
+    stirred: Arc<AtomicBool>,
+    /// It is counted open (cleared when it is closed for another, which
+    /// uncounts it at once).
+    counted: Arc<AtomicBool>,
+    task: tokio::task::AbortHandle,
+}
+
+/// Connections still waiting for their request head, oldest first.
 #[derive(Default)]
 struct Waiting {
     next: AtomicU64,
     open: AtomicUsize,
-    heads: Mutex<VecDeque<(u64, tokio::task::AbortHandle)>>,
+    heads: Mutex<VecDeque<Head>>,
 }
 
 impl Waiting {
     fn done(&self, id: u64) {
         let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
-        heads.retain(|(i, _)| *i != id);
+        heads.retain(|h| h.id != id);
+    }
+
+    /// Closes the oldest connection waiting for its head to make room:
+    /// one that has sent nothing, else one whose head has not come whole.
+    /// False when every one has a whole head waiting to be read.
+    fn make_room(&self) -> bool {
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        let waiting: Vec<Pending> = heads.iter().map(Head::pending).collect();
+        let victim = (waiting.iter().position(|p| *p == Pending::Nothing))
+            .or_else(|| waiting.iter().position(|p| *p == Pending::Some));
+        match victim.and_then(|i| heads.remove(i)) {
+            Some(h) => {
+                self.close(&h);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// While more than [`MAX_CONNECTIONS`] are open, closes the oldest
+    /// that have sent nothing for at least [`MIN_IDLE`].
+    fn close_idle(&self) {
+        let mut excess = self
+            .open
+            .load(Ordering::SeqCst)
+            .saturating_sub(MAX_CONNECTIONS);
+        if excess == 0 {
+            return;
+        }
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        heads.retain(|h| {
+            let idle = excess > 0
+                && now.duration_since(h.since) >= MIN_IDLE
+                && h.pending() == Pending::Nothing;
+            if idle {
+                self.close(h);
+                excess -= 1;
+            }
+            !idle
+        });
+    }
+
+    /// Closes `h`, taken out of the list, and uncounts it at once.
+    fn close(&self, h: &Head) {
+        h.task.abort();
+        if h.counted.swap(false, Ordering::SeqCst) {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
-/// Counts a connection open while it lives (an aborted task drops it too).
-struct Open(Arc<Waiting>);
+impl Head {
+    fn pending(&self) -> Pending {
+        if self.stirred.load(Ordering::Relaxed) {
+            Pending::Some
+        } else {
+            pending(self.fd)
+        }
+    }
+}
+
+/// What waits on a connection's socket, unread.
+#[derive(PartialEq, Eq)]
+enum Pending {
+    /// Nothing (or the client has closed it).
+    Nothing,
+    /// Bytes, not a whole request head.
+    Some,
+    /// A whole request head.
+    Head,
+}
+
+/// What waits on `fd`, looked at without reading it.
+fn pending(fd: RawFd) -> Pending {
+    let mut buf = [0u8; 2048];
+    // SAFETY: `fd` is an open socket (see `Head::fd`); `buf` is writable
+    // for its length.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match usize::try_from(n) {
+        Ok(0) | Err(_) => Pending::Nothing,
+        Ok(n) => {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            match httparse::Request::new(&mut headers).parse(&buf[..n]) {
+                Ok(httparse::Status::Complete(_)) => Pending::Head,
+                // A head larger than what was looked at, or TLS: bytes.
+                _ => Pending::Some,
+            }
+        }
+    }
+}
+
+/// Counts a connection open while it lives, unless it was uncounted when
+/// closed for another (an aborted task drops it too).
+struct Open(Arc<Ctx>, Arc<AtomicBool>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        if self.1.swap(false, Ordering::SeqCst) {
+            self.0.waiting.open.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
 async fn accept(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    ctx: Arc<Ctx>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         log::warn!("agent: the listening socket could not be served");
         return;
     };
-    let started = Instant::now();
-    let waiting = Arc::new(Waiting::default());
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut look = tokio::time::interval(Duration::from_millis(100));
     loop {
         let stream = tokio::select! {
             _ = &mut stopped => return,
+            _ = look.tick() => {
+                ctx.waiting.close_idle();
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -159,95 +382,169 @@ async fn accept(
                 }
             },
         };
-        if waiting.open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            let oldest = waiting
-                .heads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front();
-            match oldest {
-                Some((_, idle)) => idle.abort(),
-                None => {
-                    waiting.open.fetch_sub(1, Ordering::SeqCst);
-                    tokio::spawn(async move {
-                        let mut stream = stream;
-                        let answer = text(503, "too many connections at once\n");
-                        let _ = tokio::time::timeout(
-                            Duration::from_secs(1),
-                            write_answer(&mut stream, &answer, false),
-                        )
-                        .await;
-                    });
-                    continue;
-                }
-            }
+        let _ = stream.set_nodelay(true);
+        if ctx.waiting.open.load(Ordering::SeqCst) >= MAX_OPEN && !ctx.waiting.make_room() {
+            tokio::spawn(async move {
+                let mut stream = stream;
+                let answer = text(503, "too many connections at once\n");
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    write_answer(&mut stream, &answer, false),
+                )
+                .await;
+            });
+            continue;
         }
-        let open = Open(waiting.clone());
-        let id = waiting.next.fetch_add(1, Ordering::Relaxed);
-        let (shared, in_flight, w) = (shared.clone(), in_flight.clone(), waiting.clone());
+        ctx.waiting.open.fetch_add(1, Ordering::SeqCst);
+        let counted = Arc::new(AtomicBool::new(true));
+        let open = Open(ctx.clone(), counted.clone());
+        let id = ctx.waiting.next.fetch_add(1, Ordering::Relaxed);
+        let stirred = Arc::new(AtomicBool::new(false));
+        let fd = stream.as_raw_fd();
+        let (c, s) = (ctx.clone(), stirred.clone());
         let task = tokio::spawn(async move {
             let _open = open;
-            connection(stream, id, &w, shared, in_flight, started).await;
+            connection(stream, id, &c, &s).await;
         });
-        let mut heads = waiting.heads.lock().unwrap_or_else(|e| e.into_inner());
-        if !task.is_finished() {
-            heads.push_back((id, task.abort_handle()));
+        {
+            let mut heads = ctx.waiting.heads.lock().unwrap_or_else(|e| e.into_inner());
+            if !task.is_finished() {
+                heads.push_back(Head {
+                    id,
+                    since: std::time::Instant::now(),
+                    fd,
+                    stirred,
+                    counted,
+                    task: task.abort_handle(),
+                });
+            }
         }
+        ctx.waiting.close_idle();
+        // The connections accepted so far read what they have before the
+        // next is accepted (and may have to make room).
+        tokio::task::yield_now().await;
     }
 }
 
-/// One connection: its request head read and parsed, answered, closed.
-async fn connection(
-    mut stream: tokio::net::TcpStream,
-    id: u64,
-    waiting: &Waiting,
-    shared: Arc<Shared>,
-    in_flight: Arc<AtomicUsize>,
-    started: Instant,
-) {
-    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await;
-    waiting.done(id);
-    let (method, target) = match head {
+/// One connection: TLS if configured, its request head read, its user
+/// checked, answered, closed.
+async fn connection(tcp: tokio::net::TcpStream, id: u64, ctx: &Ctx, stirred: &AtomicBool) {
+    let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
+    // Until the client sends something (or closes): a peek, since tokio
+    // takes a new socket as readable before anything came.
+    let _ = tokio::time::timeout_at(deadline, tcp.peek(&mut [0u8; 1])).await;
+    stirred.store(true, Ordering::Relaxed);
+    let loaded = match ctx.web.as_ref().map(|w| w.current()).transpose() {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    let mut io: Box<dyn Io> = match loaded.as_ref().and_then(|l| l.tls.clone()) {
+        None => Box::new(tcp),
+        Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => Box::new(tls),
+            Ok(Err(e)) => {
+                log::debug!("agent: TLS handshake: {e}");
+                return;
+            }
+            Err(_) => return,
+        },
+    };
+    let head = tokio::time::timeout_at(deadline, read_head(&mut io)).await;
+    ctx.waiting.done(id);
+    let request = match head {
         Err(_) => {
-            let _ = write_answer(&mut stream, &text(408, "no request in time\n"), false).await;
+            let _ = write_answer(&mut io, &text(408, "no request in time\n"), false).await;
             return;
         }
         Ok(Err(answer)) => {
-            let _ = write_answer(&mut stream, &answer, false).await;
+            let _ = write_answer(&mut io, &answer, false).await;
             return;
         }
         Ok(Ok(None)) => return,
         Ok(Ok(Some(request))) => request,
     };
-    let head_only = method == "HEAD";
-    let answer = if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
-        in_flight.fetch_sub(1, Ordering::SeqCst);
-        text(503, "too many requests at once\n")
-    } else {
-        let answered = tokio::task::spawn_blocking(move || {
-            let answer = answer(&method, &target, &shared, started);
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-            answer
-        })
-        .await;
-        answered.unwrap_or_else(|e| text(500, &format!("{e}\n")))
+    let head_only = request.method == "HEAD";
+    let answer = match (&ctx.web, &loaded) {
+        (Some(web), Some(l)) if l.needs_password() => {
+            authorized(ctx, web, l, request.authorization.as_deref()).await
+        }
+        _ => None,
+    };
+    let answer = match answer {
+        Some(refused) => refused,
+        None => match ctx
+            .pages
+            .answer(&request.method, &request.target, io.as_mut())
+            .await
+        {
+            Some(a) => a,
+            // The client has gone: nothing to answer.
+            None => return,
+        },
     };
     let written =
-        tokio::time::timeout(WRITE_TIMEOUT, write_answer(&mut stream, &answer, head_only)).await;
+        tokio::time::timeout(WRITE_TIMEOUT, write_answer(&mut io, &answer, head_only)).await;
     if let Ok(Err(e)) = written {
         log::debug!("agent: answering a request: {e}");
     }
 }
 
-/// The request's method and target, `None` when the client closed
-/// without sending one, or the answer to a head that cannot be read.
-async fn read_head(
-    stream: &mut tokio::net::TcpStream,
-) -> std::result::Result<Option<(String, String)>, Answer> {
+/// None when `authorization` names a user with its password, else the
+/// answer that refuses the request.
+async fn authorized(
+    ctx: &Ctx,
+    web: &Arc<WebConfig>,
+    loaded: &Arc<super::web::Loaded>,
+    authorization: Option<&str>,
+) -> Option<Answer> {
+    let ok = match web.remembered(loaded, authorization) {
+        Some(ok) => ok,
+        None => {
+            let Ok(_turn) = tokio::time::timeout(HEAD_TIMEOUT, ctx.password_checks.acquire()).await
+            else {
+                return Some(text(503, "too many password checks at once\n"));
+            };
+            let (web, loaded) = (web.clone(), loaded.clone());
+            let authorization = authorization.map(str::to_string);
+            tokio::task::spawn_blocking(move || web.check(&loaded, authorization.as_deref()))
+                .await
+                .unwrap_or(false)
+        }
+    };
+    (!ok).then(|| {
+        text(401, "a user and its password are needed (basic auth)\n")
+            .with_header("WWW-Authenticate", "Basic realm=\"mtrace agent\"")
+    })
+}
+
+/// Resolves once the client has closed the connection (or it failed):
+/// a request whose client has gone is not waited for. Whatever the
+/// client sends meanwhile is read and dropped. A client that closes only
+/// its sending side is taken as gone too, as Go's HTTP server takes it.
+pub async fn gone(io: &mut dyn Io) {
+    let mut buf = [0u8; 512];
+    loop {
+        match io.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// A request's method, target and `Authorization` header.
+struct Request {
+    method: String,
+    target: String,
+    authorization: Option<String>,
+}
+
+/// The request, `None` when the client closed without sending one, or
+/// the answer to a head that cannot be read.
+async fn read_head(io: &mut Box<dyn Io>) -> std::result::Result<Option<Request>, Answer> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
     loop {
-        let n = stream
+        let n = io
             .read(&mut chunk)
             .await
             .map_err(|e| text(400, &format!("{e}\n")))?;
@@ -259,9 +556,16 @@ async fn read_head(
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
             Ok(httparse::Status::Complete(_)) => {
-                let method = req.method.unwrap_or_default().to_string();
-                let target = req.path.unwrap_or_default().to_string();
-                return Ok(Some((method, target)));
+                let authorization = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+                    .map(|h| String::from_utf8_lossy(h.value).into_owned());
+                return Ok(Some(Request {
+                    method: req.method.unwrap_or_default().to_string(),
+                    target: req.path.unwrap_or_default().to_string(),
+                    authorization,
+                }));
             }
             Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => {}
             Ok(httparse::Status::Partial) => {
@@ -275,8 +579,8 @@ async fn read_head(
     }
 }
 
-async fn write_answer(
-    stream: &mut tokio::net::TcpStream,
+async fn write_answer<W: AsyncWrite + Unpin + ?Sized>(
+    io: &mut W,
     answer: &Answer,
     head_only: bool,
 ) -> std::io::Result<()> {
@@ -290,17 +594,18 @@ async fn write_answer(
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
+    io.write_all(head.as_bytes()).await?;
     if !head_only {
-        stream.write_all(&answer.body).await?;
+        io.write_all(&answer.body).await?;
     }
-    stream.shutdown().await
+    io.shutdown().await
 }
 
 fn reason(code: u16) -> &'static str {
     match code {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
@@ -310,167 +615,4 @@ fn reason(code: u16) -> &'static str {
         503 => "Service Unavailable",
         _ => "",
     }
-}
-
-/// A response: status, headers beside the length, body.
-struct Answer {
-    code: u16,
-    headers: Vec<(&'static str, String)>,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn data(body: Vec<u8>) -> Answer {
-        Answer {
-            code: 200,
-            headers: Vec::new(),
-            body,
-        }
-    }
-
-    fn with_header(mut self, name: &'static str, value: &str) -> Answer {
-        self.headers.push((name, value.to_string()));
-        self
-    }
-}
-
-fn text(code: u16, body: &str) -> Answer {
-    Answer {
-        code,
-        headers: Vec::new(),
-        body: body.as_bytes().to_vec(),
-    }
-    .with_header("Content-Type", "text/plain; charset=utf-8")
-}
-
-fn answer(method: &str, target: &str, shared: &Shared, started: Instant) -> Answer {
-    if !matches!(method, "GET" | "HEAD") {
-        return text(
-            405,
-            "only GET: the agent serves what it counted and changes nothing\n",
-        )
-        .with_header("Allow", "GET, HEAD");
-    }
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    match route(path, query, shared, started) {
-        Ok(r) => r,
-        Err((code, why)) => text(code, &format!("{why}\n")),
-    }
-}
-
-type Routed = std::result::Result<Answer, (u16, String)>;
-
-const INDEX: &str = "\
-mtrace agent
-  /debug/pprof/allocs   allocations since the start (Go heap profile); ?seconds=N: during the next N seconds
-  /debug/pprof/heap     the same, in-use first (live mode only)
-                        ?pid=PID: one process's samples only (every sample has pid and comm labels)
-  /metrics              Prometheus text format
-  /healthz              200 while tracing
-";
-
-fn route(path: &str, query: &str, shared: &Shared, started: Instant) -> Routed {
-    let query = Query::parse(query)?;
-    match path {
-        "/" => Ok(text(200, INDEX)),
-        "/healthz" => healthz(shared, started),
-        "/metrics" => {
-            let reading = shared.fresh().map_err(|e| (503, e))?;
-            Ok(Answer::data(metrics::render(&reading))
-                .with_header("Content-Type", metrics::CONTENT_TYPE))
-        }
-        "/debug/pprof/allocs" => profile(shared, &query, "alloc_space"),
-        "/debug/pprof/heap" => profile(shared, &query, "inuse_space"),
-        _ => Err((404, format!("no such page: {path} (see /)"))),
-    }
-}
-
-fn healthz(shared: &Shared, started: Instant) -> Routed {
-    let st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-    match &st.gone {
-        Some(why) => Err((503, why.clone())),
-        None => Ok(text(
-            200,
-            &format!("ok: tracing for {:.0} s\n", started.elapsed().as_secs_f64()),
-        )),
-    }
-}
-
-/// What a profile's query asks for.
-#[derive(Default)]
-struct Query {
-    seconds: Option<u64>,
-    pid: Option<u32>,
-}
-
-impl Query {
-    /// Go's parameters that do not apply here (`gc`, `debug`) are let be.
-    fn parse(query: &str) -> std::result::Result<Query, (u16, String)> {
-        let mut q = Query::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let bad = || (400, format!("bad {k}={v}"));
-            match k {
-                "seconds" => {
-                    let n: u64 = v.parse().map_err(|_| bad())?;
-                    if n == 0 || n > MAX_SECONDS {
-                        return Err((400, format!("seconds={v}: from 1 to {MAX_SECONDS}")));
-                    }
-                    q.seconds = Some(n);
-                }
-                "pid" => q.pid = Some(v.parse().map_err(|_| bad())?),
-                _ => {}
-            }
-        }
-        Ok(q)
-    }
-}
-
-fn profile(shared: &Shared, q: &Query, default_type: &str) -> Routed {
-    let first = shared.fresh().map_err(|e| (503, e))?;
-    let live = first.profile.live.is_some();
-    // In count mode only a Go program's own heap has in-use figures.
-    if default_type == "inuse_space" && !live && first.profile.go_heaps.is_empty() {
-        return Err((
-            501,
-            "in-use memory is not tracked: the agent runs in count mode (start it with --live); /debug/pprof/allocs has the allocations".into(),
-        ));
-    }
-    let profile = match q.seconds {
-        None => first.profile.clone(),
-        Some(n) => {
-            let due = first.at + Duration::from_secs(n);
-            std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            let second: Arc<Reading> = shared.fresh().map_err(|e| (503, e))?;
-            let mut window = crate::profile::window::between(&first.profile, &second.profile);
-            // The window's own start (pprof's time_nanos).
-            window.meta.start_time = humantime::format_rfc3339_seconds(first.wall).to_string();
-            window
-        }
-    };
-    let mut profile = match q.pid {
-        None => profile,
-        Some(pid) => only_process(profile, pid)?,
-    };
-    crate::profile::window::scale_windows(&mut profile);
-    let bytes =
-        pprof::render_go_heap(&profile, default_type).map_err(|e| (500, format!("{e:#}")))?;
-    Ok(Answer::data(bytes)
-        .with_header("Content-Type", "application/octet-stream")
-        .with_header(
-            "Content-Disposition",
-            "attachment; filename=\"profile.pb.gz\"",
-        ))
-}
-
-/// `?pid=`: the stacks of one process of the scope.
-fn only_process(mut profile: Profile, pid: u32) -> std::result::Result<Profile, (u16, String)> {
-    let known = profile.meta.pid == pid || profile.meta.processes.iter().any(|p| p.pid == pid);
-    if !known {
-        return Err((404, format!("pid {pid} is not among the processes traced")));
-    }
-    profile
-        .stacks
-        .retain(|e| e.process.as_ref().is_some_and(|p| p.pid == pid));
-    Ok(profile)
 }

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::Reading;
-use crate::profile::{is_allocation, Counts, Profile};
+use crate::profile::{is_allocation, Counts, Profile, StackEntry};
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -48,33 +48,46 @@ impl Out {
     }
 }
 
-/// Per process (pid, comm) and allocator function: calls and bytes.
-fn per_process(profile: &Profile) -> BTreeMap<(u32, String, String), Counts> {
+/// Per process (pid, comm) and allocator function: calls and bytes, each
+/// stack's scaled by `factor` as `scale_windows` scales it.
+fn per_process(
+    stacks: &[StackEntry],
+    root: u32,
+    factor: f64,
+) -> BTreeMap<(u32, String, String), Counts> {
+    let scale = |n: u64| {
+        if factor == 1.0 {
+            n
+        } else {
+            (n as f64 * factor).round() as u64
+        }
+    };
     let mut rows: BTreeMap<(u32, String, String), Counts> = BTreeMap::new();
-    for e in profile.stacks.iter().filter(|e| is_allocation(e)) {
+    for e in stacks.iter().filter(|e| is_allocation(e)) {
         let (pid, comm) = match &e.process {
             Some(p) => (p.pid, p.name.clone()),
-            None => (profile.meta.pid, String::new()),
+            None => (root, String::new()),
         };
         rows.entry((pid, comm, e.func.clone()))
             .or_default()
-            .add(e.counts);
+            .add(Counts {
+                calls: scale(e.counts.calls),
+                bytes: scale(e.counts.bytes),
+            });
     }
     rows
 }
 
 pub fn render(reading: &Reading) -> Vec<u8> {
-    // Only a windows policy's counts are scaled (on a copy: the reading is
-    // shared with other requests).
-    let scaled;
-    let p = if reading.profile.meta.windows.is_some() {
-        let mut copy = reading.profile.clone();
-        crate::profile::window::scale_windows(&mut copy);
-        scaled = copy;
-        &scaled
-    } else {
-        &reading.profile
-    };
+    // A windows policy's counts are scaled: the totals on a copy without
+    // the stacks (the reading is shared with other requests, and a copy
+    // of its stacks is hundreds of megabytes in a large trace), the
+    // stacks' as they are summed.
+    let mut head = crate::profile::window::without_stacks(&reading.profile);
+    crate::profile::window::scale_windows(&mut head);
+    let factor = head.meta.windows.as_ref().map_or(1.0, |w| w.scale);
+    let p = &head;
+    let stacks = &reading.profile.stacks;
     let mut o = Out(String::new());
     o.family(
         "mtrace_up",
@@ -161,7 +174,7 @@ pub fn render(reading: &Reading) -> Vec<u8> {
         &[],
         listed + p.meta.processes_unlisted,
     );
-    let rows = per_process(p);
+    let rows = per_process(stacks, p.meta.pid, factor);
     for (name, help, of) in [
         (
             "mtrace_allocation_calls_total",
@@ -190,7 +203,7 @@ pub fn render(reading: &Reading) -> Vec<u8> {
     }
     if p.live.is_some() {
         let mut live: BTreeMap<(u32, String), (u64, u64)> = BTreeMap::new();
-        for e in &p.stacks {
+        for e in stacks {
             if let (Some(l), Some(proc)) = (&e.live, &e.process) {
                 let row = live.entry((proc.pid, proc.name.clone())).or_default();
                 row.0 += l.outstanding;
@@ -274,6 +287,7 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
         out.extend([
             ("live_events_lost", live.events_lost),
             ("live_frees_lost", live.frees_lost),
+            ("live_allocs_lost", live.allocs_lost),
             ("live_untracked", live.untracked),
             ("live_failed", live.failed),
         ]);
@@ -281,6 +295,7 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
     if let Some(py) = p.stack_quality.as_ref().and_then(|q| q.python.as_ref()) {
         out.extend([
             ("python_frames_cut", py.cut),
+            ("python_threads_beyond", py.threads_beyond),
             ("python_frames_unreadable", py.unreadable),
             ("python_code_unnamed", py.unnamed),
             ("python_notices_lost", py.notices_lost),

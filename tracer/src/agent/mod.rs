@@ -9,13 +9,16 @@
 //! tick, when the session makes one ([`AgentWatcher`]). A reading is the
 //! whole trace so far (every process, those gone included), symbolized;
 //! `?seconds=N` is the difference of two readings N seconds apart
-//! ([`crate::profile::window::between`]).
+//! ([`crate::profile::window::between`]). [`pages`] answers the requests
+//! (one profile rendered at a time, shared by the requests that wait for
+//! it); [`web`] reads `--web-config` (TLS, basic auth).
 
 mod http;
 mod metrics;
+mod pages;
+mod web;
 
 use std::{
-    net::SocketAddr,
     sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
 };
@@ -27,12 +30,14 @@ use crate::{
     watch::{Tick, Watcher},
 };
 
-pub use http::Server;
+pub use http::{Listen, Server};
 
 /// One reading of the trace: the profile so far and the second's counters.
 pub struct Reading {
     pub profile: Profile,
     pub tick: Tick,
+    /// Its number: readings are numbered from 1 in the order they begin.
+    pub number: u64,
     /// When it was made.
     pub at: Instant,
     pub wall: std::time::SystemTime,
@@ -40,11 +45,18 @@ pub struct Reading {
 
 #[derive(Default)]
 struct State {
-    /// A reading was asked for since the last one was made.
+    /// A reading was asked for since the last one began.
     wanted: bool,
+    /// Readings begun.
+    begun: u64,
+    /// The last reading made, while requests that waited for it have
+    /// not all taken it (then dropped: a reading of a large trace is
+    /// hundreds of megabytes).
     latest: Option<Arc<Reading>>,
-    /// How many readings were made.
-    made: u64,
+    /// Requests waiting for a reading.
+    waiting: usize,
+    /// Of those, the ones that have yet to take `latest`.
+    takers: usize,
     /// The trace has ended (or the session could not read the maps): why.
     gone: Option<String>,
 }
@@ -58,37 +70,52 @@ pub struct Shared {
     wake: Arc<tokio::sync::Notify>,
 }
 
-/// Longest a request waits for the session's next reading.
-const READING_WAIT: Duration = Duration::from_secs(5);
+/// Longest a request waits for a reading begun after it came: the one
+/// under way, then its own (a reading of a trace of 30,000 stacks takes
+/// 2-3 s on a loaded machine of 2 CPUs).
+const READING_WAIT: Duration = Duration::from_secs(15);
 
 impl Shared {
-    /// A reading made after this call (the session makes one at its next
-    /// second), or why there is none.
+    /// How many readings have begun: a reading numbered above it begins
+    /// after this call.
+    pub fn begun(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).begun
+    }
+
+    /// A reading begun after this call (the session makes one when woken),
+    /// or why there is none.
     pub fn fresh(&self) -> std::result::Result<Arc<Reading>, String> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let since = st.made;
+        let since = st.begun;
         st.wanted = true;
+        st.waiting += 1;
         self.wake.notify_one();
         let deadline = Instant::now() + READING_WAIT;
-        loop {
+        let got = loop {
             if let Some(why) = &st.gone {
-                return Err(why.clone());
+                break Err(why.clone());
             }
-            if st.made > since {
-                if let Some(r) = &st.latest {
-                    return Ok(r.clone());
-                }
+            if let Some(r) = st.latest.as_ref().filter(|r| r.number > since) {
+                let r = r.clone();
+                st.takers = st.takers.saturating_sub(1);
+                break Ok(r);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err("the trace made no reading in time".into());
+                break Err("the trace made no reading in time".into());
             }
             st = self
                 .made
                 .wait_timeout(st, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        };
+        st.waiting -= 1;
+        st.takers = st.takers.min(st.waiting);
+        if st.takers == 0 {
+            st.latest = None;
         }
+        got
     }
 
     fn end(&self, why: String) {
@@ -127,22 +154,32 @@ impl Watcher for AgentWatcher {
     }
 
     fn woken(&mut self, tick: &Tick, profile: &dyn Fn() -> Result<Profile>) -> Result<()> {
-        if !std::mem::take(&mut self.shared.state.lock().unwrap().wanted) {
-            return Ok(());
-        }
+        let number = {
+            let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !std::mem::take(&mut st.wanted) {
+                return Ok(());
+            }
+            st.begun += 1;
+            st.begun
+        };
         // A reading that fails (a map unreadable) is said to the client;
         // the trace goes on.
         let made = profile();
-        let mut st = self.shared.state.lock().unwrap();
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         match made {
             Ok(profile) => {
-                st.latest = Some(Arc::new(Reading {
-                    profile,
-                    tick: *tick,
-                    at: Instant::now(),
-                    wall: std::time::SystemTime::now(),
-                }));
-                st.made += 1;
+                // Every request waiting now takes it (each waits for one
+                // begun after its call, and this one is the newest).
+                st.takers = st.waiting;
+                st.latest = (st.takers > 0).then(|| {
+                    Arc::new(Reading {
+                        profile,
+                        tick: *tick,
+                        number,
+                        at: Instant::now(),
+                        wall: std::time::SystemTime::now(),
+                    })
+                });
             }
             Err(e) => log::warn!("agent: reading the trace: {e:#}"),
         }
@@ -171,19 +208,8 @@ pub fn serve(
     server: Server,
     watchers: &mut Vec<Box<dyn Watcher>>,
 ) -> Result<Arc<tokio::sync::Notify>> {
-    crate::say!("mtrace agent: {}", describe_listen(server.addr));
+    crate::say!("mtrace agent: {}", server.describe());
     let (agent, wake) = AgentWatcher::start(server)?;
     watchers.push(Box::new(agent));
     Ok(wake)
-}
-
-/// `--listen`: what the address lets in, said once at the start.
-pub fn describe_listen(addr: SocketAddr) -> String {
-    if addr.ip().is_loopback() {
-        format!("serving on http://{addr}/ (loopback only)")
-    } else {
-        format!(
-            "serving on http://{addr}/: NOT loopback, any host that reaches this address can read the profiles"
-        )
-    }
 }

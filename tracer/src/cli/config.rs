@@ -14,9 +14,9 @@ use crate::{
     sinks::Outputs,
 };
 
-/// Fewest frees live mode keeps aside in the kernel when its rings are
-/// full (the block table's size when larger).
-const MIN_LOST_FREES: u32 = 32768;
+/// Fewest frees, and allocations, live mode keeps aside in the kernel when
+/// its rings are full (the block table's size when larger).
+const MIN_KEPT_ASIDE: u32 = 32768;
 
 /// The ring of walks the tracer finishes: 480 walks of the deepest
 /// stacks (a 33 KiB record each), about 3,000 of a small program's (5
@@ -93,7 +93,7 @@ impl TraceConfig {
                 events: args.event_buffer_size,
                 unwind_rules: args.unwind_rules_size,
                 unwind_ring: UNWIND_RING_BYTES,
-                lost_frees: args.live_map_size.max(MIN_LOST_FREES),
+                kept_aside: args.live_map_size.max(MIN_KEPT_ASIDE),
             },
             schedule: Schedule {
                 duration: args.duration.map(Duration::from_secs_f64),

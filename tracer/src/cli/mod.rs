@@ -104,9 +104,23 @@ pub enum PolicyArg {
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// Address and port to serve on. Loopback by default; any other
-    /// address lets every host that reaches it read the profiles.
+    /// address needs --web-config with TLS and an authentication, or
+    /// --insecure-listen.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:7117")]
     pub listen: std::net::SocketAddr,
+
+    /// A web configuration file as Prometheus exporters take it
+    /// (--web.config.file): tls_server_config (cert_file, key_file,
+    /// client_auth_type, client_ca_file) and basic_auth_users (user:
+    /// bcrypt hash). Read again when it or a file it names changes.
+    #[arg(long, value_name = "FILE", alias = "web.config.file")]
+    pub web_config: Option<PathBuf>,
+
+    /// Serve a --listen address that is not loopback without TLS and
+    /// authentication: any host that reaches it can read the profiles,
+    /// which name the traced processes' functions, files and commands.
+    #[arg(long)]
+    pub insecure_listen: bool,
 
     /// How the traced processes pay: `windows` (the default in count
     /// mode) puts the probes in for --window seconds, then takes them out
@@ -175,13 +189,15 @@ Examples:
   sudo mtrace agent --pid 1234
   sudo mtrace agent --cgroup system.slice/redis.service --sample-bytes 512KiB
   sudo mtrace agent --live --listen 127.0.0.1:7117 --pid 1234
+  sudo mtrace agent --listen 10.0.0.5:7117 --web-config web.yml --pid 1234
   go tool pprof -top http://127.0.0.1:7117/debug/pprof/allocs
   go tool pprof -seconds 30 http://127.0.0.1:7117/debug/pprof/allocs
 
 Endpoints: /debug/pprof/allocs and /debug/pprof/heap (Go's heap profile
 format; ?seconds=N for what was allocated during the next N seconds, in-use
 values left a snapshot; ?pid=PID for one process), /metrics (Prometheus),
-/healthz. GET only.
+/healthz. GET only. Beyond loopback, --web-config FILE gives TLS and basic
+auth in the Prometheus exporters' format (--web.config.file).
 
 Cost: by default (--policy windows) the probes are in for --window seconds,
 then out for as long as keeps the slowdown of the traced process that pays
@@ -345,8 +361,9 @@ pub struct TraceArgs {
 
     /// Live mode: how many outstanding blocks mtrace tracks at once;
     /// beyond that, allocations are counted as untracked. The kernel keeps
-    /// as many frees aside (24 bytes each) for when the event buffers are
-    /// full, so that a burst freeing them all loses none.
+    /// as many frees and as many allocations aside (72 bytes the pair) for
+    /// when the event buffers are full, so that a burst freeing or
+    /// allocating them all loses none.
     #[arg(long, value_name = "N", default_value_t = 262144, value_parser = clap::value_parser!(u32).range(1..))]
     pub live_map_size: u32,
 

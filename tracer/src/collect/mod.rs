@@ -320,6 +320,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         no_interpreter: sums[counter::PY_NO_INTERPRETER as usize],
         no_thread_state: sums[counter::PY_NO_THREAD_STATE as usize],
         no_code_running: sums[counter::PY_NO_CODE_RUNNING as usize],
+        threads_beyond: sums[counter::PY_THREADS_BEYOND as usize],
         cut: sums[counter::PY_CUT as usize],
         unreadable: sums[counter::PY_READ_FAILED as usize],
         notices_lost: sums[counter::PY_NOTICES_LOST as usize],
@@ -348,6 +349,8 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         events_lost: sums[counter::EVENTS_LOST as usize],
         frees_kept: sums[counter::FREES_KEPT as usize],
         frees_lost: sums[counter::FREES_LOST as usize],
+        allocs_kept: sums[counter::ALLOCS_KEPT as usize],
+        allocs_lost: sums[counter::ALLOCS_LOST as usize],
         pending_full: sums[counter::PENDING_FULL as usize],
         inline_unfinished: sums[counter::INLINE_UNFINISHED as usize],
         ..LiveTotals::default()

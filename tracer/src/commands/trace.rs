@@ -38,8 +38,11 @@ pub enum Front {
     Top,
     /// `mtrace agent`: served over HTTP at this address until stopped,
     /// with the windows policy or not.
-    Agent(std::net::SocketAddr, Option<session::duty::Windows>),
+    Agent(crate::agent::Listen, Option<session::duty::Windows>),
 }
+
+/// The smallest `--budget`, in percent.
+const MIN_BUDGET_PCT: f64 = 0.01;
 
 /// `mtrace agent`: its policy checked, then a trace served over HTTP.
 pub fn run_agent(args: crate::cli::AgentArgs) -> Result<i32> {
@@ -55,9 +58,12 @@ pub fn run_agent(args: crate::cli::AgentArgs) -> Result<i32> {
         }
         (Some(PolicyArg::Always), _) | (None, true) => None,
         (Some(PolicyArg::Windows), false) | (None, false) => {
-            if args.budget <= 0.0 {
+            // At it, a window of 0.05 s that costs the processes all
+            // their time is followed by 8 minutes without probes; far
+            // below it, by a pause too long to compute.
+            if args.budget < MIN_BUDGET_PCT {
                 return Err(anyhow::Error::new(UserError::with_code(
-                    "--budget must be above 0%",
+                    format!("--budget must be at least {MIN_BUDGET_PCT}%"),
                     EXIT_USAGE,
                 )));
             }
@@ -76,7 +82,12 @@ pub fn run_agent(args: crate::cli::AgentArgs) -> Result<i32> {
             })
         }
     };
-    run(args.trace, Front::Agent(args.listen, windows))
+    let listen = crate::agent::Listen {
+        addr: args.listen,
+        web_config: args.web_config,
+        insecure: args.insecure_listen,
+    };
+    run(args.trace, Front::Agent(listen, windows))
 }
 
 /// A trace; with `top`, under the full-screen live view.
@@ -86,12 +97,12 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
     // The agent's port is taken before anything is attached: one in use
     // is a usage error, not a trace lost.
     let server = match front {
-        Front::Agent(addr, windows) => {
+        Front::Agent(listen, windows) => {
             config.windows = windows;
             // Every sample carries its process (pid and comm labels, ?pid=).
             config.outputs.table.per_process = true;
             config.schedule.until_stopped = true;
-            Some(crate::agent::Server::bind(addr)?)
+            Some(crate::agent::Server::bind(&listen)?)
         }
         _ => None,
     };

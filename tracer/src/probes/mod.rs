@@ -75,10 +75,11 @@ pub struct MapSizes {
     pub unwind_rules: u32,
     /// The ring of walks the tracer finishes, bytes (a power of two).
     pub unwind_ring: u32,
-    /// Live mode: frees the kernel keeps aside when a ring is full (see
-    /// `LostFree`), at least as many as blocks the tracker follows: a
-    /// burst that frees every followed block at once loses none.
-    pub lost_frees: u32,
+    /// Live mode: frees, and allocations, the kernel keeps aside when a
+    /// ring is full (see `LostFree`, `LostAlloc`): each queue holds at
+    /// least as many as blocks the tracker follows, so a burst that frees
+    /// every followed block at once, or allocates as many, loses none.
+    pub kept_aside: u32,
 }
 
 /// What to attach.
@@ -246,11 +247,15 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         .map_max_entries(maps::STACKS, sizes.stacks)
         .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
-        // Room for the frees a full ring lets through between two drains
-        // (24 bytes each).
+        // Room for the frees and the allocations a full ring lets through
+        // between two drains (24 and 48 bytes each).
         .map_max_entries(
             maps::LOST_FREES,
-            if mode.live { sizes.lost_frees } else { 1 },
+            if mode.live { sizes.kept_aside } else { 1 },
+        )
+        .map_max_entries(
+            maps::LOST_ALLOCS,
+            if mode.live { sizes.kept_aside } else { 1 },
         )
         // The host scope's maps, unused by a traced process's programs.
         .map_max_entries(maps::HOST_COUNTS, 1)
@@ -303,6 +308,7 @@ pub fn load_host(host_counts: u32, runs: bool) -> Result<Ebpf> {
         .map_max_entries(maps::UNWIND_RULES, 1)
         .map_max_entries(maps::UNWIND_MISSES, 4096)
         .map_max_entries(maps::LOST_FREES, 1)
+        .map_max_entries(maps::LOST_ALLOCS, 1)
         .map_max_entries(maps::HOST_COUNTS, host_counts)
         // (The shared loader keeps sizes between loads: each is set.)
         .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)

@@ -26,10 +26,15 @@ pub struct Interpreter {
 }
 
 impl Interpreter {
+    /// `CPython 3.X in OBJECT`.
+    pub fn name(&self) -> String {
+        format!("CPython 3.{} in {}", self.minor, self.path)
+    }
+
     /// For the report's header: `CPython 3.X in OBJECT`, and what to
     /// install when the interpreter's own frames cannot be named.
     pub fn describe(&self) -> String {
-        let mut said = format!("CPython 3.{} in {}", self.minor, self.path);
+        let mut said = self.name();
         if self.unnamed {
             let remedy = if self.debian {
                 format!("Debian's python3.{}-dbg of the same version", self.minor)
@@ -94,11 +99,13 @@ pub enum Found {
 fn layout_of(minor: u8) -> Option<PythonLayout> {
     let mut l = PythonLayout {
         tstate_next: 8,
+        tstate_interp: 0x10,
         ..PythonLayout::default()
     };
     match minor {
         8..=10 => {
             l.interp_head = 0x20;
+            l.tstate_id = 0x100;
             l.threads_head = 0x8;
             // `thread_id`: pthread_self(), compared with the fs base.
             l.tstate_tid = 0xb0;
@@ -113,6 +120,7 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
         11 => {
             l.interp_head = 0x28;
             l.threads_head = 0x10;
+            l.tstate_id = 0xf0;
             l.tstate_tid = 0xa0;
             l.tstate_frame = 0x38;
             l.via_cframe = 1;
@@ -127,6 +135,7 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
         12 | 13 => {
             l.interp_head = 0x28;
             l.threads_head = 0x48;
+            l.tstate_id = 0xe0;
             l.tstate_tid = 0x90;
             l.tstate_frame = 0x38;
             l.via_cframe = 1;
@@ -301,10 +310,11 @@ fn debug_offsets_agree(d: &[u8], layout: &PythonLayout) -> Result<(), &'static s
         return Err("free-threaded");
     }
     let code = super::code::CodeLayout::for_minor(13).ok_or("no code layout")?;
-    let checks: [(&'static str, usize, u64); 12] = [
+    let checks: [(&'static str, usize, u64); 13] = [
         ("interpreters_head", 40, layout.interp_head as u64),
         ("threads_head", 72, layout.threads_head as u64),
         ("next", 168, layout.tstate_next as u64),
+        ("interp", 176, layout.tstate_interp as u64),
         ("current_frame", 184, layout.tstate_frame as u64),
         ("native_thread_id", 200, layout.tstate_tid as u64),
         ("previous", 232, layout.frame_back as u64),

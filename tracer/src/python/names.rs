@@ -5,9 +5,12 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_common::{py_code_check, PY_CODE_MASK, PY_ENTRY, PY_FRAME};
+use tracer_common::{py_code_check, PY_CODE_MASK, PY_CUT_MARK, PY_CUT_MORE, PY_ENTRY, PY_FRAME};
 
-use super::code::{self, Code, CodeLayout, Memory, ProcessMemory};
+use super::{
+    code::{self, Code, CodeLayout, Memory, ProcessMemory},
+    state::{self, State},
+};
 use crate::profile::Frame;
 
 /// The native function whose every frame is a run of the eval loop.
@@ -22,6 +25,11 @@ pub struct Names {
     known: HashMap<(u64, u32), Option<Arc<Code>>>,
     /// Code objects that could not be named.
     pub unnamed: u64,
+    /// The interpreter's state, not judged yet ([`state::check`]): its
+    /// layout and what the report calls the interpreter.
+    pending: Option<(tracer_common::PythonLayout, String)>,
+    /// The line that says the interpreter's state could not be read.
+    unreadable: Option<String>,
 }
 
 /// One Python frame of a stack, as the probe stored it.
@@ -33,18 +41,59 @@ struct PyWord {
     check: u32,
 }
 
+/// One pair of a stack's Python words: a frame, or the mark of a cut
+/// (`left` frames left out for want of room, `more` past them not read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PyItem {
+    Frame(PyWord),
+    Cut { left: u32, more: bool },
+}
+
 /// The Python frames among a stack's words (pairs, the first marked
 /// [`PY_FRAME`]), innermost first.
-fn py_words(words: &[u64]) -> impl Iterator<Item = PyWord> + '_ {
+fn py_items(words: &[u64]) -> impl Iterator<Item = PyItem> + '_ {
     words
         .chunks_exact(2)
         .filter(|p| p[0] & PY_FRAME != 0)
-        .map(|p| PyWord {
-            code: p[0] & PY_CODE_MASK,
-            entry: p[0] & PY_ENTRY != 0,
-            instr: p[1] as u32,
-            check: (p[1] >> 32) as u32,
+        .map(|p| {
+            if p[0] & PY_CUT_MARK != 0 {
+                PyItem::Cut {
+                    left: p[1] as u32,
+                    more: p[1] & PY_CUT_MORE != 0,
+                }
+            } else {
+                PyItem::Frame(PyWord {
+                    code: p[0] & PY_CODE_MASK,
+                    entry: p[0] & PY_ENTRY != 0,
+                    instr: p[1] as u32,
+                    check: (p[1] >> 32) as u32,
+                })
+            }
         })
+}
+
+/// The Python frames alone of a stack's words.
+fn py_words(words: &[u64]) -> impl Iterator<Item = PyWord> + '_ {
+    py_items(words).filter_map(|i| match i {
+        PyItem::Frame(w) => Some(w),
+        PyItem::Cut { .. } => None,
+    })
+}
+
+/// The frame a cut shows where the stack's Python frames stop:
+/// `[N Python frames not read]`, `[more than N Python frames not read]`,
+/// or without a count `[Python frames not read]`.
+fn cut_frame(left: u32, more: bool) -> Frame {
+    let function = match (left, more) {
+        (0, _) => "[Python frames not read]".to_string(),
+        (1, false) => "[1 Python frame not read]".to_string(),
+        (n, false) => format!("[{n} Python frames not read]"),
+        (n, true) => format!("[more than {n} Python frames not read]"),
+    };
+    Frame {
+        function,
+        ..Frame::default()
+    }
 }
 
 /// Where a stack's Python frames begin: the first word marked
@@ -58,13 +107,38 @@ pub fn split(addrs: &[u64]) -> (&[u64], &[u64]) {
 }
 
 impl Names {
-    pub fn new(pid: u32, minor: u8) -> Option<Names> {
+    /// `pending`: the interpreter's state still to judge ([`Names::judge`]),
+    /// with what the report calls the interpreter.
+    pub fn new(
+        pid: u32,
+        minor: u8,
+        pending: Option<(tracer_common::PythonLayout, String)>,
+    ) -> Option<Names> {
         Some(Names {
             mem: ProcessMemory::open(pid).ok(),
             layout: CodeLayout::for_minor(minor as u32)?,
             known: HashMap::new(),
             unnamed: 0,
+            pending,
+            unreadable: None,
         })
+    }
+
+    /// The line that says the interpreter's state could not be read, once
+    /// it is judged so: judged at the first look that finds an interpreter
+    /// with a thread (the process may not have started one at attach).
+    pub fn judge(&mut self) -> Option<&str> {
+        if let (Some((layout, who)), Some(mem)) = (&self.pending, &self.mem) {
+            match state::settled(mem, layout) {
+                State::NotYet => {}
+                State::Readable => self.pending = None,
+                State::Unreadable(why) => {
+                    self.unreadable = Some(state::unreadable_line(who, &why));
+                    self.pending = None;
+                }
+            }
+        }
+        self.unreadable.as_deref()
     }
 
     /// Reads the code objects of `words` (a stack's Python words) not read
@@ -123,15 +197,26 @@ impl Names {
 
     /// `native` (symbolized, innermost first) with each eval-loop frame
     /// replaced by the Python frames its run executed (`words`: the
-    /// stack's Python words). Runs the native walk did not reach go at
-    /// the end; eval-loop frames without Python frames stay.
+    /// stack's Python words), the mark of a cut after the last frame kept.
+    /// Runs the native walk did not reach go at the end; eval-loop frames
+    /// without Python frames stay.
     pub fn splice(&self, native: Vec<Frame>, words: &[u64]) -> Vec<Frame> {
         let mut runs: Vec<Vec<Frame>> = Vec::new();
         let mut run = Vec::new();
-        for w in py_words(words) {
-            run.push(self.frame(w));
-            if w.entry {
-                runs.push(std::mem::take(&mut run));
+        for item in py_items(words) {
+            match item {
+                PyItem::Frame(w) => {
+                    run.push(self.frame(w));
+                    if w.entry {
+                        runs.push(std::mem::take(&mut run));
+                    }
+                }
+                // The cut follows the last frame kept, in its run (the
+                // eval-loop frames of the runs left out stay as they are).
+                PyItem::Cut { left, more } => match runs.last_mut() {
+                    Some(last) if run.is_empty() => last.push(cut_frame(left, more)),
+                    _ => run.push(cut_frame(left, more)),
+                },
             }
         }
         if !run.is_empty() {
@@ -156,7 +241,7 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::py_frame_words;
+    use tracer_common::{py_cut_words, py_frame_words};
 
     fn native(name: &str) -> Frame {
         Frame {
@@ -165,14 +250,70 @@ mod tests {
         }
     }
 
-    #[test]
-    fn runs_replace_eval_loop_frames_in_order() {
-        let names = Names {
+    /// Native frames with two runs of the eval loop.
+    fn two_runs() -> Vec<Frame> {
+        vec![
+            native("PyUnicode_New"),
+            native(EVAL_LOOP),
+            native("PyObject_Call"),
+            native(EVAL_LOOP),
+            native("main"),
+        ]
+    }
+
+    fn unread() -> Names {
+        Names {
             mem: None,
             layout: CodeLayout::for_minor(11).unwrap(),
             known: HashMap::new(),
             unnamed: 0,
+            pending: None,
+            unreadable: None,
+        }
+    }
+
+    /// The mark of a cut follows the last frame kept, in its run: the
+    /// eval-loop frames of the runs not kept stay.
+    #[test]
+    fn a_cut_shows_where_the_frames_stop() {
+        let names = unread();
+        let got = |words: Vec<u64>| -> Vec<String> {
+            names
+                .splice(two_runs(), &words)
+                .into_iter()
+                .map(|f| f.function)
+                .collect()
         };
+        // A run cut short (3.11: no entry frame read); each frame a run
+        // (3.10), the mark staying with the last one.
+        for (entry, left, more, mark) in [
+            (false, 0, true, "[Python frames not read]"),
+            (true, 7, false, "[7 Python frames not read]"),
+        ] {
+            let mut words = py_frame_words(0x10, entry, 4, 1).to_vec();
+            words.extend(py_cut_words(left, more));
+            assert_eq!(
+                got(words),
+                [
+                    "PyUnicode_New",
+                    "[python code 0x10]",
+                    mark,
+                    "PyObject_Call",
+                    EVAL_LOOP,
+                    "main"
+                ]
+            );
+        }
+        assert_eq!(cut_frame(1, false).function, "[1 Python frame not read]");
+        assert_eq!(
+            cut_frame(3, true).function,
+            "[more than 3 Python frames not read]"
+        );
+    }
+
+    #[test]
+    fn runs_replace_eval_loop_frames_in_order() {
+        let names = unread();
         // Two runs: (0x10, 0x20 entry), (0x30 entry).
         let mut words = vec![0x401000u64, 0x402000];
         for (code, entry) in [(0x10, false), (0x20, true), (0x30, true)] {
@@ -180,16 +321,7 @@ mod tests {
         }
         let (n, py) = split(&words);
         assert_eq!(n.len(), 2);
-        let frames = names.splice(
-            vec![
-                native("PyUnicode_New"),
-                native(EVAL_LOOP),
-                native("PyObject_Call"),
-                native(EVAL_LOOP),
-                native("main"),
-            ],
-            py,
-        );
+        let frames = names.splice(two_runs(), py);
         let got: Vec<&str> = frames.iter().map(|f| f.function.as_str()).collect();
         assert_eq!(
             got,

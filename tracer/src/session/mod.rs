@@ -233,8 +233,15 @@ impl Session {
     /// mappings), joined by what the stacks say.
     pub fn profile(&self) -> Result<Profile> {
         let mut parts: Vec<Profile> = self.ended.get().into_iter().cloned().collect();
+        // What the root's reading found of its Python (its interpreter's
+        // state judged unreadable since it was probed).
+        let mut python = self.meta.python.clone();
         for proc in self.procs.values() {
-            parts.push(self.proc_profile(proc)?);
+            let part = self.proc_profile(proc)?;
+            if proc.pid == self.root {
+                python.clone_from(&part.meta.python);
+            }
+            parts.push(part);
         }
         for go in self.go_only.values() {
             let mut part = Profile {
@@ -268,6 +275,7 @@ impl Session {
             },
             processes_unlisted: self.tree.unlisted,
             windows: self.duty.as_ref().map(duty::Duty::info),
+            python,
             ..self.meta.clone()
         };
         profile.timeline = Some(self.timeline.timeline().clone());

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{maps, LostFree};
+use tracer_common::{maps, LostAlloc, LostFree};
 
 use crate::{
     allocators,
@@ -20,8 +20,15 @@ use crate::{
     unwind::service::UnwindService,
 };
 
-/// Live mode: the kernel's map of lost frees (see [`LostFree`]).
-type LostFrees = aya::maps::Queue<MapData, LostFree>;
+/// Live mode: the kernel's queues of the frees and the allocations whose
+/// event found the ring full (see [`LostFree`], [`LostAlloc`]).
+struct KeptAside {
+    frees: aya::maps::Queue<MapData, LostFree>,
+    allocs: aya::maps::Queue<MapData, LostAlloc>,
+    /// The most frees, and allocations, one drain took from them (said
+    /// with `-v`: how near the queues came to full).
+    fullest: (u64, u64),
+}
 
 /// What every process's probes and tracker are set up with.
 #[derive(Clone, Copy, Debug)]
@@ -45,8 +52,8 @@ pub struct TracedProcess {
     pub tracker: Option<LiveTracker>,
     /// Live mode: its event rings, one per CPU.
     events: Vec<RingBuf<MapData>>,
-    /// Live mode: the frees its rings had no room for.
-    lost_frees: Option<LostFrees>,
+    /// Live mode: the frees and allocations its rings had no room for.
+    aside: Option<KeptAside>,
     pub space: Arc<Mutex<AddressSpace>>,
     /// Finishes the walks the BPF side hands over.
     pub unwind: UnwindService,
@@ -180,10 +187,27 @@ impl TracedProcess {
             Some(_) if max_frames == 0 => (None, String::new()),
             other => (other, python_said),
         };
+        // An interpreter whose state cannot be read is said to be, once,
+        // and not read; one not started yet is judged later, by `Names`.
+        let (interpreter, python_said, pending) = match interpreter {
+            Some(i) => match python::state::settled_in(pid, &i.layout) {
+                python::state::State::Unreadable(why) => {
+                    let line = python::state::unreadable_line(&i.name(), &why);
+                    python::say_once(&line);
+                    (None, line, None)
+                }
+                python::state::State::Readable => (Some(i), python_said, None),
+                python::state::State::NotYet => {
+                    let pending = Some((i.layout, i.name()));
+                    (Some(i), python_said, pending)
+                }
+            },
+            None => (None, python_said, None),
+        };
         let layout = interpreter.as_ref().map(|i| i.layout).unwrap_or_default();
         let names = interpreter
             .as_ref()
-            .and_then(|i| python::Names::new(pid, i.minor));
+            .and_then(|i| python::Names::new(pid, i.minor, pending));
         let (probes, unwind) = probes::attach(
             pid,
             &alloc,
@@ -210,7 +234,7 @@ impl TracedProcess {
             probes,
             tracker: live.then(|| LiveTracker::new(settings.temporary_ns, settings.live_blocks)),
             events: Vec::new(),
-            lost_frees: None,
+            aside: None,
             space,
             unwind,
             meta,
@@ -222,8 +246,12 @@ impl TracedProcess {
         };
         proc.events = proc.take_event_rings()?;
         if proc.tracker.is_some() {
-            let map = probes::pool::map_copy(&proc.probes.ebpf, maps::LOST_FREES)?;
-            proc.lost_frees = Some(LostFrees::try_from(map)?);
+            let queue = |name| probes::pool::map_copy(&proc.probes.ebpf, name);
+            proc.aside = Some(KeptAside {
+                frees: queue(maps::LOST_FREES)?.try_into()?,
+                allocs: queue(maps::LOST_ALLOCS)?.try_into()?,
+                fullest: (0, 0),
+            });
         }
         Ok(proc)
     }
@@ -282,11 +310,16 @@ impl TracedProcess {
 
     /// Feeds the events waiting in its rings to its tracker.
     pub(super) fn drain(&mut self) {
+        self.drain_rings(false);
+    }
+
+    fn drain_rings(&mut self, last: bool) {
         drain(
             &mut self.events,
-            self.lost_frees.as_mut(),
+            self.aside.as_mut(),
             &mut self.tracker,
             &self.unwind,
+            last,
         );
     }
 
@@ -295,9 +328,16 @@ impl TracedProcess {
     pub(super) fn finish(&mut self) -> Result<()> {
         self.probes.set_enabled(false)?;
         self.unwind.walks().finish_all();
-        self.drain();
+        self.drain_rings(true);
+        if let Some(aside) = &self.aside {
+            log::debug!(
+                "pid {}: at most {} frees and {} allocations kept aside taken in one drain",
+                self.pid,
+                aside.fullest.0,
+                aside.fullest.1
+            );
+        }
         if let Some(t) = &mut self.tracker {
-            t.flush(None);
             t.finish();
         }
         Ok(())
@@ -406,16 +446,18 @@ pub(super) fn go_and_unseen(
     (go, unseen)
 }
 
-/// Feeds every event waiting in the rings to the tracker, which applies
-/// those stamped before the drain began. The rest wait for the next drain;
-/// after the last one, they are events of after the trace's end. The walks
-/// the tracer finished come first: an allocation event whose stack the
-/// tracer unwound names it by an id that only they resolve.
+/// Feeds every event waiting in the rings and queues to the tracker, which
+/// applies those stamped before the drain began; the rest wait for the
+/// next drain. The `last` drain (counting has stopped) takes and applies
+/// everything. The walks the tracer finished come first: an allocation
+/// event whose stack the tracer unwound names it by an id that only they
+/// resolve.
 fn drain(
     events: &mut [RingBuf<MapData>],
-    lost_frees: Option<&mut LostFrees>,
+    aside: Option<&mut KeptAside>,
     tracker: &mut Option<LiveTracker>,
     unwind: &UnwindService,
+    last: bool,
 ) {
     let Some(tracker) = tracker.as_mut() else {
         return;
@@ -424,18 +466,79 @@ fn drain(
     for (id, key) in unwind.walks().take_remaps() {
         tracker.remap_stack(id, key);
     }
+    read_rings(events, tracker);
+    // A kept free was queued before its block could be allocated again,
+    // and a kept allocation before its block could be freed: an event
+    // stamped before `started` comes with every kept one it follows, which
+    // were queued before it, so ahead of any stamped after `started`.
+    // Taking the queues only that far (all of them at the end) keeps a
+    // drain from chasing the programs. The rings are read between batches:
+    // an event taken from a queue costs a system call, ten times one read
+    // from a ring, and a ring left full sends every event to the queues.
+    if let Some(aside) = aside {
+        let until = (!last).then_some(started);
+        let (mut frees, mut allocs) = (Taken::default(), Taken::default());
+        while !(frees.done && allocs.done) {
+            take_kept(
+                &mut aside.frees,
+                until,
+                &mut frees,
+                |f| f.ts,
+                |f| tracker.on_lost_free(f),
+            );
+            take_kept(
+                &mut aside.allocs,
+                until,
+                &mut allocs,
+                |a| a.ts,
+                |a| tracker.on_lost_alloc(a),
+            );
+            read_rings(events, tracker);
+        }
+        aside.fullest = (aside.fullest.0.max(frees.n), aside.fullest.1.max(allocs.n));
+    }
+    tracker.flush((!last).then_some(started));
+}
+
+fn read_rings(events: &mut [RingBuf<MapData>], tracker: &mut LiveTracker) {
     for ring in events.iter_mut() {
         while let Some(item) = ring.next() {
             tracker.on_bytes(&item);
         }
     }
-    // After the rings: a free kept there was stored before its block
-    // could be allocated again, so a later allocation drained above never
-    // comes without it.
-    if let Some(queue) = lost_frees {
-        while let Ok(free) = queue.pop(0) {
-            tracker.on_lost_free(free);
+}
+
+/// Entries taken from a queue kept aside during one drain.
+#[derive(Default)]
+struct Taken {
+    n: u64,
+    /// The queue was empty, or gave an entry stamped after the drain began.
+    done: bool,
+}
+
+/// Entries taken from a queue between two reads of the rings.
+const KEPT_BATCH: u64 = 4096;
+
+/// Pops up to [`KEPT_BATCH`] entries of `queue` into `take`, until it is
+/// empty or, with `until`, up to and including the first entry stamped
+/// after it (then `taken` is done).
+fn take_kept<T: aya::Pod>(
+    queue: &mut aya::maps::Queue<MapData, T>,
+    until: Option<u64>,
+    taken: &mut Taken,
+    ts: impl Fn(&T) -> u64,
+    mut take: impl FnMut(T),
+) {
+    for _ in 0..KEPT_BATCH {
+        if taken.done {
+            return;
         }
+        let Ok(kept) = queue.pop(0) else {
+            taken.done = true;
+            return;
+        };
+        taken.done = until.is_some_and(|t| ts(&kept) > t);
+        take(kept);
+        taken.n += 1;
     }
-    tracker.flush(Some(started));
 }

@@ -310,7 +310,12 @@ impl Session {
                     // ring are finished now (one that passes code without
                     // call-frame information reads the call before its
                     // return address from that memory).
-                    proc.unwind.walks().finish_all();
+                    let mut walks = proc.unwind.walks();
+                    // Its interpreter's state judged while it can be read,
+                    // if it never was.
+                    if let Some(names) = walks.python.as_mut() {
+                        names.judge();
+                    }
                 }
                 Ok(true)
             }

@@ -438,15 +438,15 @@ impl Unwinder {
         }
         let native = stack_key(&frames, stop);
         // The thread's Python frames follow: in the key, all of them; in
-        // the frames, as many whole ones as fit (as the BPF side does).
+        // the frames, as the BPF side puts them.
         let py = &ev.py[..(ev.py_n as usize).min(ev.py.len()) & !1];
         let key = tracer_common::python_stack_key(native, py);
-        for pair in py.chunks_exact(2) {
-            if frames.len() + 2 > tracer_common::MAX_FRAMES {
-                break;
-            }
-            frames.extend_from_slice(pair);
-        }
+        crate::python::fit(
+            &mut frames,
+            stop == stop::END,
+            py,
+            tracer_common::MAX_FRAMES,
+        );
         if stop == stop::READ_FAILED {
             log::debug!(
                 "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}, holes {:#x}) after {} frames, at {:#x}",

@@ -182,7 +182,7 @@ fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
     a.python = match (a.python, b.python) {
         (Some(mut x), Some(y)) => {
             add_fields!(x, y; with_frames, no_interpreter, no_thread_state, no_code_running,
-                cut, unreadable, unnamed, notices_lost);
+                threads_beyond, cut, unreadable, unnamed, notices_lost);
             Some(x)
         }
         (x, y) => x.or(y),
@@ -229,7 +229,7 @@ fn add_live_totals(mut a: LiveTotals, b: LiveTotals) -> LiveTotals {
     }
     add_fields!(a, b; outstanding, outstanding_bytes, old_outstanding, old_outstanding_bytes,
         tracked_allocations, temporaries, failed, untracked, frees_unknown, events_lost, stale,
-        pending_full, frees_kept, frees_lost, inline_unfinished);
+        pending_full, frees_kept, frees_lost, allocs_kept, allocs_lost, inline_unfinished);
     a
 }
 

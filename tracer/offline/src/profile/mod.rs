@@ -117,8 +117,13 @@ pub struct PythonQuality {
     pub no_thread_state: u64,
     #[serde(default)]
     pub no_code_running: u64,
+    /// Stacks walked in a thread whose thread state, if it has one, lies
+    /// past the first 4096 of the interpreter's list (not searched).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub threads_beyond: u64,
     /// Python frames left out for want of room (the stack's native frames
-    /// took most of the 127 slots, or more than 48 Python frames).
+    /// took most of the 127 slots, or more than 47 Python frames): the
+    /// stack shows `[N Python frames not read]` where they are missing.
     pub cut: u64,
     /// Walks whose Python frames ended at a frame that could not be read.
     pub unreadable: u64,
@@ -376,6 +381,15 @@ pub struct LiveTotals {
     /// their blocks may be listed outstanding though freed.
     #[serde(default)]
     pub frees_lost: u64,
+    /// Of the events lost, allocations kept aside in the kernel and
+    /// applied in their order: not a loss.
+    #[serde(default)]
+    pub allocs_kept: u64,
+    /// Allocations lost outright (the ring and the map of lost allocations
+    /// both full): their blocks were never followed, so at most this many
+    /// leaks are missing from the suspects.
+    #[serde(default)]
+    pub allocs_lost: u64,
     /// Blocks handed out again while still tracked (a free was missed).
     pub stale: u64,
     /// Allocating calls not followed to their return (no per-thread storage).

@@ -7,20 +7,84 @@
 //! heap) is the later reading's as it is. Go's own `?seconds=` subtracts
 //! the in-use values too, which makes them meaningless (golang/go#57765).
 
-use super::{merge, Losses, Profile};
+use std::{
+    collections::HashMap,
+    hash::{DefaultHasher, Hash, Hasher},
+};
+
+use super::{merge, Counts, LiveStats, Losses, Profile};
+
+/// What [`since`] needs of the earlier reading: all of it but its stacks,
+/// and each stack's counts by a 128-bit hash of its key (the function,
+/// thread, process and frames that make it one stack). A window under way
+/// keeps this rather than the reading: a few megabytes where a reading of
+/// a large trace is hundreds.
+pub struct Start {
+    head: Profile,
+    stacks: HashMap<u128, (Counts, Option<LiveStats>)>,
+}
+
+impl Start {
+    pub fn of(earlier: &Profile) -> Start {
+        Start {
+            head: without_stacks(earlier),
+            stacks: earlier
+                .stacks
+                .iter()
+                .map(|e| (key_hash(e), (e.counts, e.live.clone())))
+                .collect(),
+        }
+    }
+}
+
+/// Two SipHashes of the stack's key, under different prefixes: two keys
+/// of one trace meet with a chance of about n²/2¹²⁹.
+fn key_hash(e: &super::StackEntry) -> u128 {
+    let key = merge::key(e);
+    let half = |prefix: u8| {
+        let mut h = DefaultHasher::new();
+        prefix.hash(&mut h);
+        key.hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(0)) << 64) | u128::from(half(1))
+}
+
+/// `p` without its stacks (and its timeline): what a copy that selects or
+/// scales stacks starts from, without copying the hundreds of megabytes
+/// of frames a large trace holds.
+pub fn without_stacks(p: &Profile) -> Profile {
+    Profile {
+        meta: p.meta.clone(),
+        stacks: Vec::new(),
+        totals: p.totals.clone(),
+        losses: p.losses,
+        stack_quality: p.stack_quality.clone(),
+        live: p.live.clone(),
+        snapshot: None,
+        timeline: None,
+        go_heaps: p.go_heaps.clone(),
+        unseen: p.unseen.clone(),
+    }
+}
 
 /// `later` less `earlier`, two readings of one trace, `later` taken
 /// second. A stack that `later` has and `earlier` lacks counts whole; one
 /// with no new calls stays only while it still holds live blocks.
 pub fn between(earlier: &Profile, later: &Profile) -> Profile {
-    let before: std::collections::HashMap<merge::StackKey, &super::StackEntry> =
-        earlier.stacks.iter().map(|e| (merge::key(e), e)).collect();
-    let mut out = later.clone();
+    since(&Start::of(earlier), later.clone())
+}
+
+/// [`between`]: `later` less the reading `start` was taken of, made of
+/// `later` itself.
+pub fn since(start: &Start, later: Profile) -> Profile {
+    let earlier = &start.head;
+    let mut out = later;
     out.stacks.retain_mut(|e| {
-        if let Some(old) = before.get(&merge::key(e)) {
-            e.counts.calls = e.counts.calls.saturating_sub(old.counts.calls);
-            e.counts.bytes = e.counts.bytes.saturating_sub(old.counts.bytes);
-            if let (Some(now), Some(then)) = (e.live.as_mut(), old.live.as_ref()) {
+        if let Some((counts, live)) = start.stacks.get(&key_hash(e)) {
+            e.counts.calls = e.counts.calls.saturating_sub(counts.calls);
+            e.counts.bytes = e.counts.bytes.saturating_sub(counts.bytes);
+            if let (Some(now), Some(then)) = (e.live.as_mut(), live.as_ref()) {
                 now.allocations = now.allocations.saturating_sub(then.allocations);
                 now.allocated_bytes = now.allocated_bytes.saturating_sub(then.allocated_bytes);
                 now.frees = now.frees.saturating_sub(then.frees);
@@ -44,7 +108,7 @@ pub fn between(earlier: &Profile, later: &Profile) -> Profile {
     t.allocs.bytes = t.allocs.bytes.saturating_sub(earlier.totals.allocs.bytes);
     t.frees = t.frees.saturating_sub(earlier.totals.frees);
     t.nested = t.nested.saturating_sub(earlier.totals.nested);
-    out.losses = losses_between(&earlier.losses, &later.losses);
+    out.losses = losses_between(&earlier.losses, &out.losses);
     if let (Some(now), Some(then)) = (out.live.as_mut(), earlier.live.as_ref()) {
         now.tracked_allocations = now
             .tracked_allocations
@@ -56,6 +120,16 @@ pub fn between(earlier: &Profile, later: &Profile) -> Profile {
         now.events_lost = now.events_lost.saturating_sub(then.events_lost);
         now.frees_kept = now.frees_kept.saturating_sub(then.frees_kept);
         now.frees_lost = now.frees_lost.saturating_sub(then.frees_lost);
+        now.allocs_kept = now.allocs_kept.saturating_sub(then.allocs_kept);
+        now.allocs_lost = now.allocs_lost.saturating_sub(then.allocs_lost);
+    }
+    // A Go heap's allocations are counted as its rows are; what it has in
+    // use is a state.
+    for now in &mut out.go_heaps {
+        if let Some(then) = earlier.go_heaps.iter().find(|h| h.pid == now.pid) {
+            now.allocated.calls = now.allocated.calls.saturating_sub(then.allocated.calls);
+            now.allocated.bytes = now.allocated.bytes.saturating_sub(then.allocated.bytes);
+        }
     }
     if let (Some(now), Some(then)) = (out.meta.sampling.as_mut(), earlier.meta.sampling.as_ref()) {
         now.samples = now.samples.saturating_sub(then.samples);
@@ -72,7 +146,7 @@ pub fn between(earlier: &Profile, later: &Profile) -> Profile {
         }
         now.truncated.retain(|_, n| *n > 0);
     }
-    out.meta.duration_secs = (later.meta.duration_secs - earlier.meta.duration_secs).max(0.0);
+    out.meta.duration_secs = (out.meta.duration_secs - earlier.meta.duration_secs).max(0.0);
     if let (Some(now), Some(then)) = (out.meta.windows.as_mut(), earlier.meta.windows.as_ref()) {
         now.probed_secs = (now.probed_secs - then.probed_secs).max(0.0);
         now.trapped_secs = (now.trapped_secs - then.trapped_secs).max(0.0);

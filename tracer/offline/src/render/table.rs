@@ -767,6 +767,7 @@ by function: malloc 1000, calloc 250, realloc 136
                 no_interpreter: 1_000_000,
                 no_thread_state: 1_000_000,
                 no_code_running: 1_000_000,
+                threads_beyond: 1_000_000,
                 cut: 1_000_000,
                 unreadable: 1_000_000,
                 unnamed: 1_000_000,

@@ -371,17 +371,27 @@ pub fn quality_lines(q: &StackQuality) -> String {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
     if let Some(p) = &q.python {
-        let walked = p.with_frames + p.no_interpreter + p.no_thread_state + p.no_code_running;
+        let walked = p.with_frames
+            + p.no_interpreter
+            + p.no_thread_state
+            + p.no_code_running
+            + p.threads_beyond;
         let _ = writeln!(
             out,
             "python: {} of {walked} stacks walked carry Python frames",
             p.with_frames
         );
-        let without = [
+        let mut without = vec![
             format!("no interpreter yet {}", p.no_interpreter),
             format!("not a Python thread {}", p.no_thread_state),
             format!("no Python code running {}", p.no_code_running),
         ];
+        if p.threads_beyond > 0 {
+            without.push(format!(
+                "thread past the 4096 thread states searched {}",
+                p.threads_beyond
+            ));
+        }
         out.push_str(&wrap_list("python: without", &without, ""));
         let lost = [
             format!("frames cut {}", p.cut),

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use foldhash::fast::RandomState;
 use hdrhistogram::Histogram;
 use tracer_common::{
-    is_miss_stack_id, AllocEvent, CountKey, FreeEvent, LostFree, EVENT_ALLOC, EVENT_FREE,
+    is_miss_stack_id, AllocEvent, CountKey, FreeEvent, LostAlloc, LostFree, EVENT_ALLOC, EVENT_FREE,
 };
 
 use crate::profile::{LiveStats, Percentiles};
@@ -266,6 +266,22 @@ impl LiveTracker {
     /// frees: applied in its time order, as its event would have been.
     pub fn on_lost_free(&mut self, kept: LostFree) {
         self.waiting.push(Event::Kept(kept));
+    }
+
+    /// A block whose allocation event the ring had no room for, kept in
+    /// the kernel's map of lost allocations: applied in its time order, as
+    /// its event would have been.
+    pub fn on_lost_alloc(&mut self, kept: LostAlloc) {
+        self.waiting.push(Event::Alloc(AllocEvent {
+            kind: EVENT_ALLOC,
+            _pad: 0,
+            ts: kept.ts,
+            ptr: kept.ptr,
+            size: kept.size,
+            key: kept.key,
+            old_ptr: 0,
+            entry_ts: 0,
+        }));
     }
 
     fn on_kept_free(&mut self, kept: &LostFree) {

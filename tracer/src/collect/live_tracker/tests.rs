@@ -152,6 +152,41 @@ fn frees_kept_aside_apply_in_their_order() {
 }
 
 #[test]
+fn allocations_kept_aside_apply_in_their_order() {
+    let mut t = LiveTracker::new(1000, 100);
+    let kept = |k, ptr, size, ts| LostAlloc {
+        ptr,
+        ts,
+        size,
+        key: key(k),
+    };
+    // Drained out of order: the block's free and its next allocation
+    // come from the rings, its first allocation from the queue of lost
+    // allocations.
+    t.on_bytes(&bytes(&free(0x10, 20)));
+    t.on_bytes(&bytes(&alloc(2, 0x10, 16, 30)));
+    t.on_lost_alloc(kept(1, 0x10, 8, 10));
+    // A resize in place whose event found the ring full: its released
+    // block and its new one, the same address, kept at once.
+    t.on_bytes(&bytes(&alloc(1, 0x20, 8, 40)));
+    t.on_lost_free(LostFree {
+        ptr: 0x20,
+        ts: 51,
+        born_by: 45,
+    });
+    t.on_lost_alloc(kept(2, 0x20, 64, 51));
+    t.flush(None);
+    assert_eq!((t.stale, t.frees_unknown, t.untracked), (0, 0, 0));
+    let one = t.key_stats(&key(1)).unwrap();
+    assert_eq!((one.allocations, one.frees, one.live_blocks), (2, 2, 0));
+    let two = t.key_stats(&key(2)).unwrap();
+    assert_eq!(
+        (two.allocations, two.live_blocks, two.live_bytes),
+        (2, 2, 80)
+    );
+}
+
+#[test]
 fn a_resize_releases_its_old_block_only_if_it_predates_the_call() {
     let mut t = LiveTracker::new(1000, 100);
     t.on_alloc(&alloc(1, 0x10, 8, 10));

@@ -110,12 +110,14 @@ fn kv(out: &mut String, key: &str, value: &str) {
 
 /// Live mode's loss counters (fields of [`LiveTotals`]), shown with the
 /// other losses.
-const LIVE_LOSSES: [&str; 8] = [
+const LIVE_LOSSES: [&str; 10] = [
     "untracked",
     "frees_unknown",
     "events_lost",
     "frees_kept",
     "frees_lost",
+    "allocs_kept",
+    "allocs_lost",
     "stale",
     "pending_full",
     "inline_unfinished",
@@ -529,9 +531,10 @@ fn leak_suspects(out: &mut String, profile: &Profile) {
             totals.frees_lost
         );
     }
-    // As the table says it: blocks the full map did not follow may be
-    // leaks too.
-    let untracked = totals.untracked > 0 && totals.min_age_secs <= profile.meta.duration_secs;
+    // As the table says it: blocks the full map did not follow, and
+    // allocations lost outright, may be leaks too.
+    let young = totals.min_age_secs > profile.meta.duration_secs;
+    let untracked = totals.untracked > 0 && !young;
     if untracked {
         let _ = write!(
             out,
@@ -539,9 +542,17 @@ fn leak_suspects(out: &mut String, profile: &Profile) {
             totals.untracked, totals.live_map_size
         );
     }
+    let lost = totals.allocs_lost + totals.pending_full;
+    if lost > 0 && !young {
+        let _ = write!(
+            out,
+            " Uncertain: {} allocations were lost (their ring and the queue kept aside full, or the call not followed to its return): at most {lost} leaks are missing from these; raise --event-buffer-size.",
+            lost
+        );
+    }
     out.push_str("</p>\n");
     if suspects.is_empty() {
-        out.push_str(if untracked {
+        out.push_str(if untracked || (lost > 0 && !young) {
             "<p>None among the blocks followed.</p></section>\n"
         } else {
             "<p>None.</p></section>\n"

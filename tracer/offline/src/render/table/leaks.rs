@@ -87,6 +87,10 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
             "frees kept aside and applied {}, frees lost {}",
             totals.frees_kept, totals.frees_lost
         ),
+        format!(
+            "allocations kept aside and applied {}, allocations lost {}",
+            totals.allocs_kept, totals.allocs_lost
+        ),
         format!("missed frees {}", totals.stale),
         format!("calls not followed {}", totals.pending_full),
     ];
@@ -99,7 +103,9 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         ));
     }
     let mut out = wrap_list("live", &items, "");
-    if totals.untracked > 0 || totals.events_lost > 0 {
+    // Events lost but kept aside were applied: only blocks never followed
+    // call for larger maps.
+    if totals.untracked > 0 || totals.allocs_lost > 0 {
         let note = paint.warn("note:");
         let _ = writeln!(
             out,
@@ -115,38 +121,16 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         String::new()
     };
     let title = format!("leak suspects (outstanding at the end{age})");
-    // Blocks the full map did not follow may be leaks too (allocated
-    // during the trace, so old enough only when the trace outlasts
-    // --min-age): never a plain "none" then.
-    let untracked = (totals.untracked > 0
-        && totals.min_age_secs <= profile.meta.duration_secs)
-        .then(|| {
-            // Frees of blocks not followed count with those of blocks
-            // allocated before attach: the difference is a lower bound.
-            let unfreed = totals.untracked.saturating_sub(totals.frees_unknown);
-            let uncertain = paint.warn("uncertain:");
-            format!(
-                "{uncertain} {} not followed (the live map was full),\n{uncertain} {}leaks among them cannot be named",
-                count(totals.untracked, "allocation"),
-                if unfreed > 0 {
-                    format!("at least {unfreed} not seen freed; ")
-                } else {
-                    String::new()
-                }
-            )
-        });
+    let missing = not_followed(profile, totals, paint);
     if suspects.is_empty() {
-        match untracked {
-            Some(line) => {
-                let _ = writeln!(
-                    out,
-                    "\n{}: none among the blocks followed\n{line}",
-                    paint.alert(&title)
-                );
-            }
-            None => {
-                let _ = writeln!(out, "\n{}: none", paint.strong(&title));
-            }
+        if missing.is_empty() {
+            let _ = writeln!(out, "\n{}: none", paint.strong(&title));
+        } else {
+            let _ = writeln!(
+                out,
+                "\n{}: none among the blocks followed\n{missing}",
+                paint.alert(&title)
+            );
         }
         return out;
     }
@@ -157,9 +141,7 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
         count(totals.old_outstanding, "block"),
         bytes(totals.old_outstanding_bytes)
     );
-    if let Some(line) = untracked {
-        let _ = writeln!(out, "{line}");
-    }
+    out.push_str(&missing);
     // A free lost outright leaves its block listed here though it was
     // freed. Say so rather than state leaks as facts. (Frees whose event
     // was lost but that were kept aside were applied.)
@@ -195,6 +177,58 @@ pub fn summary(profile: &Profile, totals: &LiveTotals, top: usize, paint: Paint)
             out,
             "{hidden} more leak {} hidden by --top",
             if hidden == 1 { "suspect" } else { "suspects" }
+        );
+    }
+    out
+}
+
+/// The `uncertain:` lines of blocks never followed, each of which may be a
+/// leak the suspects cannot name: allocations the full block table did
+/// not follow, and those lost outright (their event and the queue kept
+/// aside both full, or the call not followed to its return). Empty when
+/// there are none, or when `--min-age` is longer than the trace: blocks
+/// allocated during it cannot be old enough to count.
+fn not_followed(profile: &Profile, totals: &LiveTotals, paint: Paint) -> String {
+    let mut out = String::new();
+    if totals.min_age_secs > profile.meta.duration_secs {
+        return out;
+    }
+    let uncertain = paint.warn("uncertain:");
+    if totals.untracked > 0 {
+        // Frees of blocks not followed count with those of blocks
+        // allocated before attach: the difference is a lower bound.
+        let unfreed = totals.untracked.saturating_sub(totals.frees_unknown);
+        let _ = writeln!(
+            out,
+            "{uncertain} {} not followed (the live map was full),\n{uncertain} {}leaks among them cannot be named",
+            count(totals.untracked, "allocation"),
+            if unfreed > 0 {
+                format!("at least {unfreed} not seen freed; ")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if totals.allocs_lost > 0 {
+        let _ = writeln!(
+            out,
+            "{uncertain} {} lost (their ring and the queue kept aside full),",
+            count(totals.allocs_lost, "allocation")
+        );
+    }
+    if totals.pending_full > 0 {
+        let _ = writeln!(
+            out,
+            "{uncertain} {} not followed to the return (no per-thread storage),",
+            count(totals.pending_full, "call")
+        );
+    }
+    let lost = totals.allocs_lost + totals.pending_full;
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "{uncertain} at most {} missing from these",
+            count(lost, "leak")
         );
     }
     out
@@ -252,6 +286,39 @@ mod tests {
             ),
             "{text}"
         );
+        // Allocations kept aside were applied: the suspects stand, and
+        // the table's hint to raise the buffers is not given.
+        let kept = LiveTotals {
+            events_lost: 3,
+            allocs_kept: 3,
+            ..totals.clone()
+        };
+        let text = summary(&p, &kept, 0, Paint::default());
+        assert!(text.contains("11 blocks, 4.6 KiB\n#1"), "{text}");
+        assert!(!text.contains("note:"), "{text}");
+        // Allocations lost outright, and calls not followed to their
+        // return: each may be a leak missing from the suspects.
+        let lost = LiveTotals {
+            events_lost: 7,
+            allocs_kept: 2,
+            allocs_lost: 5,
+            pending_full: 1,
+            ..totals.clone()
+        };
+        let text = summary(&p, &lost, 0, Paint::default());
+        assert!(
+            text.contains(
+                "4.6 KiB\n\
+                 uncertain: 5 allocations lost (their ring and the queue kept aside full),\n\
+                 uncertain: 1 call not followed to the return (no per-thread storage),\n\
+                 uncertain: at most 6 leaks missing from these\n#1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("note: some blocks were not followed"),
+            "{text}"
+        );
     }
 
     /// A full live map: blocks not followed may be leaks, so no suspect
@@ -288,6 +355,21 @@ mod tests {
         let text = summary(&p, &old, 0, Paint::default());
         assert!(
             text.contains("leak suspects (outstanding at the end, at least 3600 s old): none\n"),
+            "{text}"
+        );
+        // Allocations lost outright are never "none" either.
+        let lost = LiveTotals {
+            untracked: 0,
+            allocs_lost: 1,
+            ..full.clone()
+        };
+        let text = summary(&p, &lost, 0, Paint::default());
+        assert!(
+            text.contains(
+                "leak suspects (outstanding at the end): none among the blocks followed\n\
+                 uncertain: 1 allocation lost (their ring and the queue kept aside full),\n\
+                 uncertain: at most 1 leak missing from these\n"
+            ),
             "{text}"
         );
         let followed = LiveTotals {
