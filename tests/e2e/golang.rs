@@ -2,14 +2,17 @@
 //! tests/fixtures/goheap, built static (CGO_ENABLED=0), stripped
 //! (`-ldflags=-s`) and with cgo (which also calls C's malloc 1000 times),
 //! keeps 32 MiB in 512-byte objects (main.keepSmall) and 32 MiB in 1 MiB
-//! objects (main.keepLarge), writes its own heap profile
-//! (`pprof.WriteHeapProfile`) and `runtime.ReadMemStats`' figures, then
-//! makes garbage at about 40 MB/s (main.churn). The rows mtrace reads
-//! name those functions with Go file and line, and their bytes in use are
-//! the program's own profile's to the byte: both are the same sampled
-//! records, scaled the same way. Against the truth (the shapes the
-//! fixture allocates) and against `ReadMemStats`, they are within Go's
-//! sampling error ([`sampling_bound`]).
+//! objects (main.keepLarge); traced, it allocates 64 MiB in 4 KiB objects
+//! and keeps half (main.afterAttach); it writes its own heap profile
+//! (`pprof.WriteHeapProfile`) and `runtime.ReadMemStats`' figures.
+//!
+//! At `runtime.MemProfileRate` 1 (set by the fixture's own code) every
+//! allocation is recorded: the rows are the fixture's shapes exactly.
+//! At Go's default rate the rows name those functions with Go file and
+//! line, their bytes in use are the program's own profile's to the byte
+//! (the same sampled records, scaled the same way), and against the
+//! shapes and `ReadMemStats` they are within Go's sampling error
+//! ([`sampling_bound`]).
 
 use std::{
     collections::BTreeMap,
@@ -21,7 +24,7 @@ use std::{
 use crate::{
     agent::{have, pprof_raw, Agent},
     support::{
-        self, fixtures::fixtures_dir, profile::Profile, run_profiled, FixtureProc, LINE_TIMEOUT,
+        self, fixtures::fixtures_dir, profile::Profile, run_profiled, trace_by_pid, FixtureProc,
     },
 };
 
@@ -110,12 +113,13 @@ fn sampling_bound(n: f64, size: f64, rate: f64) -> f64 {
     5.0 * size * (n * (1.0 - p) / p).sqrt()
 }
 
-/// 65536 objects of 512 bytes, and the slice that holds them (its last
-/// backing array: 65536 slice headers of 24 bytes).
-const SMALL: (f64, f64) = (65536.0, 512.0);
-const SMALL_TRUE: f64 = 65536.0 * 512.0 + 65536.0 * 24.0;
-/// 32 objects of 1 MiB.
-const LARGE: (f64, f64) = (32.0, 1048576.0);
+/// The fixture's shapes: (function, its line, objects allocated, object
+/// size, objects kept).
+const SHAPES: [(&str, u64, u64, u64, u64); 3] = [
+    ("main.keepSmall", 44, 65536, 512, 65536),
+    ("main.keepLarge", 51, 32, 1 << 20, 32),
+    ("main.afterAttach", 58, 16384, 4096, 8192),
+];
 
 /// What the fixture's own oracle said: bytes in use per function, and
 /// its `ReadMemStats` heap.
@@ -140,58 +144,107 @@ fn oracle(dir: &Path, path: &Path) -> Oracle {
     }
 }
 
-/// The rows of `p` against the fixture's own profile and the truth.
-fn check_rows(p: &Profile, o: &Oracle, describe: &str) {
+/// The Go heap row of `p` at `func` of `size`-byte objects (the row of
+/// the `make`, not of a slice's growth on the same line).
+fn row<'a>(p: &'a Profile, func: &str, size: u64, describe: &str) -> &'a support::profile::Stack {
+    p.stacks
+        .iter()
+        .find(|s| {
+            s.function == "go heap" && s.frames[0].function == func && s.object_size == Some(size)
+        })
+        .unwrap_or_else(|| panic!("no go heap row at {func} of {size}-byte objects\n{describe}"))
+}
+
+/// What every reading of the fixture shows: one Go heap, its rate the
+/// program's, nothing lost; the shapes' functions named with Go file and
+/// line, called from main.main; bytes in use per function the program's
+/// own profile's exactly.
+fn check_common(p: &Profile, o: &Oracle, describe: &str) {
     let heaps = p.doc["go_heaps"].as_array().expect("go_heaps");
     assert_eq!(heaps.len(), 1, "{describe}");
     let heap = &heaps[0];
     assert!(heap["version"].as_str().unwrap().starts_with("go1."));
     assert_eq!(heap["rate"].as_u64(), Some(o.rate), "{describe}");
-    assert_eq!(heap["unreadable"].as_u64(), Some(0), "{describe}");
-    // The functions that keep most, named with Go file and line.
-    for (func, line) in [("main.keepSmall", 32), ("main.keepLarge", 39)] {
-        let row = p
-            .stacks
-            .iter()
-            .find(|s| s.function == "go heap" && s.frames[0].function == func)
-            .unwrap_or_else(|| panic!("no go heap row at {func}\n{describe}"));
-        let f = &row.frames[0];
+    for lost in ["unreadable", "inconsistent"] {
+        assert_eq!(heap[lost].as_u64(), Some(0), "{lost}\n{describe}");
+    }
+    assert_eq!(heap["cut"], false, "{describe}");
+    let mine = rows_in_use(p);
+    for (func, line, _, size, _) in SHAPES {
+        let f = &row(p, func, size, describe).frames;
         assert!(
-            f.file
+            f[0].file
                 .as_deref()
                 .is_some_and(|f| f.ends_with("goheap/main.go")),
-            "{f:?}"
+            "{:?}",
+            f[0]
         );
-        assert_eq!(f.line, Some(line), "{f:?}");
-        assert_eq!(row.frames[1].function, "main.main", "{:?}", row.frames);
-    }
-    let mine = rows_in_use(p);
-    let rate = o.rate as f64;
-    for (func, (n, size), truth) in [
-        ("main.keepSmall", SMALL, SMALL_TRUE),
-        ("main.keepLarge", LARGE, LARGE.0 * LARGE.1),
-    ] {
-        // The program's own profile: the same records, the same scaling.
+        assert_eq!(f[0].line, Some(line), "{:?}", f[0]);
+        assert_eq!(f[1].function, "main.main", "{f:?}");
         assert_eq!(
             mine.get(func),
             o.in_use.get(func),
             "{func}: in use as read, and as the program's pprof.WriteHeapProfile says\n{describe}"
         );
-        let got = mine[func] as f64;
-        let bound = sampling_bound(n, size, rate);
-        assert!(
-            (got - truth).abs() <= bound,
-            "{func}: {got} bytes in use, {truth} allocated: more than {bound} apart\n{describe}"
+    }
+}
+
+/// At rate 1: every shape exactly, allocations counted from `since`
+/// (`attach`: main.afterAttach's only).
+fn check_exact(p: &Profile, since: &str, describe: &str) {
+    for (func, _, n, size, kept) in SHAPES {
+        let r = row(p, func, size, describe);
+        let allocated = if since == "attach" && func != "main.afterAttach" {
+            0
+        } else {
+            n
+        };
+        assert_eq!(
+            (r.calls, r.bytes),
+            (allocated, allocated * size),
+            "{func}: allocated\n{describe}"
+        );
+        let u = r.in_use.unwrap();
+        assert_eq!(
+            (u.calls, u.bytes),
+            (kept, kept * size),
+            "{func}: in use\n{describe}"
         );
     }
-    // The whole heap against ReadMemStats: the sampling error of both
-    // shapes, and 4 MiB for the rest of the program (its runtime, the
-    // profile's own writing).
+}
+
+/// At Go's default rate: the shapes within Go's sampling error of what
+/// the fixture allocated and kept, and the whole heap of what
+/// `ReadMemStats` says.
+fn check_sampled(p: &Profile, o: &Oracle, describe: &str) {
+    let rate = o.rate as f64;
+    let mine = rows_in_use(p);
+    let mut variance = 0.0;
+    for (func, _, n, size, kept) in SHAPES {
+        let bound = sampling_bound(kept as f64, size as f64, rate);
+        variance += bound * bound;
+        let got = mine[func] as f64;
+        let truth = (kept * size) as f64;
+        assert!(
+            (got - truth).abs() <= bound + 4096.0,
+            "{func}: {got} bytes in use, {truth} kept: more than {bound} apart\n{describe}"
+        );
+        if func == "main.afterAttach" {
+            let r = row(p, func, size, describe);
+            let truth = (n * size) as f64;
+            let bound = sampling_bound(n as f64, size as f64, rate);
+            assert!(
+                (r.bytes as f64 - truth).abs() <= bound,
+                "{func}: {} bytes allocated since attach, {truth} allocated: more than {bound} apart\n{describe}",
+                r.bytes
+            );
+        }
+    }
+    // The whole heap against ReadMemStats: the shapes' sampling error, and
+    // 4 MiB for the rest of the program (its runtime, the profile's own
+    // writing).
     let total: i64 = mine.values().sum();
-    let bound = (sampling_bound(SMALL.0, SMALL.1, rate).powi(2)
-        + sampling_bound(LARGE.0, LARGE.1, rate).powi(2))
-    .sqrt()
-        + 4.0 * 1048576.0;
+    let bound = variance.sqrt() + 4.0 * 1048576.0;
     assert!(
         (total as f64 - o.heap_alloc).abs() <= bound,
         "{total} bytes in use over the rows, ReadMemStats says {}: more than {bound} apart\n{describe}",
@@ -199,7 +252,9 @@ fn check_rows(p: &Profile, o: &Oracle, describe: &str) {
     );
 }
 
-/// By pid: each build's rows, read while it runs.
+/// By pid, each build at rate 1 and at Go's default: attached, then the
+/// fixture allocates in main.afterAttach and exits; its rows are read at
+/// its exit, allocations counted from the attach.
 #[test]
 fn go_heap_by_pid_static_stripped_and_cgo() {
     let dir = bpf_tempdir!();
@@ -207,36 +262,31 @@ fn go_heap_by_pid_static_stripped_and_cgo() {
         let Some(exe) = goheap(build) else {
             return;
         };
-        let oracle_path = dir.path().join(format!("{build:?}.pb.gz"));
-        let mut fx = FixtureProc::start(exe, &[oracle_path.to_str().unwrap(), "0"]);
-        fx.stdout.wait_for(|l| l == "ready", LINE_TIMEOUT);
-        let pid = fx.pid().to_string();
-        let (out, p) = run_profiled(&["--pid", &pid, "--duration", "2"]);
-        out.assert_exit(0);
-        let describe = format!("{build:?}\n{}", out.describe());
-        assert!(!out.stdout.contains("no allocations traced"), "{describe}");
-        assert!(out.stdout.contains("go heap: pid "), "{describe}");
-        let heap = &p.doc["go_heaps"][0];
-        assert_eq!(heap["since"], "attach", "{describe}");
-        assert_eq!(heap["read_at"], "running", "{describe}");
-        // It makes garbage at about 40 MB/s while traced: what it
-        // allocated since mtrace came is counted, at churn.
-        let churned: u64 = p
-            .stacks
-            .iter()
-            .filter(|s| s.function == "go heap" && s.frames[0].function == "main.churn")
-            .map(|s| s.bytes)
-            .sum();
-        assert!(
-            churned > 10 << 20,
-            "{churned} bytes at main.churn\n{describe}"
-        );
-        check_rows(&p, &oracle(dir.path(), &oracle_path), &describe);
+        for rate in [Some("1"), None] {
+            let oracle_path = dir.path().join(format!("{build:?}.{rate:?}.pb.gz"));
+            let mut args = vec!["known", oracle_path.to_str().unwrap()];
+            args.extend(rate);
+            let mut fx = FixtureProc::start(exe, &args);
+            let (out, p) = trace_by_pid(&mut fx, &[]);
+            let describe = format!("{build:?} at rate {rate:?}\n{}", out.describe());
+            assert!(!out.stdout.contains("no allocations traced"), "{describe}");
+            assert!(out.stdout.contains("go heap: pid "), "{describe}");
+            let heap = &p.doc["go_heaps"][0];
+            assert_eq!(heap["since"], "attach", "{describe}");
+            assert_eq!(heap["read_at"], "exit", "{describe}");
+            let o = oracle(dir.path(), &oracle_path);
+            check_common(&p, &o, &describe);
+            match rate {
+                Some(_) => check_exact(&p, "attach", &describe),
+                None => check_sampled(&p, &o, &describe),
+            }
+        }
     }
 }
 
-/// From launch: read at the program's exit (held there), counted from
-/// its start; with cgo, its malloc calls exact beside its Go heap.
+/// From launch, at rate 1: read at the program's exit (held there),
+/// counted from its start, exactly; with cgo, its malloc calls exact
+/// beside its Go heap.
 #[test]
 fn go_heap_from_launch_static_and_cgo() {
     let dir = bpf_tempdir!();
@@ -245,9 +295,11 @@ fn go_heap_from_launch_static_and_cgo() {
             return;
         };
         let oracle_path = dir.path().join(format!("{build:?}.launch.pb.gz"));
+        // Its stdin is mtrace's, at its end: it does not wait.
         let (out, p) = run_profiled(&[
             "--",
             exe.to_str().unwrap(),
+            "known",
             oracle_path.to_str().unwrap(),
             "1",
         ]);
@@ -256,7 +308,8 @@ fn go_heap_from_launch_static_and_cgo() {
         let heap = &p.doc["go_heaps"][0];
         assert_eq!(heap["since"], "start", "{describe}");
         assert_eq!(heap["read_at"], "exit", "{describe}");
-        check_rows(&p, &oracle(dir.path(), &oracle_path), &describe);
+        check_common(&p, &oracle(dir.path(), &oracle_path), &describe);
+        check_exact(&p, "start", &describe);
         if let Build::Cgo = build {
             let (calls, bytes) = p.site("malloc", "c_alloc");
             assert_eq!((calls, bytes), (1000, 100_000), "{describe}");
@@ -264,8 +317,8 @@ fn go_heap_from_launch_static_and_cgo() {
     }
 }
 
-/// `mtrace agent` on a Go program: `go tool pprof` reads its Go heap
-/// profile, whose bytes in use are the program's own.
+/// `mtrace agent` on a Go program (count mode): `go tool pprof` reads its
+/// Go heap profile, whose bytes in use are the program's own.
 #[test]
 fn go_tool_pprof_reads_the_agents_go_heap() {
     let dir = bpf_tempdir!();
@@ -273,8 +326,8 @@ fn go_tool_pprof_reads_the_agents_go_heap() {
         return;
     };
     let oracle_path = dir.path().join("agent.pb.gz");
-    let mut fx = FixtureProc::start(exe, &[oracle_path.to_str().unwrap(), "0"]);
-    fx.stdout.wait_for(|l| l == "ready", LINE_TIMEOUT);
+    let mut fx = FixtureProc::start(exe, &["churn", oracle_path.to_str().unwrap(), "0"]);
+    fx.wait_ready();
     let pid = fx.pid().to_string();
     let agent = Agent::start(&["--pid", &pid]);
     let served = in_use_by_function(dir.path(), &agent.url("/debug/pprof/heap"));
@@ -285,9 +338,9 @@ fn go_tool_pprof_reads_the_agents_go_heap() {
     drop(agent);
 }
 
-/// A Go program whose runtime samples nothing (`MemProfileRate` 0, here
-/// by GODEBUG) is one line saying so, not "no allocations traced", and
-/// mtrace does not write into it.
+/// A Go program whose runtime samples nothing (`MemProfileRate` 0, set
+/// by its own code) is one line saying so, not "no allocations traced",
+/// and mtrace does not write into it.
 #[test]
 fn a_go_program_that_samples_nothing_is_said() {
     let dir = bpf_tempdir!();
@@ -295,12 +348,8 @@ fn a_go_program_that_samples_nothing_is_said() {
         return;
     };
     let oracle_path = dir.path().join("zero.pb.gz");
-    let mut fx = FixtureProc::start_env(
-        exe,
-        &[oracle_path.to_str().unwrap(), "0"],
-        &[("GODEBUG", "memprofilerate=0")],
-    );
-    fx.stdout.wait_for(|l| l == "ready", LINE_TIMEOUT);
+    let mut fx = FixtureProc::start(exe, &["churn", oracle_path.to_str().unwrap(), "0", "0"]);
+    fx.wait_ready();
     let pid = fx.pid().to_string();
     let (out, p) = run_profiled(&["--pid", &pid, "--duration", "1"]);
     out.assert_exit(0);
@@ -319,9 +368,22 @@ fn a_go_program_that_samples_nothing_is_said() {
         "{line}"
     );
     assert_eq!(p.doc["unseen"][0]["heap"], "go heap");
-    // Still 0: read, never written.
-    let o = std::fs::read_to_string(format!("{}.memstats", oracle_path.display())).unwrap();
-    assert!(o.contains("MemProfileRate 0"), "{o}");
+    assert!(p.doc["go_heaps"].as_array().is_none_or(|h| h.is_empty()));
+    // Still 0 once mtrace is gone: read, never written (the static build
+    // is not position-independent: the symbol's address is where it is).
+    let nm = Command::new("go")
+        .args(["tool", "nm"])
+        .arg(exe)
+        .output()
+        .unwrap();
+    let nm = String::from_utf8_lossy(&nm.stdout);
+    let addr = nm
+        .lines()
+        .find(|l| l.ends_with(" runtime.MemProfileRate"))
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+        .unwrap_or_else(|| panic!("no runtime.MemProfileRate in go tool nm's output"));
+    let now = support::process::read_mem(fx.pid(), addr, 8).unwrap();
+    assert_eq!(now, [0; 8], "runtime.MemProfileRate");
 }
 
 /// node keeps JavaScript objects in V8's heap: said in one line, its

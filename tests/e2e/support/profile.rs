@@ -109,6 +109,9 @@ pub struct Stack {
     /// A Go heap row: its objects (`calls`) and bytes in use.
     #[serde(default)]
     pub in_use: Option<Counts>,
+    /// A Go heap row: the size of each of its objects.
+    #[serde(default)]
+    pub object_size: Option<u64>,
 }
 
 impl Stack {

@@ -236,13 +236,14 @@ impl GoProcess {
         }
     }
 
-    /// The rows of `reading`: one per stack (the buckets of a stack's
-    /// object sizes joined), each bucket scaled on its own as Go's pprof
-    /// scales it; the runtime's own frames above the first of the program
-    /// left out, as Go's pprof leaves them out.
+    /// The rows of `reading`: one per bucket (a stack and an object
+    /// size, as Go's pprof has one sample per bucket), scaled as Go's
+    /// pprof scales it; the runtime's own frames above the first of the
+    /// program left out, as Go's pprof leaves them out (two buckets whose
+    /// stacks differ there only are joined).
     fn rows(&self, reading: &Reading, read_at: &str) -> (Vec<StackEntry>, GoHeap) {
         let table = self.binary.pclntab();
-        let mut rows: BTreeMap<Vec<Frame>, (Counts, Counts)> = BTreeMap::new();
+        let mut rows: BTreeMap<(Vec<Frame>, u64), (Counts, Counts)> = BTreeMap::new();
         let mut record = GoHeap {
             pid: self.pid,
             name: self.name.clone(),
@@ -287,7 +288,7 @@ impl GoProcess {
             {
                 frames.drain(..first);
             }
-            let row = rows.entry(frames).or_default();
+            let row = rows.entry((frames, b.size)).or_default();
             row.0.add(Counts {
                 calls: allocs,
                 bytes,
@@ -299,7 +300,7 @@ impl GoProcess {
         }
         let entries = rows
             .into_iter()
-            .map(|(frames, (allocated, in_use))| {
+            .map(|((frames, size), (allocated, in_use))| {
                 record.allocated.add(allocated);
                 record.in_use.add(in_use);
                 StackEntry {
@@ -307,6 +308,7 @@ impl GoProcess {
                     frames,
                     counts: allocated,
                     in_use: Some(in_use),
+                    object_size: Some(size),
                     ..StackEntry::default()
                 }
             })

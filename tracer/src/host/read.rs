@@ -155,6 +155,7 @@ fn profile_of(
             counts: *c,
             live: None,
             in_use: None,
+            object_size: None,
         });
     }
 

@@ -181,6 +181,7 @@ pub fn symbolize(
             counts: st.counts,
             live: st.live.clone(),
             in_use: None,
+            object_size: None,
         });
     }
 

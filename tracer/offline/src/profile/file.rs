@@ -71,6 +71,8 @@ struct StackOut<'a> {
     live: &'a Option<LiveStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     in_use: &'a Option<Counts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_size: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -115,6 +117,7 @@ impl<'a> Interner<'a> {
             bytes: e.counts.bytes,
             live: &e.live,
             in_use: &e.in_use,
+            object_size: e.object_size,
         }
     }
 }
@@ -202,6 +205,8 @@ struct StackIn {
     live: Option<LiveStats>,
     #[serde(default)]
     in_use: Option<Counts>,
+    #[serde(default)]
+    object_size: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -245,6 +250,7 @@ impl FileV2 {
                         },
                         live: s.live,
                         in_use: s.in_use,
+                        object_size: s.object_size,
                     })
                 })
                 .collect()

@@ -21,6 +21,7 @@ pub(crate) type StackKey = (
     Option<u32>,
     Option<u32>,
     Vec<(String, Option<String>, Option<u32>, Option<String>, bool)>,
+    Option<u64>,
 );
 
 pub(crate) fn key(e: &StackEntry) -> StackKey {
@@ -40,6 +41,7 @@ pub(crate) fn key(e: &StackEntry) -> StackKey {
                 )
             })
             .collect(),
+        e.object_size,
     )
 }
 

@@ -266,6 +266,10 @@ pub struct StackEntry {
     /// held in use at the reading, Go's estimate. Absent on other rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_use: Option<Counts>,
+    /// A Go heap row: the size of each of its objects (Go's profile keeps
+    /// one record per stack and object size, and so do its rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_size: Option<u64>,
 }
 
 /// The process a row belongs to (`--per-process`).

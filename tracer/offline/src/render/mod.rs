@@ -70,6 +70,8 @@ pub struct Row<'a> {
     pub live: Option<&'a LiveStats>,
     /// A Go heap row: what its stack holds in use (Go's estimate).
     pub in_use: Option<Counts>,
+    /// A Go heap row: the size of each of its objects.
+    pub object_size: Option<u64>,
 }
 
 /// Rows left out of a [`Selection`] for one reason.
@@ -188,6 +190,7 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
         bool,
         Option<&'a Thread>,
         Option<&'a ProcessRef>,
+        Option<u64>,
     );
     type Slot<'a> = (Counts, Option<&'a LiveStats>, usize, Option<Counts>);
     let mut merged: BTreeMap<Key<'_>, Slot<'_>> = BTreeMap::new();
@@ -208,6 +211,7 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
             entry.truncated,
             thread,
             process,
+            entry.object_size,
         );
         let slot = merged.entry(key).or_default();
         slot.0.add(entry.counts);
@@ -220,7 +224,10 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
     merged
         .into_iter()
         .map(
-            |((func, frames, truncated, thread, process), (counts, live, n, in_use))| Row {
+            |(
+                (func, frames, truncated, thread, process, object_size),
+                (counts, live, n, in_use),
+            )| Row {
                 func,
                 frames,
                 truncated,
@@ -229,6 +236,7 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<Row
                 counts,
                 live: if n == 1 { live } else { None },
                 in_use,
+                object_size,
             },
         )
         .collect()
@@ -255,6 +263,7 @@ fn compare_rows(a: &Row<'_>, b: &Row<'_>, sort: SortKey) -> Ordering {
         .then_with(|| a.truncated.cmp(&b.truncated))
         .then_with(|| a.thread.cmp(&b.thread))
         .then_with(|| a.process.cmp(&b.process))
+        .then_with(|| a.object_size.cmp(&b.object_size))
 }
 
 /// Helpers to build profiles by hand in the renderers' tests.
@@ -289,6 +298,7 @@ pub(crate) mod test_util {
             counts: Counts { calls, bytes },
             live: None,
             in_use: None,
+            object_size: None,
         }
     }
 

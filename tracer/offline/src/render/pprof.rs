@@ -572,6 +572,14 @@ impl Builder {
                 ..Default::default()
             });
         }
+        // Each object's size, as Go's own heap profile labels it.
+        if let Some(size) = entry.object_size {
+            label.push(proto::Label {
+                key: self.string("bytes"),
+                num: value(size),
+                ..Default::default()
+            });
+        }
         if let Some(thread) = &entry.thread {
             label.push(proto::Label {
                 key: self.string("thread_id"),

@@ -360,12 +360,18 @@ fn write_row(out: &mut String, rank: usize, row: &Row<'_>, total_calls: u64, pai
         out.push('\n');
     }
     if let Some(u) = row.in_use {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "    in use: {}, {}",
             count(u.calls, "object"),
             bytes(u.bytes)
         );
+        match row.object_size {
+            Some(size) => {
+                let _ = writeln!(out, "; objects of {}", bytes(size));
+            }
+            None => out.push('\n'),
+        }
     }
     if let Some(live) = row.live {
         out.push_str(&leaks::row_lines(live));
