@@ -191,7 +191,7 @@ fn start(
     } = attached;
     let mut meta = match &root {
         Root::Probed(p) => p.meta.clone(),
-        Root::Go { meta, .. } => meta.clone(),
+        Root::Go { meta, .. } => (**meta).clone(),
     };
     if let Target::Command(argv) = &config.target {
         meta.command = argv.join(" ");
@@ -206,7 +206,7 @@ fn start(
         bounded: config.schedule.until_stopped,
     };
     let mut session = match root {
-        Root::Probed(root) => Session::new(root, meta, options),
+        Root::Probed(root) => Session::new(*root, meta, options),
         Root::Go { go, .. } => Session::new_go(go, meta, options),
     };
     // The processes it had created are probed before tracing is said to
@@ -356,10 +356,10 @@ enum TargetExit {
 /// The process a trace begins with: probed, or a Go program with no
 /// malloc whose own heap profile is read (`meta` is its profile's).
 enum Root {
-    Probed(TracedProcess),
+    Probed(Box<TracedProcess>),
     Go {
         go: Box<crate::golang::GoProcess>,
-        meta: Meta,
+        meta: Box<Meta>,
     },
 }
 
@@ -376,12 +376,12 @@ impl Root {
         match crate::golang::detect(pid, maps) {
             crate::golang::Found::Go(go) => Some(Ok(Root::Go {
                 go,
-                meta: Meta {
+                meta: Box::new(Meta {
                     pid,
                     command: tracee::cmdline(pid),
                     executable: tracee::executable(pid),
                     ..template.clone()
-                },
+                }),
             })),
             crate::golang::Found::Unreadable(u) => Some(Err(user_error!(
                 "pid {pid}: no malloc found, and its Go heap cannot be read: {}",
@@ -488,9 +488,9 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             let root = match allocators::find_in_process(pid, &maps, config.mode.python_objects)? {
                 Some(alloc) => {
                     let space = Arc::new(Mutex::new(AddressSpace::new()));
-                    Root::Probed(TracedProcess::attach_to(
+                    Root::Probed(Box::new(TracedProcess::attach_to(
                         pid, alloc, &maps, &settings, space, &template,
-                    )?)
+                    )?))
                 }
                 None => match Root::go(pid, &maps, &template) {
                     Some(root) => root?,
@@ -517,9 +517,9 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             let root = match alloc {
                 Some(alloc) => {
                     let space = Arc::new(Mutex::new(AddressSpace::new()));
-                    Root::Probed(TracedProcess::attach_to(
+                    Root::Probed(Box::new(TracedProcess::attach_to(
                         root, alloc, &maps, &settings, space, &template,
-                    )?)
+                    )?))
                 }
                 None => Root::go(root, &maps, &template)
                     .unwrap_or_else(|| Err(user_error!("cgroup {given}: no process to trace")))?,
@@ -549,7 +549,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
                 move |pid, maps| {
                     let space = Arc::new(Mutex::new(AddressSpace::new()));
                     match TracedProcess::attach(pid, maps, &settings, space, &template)? {
-                        Some(p) => Ok(Some(Root::Probed(p))),
+                        Some(p) => Ok(Some(Root::Probed(Box::new(p)))),
                         None => Root::go(pid, maps, &template).transpose(),
                     }
                 },

@@ -503,6 +503,8 @@ mod tests {
                 bytes: 48000,
             },
             live: None,
+            in_use: None,
+            object_size: None,
         });
         p.totals.allocs = Counts {
             calls: 1000,
