@@ -136,10 +136,11 @@ mod tests {
 
     #[test]
     fn scales_as_go_does() {
-        // 10 samples of 1 KiB at 512 KiB: each stands for 512.5 objects.
+        // 10 samples of 1 KiB at 512 KiB: each stands for 512.50016
+        // objects (cut to whole numbers after the product, as Go does).
         let (c, b) = scale(10, 10 * 1024, 512 * 1024);
         assert_eq!(c, 5125);
-        assert_eq!(b, 5248000);
+        assert_eq!(b, 5248001);
         // Objects far larger than the rate are all sampled.
         assert_eq!(scale(3, 3 << 30, 512 * 1024), (3, 3 << 30));
         assert_eq!(scale(5, 500, 1), (5, 500));
