@@ -177,7 +177,7 @@ fn a_huge_growing_perf_map(sigterm: bool) {
     let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
     assert!(status.success(), "the fixture failed: {status}");
 
-    let rss = run.usage.ru_maxrss;
+    let rss = run.peak_rss_kib;
     eprintln!(
         "mtrace exited {:.0} ms after its end, at most {} MiB resident",
         late.as_secs_f64() * 1e3,

@@ -195,10 +195,14 @@ impl Profiled {
 
     /// [`Profiled::finish`], with what the run used and when it ended.
     pub fn finish_measured(mut self) -> (Finished, Profile, Measured) {
-        let (status, usage, exited) = self.mtrace.proc.wait_rusage(EXIT_TIMEOUT);
+        let (status, _usage, peak_rss_kib, exited) = self.mtrace.proc.wait_rusage(EXIT_TIMEOUT);
         let out = self.mtrace.output(status);
         let profile = written(&self.path, &out);
-        (out, profile, Measured { usage, exited })
+        let measured = Measured {
+            peak_rss_kib,
+            exited,
+        };
+        (out, profile, measured)
     }
 }
 
@@ -214,11 +218,11 @@ fn written(path: &Path, out: &Finished) -> Profile {
     Profile::load(path)
 }
 
-/// How an mtrace run went, as the kernel measured it: its resource
-/// usage (`ru_maxrss`, its maximum resident set size in KiB) and when it
-/// exited.
+/// How an mtrace run went, as the kernel measured it: its peak resident
+/// set size in KiB (see [`Proc::wait_rusage`] for why not `ru_maxrss`)
+/// and when it exited.
 pub struct Measured {
-    pub usage: libc::rusage,
+    pub peak_rss_kib: i64,
     pub exited: std::time::Instant,
 }
 

@@ -84,19 +84,28 @@ impl Proc {
     }
 
     /// [`Proc::wait_timeout`], reaping it with `wait4`: also what it
-    /// used (its maximum resident set size among it), and when it exited
-    /// (to within 5 ms).
-    pub fn wait_rusage(&mut self, timeout: Duration) -> (ExitStatus, libc::rusage, Instant) {
+    /// used, its peak resident set size in KiB (its `VmHWM`, read until it
+    /// exits), and when it exited (to within 5 ms).
+    ///
+    /// The peak is not `ru_maxrss`: the kernel folds into that the peak
+    /// of the address space an exec replaced, here the test binary's own
+    /// (which the spawn shares until the exec), so it says whatever the
+    /// tests running beside held at that moment.
+    pub fn wait_rusage(&mut self, timeout: Duration) -> (ExitStatus, libc::rusage, i64, Instant) {
         use std::os::unix::process::ExitStatusExt;
         let deadline = Instant::now() + timeout;
         let pid = self.id() as i32;
+        let mut peak = 0;
         loop {
+            if let Some(hwm) = vm_hwm_kib(pid) {
+                peak = peak.max(hwm);
+            }
             let mut status = 0;
             // SAFETY: plain out-parameters.
             let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
             let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
             if got == pid {
-                return (ExitStatus::from_raw(status), usage, Instant::now());
+                return (ExitStatus::from_raw(status), usage, peak, Instant::now());
             }
             assert_eq!(got, 0, "wait4: {}", std::io::Error::last_os_error());
             if Instant::now() >= deadline {
@@ -111,6 +120,14 @@ impl Proc {
             unsafe { libc::kill(self.id() as i32, sig) };
         }
     }
+}
+
+/// A live process's peak resident set size since its exec, in KiB; none
+/// once it has exited (a zombie has no address space).
+fn vm_hwm_kib(pid: i32) -> Option<i64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl Drop for Proc {
