@@ -296,7 +296,10 @@ fn go_heap_from_launch_static_and_cgo() {
         };
         let oracle_path = dir.path().join(format!("{build:?}.launch.pb.gz"));
         // Its stdin is mtrace's, at its end: it does not wait.
-        let (out, p) = run_profiled(&[
+        let saved = dir.path().join(format!("{build:?}.json"));
+        let out = support::run_mtrace(&[
+            "-o",
+            saved.to_str().unwrap(),
             "--",
             exe.to_str().unwrap(),
             "known",
@@ -304,12 +307,21 @@ fn go_heap_from_launch_static_and_cgo() {
             "1",
         ]);
         out.assert_exit(0);
+        let p = Profile::load(&saved);
         let describe = format!("{build:?}\n{}", out.describe());
         let heap = &p.doc["go_heaps"][0];
         assert_eq!(heap["since"], "start", "{describe}");
         assert_eq!(heap["read_at"], "exit", "{describe}");
         check_common(&p, &oracle(dir.path(), &oracle_path), &describe);
         check_exact(&p, "start", &describe);
+        // The saved profile reads back: `mtrace report` shows its Go heap.
+        let report = support::run_mtrace(&["report", saved.to_str().unwrap()]);
+        report.assert_exit(0);
+        assert!(
+            report.stdout.contains("go heap: pid ") && report.stdout.contains("main.afterAttach"),
+            "{}",
+            report.describe()
+        );
         if let Build::Cgo = build {
             let (calls, bytes) = p.site("malloc", "c_alloc");
             assert_eq!((calls, bytes), (1000, 100_000), "{describe}");

@@ -394,19 +394,44 @@ fn check_values(p: &Profile) -> Result<(), String> {
     } else {
         0
     };
-    let in_stacks = p
-        .stacks
+    // A Go heap's rows are held to its own totals (`go_heaps`), not to
+    // malloc's.
+    let sum = |go: bool| {
+        p.stacks
+            .iter()
+            .filter(|e| super::is_allocation(e) && super::is_go_heap(e) == go)
+            .try_fold(0u64, |sum, e| sum.checked_add(e.counts.calls))
+    };
+    let go_total = p
+        .go_heaps
         .iter()
-        .filter(|e| super::is_allocation(e))
-        .try_fold(0u64, |sum, e| sum.checked_add(e.counts.calls));
-    match in_stacks {
-        Some(n) if n <= p.totals.allocs.calls.saturating_add(slack) => Ok(()),
-        Some(n) => Err(format!(
-            "corrupt profile: its stacks hold {n} allocation calls, its totals {}",
-            p.totals.allocs.calls
-        )),
-        None => Err("corrupt profile: the stacks' calls overflow".into()),
+        .try_fold(0u64, |sum, g| sum.checked_add(g.allocated.calls));
+    let totals = [
+        (
+            "allocation calls",
+            sum(false),
+            Some(p.totals.allocs.calls.saturating_add(slack)),
+            p.totals.allocs.calls,
+        ),
+        (
+            "go heap objects",
+            sum(true),
+            go_total,
+            go_total.unwrap_or(0),
+        ),
+    ];
+    for (what, in_stacks, bound, total) in totals {
+        match (in_stacks, bound) {
+            (Some(n), Some(b)) if n <= b => {}
+            (Some(n), Some(_)) => {
+                return Err(format!(
+                    "corrupt profile: its stacks hold {n} {what}, its totals {total}"
+                ))
+            }
+            _ => return Err(format!("corrupt profile: the stacks' {what} overflow")),
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
