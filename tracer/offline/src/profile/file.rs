@@ -552,6 +552,34 @@ mod tests {
     }
 
     #[test]
+    fn go_heap_rows_are_held_to_their_own_totals() {
+        let mut p = sample();
+        let mut row = p.stacks[0].clone();
+        row.func = crate::profile::GO_HEAP_FUNC.into();
+        row.counts = Counts {
+            calls: 5125,
+            bytes: 5_248_001,
+        };
+        row.object_size = Some(1024);
+        p.stacks.push(row);
+        p.go_heaps.push(crate::profile::GoHeap {
+            allocated: Counts {
+                calls: 5125,
+                bytes: 5_248_001,
+            },
+            ..Default::default()
+        });
+        let back = parse(&to_json(&p)).unwrap();
+        assert_eq!(back.stacks[1].object_size, Some(1024));
+        p.go_heaps[0].allocated.calls = 5124;
+        let e = parse(&to_json(&p)).unwrap_err();
+        assert_eq!(
+            e,
+            "corrupt profile: its stacks hold 5125 go heap objects, its totals 5124"
+        );
+    }
+
+    #[test]
     fn a_schema_version_of_the_wrong_type_says_so() {
         let text = to_json(&sample()).replace("\"schema_version\": 2", "\"schema_version\": \"2\"");
         assert_eq!(
