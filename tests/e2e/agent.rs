@@ -181,7 +181,7 @@ fn try_http(addr: &str, method: &str, path: &str) -> Result<(u16, String), Strin
 pub(crate) struct Sample {
     pub(crate) values: Vec<i64>,
     pub(crate) functions: Vec<String>,
-    labels: String,
+    pub(crate) labels: String,
 }
 
 /// `go tool pprof -raw [extra] URL` with `env` set, as it ran.

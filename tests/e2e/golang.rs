@@ -343,6 +343,24 @@ fn go_tool_pprof_reads_the_agents_go_heap() {
     let pid = fx.pid().to_string();
     let agent = Agent::start(&["--pid", &pid]);
     let served = in_use_by_function(dir.path(), &agent.url("/debug/pprof/heap"));
+    // Each sample is one record of the runtime, labelled with its objects'
+    // size once, as Go's own heap profile labels it: main.churn's 4 KiB
+    // blocks, once a collection has published some (within 30 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let churn = loop {
+        let (_, samples) = pprof_raw(dir.path(), &agent.url("/debug/pprof/allocs"), &[]);
+        let churn = samples
+            .into_iter()
+            .find(|s| s.functions[0] == "main.churn" && s.values[0] > 0);
+        match churn {
+            Some(s) => break s,
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(500))
+            }
+            None => panic!("no allocation at main.churn served within 30 s"),
+        }
+    };
+    assert!(churn.labels.contains("bytes:[4096]"), "{churn:?}");
     let o = oracle(dir.path(), &oracle_path);
     for func in ["main.keepSmall", "main.keepLarge"] {
         assert_eq!(served.get(func), o.in_use.get(func), "{func}: {served:?}");

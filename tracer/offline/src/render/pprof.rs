@@ -188,7 +188,12 @@ pub fn render_go_heap(profile: &Profile, default_type: &str) -> Result<Vec<u8>> 
     }
     let entries = profile.stacks.iter().filter(|e| is_allocation(e));
     for (sample, entry) in message.sample.iter_mut().zip(entries) {
-        if let Some(mean) = entry.counts.bytes.checked_div(entry.counts.calls) {
+        // A Go heap row has its objects' size labelled already, exactly.
+        let mean = match entry.object_size {
+            Some(_) => None,
+            None => entry.counts.bytes.checked_div(entry.counts.calls),
+        };
+        if let Some(mean) = mean {
             sample.label.push(proto::Label {
                 key: b.string("bytes"),
                 num: value(mean),
