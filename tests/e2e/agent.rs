@@ -39,7 +39,7 @@ fn agent_fixture() -> &'static Path {
     })
 }
 
-fn have(program: &str) -> bool {
+pub(crate) fn have(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
         .stdout(Stdio::null())
@@ -57,15 +57,15 @@ fn tell(fx: &mut FixtureProc, cmd: &str) {
 
 /// A running agent and the address it serves on (`--listen 127.0.0.1:0`:
 /// the port the kernel chose, read from its line).
-struct Agent {
-    mtrace: Mtrace,
+pub(crate) struct Agent {
+    pub(crate) mtrace: Mtrace,
     addr: String,
     /// What it said of where it serves.
     line: String,
 }
 
 impl Agent {
-    fn start(args: &[&str]) -> Agent {
+    pub(crate) fn start(args: &[&str]) -> Agent {
         Agent::start_on("127.0.0.1:0", args)
     }
 
@@ -116,7 +116,7 @@ impl Agent {
             .count()
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
@@ -178,10 +178,10 @@ fn try_http(addr: &str, method: &str, path: &str) -> Result<(u16, String), Strin
 /// One sample of `go tool pprof -raw`: its values and the functions of
 /// its locations, leaf (the allocator) first.
 #[derive(Debug)]
-struct Sample {
-    values: Vec<i64>,
-    functions: Vec<String>,
-    labels: String,
+pub(crate) struct Sample {
+    pub(crate) values: Vec<i64>,
+    pub(crate) functions: Vec<String>,
+    pub(crate) labels: String,
 }
 
 /// `go tool pprof -raw [extra] URL` with `env` set, as it ran.
@@ -204,7 +204,7 @@ fn pprof_fetch(
 
 /// `go tool pprof -raw [extra] URL`, parsed: the sample types and the
 /// samples.
-fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
+pub(crate) fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
     pprof_raw_env(dir, url, extra, &[])
 }
 

@@ -41,6 +41,7 @@ mod edge;
 mod errors;
 mod exec;
 mod families;
+mod golang;
 mod hostile;
 mod jit;
 mod lifecycle;

@@ -15,6 +15,8 @@ mod allocators; // which object allocates, its entry points, probe placement
 mod probes; // load the BPF object and attach the probes
 mod python; // CPython frames: interpreter layouts, code objects, splicing
 
+mod golang; // Go programs' own heap profile, read from their memory
+
 mod unwind; // unwind rules from call-frame information; walks the tracer finishes
 
 mod collect; // kernel maps and event rings -> raw profile (addresses)

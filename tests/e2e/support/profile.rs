@@ -117,6 +117,12 @@ pub struct Stack {
     pub bytes: u64,
     /// Live mode: the stack's live statistics.
     pub live: Option<Value>,
+    /// A Go heap row: its objects (`calls`) and bytes in use.
+    #[serde(default)]
+    pub in_use: Option<Counts>,
+    /// A Go heap row: the size of each of its objects.
+    #[serde(default)]
+    pub object_size: Option<u64>,
 }
 
 impl Stack {

@@ -172,7 +172,8 @@ fn parse_row_header(line: &str) -> Result<Row, String> {
     if parts.len() < 6 || !parts[0].starts_with('#') {
         return Err(bad());
     }
-    let calls = counted(parts[1], "call", line)?;
+    // Go heap rows count objects.
+    let calls = counted(parts[1], "call", line).or_else(|_| counted(parts[1], "object", line))?;
     parts[2].strip_suffix('%').ok_or_else(bad)?;
     let bytes = size(parts[3], line)?;
     let avg = size(parts[4].strip_prefix("avg ").ok_or_else(bad)?, line)?;
@@ -240,7 +241,7 @@ impl Report {
                 continue;
             }
             // Live mode: statistics under a row.
-            if ["    live: ", "    size: ", "    lifetime: "]
+            if ["    live: ", "    size: ", "    lifetime: ", "    in use: "]
                 .iter()
                 .any(|p| line.starts_with(p))
             {

@@ -335,13 +335,14 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Whether `profile` can give what the request asks: in-use memory needs
-/// live mode, `?pid=` a process of the scope.
+/// live mode (or a Go program's own heap, which has in-use figures in
+/// count mode too), `?pid=` a process of the scope.
 fn servable(
     profile: &Profile,
     kind: &str,
     pid: Option<u32>,
 ) -> std::result::Result<(), (u16, String)> {
-    if kind == "inuse_space" && profile.live.is_none() {
+    if kind == "inuse_space" && profile.live.is_none() && profile.go_heaps.is_empty() {
         return Err((
             501,
             "in-use memory is not tracked: the agent runs in count mode (start it with --live); /debug/pprof/allocs has the allocations".into(),

@@ -136,7 +136,7 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
         None
     };
     let (attached, mut aside) = attach(&config, top, run_as)?;
-    let pid = attached.root.pid;
+    let pid = attached.root.pid();
     let (mut session, mut inputs) = start(&config, attached, aside.exit_hold.as_mut(), signals);
     let mut sinks: Vec<Box<dyn Sink>> = vec![
         Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
@@ -189,7 +189,10 @@ fn start(
         tree_rx,
         descendants,
     } = attached;
-    let mut meta = root.meta.clone();
+    let mut meta = match &root {
+        Root::Probed(p) => p.meta.clone(),
+        Root::Go { meta, .. } => (**meta).clone(),
+    };
     if let Target::Command(argv) = &config.target {
         meta.command = argv.join(" ");
     }
@@ -202,7 +205,10 @@ fn start(
         windows: config.windows,
         bounded: config.schedule.until_stopped,
     };
-    let mut session = Session::new(root, meta, options);
+    let mut session = match root {
+        Root::Probed(root) => Session::new(*root, meta, options),
+        Root::Go { go, .. } => Session::new_go(go, meta, options),
+    };
     // The processes it had created are probed before tracing is said to
     // begin; from then on the hold tells the session of the tree.
     for (parent, child) in descendants {
@@ -259,7 +265,18 @@ fn conclude(
     }
     let mut profile = session.profile()?;
     crate::profile::window::scale_windows(&mut profile);
-    if profile.totals.allocs.calls == 0 {
+    for u in &profile.unseen {
+        say!(
+            "mtrace: pid {} ({}): {} not seen: {}",
+            u.pid,
+            printable(&u.name),
+            u.heap,
+            u.why
+        );
+    }
+    if profile.totals.allocs.calls == 0 && profile.meta.allocator_object.is_empty() {
+        // A Go program read only: its heap rows are the trace.
+    } else if profile.totals.allocs.calls == 0 {
         // Loud: a process that allocates through something mtrace did not
         // probe must not look like one that allocates nothing.
         say!(
@@ -336,9 +353,48 @@ enum TargetExit {
     Cgroup(PathBuf, std::sync::mpsc::Sender<tracee::launch::Handover>),
 }
 
+/// The process a trace begins with: probed, or a Go program with no
+/// malloc whose own heap profile is read (`meta` is its profile's).
+enum Root {
+    Probed(Box<TracedProcess>),
+    Go {
+        go: Box<crate::golang::GoProcess>,
+        meta: Box<Meta>,
+    },
+}
+
+impl Root {
+    fn pid(&self) -> u32 {
+        match self {
+            Root::Probed(p) => p.pid,
+            Root::Go { go, .. } => go.pid,
+        }
+    }
+
+    /// A Go program's, if `pid` (mapping `maps`) is one with no malloc.
+    fn go(pid: u32, maps: &[tracee::Mapping], template: &Meta) -> Option<Result<Root>> {
+        match crate::golang::detect(pid, maps) {
+            crate::golang::Found::Go(go) => Some(Ok(Root::Go {
+                go,
+                meta: Box::new(Meta {
+                    pid,
+                    command: tracee::cmdline(pid),
+                    executable: tracee::executable(pid),
+                    ..template.clone()
+                }),
+            })),
+            crate::golang::Found::Unreadable(u) => Some(Err(user_error!(
+                "pid {pid}: no malloc found, and its Go heap cannot be read: {}",
+                u.why
+            ))),
+            crate::golang::Found::None => None,
+        }
+    }
+}
+
 /// The root process, probed, and what the session listens to.
 struct Attached {
-    root: TracedProcess,
+    root: Root,
     exit: TargetExit,
     /// What the thread that traces the tree tells the session.
     tree_rx: UnboundedReceiver<TreeRequest>,
@@ -362,7 +418,7 @@ struct Aside {
 /// its allocator and mappings, and the others.
 type CgroupRoot = (
     u32,
-    allocators::AllocatorObject,
+    Option<allocators::AllocatorObject>,
     Vec<tracee::Mapping>,
     Vec<u32>,
 );
@@ -378,7 +434,17 @@ fn cgroup_root(dir: &Path, given: &str, python_objects: bool) -> Result<CgroupRo
         };
         if let Ok(Some(alloc)) = allocators::find_in_process(pid, &maps, python_objects) {
             let others = members.iter().copied().filter(|&p| p != pid).collect();
-            return Ok((pid, alloc, maps, others));
+            return Ok((pid, Some(alloc), maps, others));
+        }
+    }
+    // None with malloc: a Go program's own heap leads.
+    for &pid in &members {
+        let Ok(maps) = tracee::read_maps(pid) else {
+            continue;
+        };
+        if crate::golang::binary::is_go(Path::new(&format!("/proc/{pid}/exe"))) {
+            let others = members.iter().copied().filter(|&p| p != pid).collect();
+            return Ok((pid, None, maps, others));
         }
     }
     Err(user_error!(
@@ -419,9 +485,21 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             let (hold, descendants) = ExitHold::start(pid, config.children, on_event);
             let maps = tracee::read_maps(pid)
                 .map_err(|e| user_error!("cannot read /proc/{pid}/maps: {e}"))?;
-            let alloc = allocators::require_in_process(pid, &maps, config.mode.python_objects)?;
-            let space = Arc::new(Mutex::new(AddressSpace::new()));
-            let root = TracedProcess::attach_to(pid, alloc, &maps, &settings, space, &template)?;
+            let root = match allocators::find_in_process(pid, &maps, config.mode.python_objects)? {
+                Some(alloc) => {
+                    let space = Arc::new(Mutex::new(AddressSpace::new()));
+                    Root::Probed(Box::new(TracedProcess::attach_to(
+                        pid, alloc, &maps, &settings, space, &template,
+                    )?))
+                }
+                None => match Root::go(pid, &maps, &template) {
+                    Some(root) => root?,
+                    None => {
+                        allocators::require_in_process(pid, &maps, config.mode.python_objects)?;
+                        unreachable!("no allocator found twice")
+                    }
+                },
+            };
             let attached = Attached {
                 root,
                 exit: TargetExit::Pidfd(pidfd),
@@ -436,8 +514,16 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
             let (adopt_tx, adopt_rx) = std::sync::mpsc::channel();
             let (hold, descendants) =
                 ExitHold::start_with(root, others, true, Some(adopt_rx), on_event);
-            let space = Arc::new(Mutex::new(AddressSpace::new()));
-            let root = TracedProcess::attach_to(root, alloc, &maps, &settings, space, &template)?;
+            let root = match alloc {
+                Some(alloc) => {
+                    let space = Arc::new(Mutex::new(AddressSpace::new()));
+                    Root::Probed(Box::new(TracedProcess::attach_to(
+                        root, alloc, &maps, &settings, space, &template,
+                    )?))
+                }
+                None => Root::go(root, &maps, &template)
+                    .unwrap_or_else(|| Err(user_error!("cgroup {given}: no process to trace")))?,
+            };
             let attached = Attached {
                 root,
                 exit: TargetExit::Cgroup(dir, adopt_tx),
@@ -462,7 +548,10 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
                 run_as,
                 move |pid, maps| {
                     let space = Arc::new(Mutex::new(AddressSpace::new()));
-                    TracedProcess::attach(pid, maps, &settings, space, &template)
+                    match TracedProcess::attach(pid, maps, &settings, space, &template)? {
+                        Some(p) => Ok(Some(Root::Probed(Box::new(p)))),
+                        None => Root::go(pid, maps, &template).transpose(),
+                    }
                 },
                 on_event,
                 crate::symbolize::warm_up,
@@ -482,12 +571,18 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
         "attached in {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3
     );
-    log_probes(&attached.root.probes.attached);
-    log_verified(&attached.root.probes.programs);
+    let shadowed = match &attached.root {
+        Root::Probed(root) => {
+            log_probes(&root.probes.attached);
+            log_verified(&root.probes.programs);
+            root.shadowed.clone()
+        }
+        Root::Go { .. } => Vec::new(),
+    };
     let aside = Aside {
         exit_hold,
         command_log,
-        shadowed: attached.root.shadowed.clone(),
+        shadowed,
     };
     Ok((attached, aside))
 }
@@ -522,12 +617,29 @@ fn tree_channel() -> (
 }
 
 /// `mtrace: tracing pid 1234 (name): 8 probes in libc.so.6, ...`
-fn tracing_line(config: &TraceConfig, root: &TracedProcess) -> String {
+fn tracing_line(config: &TraceConfig, root: &Root) -> String {
+    let pid = root.pid();
+    let placement = match root {
+        Root::Probed(root) => {
+            let mut placed = root.probes.placement();
+            if let Some(go) = &root.go {
+                placed.push_str(&format!(
+                    "; its Go heap ({}) read from its memory",
+                    go.version()
+                ));
+            }
+            placed
+        }
+        Root::Go { go, .. } => format!(
+            "no malloc, its Go heap ({}) read from its memory",
+            go.version()
+        ),
+    };
     format!(
         "mtrace: tracing pid {} ({}): {}{}{}",
-        root.pid,
-        printable(&tracee::comm(root.pid)),
-        root.probes.placement(),
+        pid,
+        printable(&tracee::comm(pid)),
+        placement,
         match &config.target {
             Target::Command(_) if config.follow => ", and every process it starts",
             Target::Pid(_) if config.children => ", and its children, present and to come",

@@ -157,6 +157,8 @@ fn profile_of(
             process: Some(ProcessRef { pid: k.tgid, name }),
             counts: *c,
             live: None,
+            in_use: None,
+            object_size: None,
         });
     }
 
@@ -203,6 +205,8 @@ fn profile_of(
         live: None,
         snapshot: None,
         timeline: None,
+        go_heaps: Vec::new(),
+        unseen: Vec::new(),
     })
 }
 

@@ -98,6 +98,10 @@ pub struct Session {
     gone_since: Option<Instant>,
     /// By cgroup, while the loop runs: the scope its processes must stay in.
     cgroup: Option<Scope>,
+    /// Go programs with no malloc to probe (static ones), their own heap
+    /// profile read at each reading, by pid; kept once gone (their
+    /// reading at exit stands).
+    go_only: BTreeMap<u32, Box<crate::golang::GoProcess>>,
 }
 
 impl Session {
@@ -135,9 +139,53 @@ impl Session {
             gone: Vec::new(),
             gone_since: None,
             cgroup: None,
+            go_only: BTreeMap::new(),
         };
         session.begin_window();
         session
+    }
+
+    /// A trace of `root`, a Go program with nothing to probe: its own heap
+    /// profile only (and that of what it starts); tracing begins now.
+    pub fn new_go(root: Box<crate::golang::GoProcess>, meta: Meta, options: Options) -> Session {
+        let pid = root.pid;
+        let mode = options.settings.mode;
+        let tree = Tree {
+            processes: vec![ProcessMeta {
+                pid,
+                name: root.name.clone(),
+                command: meta.command.clone(),
+                executable: meta.executable.clone(),
+                cgroup: crate::tracee::cgroup::of(pid),
+                allocator_object: crate::profile::GO_HEAP_FUNC.into(),
+                traced: true,
+                ..Default::default()
+            }],
+            unlisted: 0,
+        };
+        Session {
+            root: pid,
+            procs: BTreeMap::new(),
+            ended: merge::Merged::default(),
+            tree,
+            meta,
+            clock: Clock {
+                started: Instant::now(),
+                started_ns: live_tracker::monotonic_ns(),
+                min_age_ns: options.min_age_ns,
+            },
+            options,
+            timeline: Recorder::new(1.0, mode.live || mode.count_frees),
+            root_code: None,
+            letting_go: None,
+            duty: None,
+            gone_with_pid: 0,
+            exec_replaced: Vec::new(),
+            gone: Vec::new(),
+            gone_since: None,
+            cgroup: None,
+            go_only: [(pid, root)].into(),
+        }
     }
 
     /// The root process while it has probes in.
@@ -192,6 +240,22 @@ impl Session {
             let part = self.proc_profile(proc)?;
             if proc.pid == self.root {
                 python.clone_from(&part.meta.python);
+            }
+            parts.push(part);
+        }
+        for go in self.go_only.values() {
+            let mut part = Profile {
+                meta: self.meta.clone(),
+                ..Profile::default()
+            };
+            go.add_to(&mut part);
+            if self.options.per_process {
+                for st in &mut part.stacks {
+                    st.process = Some(ProcessRef {
+                        pid: go.pid,
+                        name: go.name.clone(),
+                    });
+                }
             }
             parts.push(part);
         }

@@ -11,6 +11,7 @@ use tracer_common::{maps, LostAlloc, LostFree};
 use crate::{
     allocators,
     collect::live_tracker::{self, LiveTracker},
+    golang,
     pipeline::{self, Clock},
     probes::{self, MapSizes, Mode, Probes},
     profile::{merge, Meta, Profile},
@@ -66,6 +67,11 @@ pub struct TracedProcess {
     /// Its command name when probed (read again after it is gone, it
     /// would be lost).
     pub name: String,
+    /// A Go program: its runtime's own heap profile, read at each reading.
+    pub go: Option<Box<golang::GoProcess>>,
+    /// Heaps it keeps that mtrace cannot see (a JVM's, V8's, a Go
+    /// program's that cannot be read), one line each.
+    pub unseen: Vec<crate::profile::Unseen>,
 }
 
 /// What `--python-objects` does not see in an interpreter that copied its
@@ -221,6 +227,8 @@ impl TracedProcess {
         meta.allocator_beside = alloc.beside.clone().unwrap_or_default();
         meta.python = python_said;
         meta.probes = probes.attached.clone();
+        let name = tracee::comm(pid);
+        let (go, unseen) = go_and_unseen(pid, &name, &meta.executable, maps);
         let mut proc = TracedProcess {
             pid,
             probes,
@@ -232,7 +240,9 @@ impl TracedProcess {
             meta,
             before_exec: Vec::new(),
             shadowed: alloc.shadowed,
-            name: tracee::comm(pid),
+            name,
+            go,
+            unseen,
         };
         proc.events = proc.take_event_rings()?;
         if proc.tracker.is_some() {
@@ -247,15 +257,37 @@ impl TracedProcess {
     }
 
     /// Everything it ran: the programs before each `exec`, then the
-    /// current one.
+    /// current one (with its Go heap, and what it keeps unseen).
     pub(super) fn profile(&self, clock: &Clock, per_thread: bool) -> Result<Profile> {
-        let current = self.current_profile(clock, per_thread)?;
+        let mut current = self.current_profile(clock, per_thread)?;
+        if let Some(go) = &self.go {
+            go.add_to(&mut current);
+        }
+        current.unseen.extend(self.unseen_now());
         if self.before_exec.is_empty() {
             return Ok(current);
         }
         let mut parts = self.before_exec.clone();
         parts.push(current);
         Ok(merge::merge(parts))
+    }
+
+    /// The heaps it keeps that mtrace cannot see: its Go heap's line (said
+    /// at attach), and its runtime's as its mappings say now (a JVM loads
+    /// libjvm.so after the probes are in), or as they said last.
+    pub(super) fn unseen_now(&self) -> Vec<crate::profile::Unseen> {
+        let (go, runtime): (Vec<_>, Vec<_>) = self
+            .unseen
+            .iter()
+            .cloned()
+            .partition(|u| u.heap == "go heap");
+        let now = match tracee::read_maps(self.pid) {
+            Ok(maps) => golang::unseen::detect(self.pid, &self.name, &self.meta.executable, &maps)
+                .into_iter()
+                .collect(),
+            Err(_) => runtime,
+        };
+        go.into_iter().chain(now).collect()
     }
 
     /// The program it runs now (since its last `exec`).
@@ -390,6 +422,28 @@ impl TracedProcess {
         }
         Ok(events)
     }
+}
+
+/// `pid`'s Go heap (a Go program's) and the heaps it keeps that cannot be
+/// seen.
+pub(super) fn go_and_unseen(
+    pid: u32,
+    name: &str,
+    exe: &str,
+    maps: &[Mapping],
+) -> (Option<Box<golang::GoProcess>>, Vec<crate::profile::Unseen>) {
+    let mut unseen: Vec<_> = golang::unseen::detect(pid, name, exe, maps)
+        .into_iter()
+        .collect();
+    let go = match golang::detect(pid, maps) {
+        golang::Found::Go(go) => Some(go),
+        golang::Found::Unreadable(u) => {
+            unseen.push(u);
+            None
+        }
+        golang::Found::None => None,
+    };
+    (go, unseen)
 }
 
 /// Feeds every event waiting in the rings and queues to the tracker, which

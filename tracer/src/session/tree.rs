@@ -154,7 +154,25 @@ impl Session {
                 self.procs.insert(pid, proc);
                 Ok(true)
             }
-            Ok(None) => Ok(false),
+            // A Go program with no malloc (a static one): its own heap is
+            // read all the same, and it is done with.
+            Ok(None) => match crate::golang::detect(pid, maps) {
+                crate::golang::Found::Go(go) => {
+                    if let Some(p) = self.tree.get(pid) {
+                        p.traced = true;
+                        p.not_traced = None;
+                        p.allocator_object = crate::profile::GO_HEAP_FUNC.into();
+                    }
+                    log::debug!("pid {pid}: {}, its own heap read", go.version());
+                    self.go_only.insert(pid, go);
+                    Ok(true)
+                }
+                crate::golang::Found::Unreadable(u) => {
+                    self.tree.not_traced(pid, format!("no malloc; {}", u.why));
+                    Ok(true)
+                }
+                crate::golang::Found::None => Ok(false),
+            },
             Err(e) => {
                 log::warn!("pid {pid} not traced: {e:#}");
                 self.tree.not_traced(pid, format!("{e:#}"));
@@ -231,6 +249,8 @@ impl Session {
                 self.start_proc(child, &maps)
             }
             OwnedTreeEvent::Exec { pid, maps } => {
+                // The Go program it ran is gone with the exec.
+                self.go_only.remove(&pid);
                 let settings = self.options.settings;
                 let mut replaced = None;
                 let done = match self.procs.get_mut(&pid) {
@@ -274,6 +294,16 @@ impl Session {
                 Ok(done)
             }
             OwnedTreeEvent::Exiting { pid } => {
+                // A Go heap is read while its memory is still there.
+                if let Some(go) = self.go_only.get_mut(&pid) {
+                    go.keep_exit_reading();
+                }
+                if let Some(proc) = self.procs.get_mut(&pid) {
+                    if let Some(go) = proc.go.as_mut() {
+                        go.keep_exit_reading();
+                    }
+                    proc.unseen = proc.unseen_now();
+                }
                 if let Some(proc) = self.procs.get(&pid) {
                     proc.space.lock().unwrap().refresh(pid);
                     // Its memory is still there: the walks waiting in the

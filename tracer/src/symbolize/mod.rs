@@ -196,6 +196,8 @@ pub fn symbolize(
             process: None,
             counts: st.counts,
             live: st.live.clone(),
+            in_use: None,
+            object_size: None,
         });
     }
 
@@ -229,6 +231,8 @@ pub fn symbolize(
         live: raw.live.clone(),
         snapshot: None,
         timeline: None,
+        go_heaps: Vec::new(),
+        unseen: Vec::new(),
     }
 }
 

@@ -31,6 +31,8 @@ fn stack(func: &str, frames: Vec<Frame>, calls: u64, bytes: u64) -> StackEntry {
         process: None,
         counts: Counts { calls, bytes },
         live: None,
+        in_use: None,
+        object_size: None,
     }
 }
 

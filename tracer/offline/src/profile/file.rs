@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 use crate::{
     error::UserError,
     profile::{
-        Counts, Frame, LiveStats, LiveTotals, Losses, Meta, ProcessRef, Profile, Snapshot,
-        StackEntry, StackQuality, Thread, Timeline, Totals,
+        Counts, Frame, GoHeap, LiveStats, LiveTotals, Losses, Meta, ProcessRef, Profile, Snapshot,
+        StackEntry, StackQuality, Thread, Timeline, Totals, Unseen,
     },
 };
 
@@ -51,6 +51,10 @@ struct FileOut<'a> {
     snapshot: Option<SnapshotOut<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeline: &'a Option<Timeline>,
+    #[serde(skip_serializing_if = "<[GoHeap]>::is_empty")]
+    go_heaps: &'a [GoHeap],
+    #[serde(skip_serializing_if = "<[Unseen]>::is_empty")]
+    unseen: &'a [Unseen],
 }
 
 /// A [`StackEntry`] whose frames are indexes into the frame table, on one
@@ -67,6 +71,10 @@ struct StackOut<'a> {
     bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     live: &'a Option<LiveStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_use: &'a Option<Counts>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_size: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -122,6 +130,8 @@ impl<'a> Interner<'a> {
             calls: e.counts.calls,
             bytes: e.counts.bytes,
             live: &e.live,
+            in_use: &e.in_use,
+            object_size: e.object_size,
         }
     }
 }
@@ -160,6 +170,8 @@ pub fn to_json(profile: &Profile) -> String {
         live: &profile.live,
         snapshot,
         timeline: &profile.timeline,
+        go_heaps: &profile.go_heaps,
+        unseen: &profile.unseen,
     };
     serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
 }
@@ -180,6 +192,10 @@ struct FileV2 {
     snapshot: Option<SnapshotIn>,
     #[serde(default)]
     timeline: Option<Timeline>,
+    #[serde(default)]
+    go_heaps: Vec<GoHeap>,
+    #[serde(default)]
+    unseen: Vec<Unseen>,
 }
 
 /// A stack as read, its live statistics boxed: every stack read is held
@@ -197,6 +213,10 @@ struct StackIn {
     bytes: u64,
     #[serde(default)]
     live: Option<Box<LiveStats>>,
+    #[serde(default)]
+    in_use: Option<Counts>,
+    #[serde(default)]
+    object_size: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -245,6 +265,8 @@ impl FileV2 {
                             bytes: s.bytes,
                         },
                         live: s.live.map(|l| *l),
+                        in_use: s.in_use,
+                        object_size: s.object_size,
                     })
                 })
                 .collect()
@@ -268,6 +290,8 @@ impl FileV2 {
             live: self.live,
             snapshot,
             timeline: self.timeline,
+            go_heaps: self.go_heaps,
+            unseen: self.unseen,
         })
     }
 }
@@ -406,19 +430,44 @@ fn check_values(p: &Profile) -> Result<(), String> {
     } else {
         0
     };
-    let in_stacks = p
-        .stacks
+    // A Go heap's rows are held to its own totals (`go_heaps`), not to
+    // malloc's.
+    let sum = |go: bool| {
+        p.stacks
+            .iter()
+            .filter(|e| super::is_allocation(e) && super::is_go_heap(e) == go)
+            .try_fold(0u64, |sum, e| sum.checked_add(e.counts.calls))
+    };
+    let go_total = p
+        .go_heaps
         .iter()
-        .filter(|e| super::is_allocation(e))
-        .try_fold(0u64, |sum, e| sum.checked_add(e.counts.calls));
-    match in_stacks {
-        Some(n) if n <= p.totals.allocs.calls.saturating_add(slack) => Ok(()),
-        Some(n) => Err(format!(
-            "corrupt profile: its stacks hold {n} allocation calls, its totals {}",
-            p.totals.allocs.calls
-        )),
-        None => Err("corrupt profile: the stacks' calls overflow".into()),
+        .try_fold(0u64, |sum, g| sum.checked_add(g.allocated.calls));
+    let totals = [
+        (
+            "allocation calls",
+            sum(false),
+            Some(p.totals.allocs.calls.saturating_add(slack)),
+            p.totals.allocs.calls,
+        ),
+        (
+            "go heap objects",
+            sum(true),
+            go_total,
+            go_total.unwrap_or(0),
+        ),
+    ];
+    for (what, in_stacks, bound, total) in totals {
+        match (in_stacks, bound) {
+            (Some(n), Some(b)) if n <= b => {}
+            (Some(n), Some(_)) => {
+                return Err(format!(
+                    "corrupt profile: its stacks hold {n} {what}, its totals {total}"
+                ))
+            }
+            _ => return Err(format!("corrupt profile: the stacks' {what} overflow")),
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -515,6 +564,8 @@ mod tests {
                 bytes: 48000,
             },
             live: None,
+            in_use: None,
+            object_size: None,
         });
         p.totals.allocs = Counts {
             calls: 1000,
@@ -534,6 +585,34 @@ mod tests {
         p.meta.duration_secs = -1.0;
         let e = parse(&to_json(&p)).unwrap_err();
         assert_eq!(e, "corrupt profile: duration_secs is -1");
+    }
+
+    #[test]
+    fn go_heap_rows_are_held_to_their_own_totals() {
+        let mut p = sample();
+        let mut row = p.stacks[0].clone();
+        row.func = crate::profile::GO_HEAP_FUNC.into();
+        row.counts = Counts {
+            calls: 5125,
+            bytes: 5_248_001,
+        };
+        row.object_size = Some(1024);
+        p.stacks.push(row);
+        p.go_heaps.push(crate::profile::GoHeap {
+            allocated: Counts {
+                calls: 5125,
+                bytes: 5_248_001,
+            },
+            ..Default::default()
+        });
+        let back = parse(&to_json(&p)).unwrap();
+        assert_eq!(back.stacks[1].object_size, Some(1024));
+        p.go_heaps[0].allocated.calls = 5124;
+        let e = parse(&to_json(&p)).unwrap_err();
+        assert_eq!(
+            e,
+            "corrupt profile: its stacks hold 5125 go heap objects, its totals 5124"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub(crate) type StackKey = (
     Option<u32>,
     Option<u32>,
     Vec<(String, Option<String>, Option<u32>, Option<String>, bool)>,
+    Option<u64>,
 );
 
 pub(crate) fn key(e: &StackEntry) -> StackKey {
@@ -40,6 +41,7 @@ pub(crate) fn key(e: &StackEntry) -> StackKey {
                 )
             })
             .collect(),
+        e.object_size,
     )
 }
 
@@ -148,6 +150,8 @@ impl Merged {
             (a, b) => a.or(b),
         };
         out.snapshot = part.snapshot;
+        out.go_heaps.extend(part.go_heaps);
+        out.unseen.extend(part.unseen);
     }
 }
 
@@ -162,6 +166,9 @@ fn join_row(stacks: &mut Vec<StackEntry>, index: &mut HashMap<StackKey, usize>, 
             row.counts.add(entry.counts);
             row.truncated |= entry.truncated;
             row.live = add_live(row.live.take(), entry.live);
+            if let Some(in_use) = entry.in_use {
+                row.in_use.get_or_insert_default().add(in_use);
+            }
             row.frames = entry.frames;
         }
         None => {

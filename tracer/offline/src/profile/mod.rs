@@ -294,6 +294,17 @@ fn yes() -> bool {
 /// [`Totals::allocs`].
 pub const FREE_FUNC: &str = "free";
 
+/// The allocator function of rows read from a Go program's own heap
+/// profile (its runtime's sampled record of `new`, `make` and the rest,
+/// which is not malloc): estimates scaled as Go's pprof scales them, never
+/// in [`Totals`].
+pub const GO_HEAP_FUNC: &str = "go heap";
+
+/// Whether `entry` is a row of a Go program's own heap profile.
+pub fn is_go_heap(entry: &StackEntry) -> bool {
+    entry.func == GO_HEAP_FUNC
+}
+
 /// Whether `entry` counts an allocation (anything but `free`).
 pub fn is_allocation(entry: &StackEntry) -> bool {
     entry.func != FREE_FUNC
@@ -347,6 +358,14 @@ pub struct StackEntry {
     /// Live mode: what became of this stack's blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveStats>,
+    /// A Go heap row ([`GO_HEAP_FUNC`]): the objects and bytes its stack
+    /// held in use at the reading, Go's estimate. Absent on other rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use: Option<Counts>,
+    /// A Go heap row: the size of each of its objects (Go's profile keeps
+    /// one record per stack and object size, and so do its rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_size: Option<u64>,
 }
 
 /// The process a row belongs to (`--per-process`).
@@ -714,4 +733,56 @@ pub struct Profile {
     /// The trace over time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Timeline>,
+    /// The Go programs whose own heap profile was read (their rows are
+    /// [`GO_HEAP_FUNC`]'s). Absent where none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub go_heaps: Vec<GoHeap>,
+    /// Processes whose heap mtrace cannot see, one line each: a JVM's
+    /// Java heap, V8's, a Go program that samples nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unseen: Vec<Unseen>,
+}
+
+/// A Go program's heap profile as read from its memory: sampled by its
+/// runtime, one allocation per `rate` bytes on average, published at each
+/// garbage collection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoHeap {
+    pub pid: u32,
+    /// Its command name (`comm`).
+    pub name: String,
+    /// `go1.19.8`.
+    pub version: String,
+    /// `runtime.MemProfileRate` as read (bytes between samples on
+    /// average; 1: every allocation).
+    pub rate: u64,
+    /// What the rows' allocations count from: `attach` (allocations the
+    /// program made while traced, as its last garbage collection
+    /// published them) or `start` (since it started: launched by mtrace).
+    pub since: String,
+    /// When the reading was made: `exit` (held at its exit), or `running`.
+    pub read_at: String,
+    /// Allocations (objects and bytes) and what is in use, over its rows:
+    /// estimates.
+    pub allocated: Counts,
+    pub in_use: Counts,
+    /// Buckets read (one per stack and object size).
+    pub buckets: u64,
+    /// Buckets that could not be read (the walk stopped there), or whose
+    /// counts never agreed with their size (left out).
+    pub unreadable: u64,
+    pub inconsistent: u64,
+    /// The walk stopped at its bound.
+    #[serde(default)]
+    pub cut: bool,
+}
+
+/// A process whose heap mtrace cannot see, and why, in one line.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unseen {
+    pub pid: u32,
+    pub name: String,
+    /// `java heap`, `v8 heap`, `go heap`.
+    pub heap: String,
+    pub why: String,
 }

@@ -76,6 +76,8 @@ mod tests {
                 bytes: calls * 8,
             },
             live: None,
+            in_use: None,
+            object_size: None,
         }
     }
 

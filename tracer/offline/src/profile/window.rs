@@ -63,6 +63,8 @@ pub fn without_stacks(p: &Profile) -> Profile {
         live: p.live.clone(),
         snapshot: None,
         timeline: None,
+        go_heaps: p.go_heaps.clone(),
+        unseen: p.unseen.clone(),
     }
 }
 
@@ -89,7 +91,10 @@ pub fn since(start: &Start, later: Profile) -> Profile {
                 now.temporaries = now.temporaries.saturating_sub(then.temporaries);
             }
         }
-        e.counts.calls > 0 || e.live.as_ref().is_some_and(|l| l.outstanding > 0)
+        // A Go heap row's in-use figure is a state, as live mode's blocks.
+        e.counts.calls > 0
+            || e.live.as_ref().is_some_and(|l| l.outstanding > 0)
+            || e.in_use.is_some_and(|u| u.bytes > 0)
     });
     let t = &mut out.totals;
     for (func, counts) in t.per_func.iter_mut() {
@@ -117,6 +122,14 @@ pub fn since(start: &Start, later: Profile) -> Profile {
         now.frees_lost = now.frees_lost.saturating_sub(then.frees_lost);
         now.allocs_kept = now.allocs_kept.saturating_sub(then.allocs_kept);
         now.allocs_lost = now.allocs_lost.saturating_sub(then.allocs_lost);
+    }
+    // A Go heap's allocations are counted as its rows are; what it has in
+    // use is a state.
+    for now in &mut out.go_heaps {
+        if let Some(then) = earlier.go_heaps.iter().find(|h| h.pid == now.pid) {
+            now.allocated.calls = now.allocated.calls.saturating_sub(then.allocated.calls);
+            now.allocated.bytes = now.allocated.bytes.saturating_sub(then.allocated.bytes);
+        }
     }
     if let (Some(now), Some(then)) = (out.meta.sampling.as_mut(), earlier.meta.sampling.as_ref()) {
         now.samples = now.samples.saturating_sub(then.samples);
@@ -167,7 +180,9 @@ pub fn scale_windows(profile: &mut Profile) {
     }
     let scale = |n: &mut u64| *n = (*n as f64 * factor).round() as u64;
     let t = &mut profile.totals;
-    let counts = (profile.stacks.iter_mut().map(|e| &mut e.counts))
+    // Go heap rows are read whole at each reading, windows or not.
+    let rows = profile.stacks.iter_mut().filter(|e| !super::is_go_heap(e));
+    let counts = (rows.map(|e| &mut e.counts))
         .chain(t.per_func.values_mut())
         .chain([&mut t.allocs]);
     for c in counts {

@@ -71,6 +71,10 @@ pub struct Row<'a> {
     /// Live mode: the entry's live statistics (`None` when several entries
     /// were merged into this row: percentiles do not add up).
     pub live: Option<&'a LiveStats>,
+    /// A Go heap row: what its stack holds in use (Go's estimate).
+    pub in_use: Option<Counts>,
+    /// A Go heap row: the size of each of its objects.
+    pub object_size: Option<u64>,
 }
 
 /// Rows left out of a [`Selection`] for one reason.
@@ -92,14 +96,45 @@ pub struct Selection<'a> {
 
 /// Picks the rows to show: merges threads (unless per thread), hides rows
 /// under the threshold, sorts by the sort key (descending) and keeps the top
-/// rows. `free` entries are never rows.
+/// rows. `free` entries are never rows. Go heap rows
+/// ([`crate::profile::GO_HEAP_FUNC`]) come after the malloc rows, top rows
+/// of their own, most bytes in use first whatever the sort key (as Go's
+/// heap profile shows first), their share against Go's totals.
 pub fn select<'a>(profile: &'a Profile, opts: &ReportOptions) -> Selection<'a> {
-    let mut rows = merge_rows(profile, opts.per_thread, opts.per_process);
+    let (go, malloc): (Vec<_>, Vec<_>) = merge_rows(profile, opts.per_thread, opts.per_process)
+        .into_iter()
+        .partition(|(_, r)| r.func == crate::profile::GO_HEAP_FUNC);
+    let mut selection = select_rows(malloc, profile.totals.allocs.calls, opts);
+    if go.is_empty() {
+        return selection;
+    }
+    let go_total = profile.go_heaps.iter().map(|g| g.allocated.calls).sum();
+    let go_opts = ReportOptions {
+        sort: SortKey::Live,
+        ..opts.clone()
+    };
+    let go = select_rows(go, go_total, &go_opts);
+    selection.rows.extend(go.rows);
+    for (mine, theirs) in [
+        (&mut selection.hidden_by_threshold, go.hidden_by_threshold),
+        (&mut selection.hidden_by_top, go.hidden_by_top),
+    ] {
+        mine.rows += theirs.rows;
+        mine.counts.add(theirs.counts);
+    }
+    selection
+}
 
-    let total = profile.totals.allocs.calls;
+/// [`select`] of `rows`, against `total` calls.
+fn select_rows<'a>(
+    mut rows: Vec<(Vec<u32>, Row<'a>)>,
+    total: u64,
+    opts: &ReportOptions,
+) -> Selection<'a> {
     let mut selection = Selection::default();
     rows.retain(|(_, row)| {
-        let keep = passes_threshold(row.counts.calls, total, opts.threshold_pct);
+        let keep = passes_threshold(row.counts.calls, total, opts.threshold_pct)
+            || row.in_use.is_some_and(|u| u.bytes > 0);
         if !keep {
             selection.hidden_by_threshold.rows += 1;
             selection.hidden_by_threshold.counts.add(row.counts);
@@ -171,6 +206,8 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<(Ve
                 process: entry.process.as_ref().filter(|_| per_process),
                 counts: entry.counts,
                 live: entry.live.as_ref(),
+                in_use: entry.in_use,
+                object_size: entry.object_size,
             };
             (order.ranks(&entry.frames), row)
         })
@@ -182,6 +219,9 @@ fn merge_rows(profile: &Profile, per_thread: bool, per_process: bool) -> Vec<(Ve
         let same = row_key(next) == row_key(row);
         if same {
             row.1.counts.add(next.1.counts);
+            if let Some(u) = next.1.in_use {
+                row.1.in_use.get_or_insert_default().add(u);
+            }
             // Live statistics of one entry only: percentiles do not add
             // up.
             row.1.live = None;
@@ -198,10 +238,18 @@ type RowKey<'k, 'a> = (
     bool,
     Option<&'a Thread>,
     Option<&'a ProcessRef>,
+    Option<u64>,
 );
 
 fn row_key<'k, 'a>((ranks, r): &'k (Vec<u32>, Row<'a>)) -> RowKey<'k, 'a> {
-    (r.func, ranks, r.truncated, r.thread, r.process)
+    (
+        r.func,
+        ranks,
+        r.truncated,
+        r.thread,
+        r.process,
+        r.object_size,
+    )
 }
 
 /// Descending by the sort key, then by the other count; then ascending by
@@ -215,7 +263,13 @@ fn compare_rows(
     let key = |r: &Row<'_>| match sort {
         SortKey::Calls => (r.counts.calls, r.counts.bytes),
         SortKey::Bytes => (r.counts.bytes, r.counts.calls),
-        SortKey::Live => (r.live.map_or(0, |l| l.outstanding_bytes), r.counts.bytes),
+        SortKey::Live => (
+            r.live
+                .map(|l| l.outstanding_bytes)
+                .or(r.in_use.map(|u| u.bytes))
+                .unwrap_or(0),
+            r.counts.bytes,
+        ),
     };
     key(b)
         .cmp(&key(a))
@@ -224,6 +278,7 @@ fn compare_rows(
         .then_with(|| a.truncated.cmp(&b.truncated))
         .then_with(|| a.thread.cmp(&b.thread))
         .then_with(|| a.process.cmp(&b.process))
+        .then_with(|| a.object_size.cmp(&b.object_size))
 }
 
 /// Helpers to build profiles by hand in the renderers' tests.
@@ -259,6 +314,8 @@ pub(crate) mod test_util {
             process: None,
             counts: Counts { calls, bytes },
             live: None,
+            in_use: None,
+            object_size: None,
         }
     }
 

@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use flate2::{write::GzEncoder, Compression};
 use prost::Message as _;
 
-use crate::profile::{short_path, Frame, Profile, StackEntry};
+use crate::profile::{is_go_heap, short_path, Frame, Profile, StackEntry};
 
 use super::{is_allocation, text};
 
@@ -189,7 +189,12 @@ pub fn render_go_heap(profile: &Profile, default_type: &str) -> Result<Vec<u8>> 
     }
     let entries = profile.stacks.iter().filter(|e| is_allocation(e));
     for (sample, entry) in message.sample.iter_mut().zip(entries) {
-        if let Some(mean) = entry.counts.bytes.checked_div(entry.counts.calls) {
+        // A Go heap row has its objects' size labelled already, exactly.
+        let mean = match entry.object_size {
+            Some(_) => None,
+            None => entry.counts.bytes.checked_div(entry.counts.calls),
+        };
+        if let Some(mean) = mean {
             sample.label.push(proto::Label {
                 key: b.string("bytes"),
                 num: value(mean),
@@ -233,8 +238,10 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
         },
     ];
     // Live mode: what was still allocated when tracing ended, as
-    // go tool pprof's heap profiles name it.
-    if profile.live.is_some() {
+    // go tool pprof's heap profiles name it; a Go program's own heap has
+    // it too (malloc's rows hold 0 there outside live mode).
+    let with_inuse = profile.live.is_some() || profile.stacks.iter().any(|e| e.in_use.is_some());
+    if with_inuse {
         sample_type.push(proto::ValueType {
             r#type: b.string("inuse_objects"),
             unit: b.string("count"),
@@ -249,7 +256,6 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
     } else {
         "alloc_space"
     });
-    let with_inuse = profile.live.is_some();
 
     let samples: Vec<proto::Sample> = profile
         .stacks
@@ -269,6 +275,12 @@ fn build(profile: &Profile) -> Result<proto::Profile> {
     ))];
     if let Some(q) = &profile.stack_quality {
         comment.push(b.string(&text::quality_line(q)));
+    }
+    for g in &profile.go_heaps {
+        comment.push(b.string(&format!(
+            "go heap: pid {} ({}), {}: its runtime's sampled profile, one sample per {} bytes, scaled as Go scales it",
+            g.pid, g.name, g.version, g.rate
+        )));
     }
 
     Ok(proto::Profile {
@@ -544,17 +556,36 @@ impl Builder {
         with_inuse: bool,
     ) -> proto::Sample {
         let mut location_id = Vec::with_capacity(entry.frames.len() + 1);
-        let allocator_mapping = self.mapping_id(Some(allocator_object));
-        let allocator = proto::Line {
-            function_id: self.function(&entry.func, None),
-            line: 0,
-        };
-        location_id.push(self.location(allocator_mapping, 0, vec![allocator]));
+        // A Go heap row's leaf is the Go code that allocated, as in Go's
+        // own heap profile; its samples carry `allocator: go heap`.
+        if !is_go_heap(entry) {
+            let allocator_mapping = self.mapping_id(Some(allocator_object));
+            let allocator = proto::Line {
+                function_id: self.function(&entry.func, None),
+                line: 0,
+            };
+            location_id.push(self.location(allocator_mapping, 0, vec![allocator]));
+        }
         for group in group_by_address(&entry.frames) {
             location_id.push(self.frames_location(group));
         }
 
         let mut label = Vec::new();
+        if is_go_heap(entry) {
+            label.push(proto::Label {
+                key: self.string("allocator"),
+                str: self.string(&entry.func),
+                ..Default::default()
+            });
+        }
+        // Each object's size, as Go's own heap profile labels it.
+        if let Some(size) = entry.object_size {
+            label.push(proto::Label {
+                key: self.string("bytes"),
+                num: value(size),
+                ..Default::default()
+            });
+        }
         if let Some(thread) = &entry.thread {
             label.push(proto::Label {
                 key: self.string("thread_id"),
@@ -569,9 +600,13 @@ impl Builder {
         }
         let mut values = vec![value(entry.counts.calls), value(entry.counts.bytes)];
         if with_inuse {
-            let live = entry.live.as_ref();
-            values.push(value(live.map_or(0, |l| l.outstanding)));
-            values.push(value(live.map_or(0, |l| l.outstanding_bytes)));
+            let (objects, bytes) = match (&entry.live, entry.in_use) {
+                (Some(l), _) => (l.outstanding, l.outstanding_bytes),
+                (None, Some(u)) => (u.calls, u.bytes),
+                (None, None) => (0, 0),
+            };
+            values.push(value(objects));
+            values.push(value(bytes));
         }
         proto::Sample {
             location_id,

@@ -23,7 +23,7 @@
 
 use std::fmt::{self, Write};
 
-use crate::profile::{Losses, Profile};
+use crate::profile::{Losses, Profile, GO_HEAP_FUNC};
 
 use super::text::{
     bytes, count, map_names, printable, quality_lines, shown, thousands, wrap_list, FrameTexts,
@@ -56,13 +56,18 @@ pub fn render_to(out: &mut impl Write, profile: &Profile, opts: &ReportOptions) 
     out.write_str(&header(profile, paint))?;
 
     let selection = select(profile, opts);
-    let total_calls = profile.totals.allocs.calls;
     let hidden_rows = selection.hidden_by_threshold.rows + selection.hidden_by_top.rows;
-    if selection.rows.is_empty() && hidden_rows == 0 {
+    if selection.rows.is_empty() && hidden_rows == 0 && profile.unseen.is_empty() {
         out.write_str("\nno allocations traced\n")?;
     }
+    let go_calls = profile.go_heaps.iter().map(|g| g.allocated.calls).sum();
     for (i, row) in selection.rows.iter().enumerate() {
         out.write_char('\n')?;
+        let total_calls = if row.func == GO_HEAP_FUNC {
+            go_calls
+        } else {
+            profile.totals.allocs.calls
+        };
         write_row(out, i + 1, row, total_calls, &mut frames)?;
     }
 
@@ -70,6 +75,7 @@ pub fn render_to(out: &mut impl Write, profile: &Profile, opts: &ReportOptions) 
     write_hidden(out, selection.hidden_by_threshold, "--threshold")?;
     write_hidden(out, selection.hidden_by_top, "--top")?;
     out.write_str(&totals_lines(profile, paint))?;
+    out.write_str(&go_totals_lines(profile))?;
     if profile.totals.nested > 0 {
         writeln!(
             out,
@@ -267,7 +273,65 @@ fn header(profile: &Profile, paint: Paint) -> String {
         out.push_str(&super::text::windows_line(w, meta.duration_secs));
         out.push('\n');
     }
+    for g in &profile.go_heaps {
+        let _ = writeln!(
+            out,
+            "go heap: pid {} ({}), {}: its runtime's own sampled profile, {}, scaled as Go's pprof scales it; allocated {}, in use as of its last garbage collection{}",
+            g.pid,
+            g.name,
+            g.version,
+            if g.rate == 1 {
+                "every allocation".to_string()
+            } else {
+                format!("one sample per {} on average (MemProfileRate, read from it)", bytes(g.rate))
+            },
+            if g.since == "start" {
+                "since it started"
+            } else {
+                "since mtrace came"
+            },
+            if g.read_at == "exit" {
+                " (read at its exit)"
+            } else {
+                ""
+            }
+        );
+    }
+    for u in &profile.unseen {
+        let _ = writeln!(
+            out,
+            "not seen: {} (pid {}): {}: {}",
+            u.name, u.pid, u.heap, u.why
+        );
+    }
     out
+}
+
+/// `go heap: N objects, B allocated, M objects, B in use (estimates)` and
+/// what could not be read, over every Go program read.
+fn go_totals_lines(profile: &Profile) -> String {
+    if profile.go_heaps.is_empty() {
+        return String::new();
+    }
+    let mut allocated = crate::profile::Counts::default();
+    let mut in_use = crate::profile::Counts::default();
+    let (mut buckets, mut unreadable, mut inconsistent, mut cut) = (0, 0, 0, 0);
+    for g in &profile.go_heaps {
+        allocated.add(g.allocated);
+        in_use.add(g.in_use);
+        buckets += g.buckets;
+        unreadable += g.unreadable;
+        inconsistent += g.inconsistent;
+        cut += u64::from(g.cut);
+    }
+    format!(
+        "go heap: {} allocated, {}; {} in use, {} (estimates)\ngo heap: {} buckets read; lost: unreadable {unreadable}, caught mid-update {inconsistent}, walks cut {cut}\n",
+        count(allocated.calls, "object"),
+        bytes(allocated.bytes),
+        count(in_use.calls, "object"),
+        bytes(in_use.bytes),
+        buckets
+    )
 }
 
 /// `#1  1000 calls  72.13%  46.9 KiB  avg 48 B  malloc` and the frames.
@@ -281,9 +345,15 @@ fn write_row<'a>(
     let paint = frames.paint();
     let counts = row.counts;
     let avg = counts.bytes.checked_div(counts.calls).unwrap_or(0);
+    // A Go heap row counts the objects Go's sampling stands for.
+    let unit = if row.func == GO_HEAP_FUNC {
+        "object"
+    } else {
+        "call"
+    };
     let mut first = format!(
         "#{rank}  {}  {:.2}%  {}  avg {}  ",
-        count(counts.calls, "call"),
+        count(counts.calls, unit),
         percent(counts.calls, total_calls),
         bytes(counts.bytes),
         bytes(avg),
@@ -306,6 +376,18 @@ fn write_row<'a>(
     }
     for frame in row.frames {
         writeln!(out, "    {}", frames.get(frame))?;
+    }
+    if let Some(u) = row.in_use {
+        write!(
+            out,
+            "    in use: {}, {}",
+            count(u.calls, "object"),
+            bytes(u.bytes)
+        )?;
+        match row.object_size {
+            Some(size) => writeln!(out, "; objects of {}", bytes(size))?,
+            None => out.write_char('\n')?,
+        }
     }
     if let Some(live) = row.live {
         out.write_str(&leaks::row_lines(live))?;
