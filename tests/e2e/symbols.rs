@@ -190,10 +190,7 @@ fn a_stripped_program_is_named_through_debuginfod() {
     assert!(caller(&p).starts_with("s_strip+0x"), "{d}");
     assert_eq!(symbols(&p, "not_on_servers"), 1, "{d}");
     assert!(
-        d.contains(
-            "symbols: stripped files 1, debug info found here 0, fetched 0, missing 1, \
-             of those for a failed server 0"
-        ),
+        d.contains("symbols: stripped files 1, debug info found here 0, fetched 0, missing 1,"),
         "{d}"
     );
 

@@ -221,6 +221,7 @@ impl Report {
             "stacks: cut short",
             "single-stepped probes (20 us a call, not 1)",
             "lost",
+            "symbols",
         ];
         let mut seen_total = false;
         let mut live_summary = false;
