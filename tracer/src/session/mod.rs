@@ -117,30 +117,9 @@ impl Session {
             unlisted: 0,
         };
         tree.probed(&root);
-        let mode = options.settings.mode;
-        let mut session = Session {
-            root: pid,
-            procs: [(pid, root)].into(),
-            ended: merge::Merged::default(),
-            tree,
-            meta,
-            clock: Clock {
-                started: Instant::now(),
-                started_ns: live_tracker::monotonic_ns(),
-                min_age_ns: options.min_age_ns,
-            },
-            options,
-            timeline: Recorder::new(1.0, mode.live || mode.count_frees),
-            root_code: None,
-            letting_go: None,
-            duty: options.windows.map(duty::Duty::new),
-            gone_with_pid: 0,
-            exec_replaced: Vec::new(),
-            gone: Vec::new(),
-            gone_since: None,
-            cgroup: None,
-            go_only: BTreeMap::new(),
-        };
+        let duty = options.windows.map(duty::Duty::new);
+        let mut session = Session::starting(pid, tree, meta, options, duty);
+        session.procs.insert(pid, root);
         session.begin_window();
         session
     }
@@ -149,7 +128,6 @@ impl Session {
     /// profile only (and that of what it starts); tracing begins now.
     pub fn new_go(root: Box<crate::golang::GoProcess>, meta: Meta, options: Options) -> Session {
         let pid = root.pid;
-        let mode = options.settings.mode;
         let tree = Tree {
             processes: vec![ProcessMeta {
                 pid,
@@ -163,6 +141,20 @@ impl Session {
             }],
             unlisted: 0,
         };
+        let mut session = Session::starting(pid, tree, meta, options, None);
+        session.go_only.insert(pid, root);
+        session
+    }
+
+    /// A session of root `pid` starting now, with no process in it yet.
+    fn starting(
+        pid: u32,
+        tree: Tree,
+        meta: Meta,
+        options: Options,
+        duty: Option<duty::Duty>,
+    ) -> Session {
+        let mode = options.settings.mode;
         Session {
             root: pid,
             procs: BTreeMap::new(),
@@ -178,13 +170,13 @@ impl Session {
             timeline: Recorder::new(1.0, mode.live || mode.count_frees),
             root_code: None,
             letting_go: None,
-            duty: None,
+            duty,
             gone_with_pid: 0,
             exec_replaced: Vec::new(),
             gone: Vec::new(),
             gone_since: None,
             cgroup: None,
-            go_only: [(pid, root)].into(),
+            go_only: BTreeMap::new(),
         }
     }
 
