@@ -85,5 +85,11 @@ pub mod counter {
     /// Live mode: of those, blocks `LOST_ALLOCS` had no room for either:
     /// never followed, so each may be a leak the report cannot name.
     pub const ALLOCS_LOST: u32 = MAP_FULL + 27;
-    pub const N: u32 = MAP_FULL + 28;
+    /// Host scope: frames in a file the tag table had no room for (kept as
+    /// return addresses: named while the process lives).
+    pub const HOST_NO_TAG: u32 = MAP_FULL + 28;
+    /// Host scope: calls of a process the incarnation table had no room
+    /// for (their walks look each mapping up afresh).
+    pub const HOST_NO_GEN: u32 = MAP_FULL + 29;
+    pub const N: u32 = MAP_FULL + 30;
 }

@@ -30,6 +30,10 @@ pub struct HostKey {
     pub mm: u64,
     /// The return address.
     pub ret: u64,
+    /// The stack above the direct caller: the key of its frames
+    /// ([`crate::stack_hash_step`] over [`host_frame`]s, in
+    /// `HOST_STACKS`), 0 when not walked.
+    pub stack: u64,
 }
 
 /// [`HostKey`]'s process: its id and address space.
@@ -162,3 +166,79 @@ pub struct VmaOffsets {
 /// Bytes of a `vm_area_struct` the programs copy (every offset of
 /// [`VmaOffsets`] into it lies below this).
 pub const VMA_COPY: usize = 256;
+
+/// A frame of the host scope's stacks in a file: bit 63 set, the file's
+/// tag (`HOST_FILE_TAGS`) in bits 40-62 and the return address's offset in
+/// the file below: the same in every process that maps the file, and
+/// meaningful once they are gone. A frame without bit 63 is the return
+/// address itself (code in no file, or whose mapping could not be looked
+/// up).
+pub const HOST_FRAME_IN_FILE: u64 = 1 << 63;
+
+/// Where a [`HOST_FRAME_IN_FILE`] frame's tag starts.
+pub const HOST_TAG_SHIFT: u32 = 40;
+
+/// A [`HOST_FRAME_IN_FILE`] frame's offset bits.
+pub const HOST_OFFSET_MASK: u64 = (1 << HOST_TAG_SHIFT) - 1;
+
+/// Files the host scope tags: the programs take tags from 1 up, the
+/// tracer (for files only its own walks meet) from the top down.
+pub const MAX_HOST_TAGS: u32 = 1 << 16;
+
+/// The frame of offset `offset` in the file tagged `tag`.
+#[inline(always)]
+pub fn host_frame(tag: u32, offset: u64) -> u64 {
+    HOST_FRAME_IN_FILE
+        | ((tag as u64 & (MAX_HOST_TAGS as u64 - 1)) << HOST_TAG_SHIFT)
+        | (offset & HOST_OFFSET_MASK)
+}
+
+/// A frame's file tag and offset, `None` for a return address in no file.
+#[inline(always)]
+pub fn host_frame_parts(frame: u64) -> Option<(u32, u64)> {
+    (frame & HOST_FRAME_IN_FILE != 0).then_some((
+        ((frame >> HOST_TAG_SHIFT) & (MAX_HOST_TAGS as u64 - 1)) as u32,
+        frame & HOST_OFFSET_MASK,
+    ))
+}
+
+/// A file as the kernel names it (`HOST_FILE_TAGS`' key, `HOST_TAG_FILES`'
+/// value): its device (major << 20 | minor) and inode.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HostFileId {
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
+}
+
+/// `HOST_VMAS`' key: a process incarnation (`HOST_GENS`) and a 64 KiB
+/// window of its address space.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HostVmaKey {
+    pub gen: u64,
+    pub window: u64,
+}
+
+/// Bits of an address below a [`HostVmaKey`] window.
+pub const HOST_VMA_WINDOW_SHIFT: u32 = 16;
+
+/// A file mapping the host walk met, remembered for its window: valid for
+/// the addresses in `[start, end)` only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostVma {
+    pub start: u64,
+    pub end: u64,
+    /// `start` less the mapping's file offset: an address less it is its
+    /// offset in the file.
+    pub bias: u64,
+    /// The file's tag, 0 for a mapping of no file.
+    pub tag: u32,
+    pub _pad: u32,
+}
+
+/// `HOST_NEXT`'s slots: the next process incarnation and the next tag.
+pub const HOST_NEXT_GEN: u32 = 0;
+pub const HOST_NEXT_TAG: u32 = 1;

@@ -50,4 +50,5 @@ mod pod {
     unsafe impl aya::Pod for HostBodies {}
     unsafe impl aya::Pod for HostExec {}
     unsafe impl aya::Pod for HostProcess {}
+    unsafe impl aya::Pod for HostFileId {}
 }

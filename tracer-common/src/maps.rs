@@ -64,9 +64,25 @@ pub const HOST_RUNS: &str = "HOST_RUNS";
 pub const HOST_EXECS: &str = "HOST_EXECS";
 /// Host scope: the tracer's own process id, which the programs skip.
 pub const HOST_SELF: &str = "HOST_SELF";
+/// Host scope: the frames of each stack, by its key
+/// ([`crate::HostKey::stack`]).
+pub const HOST_STACKS: &str = "HOST_STACKS";
+/// Host scope: unwind rules by [`crate::host_frame`] (file and offset),
+/// shared by every process that maps the file.
+pub const HOST_RULES: &str = "HOST_RULES";
+/// Host scope: the file mappings the walks met ([`crate::HostVma`]).
+pub const HOST_VMAS: &str = "HOST_VMAS";
+/// Host scope: each file's tag ([`crate::HostFileId`] -> tag).
+pub const HOST_FILE_TAGS: &str = "HOST_FILE_TAGS";
+/// Host scope: each tag's file.
+pub const HOST_TAG_FILES: &str = "HOST_TAG_FILES";
+/// Host scope: each process's incarnation, by process id.
+pub const HOST_GENS: &str = "HOST_GENS";
+/// Host scope: the next incarnation and the next tag ([`crate::HOST_NEXT_GEN`]).
+pub const HOST_NEXT: &str = "HOST_NEXT";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 26] = [
+pub const ALL_MAPS: [&str; 33] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -93,12 +109,20 @@ pub const ALL_MAPS: [&str; 26] = [
     HOST_EXECS,
     HOST_SELF,
     "HOST_MARKS",
+    HOST_STACKS,
+    HOST_RULES,
+    HOST_VMAS,
+    HOST_FILE_TAGS,
+    HOST_TAG_FILES,
+    HOST_GENS,
+    HOST_NEXT,
 ];
 
 /// The host scope's programs: every allocating entry point, file-wide,
 /// and the exec tracepoint.
 pub const HOST_ALLOC: &str = "host_alloc";
 pub const HOST_EXEC: &str = "host_exec";
+pub const HOST_EXIT: &str = "host_exit";
 
 /// The inlined copies of CPython's object allocator (`--python-objects`
 /// on a build that copied it into its callers).

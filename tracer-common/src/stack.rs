@@ -119,6 +119,13 @@ pub struct WalkScratch {
     /// `MissEvent::hidden`.
     pub trampoline: u64,
     pub hidden_at: [[u64; 2]; crate::MAX_HIDDEN],
+    /// The host scope's walk: the calling process's incarnation
+    /// (`HOST_GENS`; 0: a traced process's walk, whose rules and frames
+    /// are return addresses), its address space, and the frame of the
+    /// return address the walk is at ([`crate::host_frame`]).
+    pub host_gen: u64,
+    pub host_mm: u64,
+    pub host_ra: u64,
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

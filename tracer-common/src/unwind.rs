@@ -215,6 +215,10 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     pub bp: u64,
     /// Non-zero when `bp` is known.
     pub bp_ok: u64,
+    /// The host scope: the calling process and its address space (0 for a
+    /// traced process's walk), whose `frames` are [`crate::host_frame`]s.
+    pub tgid: u64,
+    pub mm: u64,
     /// The kernel's return-probe trampoline in this process, and each
     /// pending return probe's stack slot with the return address it hid
     /// there (`[0, 0]`: none): where `copy` holds the trampoline at such a

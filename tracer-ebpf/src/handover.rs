@@ -169,6 +169,12 @@ fn send_copy<const N: usize>(
         (*ev).sp = w.sp;
         (*ev).bp = w.bp;
         (*ev).bp_ok = w.bp_ok;
+        (*ev).tgid = if w.host_gen != 0 {
+            aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32
+        } else {
+            0
+        };
+        (*ev).mm = w.host_mm;
         (*ev).trampoline = w.trampoline;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).hidden.as_mut_ptr() as *mut core::ffi::c_void,

@@ -19,19 +19,24 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext},
 };
 use tracer_common::{
-    counter, HostExec, HostKey, HostMark, HostProcess, HostValue, MAX_HOST_FUNCS, PLACE_ANONYMOUS,
-    PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
+    counter, host_frame, stop, HostExec, HostFileId, HostKey, HostMark, HostProcess, HostValue,
+    HostVma, HostVmaKey, WalkScratch, HOST_NEXT_GEN, HOST_NEXT_TAG, HOST_VMA_WINDOW_SHIFT,
+    MAX_HOST_FUNCS, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
 };
 
 use crate::{
     aggregate::{bump_counter, current_comm, EEXIST},
     args::{attach_cookie, call_args},
+    handover::send_miss,
     hidden::hidden_return,
     maps::{
-        config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FUNCS, HOST_MARKS,
-        HOST_NAMES, HOST_RUNS, HOST_SELF, HOST_TOTALS,
+        config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FILE_TAGS,
+        HOST_FUNCS, HOST_GENS, HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SELF,
+        HOST_STACKS, HOST_TAG_FILES, HOST_TOTALS, HOST_VMAS, HOST_VMA_COPY,
     },
     nesting::in_ranges,
+    scratch::{give_back_scratch, level_of, take_scratch},
+    walk::{finish_hash, load_chunk, start_walk, walk_frames},
 };
 
 /// An allocating call anywhere on the host.
@@ -70,15 +75,100 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     let size = call_args(ctx, cookie).0;
     add(HOST_TOTALS.get_ptr_mut(func), 1);
     add(HOST_TOTALS.get_ptr_mut(MAX_HOST_FUNCS + func), size);
+    let walks = ret != 0 && config_u32(&CONFIG.max_frames) != 0;
+    let scratch = if walks { take_scratch(ctx) } else { None };
+    if walks && scratch.is_none() {
+        bump_counter(counter::STACK_WALK_FAILED, 1);
+    }
+    let stack = match scratch {
+        Some(w) => {
+            let stack = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size);
+            if stack == HANDED_OVER {
+                give_back_scratch(scratch);
+                return 0;
+            }
+            stack
+        }
+        None => 0,
+    };
     let key = HostKey {
         tgid,
         func,
         mm,
         ret,
+        stack,
     };
-    if let Some(v) = HOST_COUNTS.get_ptr_mut(&key) {
+    let counted = count_key(&key, size, tgid, mm, ret, scratch);
+    give_back_scratch(scratch);
+    counted
+}
+
+/// What [`walk`] returns for a call it handed to the tracer with its
+/// stack (the tracer counts it).
+const HANDED_OVER: u64 = 1;
+
+/// Walks the calling thread's stack from the direct caller `ret` (the
+/// probe is at a function's entry) by the rules of each return address's
+/// file and offset: the stack's key, with its frames in the scratch; a
+/// walk that meets a return address without a rule yet is handed to the
+/// tracer ([`HANDED_OVER`]).
+#[inline(always)]
+fn walk(
+    ctx: &ProbeContext,
+    w: &mut WalkScratch,
+    tgid: u32,
+    mm: u64,
+    func: u32,
+    ret: u64,
+    size: u64,
+) -> u64 {
+    let (sp, bp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip) };
+    if !load_chunk(w, sp) {
+        w.valid = 0;
+    }
+    start_walk(w, ret, sp, sp + 8, bp, ip);
+    let gen = incarnation(tgid);
+    w.host_gen = gen;
+    w.host_mm = mm;
+    w.host_ra = host_place(level_of(w), gen, ret);
+    bump_counter(counter::WALKS, 1);
+    walk_frames(level_of(w));
+    let why = w.stack.stop;
+    if why != stop::MISS {
+        return finish_hash(w, why);
+    }
+    if send_miss(w, func, 0, ret, 1, size).is_some() {
+        return HANDED_OVER;
+    }
+    let why = match w.stack.stop {
+        stop::RULES_FULL => stop::RULES_FULL,
+        _ => stop::COPY_LOST,
+    };
+    finish_hash(w, why)
+}
+
+/// Counts a call under `key`; a new key also stores its stack (from the
+/// walk in `scratch`), its caller's place and its process's name.
+#[inline(always)]
+fn count_key(
+    key: &HostKey,
+    size: u64,
+    tgid: u32,
+    mm: u64,
+    ret: u64,
+    scratch: Option<*mut WalkScratch>,
+) -> u32 {
+    if let Some(v) = HOST_COUNTS.get_ptr_mut(key) {
         add_value(v, size);
         return 0;
+    }
+    if key.stack != 0 {
+        if let Some(w) = scratch {
+            match HOST_STACKS.insert(&key.stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
+                Err(e) if e != -EEXIST => bump_counter(counter::STACK_MAP_FULL, 1),
+                _ => {}
+            }
+        }
     }
     // A new key: where its return address lies is looked up once, here.
     let mut first = HostValue {
@@ -87,22 +177,185 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         ..HostValue::default()
     };
     caller_place(ret, &mut first);
-    match HOST_COUNTS.insert(&key, &first, BPF_NOEXIST as u64) {
+    match HOST_COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
         Ok(()) => {
             if let Some(comm) = current_comm() {
-                let process = HostProcess {
-                    tgid,
-                    _pad: 0,
-                    mm: key.mm,
-                };
+                let process = HostProcess { tgid, _pad: 0, mm };
                 let _ = HOST_NAMES.insert(&process, &comm, BPF_NOEXIST as u64);
             }
         }
-        Err(e) if e == -EEXIST => match HOST_COUNTS.get_ptr_mut(&key) {
+        Err(e) if e == -EEXIST => match HOST_COUNTS.get_ptr_mut(key) {
             Some(v) => add_value(v, size),
             None => bump_counter(counter::MAP_FULL, 1),
         },
         Err(_) => bump_counter(counter::MAP_FULL, 1),
+    }
+    0
+}
+
+/// The incarnation of process `tgid` (a number no other process had): its
+/// entry, made at its first walk (an exec or its end removes it). Where the
+/// table is full, [`NO_GEN`]: its walks look every mapping up afresh.
+#[inline(always)]
+fn incarnation(tgid: u32) -> u64 {
+    if let Some(g) = HOST_GENS.get_ptr(&tgid) {
+        return unsafe { *g };
+    }
+    let Some(next) = HOST_NEXT.get_ptr_mut(HOST_NEXT_GEN) else {
+        return NO_GEN;
+    };
+    let gen = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(next, 1) } + 1;
+    match HOST_GENS.insert(&tgid, &gen, BPF_NOEXIST as u64) {
+        Ok(()) => gen,
+        Err(e) if e == -EEXIST => HOST_GENS.get_ptr(&tgid).map_or(NO_GEN, |g| unsafe { *g }),
+        Err(_) => {
+            bump_counter(counter::HOST_NO_GEN, 1);
+            NO_GEN
+        }
+    }
+}
+
+/// The incarnation of a process the table had no room for: its mappings
+/// are never remembered.
+const NO_GEN: u64 = u64::MAX;
+
+/// Return address `addr` of the current process (incarnation `gen`) as a
+/// stack frame: its file's tag and its offset in the file
+/// ([`host_frame`]), else the address (in no file, or its mapping not
+/// found). The mapping is remembered per 64 KiB window of addresses.
+#[inline(always)]
+pub(crate) fn host_place(level: u64, gen: u64, addr: u64) -> u64 {
+    let key = HostVmaKey {
+        gen,
+        window: addr >> HOST_VMA_WINDOW_SHIFT,
+    };
+    if gen != NO_GEN {
+        if let Some(v) = unsafe { HOST_VMAS.get(&key) } {
+            if v.start <= addr && addr < v.end {
+                return if v.tag != 0 {
+                    host_frame(v.tag, addr - v.bias)
+                } else {
+                    addr
+                };
+            }
+        }
+    }
+    let Some(vma) = find_mapping(level, addr) else {
+        return addr;
+    };
+    if gen != NO_GEN {
+        let _ = HOST_VMAS.insert(&key, &vma, 0);
+    }
+    if vma.tag != 0 {
+        host_frame(vma.tag, addr - vma.bias)
+    } else {
+        addr
+    }
+}
+
+/// The mapping that holds `addr` in the current process, with its file's
+/// tag (0: no file); `None` when it cannot be looked up.
+#[inline(never)]
+fn find_mapping(level: u64, addr: u64) -> Option<HostVma> {
+    let o = &CONFIG.vma;
+    if config_u32(&o.known) == 0 {
+        return None;
+    }
+    let copy = HOST_VMA_COPY.get_ptr_mut(level as u32)?;
+    unsafe { (*copy).found = 0 };
+    let mut at = level;
+    let r = unsafe {
+        bpf_find_vma(
+            bpf_get_current_task_btf(),
+            addr,
+            copy_vma_to_map as *mut core::ffi::c_void,
+            &mut at as *mut u64 as *mut core::ffi::c_void,
+            0,
+        )
+    };
+    if r != 0 || unsafe { (*copy).found } == 0 {
+        return None;
+    }
+    let found = unsafe { &*copy };
+    let field = |at: u32| vma_field(&found.vma, at);
+    let start = field(config_u32(&o.vm_start));
+    let end = field(config_u32(&o.vm_start) + 8);
+    let pgoff = field(config_u32(&o.vm_pgoff));
+    let file = field(config_u32(&o.vm_file));
+    let mut vma = HostVma {
+        start,
+        end,
+        bias: start.wrapping_sub(pgoff << 12),
+        tag: 0,
+        _pad: 0,
+    };
+    if file != 0 {
+        let id = file_identity(file)?;
+        vma.tag = tag_of(&id);
+        if vma.tag == 0 {
+            return None;
+        }
+    }
+    Some(vma)
+}
+
+/// File `id`'s tag, given now if it has none (0: the table is full).
+#[inline(always)]
+fn tag_of(id: &HostFileId) -> u32 {
+    if let Some(t) = unsafe { HOST_FILE_TAGS.get(id) } {
+        return *t;
+    }
+    let Some(next) = HOST_NEXT.get_ptr_mut(HOST_NEXT_TAG) else {
+        return 0;
+    };
+    let tag = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(next, 1) } + 1;
+    if tag >= (MAX_HOST_TAGS / 2) as u64 {
+        bump_counter(counter::HOST_NO_TAG, 1);
+        return 0;
+    }
+    let tag = tag as u32;
+    // The tag's file first: a tag found in the table names its file.
+    if let Some(slot) = HOST_TAG_FILES.get_ptr_mut(tag) {
+        unsafe { *slot = *id };
+    }
+    match HOST_FILE_TAGS.insert(id, &tag, BPF_NOEXIST as u64) {
+        Ok(()) => tag,
+        Err(e) if e == -EEXIST => unsafe { HOST_FILE_TAGS.get(id) }.copied().unwrap_or(0),
+        Err(_) => {
+            bump_counter(counter::HOST_NO_TAG, 1);
+            0
+        }
+    }
+}
+
+/// `bpf_find_vma`'s callback for [`find_mapping`]: copies the start of
+/// the mapping's `vm_area_struct` into this CPU's `HOST_VMA_COPY` entry of
+/// the walk's scratch level (`ctx`; a callback's context must be on the
+/// stack, too small for the copy).
+#[inline(never)]
+extern "C" fn copy_vma_to_map(
+    _task: *mut core::ffi::c_void,
+    vma: *mut core::ffi::c_void,
+    ctx: *mut core::ffi::c_void,
+) -> i64 {
+    let level = unsafe { *(ctx as *const u64) };
+    if let Some(copy) = HOST_VMA_COPY.get_ptr_mut(level as u32) {
+        if unsafe { bpf_probe_read_kernel_buf(vma as *const u8, &mut (*copy).vma) }.is_ok() {
+            unsafe { (*copy).found = 1 };
+        }
+    }
+    0
+}
+
+/// A process ended (the `sched_process_exit` raw tracepoint, once per
+/// thread): with its main thread, its incarnation goes (a process that
+/// reuses its id gets a new one).
+#[inline(always)]
+pub(crate) fn exit() -> i32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, pid) = ((id >> 32) as u32, id as u32);
+    if tgid == pid {
+        let _ = HOST_GENS.remove(&tgid);
     }
     0
 }
@@ -239,40 +492,59 @@ fn caller_place(ret: u64, v: &mut HostValue) {
     if r != 0 || found.found == 0 {
         return;
     }
-    let field = |at: u32| -> u64 {
-        let at = (at as usize) & (VMA_COPY - 8);
-        u64::from_ne_bytes([
-            found.vma[at],
-            found.vma[at + 1],
-            found.vma[at + 2],
-            found.vma[at + 3],
-            found.vma[at + 4],
-            found.vma[at + 5],
-            found.vma[at + 6],
-            found.vma[at + 7],
-        ])
-    };
+    let field = |at: u32| vma_field(&found.vma, at);
     let file = field(config_u32(&o.vm_file));
     if file == 0 {
         v.place = PLACE_ANONYMOUS;
         return;
     }
-    let read = |addr: u64| unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0);
-    let inode = read(file + config_u32(&o.file_inode) as u64);
-    if inode == 0 {
+    let Some(id) = file_identity(file) else {
         return;
-    }
-    let sb = read(inode + config_u32(&o.inode_sb) as u64);
-    if sb == 0 {
-        return;
-    }
-    v.dev = unsafe { bpf_probe_read_kernel((sb + config_u32(&o.sb_dev) as u64) as *const u32) }
-        .unwrap_or(0);
-    v.ino = read(inode + config_u32(&o.inode_ino) as u64);
+    };
+    v.dev = id.dev;
+    v.ino = id.ino;
     let start = field(config_u32(&o.vm_start));
     let pgoff = field(config_u32(&o.vm_pgoff));
     v.offset = ret.wrapping_sub(start).wrapping_add(pgoff << 12);
     v.place = PLACE_FILE;
+}
+
+/// The word at byte `at` of a copy of a `vm_area_struct`.
+#[inline(always)]
+fn vma_field(vma: &[u8; VMA_COPY], at: u32) -> u64 {
+    let at = (at as usize) & (VMA_COPY - 8);
+    u64::from_ne_bytes([
+        vma[at],
+        vma[at + 1],
+        vma[at + 2],
+        vma[at + 3],
+        vma[at + 4],
+        vma[at + 5],
+        vma[at + 6],
+        vma[at + 7],
+    ])
+}
+
+/// The identity (device and inode) of the file of a mapping whose
+/// `vm_file` is `file`; `None` when it cannot be read.
+#[inline(always)]
+fn file_identity(file: u64) -> Option<HostFileId> {
+    let o = &CONFIG.vma;
+    let read = |a: u64| unsafe { bpf_probe_read_kernel(a as *const u64) }.unwrap_or(0);
+    let inode = read(file + config_u32(&o.file_inode) as u64);
+    if inode == 0 {
+        return None;
+    }
+    let sb = read(inode + config_u32(&o.inode_sb) as u64);
+    if sb == 0 {
+        return None;
+    }
+    Some(HostFileId {
+        dev: unsafe { bpf_probe_read_kernel((sb + config_u32(&o.sb_dev) as u64) as *const u32) }
+            .unwrap_or(0),
+        _pad: 0,
+        ino: read(inode + config_u32(&o.inode_ino) as u64),
+    })
 }
 
 /// `bpf_find_vma`'s callback: copies the start of the mapping's
@@ -302,10 +574,12 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
         m.set = 0;
         m.mm = 0;
     }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // A new program: new mappings.
+    let _ = HOST_GENS.remove(&tgid);
     if !enabled() {
         return 0;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let Some(mut entry) = HOST_EXECS.reserve::<HostExec>(0) else {
         return 0;
     };

@@ -119,6 +119,13 @@ pub fn host_exec(ctx: RawTracePointContext) -> i32 {
     host::exec(&ctx)
 }
 
+/// Host scope: a thread ended (its process's incarnation goes with the
+/// main thread).
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn host_exit(_ctx: RawTracePointContext) -> i32 {
+    host::exit()
+}
+
 /// The benchmark's floor: attached where the real probes go, does nothing.
 /// What mtrace costs beyond it is ours to cut.
 #[uprobe]

@@ -4,14 +4,15 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
 };
 use tracer_common::{
-    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFunc,
-    HostKey, HostMark, HostProcess, HostValue, KernelOffsets, LostAlloc, LostFree, Pending,
-    ProcessConfig, PyThreadSeen, StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch,
-    EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MEMO_ENTRIES,
-    RULE_CACHE_SLOTS, SAMPLE_NONE, WALK_LEVELS, WEIGHT_TABLE_LEN,
+    counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFileId,
+    HostFunc, HostKey, HostMark, HostProcess, HostValue, HostVma, HostVmaKey, KernelOffsets,
+    LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, StackFrames, UnwindRule, VmaOffsets,
+    WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS,
+    MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, VMA_COPY, WALK_LEVELS,
+    WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -237,6 +238,59 @@ pub(crate) static HOST_EXECS: RingBuf = RingBuf::with_byte_size(1 << 18, 0);
 /// host's).
 #[map]
 pub(crate) static HOST_SELF: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Host scope: each stack's frames ([`tracer_common::host_frame`]s), by
+/// its key (size set by the tracer).
+#[map]
+pub(crate) static HOST_STACKS: HashMap<u64, StackFrames> =
+    HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Host scope: unwind rules by file and offset (a `host_frame`), filled
+/// by the tracer, shared by every process that maps the file (size set by
+/// the tracer).
+#[map]
+pub(crate) static HOST_RULES: HashMap<u64, UnwindRule> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope: the file mappings walks met, by process incarnation and
+/// 64 KiB window (size set by the tracer).
+#[map]
+pub(crate) static HOST_VMAS: LruHashMap<HostVmaKey, HostVma> =
+    LruHashMap::with_max_entries(16384, 0);
+
+/// Host scope: each file's tag.
+#[map]
+pub(crate) static HOST_FILE_TAGS: HashMap<HostFileId, u32> =
+    HashMap::with_max_entries(MAX_HOST_TAGS, BPF_F_NO_PREALLOC);
+
+/// Host scope: each tag's file (written before the tag is given out).
+#[map]
+pub(crate) static HOST_TAG_FILES: Array<HostFileId> = Array::with_max_entries(MAX_HOST_TAGS, 0);
+
+/// Host scope: each process's incarnation (a number never given twice),
+/// by process id: what keeps one process's mappings from another's that
+/// reused its id.
+#[map]
+pub(crate) static HOST_GENS: HashMap<u32, u64> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope: the next incarnation and the next tag
+/// (`tracer_common::HOST_NEXT_GEN`, `HOST_NEXT_TAG`).
+#[map]
+pub(crate) static HOST_NEXT: Array<u64> = Array::with_max_entries(2, 0);
+
+/// Host scope: the start of a `vm_area_struct`, copied by `bpf_find_vma`'s
+/// callback for the walk at each scratch level.
+#[map]
+pub(crate) static HOST_VMA_COPY: PerCpuArray<VmaCopy> =
+    PerCpuArray::with_max_entries(WALK_LEVELS, 0);
+
+/// A copy of the start of a `vm_area_struct` (`found` 0: none made).
+#[repr(C)]
+pub(crate) struct VmaCopy {
+    pub vma: [u8; VMA_COPY],
+    pub found: u64,
+}
 
 /// Host scope: each thread's last counted entry.
 #[unsafe(link_section = ".maps")]

@@ -4,14 +4,15 @@
 use aya_ebpf::programs::ProbeContext;
 use tracer_common::{
     counter, rule_slot, stack_hash_finish, stack_hash_step, stop, UnwindRule, WalkMemo,
-    WalkScratch, MAX_FRAMES, STACK_CHUNK, STACK_HASH_SEED, STACK_NONE,
+    WalkScratch, HOST_FRAME_IN_FILE, MAX_FRAMES, STACK_CHUNK, STACK_HASH_SEED, STACK_NONE,
 };
 
 use crate::{
     aggregate::bump_counter,
     args::{cookie_or, NO_COOKIE},
     hidden::hidden_return,
-    maps::{config_u32, CONFIG, MEMO, MEMO_NOWHERE, RULE_CACHE, UNWIND_RULES},
+    host::host_place,
+    maps::{config_u32, CONFIG, HOST_RULES, MEMO, MEMO_NOWHERE, RULE_CACHE, UNWIND_RULES},
     memo::{memo_claim, memo_note, memo_release},
     scratch::{level_of, run_loop, scratch_at},
 };
@@ -56,6 +57,7 @@ pub(crate) fn start_walk(
         core::ptr::write_volatile(&mut w.noting, 0);
         core::ptr::write_volatile(&mut w.hidden, 0);
         core::ptr::write_volatile(&mut w.caller, 0);
+        core::ptr::write_volatile(&mut w.host_gen, 0);
     }
 }
 
@@ -187,7 +189,12 @@ extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// (`stack.stop` says why), 0 to go on.
 #[inline(always)]
 fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
-    let Some(rule) = rule_of(w.ra) else {
+    let found = if w.host_gen != 0 {
+        host_rule(w.host_ra)
+    } else {
+        rule_of(w.ra)
+    };
+    let Some(rule) = found else {
         w.stack.stop = stop::MISS;
         return 1;
     };
@@ -254,10 +261,11 @@ fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
     if n >= MAX_FRAMES || n as u64 >= w.limit {
         return end_walk(w, stop::MAX_FRAMES);
     }
-    w.stack.frames[n] = next;
+    let frame = frame_of(w, next);
+    w.stack.frames[n] = frame;
     unsafe { core::ptr::write_volatile(&mut w.stack.len, n as u32 + 1) };
     w.prev_hash = w.hash;
-    w.hash = stack_hash_step(w.hash, next);
+    w.hash = stack_hash_step(w.hash, frame);
     w.ra = next;
     w.sp = cfa;
     0
@@ -271,11 +279,39 @@ fn reveal(w: &mut WalkScratch, real: u64) {
     let n = (unsafe { core::ptr::read_volatile(&w.stack.len) } as usize) & 127;
     if n == 0 {
         w.caller = real;
+        if w.host_gen != 0 {
+            w.host_ra = host_place(level_of(w), w.host_gen, real);
+        }
     } else if n <= MAX_FRAMES {
-        w.stack.frames[n - 1] = real;
-        w.hash = stack_hash_step(w.prev_hash, real);
+        let frame = frame_of(w, real);
+        w.stack.frames[n - 1] = frame;
+        w.hash = stack_hash_step(w.prev_hash, frame);
     }
     w.ra = real;
+}
+
+/// What the walk keeps of return address `ra`: the address itself, or in
+/// the host scope its place in its file (then also the place the next
+/// rule is looked up by).
+#[inline(always)]
+fn frame_of(w: &mut WalkScratch, ra: u64) -> u64 {
+    if w.host_gen == 0 {
+        return ra;
+    }
+    let frame = host_place(level_of(w), w.host_gen, ra);
+    w.host_ra = frame;
+    frame
+}
+
+/// The host scope's rule of the return address at `frame` (its file and
+/// offset): `None` when the tracer has not given it yet; code in no file
+/// has none (the walk ends there).
+#[inline(always)]
+fn host_rule(frame: u64) -> Option<UnwindRule> {
+    if frame & HOST_FRAME_IN_FILE == 0 {
+        return Some(UnwindRule::unsupported());
+    }
+    unsafe { HOST_RULES.get(&frame) }.copied()
 }
 
 /// The rule of return address `ra`: from the direct-mapped cache (an array

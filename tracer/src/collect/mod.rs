@@ -40,7 +40,7 @@ impl UserWalks {
 }
 
 /// The name of a stop code in the report.
-fn stop_name(code: u32) -> &'static str {
+pub(crate) fn stop_name(code: u32) -> &'static str {
     match code {
         stop::NO_CFI => "no_cfi",
         stop::MAX_FRAMES => "max_frames",

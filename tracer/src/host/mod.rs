@@ -12,6 +12,7 @@
 mod files;
 mod probes;
 mod read;
+mod walks;
 
 use std::{
     cell::RefCell,
@@ -174,6 +175,8 @@ const RECHECKS_MS: [u64; 3] = [5, 50, 500];
 /// processes, and the processes whose files it looks at again.
 struct Host {
     probes: HostProbes,
+    /// The walks the tracer finishes.
+    walks: walks::HostWalker,
     index: FileIndex,
     procs: Processes,
     /// The C library the dynamic linker's cache names (beside an
@@ -214,9 +217,12 @@ impl Host {
     /// installed (a program that maps one later is counted from its first
     /// call). `runs`: each process's program runs are counted (the
     /// windows policy).
-    fn start(counts: u32, runs: bool) -> Result<Host> {
+    fn start(sizes: &crate::probes::MapSizes, max_frames: u32, runs: bool) -> Result<Host> {
+        let probes = HostProbes::load(sizes, max_frames, runs)?;
+        let walks = walks::HostWalker::start(&probes.ebpf, probes.max_frames)?;
         let mut host = Host {
-            probes: HostProbes::load(counts, runs)?,
+            probes,
+            walks,
             index: FileIndex::default(),
             procs: Processes::default(),
             libc: None,
@@ -360,7 +366,17 @@ impl Host {
             return Ok(());
         }
         keys.retain(|k| gone.contains(&k.tgid));
-        let mut part = read::gone_profile(&self.probes, &mut self.index, &mut self.procs, &keys)?;
+        let mut walks = self.walks.walks();
+        let walked = walks.take_rows_of(&gone);
+        let mut part = read::gone_profile(
+            &self.probes,
+            &mut self.index,
+            &mut self.procs,
+            &walks,
+            &keys,
+            walked,
+        )?;
+        drop(walks);
         let ebpf = &mut self.probes.ebpf;
         let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =
             PerCpuHashMap::try_from(ebpf.map_mut(maps::HOST_COUNTS).context("HOST_COUNTS map")?)?;
@@ -407,7 +423,9 @@ impl Host {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let live = read::profile(&self.probes, &mut self.index, &mut self.procs, meta)?;
+        let walks = self.walks.walks();
+        let live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
+        drop(walks);
         let Some(ended) = self.ended.get() else {
             return Ok(live);
         };
@@ -440,7 +458,11 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     }
     let started = Instant::now();
     let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let mut host = Host::start(config.sizes.counts, config.windows.is_some())?;
+    let mut host = Host::start(
+        &config.sizes,
+        config.mode.max_frames,
+        config.windows.is_some(),
+    )?;
     host.bounded = server.is_some();
     if host.probes.links() == 0 {
         return Err(user_error!(

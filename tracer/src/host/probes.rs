@@ -69,6 +69,8 @@ pub struct HostProbes {
     /// Sites left unprobed: the function table or the files' table was
     /// full.
     pub unprobed: u64,
+    /// Most frames a walk keeps above the direct caller (0: no walk).
+    pub max_frames: u32,
     /// mtrace's own executable, never probed.
     own: Option<FileKey>,
 }
@@ -77,8 +79,8 @@ impl HostProbes {
     /// Loads the object (`counts`: keys the aggregation map holds; `runs`:
     /// each process's program runs counted), with the exec tracepoint
     /// attached; no allocator probed yet.
-    pub fn load(counts: u32, runs: bool) -> Result<HostProbes> {
-        let mut ebpf = probes::load_host(counts, runs)?;
+    pub fn load(sizes: &probes::MapSizes, max_frames: u32, runs: bool) -> Result<HostProbes> {
+        let mut ebpf = probes::load_host(sizes, max_frames, runs)?;
         let object = probes::bpf_object()?;
         let mut programs = multi::load(&object, &ebpf, &[maps::HOST_ALLOC])?;
         let program = programs.pop().context("the host program")?;
@@ -92,6 +94,13 @@ impl HostProbes {
         // the object is dropped.
         me.attach("sched_process_exec")
             .context("attaching to sched_process_exec")?;
+        let exit: &mut RawTracePoint = ebpf
+            .program_mut(maps::HOST_EXIT)
+            .context("the exit tracepoint program")?
+            .try_into()?;
+        exit.load().context("loading the exit tracepoint program")?;
+        exit.attach("sched_process_exit")
+            .context("attaching to sched_process_exit")?;
         let mut own: Array<_, u32> = Array::try_from(
             ebpf.map_mut(maps::HOST_SELF)
                 .context("BPF map HOST_SELF missing")?,
@@ -107,6 +116,7 @@ impl HostProbes {
             files: Vec::new(),
             sites: HashMap::new(),
             unprobed: 0,
+            max_frames: max_frames.min(tracer_common::MAX_FRAMES as u32),
             own: key_of_path(std::path::Path::new("/proc/self/exe")),
         })
     }

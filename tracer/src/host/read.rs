@@ -9,13 +9,13 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use tracer_common::{
-    counter, maps, Comm, HostKey, HostProcess, HostValue, MAX_HOST_FUNCS, PLACE_ANONYMOUS,
-    PLACE_FILE, PLACE_UNKNOWN,
+    counter, host_frame_parts, maps, stop, Comm, HostKey, HostProcess, HostValue, StackFrames,
+    MAX_HOST_FUNCS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNKNOWN,
 };
 
-use super::{files::FileIndex, probes::HostProbes, Processes};
+use super::{files::FileIndex, probes::HostProbes, walks::HostWalks, Processes};
 use crate::profile::{
-    Counts, Frame, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry, Totals,
+    Counts, Frame, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry, StackQuality, Totals,
 };
 
 /// Each key's counts summed over the CPUs, and its return address's place
@@ -50,6 +50,7 @@ pub fn profile(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
+    walks: &HostWalks,
     meta: Meta,
 ) -> Result<Profile> {
     let mut rows = Vec::new();
@@ -57,7 +58,8 @@ pub fn profile(
         let (key, per_cpu) = entry?;
         rows.extend(row(key, &per_cpu));
     }
-    profile_of(probes, index, processes, meta, rows)
+    let rows = with_walked(rows, walks.rows.iter().map(|(k, v)| (*k, *v)));
+    profile_of(probes, index, processes, walks, meta, rows)
 }
 
 /// The rows of `keys` (those of processes gone) as a profile of their
@@ -66,7 +68,9 @@ pub fn gone_profile(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
+    walks: &HostWalks,
     keys: &[HostKey],
+    walked: Vec<(HostKey, HostValue)>,
 ) -> Result<Profile> {
     let map = counts_map(probes)?;
     let mut rows = Vec::new();
@@ -75,10 +79,35 @@ pub fn gone_profile(
             rows.extend(row(*k, &per_cpu));
         }
     }
-    let mut p = profile_of(probes, index, processes, Meta::default(), rows)?;
+    let rows = with_walked(rows, walked.into_iter());
+    let mut p = profile_of(probes, index, processes, walks, Meta::default(), rows)?;
     p.totals = Totals::default();
     p.losses = Losses::default();
     Ok(p)
+}
+
+/// The kernel's rows with the calls the tracer's walks counted added (a
+/// key of both is one row).
+fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)>) -> Vec<Row> {
+    let mut at: HashMap<HostKey, usize> = rows.iter().enumerate().map(|(i, r)| (r.0, i)).collect();
+    let mut rows = rows;
+    for (k, v) in walked {
+        match at.get(&k) {
+            Some(&i) => {
+                rows[i].1.calls += v.calls;
+                rows[i].1.bytes += v.bytes;
+            }
+            None => {
+                at.insert(k, rows.len());
+                let c = Counts {
+                    calls: v.calls,
+                    bytes: v.bytes,
+                };
+                rows.push((k, c, v));
+            }
+        }
+    }
+    rows
 }
 
 /// Every key in the counts map.
@@ -90,6 +119,7 @@ fn profile_of(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
+    walks: &HostWalks,
     mut meta: Meta,
     rows: Vec<Row>,
 ) -> Result<Profile> {
@@ -110,11 +140,43 @@ fn profile_of(
         });
     }
 
-    // Every caller, symbolized once per (file, offset).
+    // Each row's stack above its caller: the kernel's walk, or the
+    // tracer's.
+    let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
+        BpfHashMap::try_from(ebpf.map(maps::HOST_STACKS).context("HOST_STACKS map")?)?;
+    let mut stacks: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
+    for (k, _, _) in &rows {
+        if k.stack == 0 {
+            continue;
+        }
+        stacks
+            .entry(k.stack)
+            .or_insert_with(|| match walks.stacks.get(&k.stack) {
+                Some(w) => Some(w.clone()),
+                None => stack_map.get(&k.stack, 0).ok().map(|st| {
+                    let n = (st.len as usize).min(st.frames.len());
+                    (st.frames[..n].to_vec(), st.stop)
+                }),
+            });
+    }
+    // The files the stacks' frames lie in, by tag.
+    let mut files_of: HashMap<u32, Option<(u32, u64)>> = HashMap::new();
+    let mut file_of = |tag: u32| -> Option<(u32, u64)> {
+        *files_of.entry(tag).or_insert_with(|| walks.file_of(tag))
+    };
+
+    // Every caller and frame, symbolized once per (file, offset).
     let mut by_file: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
     for (_, _, v) in &rows {
         if v.place == PLACE_FILE {
             by_file.entry((v.dev, v.ino)).or_default().push(v.offset);
+        }
+    }
+    for (frames, _) in stacks.values().flatten() {
+        for (tag, offset) in frames.iter().filter_map(|f| host_frame_parts(*f)) {
+            if let Some(file) = file_of(tag) {
+                by_file.entry(file).or_default().push(offset);
+            }
         }
     }
     index.find(by_file.keys().copied());
@@ -137,7 +199,9 @@ fn profile_of(
             .get(f as usize)
             .map_or_else(|| format!("func{f}"), |i| i.name.clone())
     };
-    let mut stacks = Vec::with_capacity(rows.len());
+    let walking = probes.max_frames != 0;
+    let mut quality = StackQuality::default();
+    let mut out = Vec::with_capacity(rows.len());
     for (k, c, v) in &rows {
         let p = HostProcess {
             tgid: k.tgid,
@@ -145,14 +209,59 @@ fn profile_of(
             mm: k.mm,
         };
         let name = seen.get(&p).map(|m| m.name.clone()).unwrap_or_default();
-        let caller = match frames.get(&(v.dev, v.ino, v.offset)) {
+        let mut all = match frames.get(&(v.dev, v.ino, v.offset)) {
             Some(f) if v.place == PLACE_FILE => f.clone(),
             _ => vec![Arc::new(no_file(k.ret, v.place))],
         };
-        stacks.push(StackEntry {
+        let walked = stacks.get(&k.stack).and_then(|s| s.as_ref());
+        let stop = match walked {
+            Some((above, stop)) => {
+                for &f in above {
+                    match host_frame_parts(f).map(|(tag, o)| (file_of(tag), o)) {
+                        Some((Some(file), o)) => match frames.get(&(file.0, file.1, o)) {
+                            Some(named) => all.extend(named.iter().cloned()),
+                            None => all.push(Arc::new(unopened(file, o))),
+                        },
+                        Some((None, o)) => all.push(Arc::new(Frame {
+                            function: format!("[unknown file +{o:#x}]"),
+                            addr: o,
+                            ..Frame::default()
+                        })),
+                        None => all.push(Arc::new(no_file(f, PLACE_ANONYMOUS))),
+                    }
+                }
+                Some(*stop)
+            }
+            None => None,
+        };
+        if walking {
+            quality.calls += c.calls;
+            match (stop, k.stack) {
+                (Some(stop::END), _) => quality.whole += c.calls,
+                (Some(why), _) => {
+                    *quality
+                        .truncated
+                        .entry(crate::collect::stop_name(why).into())
+                        .or_default() += c.calls
+                }
+                (None, 0) => {
+                    *quality
+                        .truncated
+                        .entry("stack_walk_failed".into())
+                        .or_default() += c.calls
+                }
+                (None, _) => {
+                    *quality
+                        .truncated
+                        .entry("stack_map_full".into())
+                        .or_default() += c.calls
+                }
+            }
+        }
+        out.push(StackEntry {
             func: func_name(k.func),
-            frames: caller,
-            truncated: false,
+            frames: all,
+            truncated: walking && stop != Some(stop::END),
             thread: None,
             process: Some(ProcessRef { pid: k.tgid, name }),
             counts: *c,
@@ -188,7 +297,15 @@ fn profile_of(
     totals.nested = sum(counter::NESTED)?;
     // Count mode probes no release function here.
     totals.frees_counted = false;
+    if walking {
+        quality.frame_limit =
+            (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
+        quality.finished_by_tracer = walks.finished;
+        quality.walked_in_kernel = sum(counter::WALKS)?;
+    }
     let losses = Losses {
+        stack_map_full: sum(counter::STACK_MAP_FULL)?,
+        stack_walk_failed: sum(counter::STACK_WALK_FAILED)?,
         map_full: sum(counter::MAP_FULL)?,
         caller_unreadable: sum(counter::CALLER_READ_FAILED)?,
         ..Losses::default()
@@ -198,10 +315,10 @@ fn profile_of(
     meta.probes = probes.funcs.iter().map(|f| f.probe.clone()).collect();
     Ok(Profile {
         meta,
-        stacks,
+        stacks: out,
         totals,
         losses,
-        stack_quality: None,
+        stack_quality: walking.then_some(quality),
         live: None,
         snapshot: None,
         timeline: None,

@@ -265,6 +265,12 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
         .map_max_entries(maps::HOST_NAMES, 1)
         .map_max_entries(maps::HOST_RUNS, 1)
         .map_max_entries(maps::HOST_EXECS, 4096)
+        .map_max_entries(maps::HOST_STACKS, 1)
+        .map_max_entries(maps::HOST_RULES, 1)
+        .map_max_entries(maps::HOST_VMAS, 64)
+        .map_max_entries(maps::HOST_FILE_TAGS, 1)
+        .map_max_entries(maps::HOST_TAG_FILES, 1)
+        .map_max_entries(maps::HOST_GENS, 1)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
     drop(guard);
@@ -277,16 +283,36 @@ fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded
     })
 }
 
+/// Processes the host scope keeps apart at once (names, runs,
+/// incarnations).
+const HOST_PROCESSES: u32 = 65536;
+
+/// Mappings the host scope's walks remember (an LRU: a process's mappings
+/// are looked up again once forgotten).
+const HOST_VMAS: u32 = 65536;
+
+/// Distinct stacks the host scope keeps: every process's, shared where
+/// they are the same (a stack is its frames' files and offsets).
+fn host_stacks(sizes: &MapSizes) -> u32 {
+    sizes.stacks.max(1 << 16)
+}
+
+/// Unwind rules the host scope keeps: by file and offset, for every file
+/// on the host.
+fn host_rules(sizes: &MapSizes) -> u32 {
+    sizes.unwind_rules.max(1 << 18)
+}
+
 /// Loads the BPF object for the host scope (`--all`): count mode, the
 /// direct caller only, `host_counts` keys, each process's runs counted
 /// when `runs` (the windows policy); the maps of the per-process programs
 /// at their smallest.
-pub fn load_host(host_counts: u32, runs: bool) -> Result<Ebpf> {
+pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool) -> Result<Ebpf> {
     let config = Box::new(Config {
         per_thread: 0,
         live: 0,
         sample_mode: SAMPLE_NONE,
-        max_frames: 0,
+        max_frames: max_frames.min(tracer_common::MAX_FRAMES as u32),
         sample_param: 0,
         sample_scale: 0,
         exp_table: exp_table(),
@@ -306,16 +332,22 @@ pub fn load_host(host_counts: u32, runs: bool) -> Result<Ebpf> {
         .map_max_entries(maps::COUNTS, 1)
         .map_max_entries(maps::STACKS, 1)
         .map_max_entries(maps::UNWIND_RULES, 1)
-        .map_max_entries(maps::UNWIND_MISSES, 4096)
+        .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
         .map_max_entries(maps::LOST_FREES, 1)
         .map_max_entries(maps::LOST_ALLOCS, 1)
-        .map_max_entries(maps::HOST_COUNTS, host_counts)
+        .map_max_entries(maps::HOST_COUNTS, sizes.counts)
+        .map_max_entries(maps::HOST_STACKS, host_stacks(sizes))
+        .map_max_entries(maps::HOST_RULES, host_rules(sizes))
+        .map_max_entries(maps::HOST_VMAS, HOST_VMAS)
+        .map_max_entries(maps::HOST_FILE_TAGS, tracer_common::MAX_HOST_TAGS)
+        .map_max_entries(maps::HOST_TAG_FILES, tracer_common::MAX_HOST_TAGS)
+        .map_max_entries(maps::HOST_GENS, HOST_PROCESSES)
         // (The shared loader keeps sizes between loads: each is set.)
         .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_FUNCS, tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)
-        .map_max_entries(maps::HOST_NAMES, 65536)
-        .map_max_entries(maps::HOST_RUNS, 65536)
+        .map_max_entries(maps::HOST_NAMES, HOST_PROCESSES)
+        .map_max_entries(maps::HOST_RUNS, HOST_PROCESSES)
         .map_max_entries(maps::HOST_EXECS, 1 << 18)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;

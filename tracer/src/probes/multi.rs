@@ -97,6 +97,7 @@ pub(super) fn map_fd(map: &Map) -> Result<RawFd> {
     let data = match map {
         Map::Array(d)
         | Map::HashMap(d)
+        | Map::LruHashMap(d)
         | Map::PerCpuArray(d)
         | Map::PerCpuHashMap(d)
         | Map::RingBuf(d)

@@ -136,7 +136,7 @@ impl Walks {
 /// A [`MissEvent`] out of its ring record (read unaligned), whatever its
 /// size of copy ([`MISS_COPY_SIZES`]); `None` for a record too short to
 /// hold the header.
-fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
+pub(crate) fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
     if bytes.len() < MISS_HEADER_BYTES {
         return None;
     }

@@ -1,0 +1,366 @@
+//! The host scope's walks the kernel could not finish: a walk that met a
+//! return address whose file and offset have no rule yet is handed over
+//! with a copy of the stack ([`MissEvent`] with its process); the tracer
+//! finishes it from the process's mappings and the files' call-frame
+//! information, counts the call under its whole stack, and gives the
+//! kernel the rules the walk needed, by file and offset, so that the next
+//! walk through that code, in this process or any other that maps the
+//! file, stays in the kernel.
+
+use std::{
+    collections::HashMap,
+    os::fd::AsRawFd,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, RingBuf},
+    Ebpf,
+};
+use tracer_common::{
+    host_frame, maps, HostFileId, HostKey, HostValue, MissEvent, UnwindRule, MAX_HOST_TAGS,
+    PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
+};
+
+use crate::{
+    tracee::{AddressSpace, Mapping},
+    unwind::{service::read_miss, stack_key, Unwinder},
+};
+
+/// `bpf_map_update_elem`'s flag: only where the key is not in the map.
+const BPF_NOEXIST: u64 = 1;
+
+/// A process whose walks the tracer finishes: its mappings and its rules.
+struct Walked {
+    space: AddressSpace,
+    unwinder: Unwinder,
+    used: Instant,
+}
+
+/// Processes kept at once (the least recently used give way).
+const PROCESSES_KEPT: usize = 256;
+
+/// A process not handed a walk for this long is forgotten.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// The walks the tracer finished and what it knows to finish them.
+pub struct HostWalks {
+    ring: Option<RingBuf<MapData>>,
+    rules: BpfHashMap<MapData, u64, UnwindRule>,
+    file_tags: BpfHashMap<MapData, HostFileId, u32>,
+    tag_files: Array<MapData, HostFileId>,
+    procs: HashMap<(u32, u64), Walked>,
+    /// Each file's tag, as the kernel's table has it.
+    tags: HashMap<HostFileId, u32>,
+    /// The next tag the tracer gives (from the top of the table down).
+    next_tag: u32,
+    /// Calls counted under finished walks, with their callers' places.
+    pub rows: HashMap<HostKey, HostValue>,
+    /// The frames ([`host_frame`]s) and stop of each finished stack.
+    pub stacks: HashMap<u64, (Vec<u64>, u32)>,
+    /// Walks finished, and of them those whose process was gone.
+    pub finished: u64,
+    pub gone: u64,
+    /// Rules the kernel's map had no room for.
+    pub rules_full: u64,
+    /// Frames in a file no tag was left for (kept as addresses).
+    pub untagged: u64,
+    /// Most frames a stack keeps above the direct caller.
+    max_frames: usize,
+}
+
+impl HostWalks {
+    /// Handles on the ring of walks and the maps the walks fill in.
+    fn new(ebpf: &Ebpf, max_frames: u32) -> Result<HostWalks> {
+        let copy = |name| crate::probes::pool::map_copy(ebpf, name);
+        Ok(HostWalks {
+            ring: Some(RingBuf::try_from(copy(maps::UNWIND_MISSES)?)?),
+            rules: BpfHashMap::try_from(copy(maps::HOST_RULES)?)?,
+            file_tags: BpfHashMap::try_from(copy(maps::HOST_FILE_TAGS)?)?,
+            tag_files: Array::try_from(copy(maps::HOST_TAG_FILES)?)?,
+            procs: HashMap::new(),
+            tags: HashMap::new(),
+            next_tag: MAX_HOST_TAGS - 1,
+            rows: HashMap::new(),
+            stacks: HashMap::new(),
+            finished: 0,
+            gone: 0,
+            rules_full: 0,
+            untagged: 0,
+            max_frames: max_frames as usize,
+        })
+    }
+
+    /// The file (device, inode) tagged `tag`, `None` when unknown.
+    pub fn file_of(&self, tag: u32) -> Option<(u32, u64)> {
+        self.tag_files
+            .get(&tag, 0)
+            .ok()
+            .filter(|id| id.ino != 0)
+            .map(|id| (id.dev, id.ino))
+    }
+
+    /// Finishes every walk waiting in the ring.
+    pub fn finish_all(&mut self) {
+        let Some(mut ring) = self.ring.take() else {
+            return;
+        };
+        let mut new_rules = Vec::new();
+        while let Some(item) = ring.next() {
+            let Some(ev) = read_miss(&item) else {
+                continue;
+            };
+            drop(item);
+            self.finish(&ev, &mut new_rules);
+        }
+        self.ring = Some(ring);
+        self.forget_idle();
+    }
+
+    fn finish(&mut self, ev: &MissEvent, new_rules: &mut Vec<(u64, UnwindRule)>) {
+        let tgid = ev.tgid as u32;
+        if tgid == 0 {
+            return;
+        }
+        self.finished += 1;
+        let now = Instant::now();
+        let mut walked = self.procs.remove(&(tgid, ev.mm)).unwrap_or_else(|| {
+            let mut space = AddressSpace::new();
+            space.refresh(tgid);
+            let mut unwinder = Unwinder::new(tgid);
+            unwinder.max_frames = self.max_frames;
+            Walked {
+                space,
+                unwinder,
+                used: now,
+            }
+        });
+        walked.used = now;
+        if walked.space.mapping(ev.caller).is_none() && !walked.space.refresh(tgid) {
+            self.gone += 1;
+        }
+        new_rules.clear();
+        let done = walked.unwinder.finish(ev, &mut walked.space, new_rules);
+        // The kernel's frames are file places already; the tracer's are
+        // addresses in this process.
+        let kernel_n = (ev.n as usize).min(done.frames.len());
+        let mut frames = done.frames;
+        for f in frames.iter_mut().skip(kernel_n) {
+            *f = self.place(&walked.space, *f).0;
+        }
+        let mut rules = Vec::new();
+        for (ra, rule) in new_rules.drain(..) {
+            let (frame, in_file) = self.place(&walked.space, ra);
+            if in_file {
+                rules.push((frame, rule));
+            }
+        }
+        let caller = caller_value(&walked.space, ev.caller);
+        self.procs.insert((tgid, ev.mm), walked);
+        self.give_rules(&rules);
+        let key = HostKey {
+            tgid,
+            func: ev.func,
+            mm: ev.mm,
+            ret: ev.caller,
+            stack: stack_key(&frames, done.stop),
+        };
+        self.stacks
+            .entry(key.stack)
+            .or_insert_with(|| (frames, done.stop));
+        let row = self.rows.entry(key).or_insert(caller);
+        row.calls += ev.calls;
+        row.bytes += ev.bytes;
+    }
+
+    /// Return address `ra` of a process mapped as `space` as a host
+    /// frame, and whether it lies in a file.
+    fn place(&mut self, space: &AddressSpace, ra: u64) -> (u64, bool) {
+        let Some(m) = space.mapping(ra).filter(|m| m.is_file()) else {
+            return (ra, false);
+        };
+        let offset = m.file_offset(ra);
+        let m = m.clone();
+        match self.tag_of(&m) {
+            Some(tag) => (host_frame(tag, offset), true),
+            None => {
+                self.untagged += 1;
+                (ra, false)
+            }
+        }
+    }
+
+    /// The tag of the file `m` maps: the kernel's, else one the tracer
+    /// gives it now (`None`: the table is full).
+    fn tag_of(&mut self, m: &Mapping) -> Option<u32> {
+        let id = file_id(m);
+        if let Some(t) = self.tags.get(&id) {
+            return Some(*t);
+        }
+        if let Ok(t) = self.file_tags.get(&id, 0) {
+            self.tags.insert(id, t);
+            return Some(t);
+        }
+        if self.next_tag < MAX_HOST_TAGS / 2 {
+            return None;
+        }
+        let tag = self.next_tag;
+        self.next_tag -= 1;
+        // The tag's file first: a tag found in the table names its file.
+        self.tag_files.set(tag, id, 0).ok()?;
+        let tag = match self.file_tags.insert(id, tag, BPF_NOEXIST) {
+            Ok(()) => tag,
+            Err(_) => self.file_tags.get(&id, 0).ok()?,
+        };
+        self.tags.insert(id, tag);
+        Some(tag)
+    }
+
+    /// Gives the kernel rules by file and offset.
+    fn give_rules(&mut self, rules: &[(u64, UnwindRule)]) {
+        for (frame, rule) in rules {
+            if self.rules.insert(frame, rule, 0).is_err() {
+                if self.rules_full == 0 {
+                    log::warn!("the kernel's map of unwind rules is full: stacks through new code end there from now on (raise --unwind-rules-size)");
+                }
+                self.rules_full += 1;
+            }
+        }
+    }
+
+    /// Forgets processes idle for long, and the least recently used past
+    /// [`PROCESSES_KEPT`].
+    fn forget_idle(&mut self) {
+        let now = Instant::now();
+        self.procs.retain(|_, w| now.duration_since(w.used) < IDLE);
+        while self.procs.len() > PROCESSES_KEPT {
+            let Some(oldest) = self
+                .procs
+                .iter()
+                .min_by_key(|(_, w)| w.used)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            self.procs.remove(&oldest);
+        }
+    }
+
+    /// Takes the rows of processes `gone` out (they have been read for
+    /// good).
+    pub fn take_rows_of(
+        &mut self,
+        gone: &std::collections::HashSet<u32>,
+    ) -> Vec<(HostKey, HostValue)> {
+        let keys: Vec<HostKey> = self
+            .rows
+            .keys()
+            .filter(|k| gone.contains(&k.tgid))
+            .copied()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.rows.remove(&k).map(|v| (k, v)))
+            .collect()
+    }
+}
+
+/// A mapping's file as the kernel names it (`s_dev`: major << 20 | minor).
+fn file_id(m: &Mapping) -> HostFileId {
+    HostFileId {
+        dev: (((m.dev >> 32) as u32) << 20) | (m.dev as u32 & 0xfffff),
+        _pad: 0,
+        ino: m.inode,
+    }
+}
+
+/// The caller's place, as the kernel would have put it in the row.
+fn caller_value(space: &AddressSpace, caller: u64) -> HostValue {
+    let mut v = HostValue::default();
+    match space.mapping(caller) {
+        Some(m) if m.is_file() => {
+            let id = file_id(m);
+            v.place = PLACE_FILE;
+            v.dev = id.dev;
+            v.ino = id.ino;
+            v.offset = m.file_offset(caller);
+        }
+        Some(_) => v.place = PLACE_ANONYMOUS,
+        None => v.place = PLACE_UNRESOLVED,
+    }
+    v
+}
+
+/// The thread that finishes the walks as they come (a walk waits in a
+/// ring that a burst of new code fills: the sooner the rules are in, the
+/// fewer walks are handed over).
+pub struct HostWalker {
+    walks: Arc<Mutex<HostWalks>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HostWalker {
+    /// Starts the thread on the ring and maps of `ebpf` (loaded).
+    pub fn start(ebpf: &Ebpf, max_frames: u32) -> Result<HostWalker> {
+        let walks = HostWalks::new(ebpf, max_frames)?;
+        let fd = walks
+            .ring
+            .as_ref()
+            .map(|r| r.as_raw_fd())
+            .context("the ring of walks")?;
+        let walks = Arc::new(Mutex::new(walks));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (walks, stop) = (walks.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("mtrace-walks".into())
+                .spawn(move || {
+                    // `fd` stays open: `walks` owns the ring.
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut pfd = libc::pollfd {
+                            fd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        };
+                        if unsafe { libc::poll(&mut pfd, 1, POLL_MS) } > 0 {
+                            lock(&walks).finish_all();
+                        }
+                    }
+                })?
+        };
+        Ok(HostWalker {
+            walks,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The walks finished so far, after finishing those still waiting.
+    pub fn walks(&self) -> MutexGuard<'_, HostWalks> {
+        let mut w = lock(&self.walks);
+        w.finish_all();
+        w
+    }
+}
+
+/// How long the thread sleeps between looks at its stop flag.
+const POLL_MS: i32 = 50;
+
+fn lock(walks: &Mutex<HostWalks>) -> MutexGuard<'_, HostWalks> {
+    walks.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for HostWalker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
