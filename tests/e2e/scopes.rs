@@ -191,8 +191,10 @@ fn a_path_that_is_not_a_cgroup_or_an_empty_one_is_refused() {
     out.assert_error("has no process to trace");
 }
 
-/// (allocator function, direct caller) -> calls of the allocation stacks
-/// of a profile, of the processes `keep` takes (pid, name).
+/// (allocator function, its whole stack: the frames' functions, files and
+/// lines, innermost first, and whether it was cut short) -> calls of the
+/// allocation stacks of a profile, of the processes `keep` takes (pid,
+/// name).
 fn tally(
     p: &crate::support::Profile,
     keep: &dyn Fn(u64, &str) -> bool,
@@ -204,8 +206,13 @@ fn tally(
             .as_ref()
             .map_or((0, ""), |r| (r.pid as u64, r.name.as_str()));
         if keep(pid, name) {
-            let key = (s.function.clone(), s.caller().unwrap_or("").to_string());
-            *out.entry(key).or_default() += s.calls;
+            let frames: Vec<String> = s
+                .frames
+                .iter()
+                .map(|f| format!("{} {:?}:{:?}", f.function, f.file, f.line))
+                .collect();
+            let stack = format!("{} cut:{}", frames.join(" <- "), s.truncated);
+            *out.entry((s.function.clone(), stack)).or_default() += s.calls;
         }
     }
     out
@@ -215,8 +222,9 @@ fn tally(
 /// through mtrace (the counts fixture directly and from a shell that
 /// forks and execs it, C++ -O2 without frame pointers) are each counted
 /// under their pid exactly as a trace of that program alone counts it,
-/// per function and direct caller, and what the shell's child ran
-/// before its exec is not theirs. A static program, whose allocator no
+/// per function and whole stack, frame for frame to the thread's first
+/// (rules by file and offset, learned in one process, serve the next),
+/// and what the shell's child ran before its exec is not theirs. A static program, whose allocator no
 /// process mapped before, has its probes added once seen, and stderr
 /// says its calls before then are not counted.
 #[test]
@@ -230,7 +238,7 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
     let cxx = cxx.to_str().unwrap();
     // The oracle: each program traced alone from its first instruction.
     let alone = |program: &str| {
-        let (out, p) = crate::support::run_profiled(&["--max-stack", "0", "--", program]);
+        let (out, p) = crate::support::run_profiled(&["--", program]);
         out.assert_exit(0);
         tally(&p, &|_, _| true)
     };
@@ -239,6 +247,14 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
         counts_alone.values().sum::<u64>() >= 1281,
         "{counts_alone:?}"
     );
+    // Whole stacks, to the thread's first frame, through main.
+    for alone in [&counts_alone, &cxx_alone] {
+        assert!(
+            alone.keys().all(|(_, s)| s.ends_with("cut:false")),
+            "{alone:#?}"
+        );
+        assert!(alone.keys().any(|(_, s)| s.contains("main ")), "{alone:#?}");
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");

@@ -160,7 +160,9 @@ pub struct VmaOffsets {
     /// `linux_binprm.filename`: the path an exec was given (the exec
     /// tracepoint's), 0 when unknown.
     pub binprm_filename: u32,
-    pub _pad: u32,
+    /// `mm_struct.start_stack`: the main thread's stack pointer at exec
+    /// (its frames lie below), 0 when unknown.
+    pub mm_start_stack: u32,
 }
 
 /// Bytes of a `vm_area_struct` the programs copy (every offset of

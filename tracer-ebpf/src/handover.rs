@@ -11,7 +11,7 @@ use crate::{
     aggregate::{bump_counter, current_comm},
     hidden::note_hidden,
     live::now_ns,
-    maps::{PROCESS, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
+    maps::{config_u32, CONFIG, PROCESS, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
     scratch::{level_of, scratch_at},
     walk::finish_hash,
 };
@@ -87,7 +87,11 @@ pub extern "C" fn send_miss_at(
     } else {
         base + STACK_COPY as u64
     };
-    let start = PROCESS.get(0).map_or(0, |p| p.stack_start);
+    let start = if w.host_gen != 0 {
+        main_stack_start(w.host_mm)
+    } else {
+        PROCESS.get(0).map_or(0, |p| p.stack_start)
+    };
     if start > from && start < top {
         top = start + 64;
     }
@@ -110,6 +114,17 @@ pub extern "C" fn send_miss_at(
         return 0;
     }
     id
+}
+
+/// The host scope: where the main thread's frames end in the process of
+/// address space `mm` (its stack pointer at exec), 0 when unknown.
+#[inline(always)]
+fn main_stack_start(mm: u64) -> u64 {
+    let at = config_u32(&CONFIG.vma.mm_start_stack) as u64;
+    if mm == 0 || at == 0 {
+        return 0;
+    }
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((mm + at) as *const u64) }.unwrap_or(0)
 }
 
 /// The end of the target's mapping that holds `addr`, 0 when it cannot be

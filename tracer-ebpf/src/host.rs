@@ -85,6 +85,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
             let stack = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size);
             if stack == HANDED_OVER {
                 give_back_scratch(scratch);
+                name_process(tgid, mm);
                 return 0;
             }
             stack
@@ -101,6 +102,19 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     let counted = count_key(&key, size, tgid, mm, ret, scratch);
     give_back_scratch(scratch);
     counted
+}
+
+/// Keeps the process's name (`comm`) as it is now, at its first counted
+/// call (of its address space `mm`).
+#[inline(always)]
+fn name_process(tgid: u32, mm: u64) {
+    let process = HostProcess { tgid, _pad: 0, mm };
+    if HOST_NAMES.get_ptr(&process).is_some() {
+        return;
+    }
+    if let Some(comm) = current_comm() {
+        let _ = HOST_NAMES.insert(&process, &comm, BPF_NOEXIST as u64);
+    }
 }
 
 /// What [`walk`] returns for a call it handed to the tracer with its
@@ -178,12 +192,7 @@ fn count_key(
     };
     caller_place(ret, &mut first);
     match HOST_COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
-        Ok(()) => {
-            if let Some(comm) = current_comm() {
-                let process = HostProcess { tgid, _pad: 0, mm };
-                let _ = HOST_NAMES.insert(&process, &comm, BPF_NOEXIST as u64);
-            }
-        }
+        Ok(()) => name_process(tgid, mm),
         Err(e) if e == -EEXIST => match HOST_COUNTS.get_ptr_mut(key) {
             Some(v) => add_value(v, size),
             None => bump_counter(counter::MAP_FULL, 1),
@@ -201,10 +210,10 @@ fn incarnation(tgid: u32) -> u64 {
     if let Some(g) = HOST_GENS.get_ptr(&tgid) {
         return unsafe { *g };
     }
-    let Some(next) = HOST_NEXT.get_ptr_mut(HOST_NEXT_GEN) else {
+    let Some(gen) = next_number(HOST_NEXT_GEN) else {
+        bump_counter(counter::HOST_NO_GEN, 1);
         return NO_GEN;
     };
-    let gen = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(next, 1) } + 1;
     match HOST_GENS.insert(&tgid, &gen, BPF_NOEXIST as u64) {
         Ok(()) => gen,
         Err(e) if e == -EEXIST => HOST_GENS.get_ptr(&tgid).map_or(NO_GEN, |g| unsafe { *g }),
@@ -213,6 +222,31 @@ fn incarnation(tgid: u32) -> u64 {
             NO_GEN
         }
     }
+}
+
+/// The next number of counter `slot` of `HOST_NEXT` (from 1), never given
+/// twice: taken by compare-and-exchange (the BPF target here has no
+/// fetch-and-add that returns the old value). `None` when other programs
+/// took every number tried meanwhile.
+#[inline(always)]
+fn next_number(slot: u32) -> Option<u64> {
+    let next = HOST_NEXT.get_ptr_mut(slot)?;
+    let mut tries = 0;
+    while tries < 8 {
+        let seen = unsafe { core::ptr::read_volatile(next) };
+        let (_, won) = unsafe {
+            core::intrinsics::atomic_cxchg::<
+                u64,
+                { AtomicOrdering::Relaxed },
+                { AtomicOrdering::Relaxed },
+            >(next, seen, seen + 1)
+        };
+        if won {
+            return Some(seen + 1);
+        }
+        tries += 1;
+    }
+    None
 }
 
 /// The incarnation of a process the table had no room for: its mappings
@@ -305,10 +339,10 @@ fn tag_of(id: &HostFileId) -> u32 {
     if let Some(t) = unsafe { HOST_FILE_TAGS.get(id) } {
         return *t;
     }
-    let Some(next) = HOST_NEXT.get_ptr_mut(HOST_NEXT_TAG) else {
+    let Some(tag) = next_number(HOST_NEXT_TAG) else {
+        bump_counter(counter::HOST_NO_TAG, 1);
         return 0;
     };
-    let tag = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(next, 1) } + 1;
     if tag >= (MAX_HOST_TAGS / 2) as u64 {
         bump_counter(counter::HOST_NO_TAG, 1);
         return 0;

@@ -48,7 +48,7 @@ pub(crate) static CONFIG: Config = Config {
         inode_sb: 0,
         sb_dev: 0,
         binprm_filename: 0,
-        _pad: 0,
+        mm_start_stack: 0,
     },
     host_runs: 0,
     _pad: 0,

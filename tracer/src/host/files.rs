@@ -23,7 +23,14 @@ pub struct FileIndex {
     /// again (a view redrawn every second would read every process's
     /// mappings each time).
     missing: std::collections::HashSet<FileKey>,
+    /// Return addresses symbolized in opened files, by (file, offset):
+    /// a view redrawn every second, or a snapshot, names each once.
+    symbols: HashMap<(u32, u64, u64), Vec<std::sync::Arc<crate::profile::Frame>>>,
 }
+
+/// Most return addresses whose names are kept (past it the store starts
+/// over).
+const SYMBOLS_KEPT: usize = 1 << 20;
 
 /// Most places kept per file.
 const PLACES_KEPT: usize = 4;
@@ -70,6 +77,26 @@ impl FileIndex {
         if places.len() < PLACES_KEPT && !places.iter().any(|(_, p)| p == path) {
             places.push((pid, path.to_string()));
         }
+    }
+
+    /// The frames return address `key` (file and offset) was named as.
+    pub fn symbols(
+        &self,
+        key: &(u32, u64, u64),
+    ) -> Option<&Vec<std::sync::Arc<crate::profile::Frame>>> {
+        self.symbols.get(key)
+    }
+
+    /// Keeps what return address `key` was named as.
+    pub fn keep_symbols(
+        &mut self,
+        key: (u32, u64, u64),
+        frames: Vec<std::sync::Arc<crate::profile::Frame>>,
+    ) {
+        if self.symbols.len() >= SYMBOLS_KEPT {
+            self.symbols.clear();
+        }
+        self.symbols.insert(key, frames);
     }
 
     /// Notes the files of every process alive now.

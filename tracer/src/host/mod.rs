@@ -39,7 +39,7 @@ use crate::{
         duty::{cpu_ns, host_busy_ns, Duty, Reading, Readings},
         End, Signals,
     },
-    sinks::{Outcome, Report, Sink},
+    sinks::{Outcome, Report, Sink, Snapshots},
     tracee::{self, launch},
     user_error,
     watch::{self, StatusLine, Tick, Watcher},
@@ -353,7 +353,10 @@ impl Host {
             .collect();
         self.probes.forget_runs(&ran_gone);
         let mut keys = read::counted_keys(&self.probes)?;
-        let counted: HashSet<u32> = keys.iter().map(|k| k.tgid).collect();
+        let mut counted: HashSet<u32> = keys.iter().map(|k| k.tgid).collect();
+        // Processes with calls only the tracer's walks counted are
+        // counted too.
+        counted.extend(self.walks.walks().rows.keys().map(|k| k.tgid));
         // Records of processes that never allocated (a static program
         // without an allocator mtrace knows), gone since.
         let idle = self.procs.gone_uncounted(&counted);
@@ -527,7 +530,18 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
             None => std::future::pending().await,
         }
     };
+    let mut snapshots = Snapshots::named(config.snapshot_dir.clone(), "all".into());
     let end = rt.block_on(async {
+        let mut interval = config
+            .schedule
+            .interval
+            .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+        let snapshot_due = async |interval: &mut Option<tokio::time::Interval>| match interval {
+            Some(i) => {
+                i.tick().await;
+            }
+            None => std::future::pending().await,
+        };
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
         let mut poll = tokio::time::interval(Duration::from_millis(5));
@@ -550,7 +564,13 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
         loop {
             let next_switch = duty.borrow().as_ref().map(|d| d.due);
             tokio::select! {
-                sig = signals.ending() => break End::Interrupted(sig),
+                sig = signals.next() => match sig {
+                    Some(sig) => break End::Interrupted(sig),
+                    None => snapshot(&cell, &mut snapshots, meta(started.elapsed().as_secs_f64())),
+                },
+                _ = snapshot_due(&mut interval) => {
+                    snapshot(&cell, &mut snapshots, meta(started.elapsed().as_secs_f64()));
+                }
                 _ = due(next_switch) => {
                     if let Some(d) = duty.borrow_mut().as_mut() {
                         switch(&mut cell.borrow_mut().probes, d, &mut host_windows);
@@ -632,9 +652,22 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     let mut report = Report(config.outputs.clone());
     let mut finished = Outcome::default();
     finished.add(report.finish(&profile));
+    finished.add(snapshots.finish(&profile));
     host.probes.detach();
     finished.result()?;
     Ok(0)
+}
+
+/// A snapshot of the host now (`--interval`, SIGUSR1): one that cannot be
+/// made is said, and tracing goes on.
+fn snapshot(host: &RefCell<Host>, snapshots: &mut Snapshots, meta: Meta) {
+    let made = host.borrow_mut().profile(meta).and_then(|mut p| {
+        crate::profile::window::scale_windows(&mut p);
+        snapshots.snapshot(&p)
+    });
+    if let Err(e) = made {
+        say!("mtrace: a snapshot: {e:#}");
+    }
 }
 
 /// Processes read apart in a window of the windows policy: those that made

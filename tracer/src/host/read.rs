@@ -184,12 +184,28 @@ fn profile_of(
     for (file, mut offsets) in by_file {
         offsets.sort_unstable();
         offsets.dedup();
-        let found = match index.open(file) {
-            Some((f, path)) => crate::symbolize::returns_in_file(&f, &path, &offsets),
-            None => offsets.iter().map(|&o| vec![unopened(file, o)]).collect(),
+        // Named before: from the store.
+        offsets.retain(|&o| match index.symbols(&(file.0, file.1, o)) {
+            Some(named) => {
+                frames.insert((file.0, file.1, o), named.clone());
+                false
+            }
+            None => true,
+        });
+        if offsets.is_empty() {
+            continue;
+        }
+        let Some((f, path)) = index.open(file) else {
+            for &o in &offsets {
+                frames.insert((file.0, file.1, o), vec![Arc::new(unopened(file, o))]);
+            }
+            continue;
         };
+        let found = crate::symbolize::returns_in_file(&f, &path, &offsets);
         for (o, f) in offsets.iter().zip(found) {
-            frames.insert((file.0, file.1, *o), f.into_iter().map(Arc::new).collect());
+            let named: Vec<Arc<Frame>> = f.into_iter().map(Arc::new).collect();
+            index.keep_symbols((file.0, file.1, *o), named.clone());
+            frames.insert((file.0, file.1, *o), named);
         }
     }
 

@@ -185,9 +185,8 @@ impl HostWalks {
         let Some(m) = space.mapping(ra).filter(|m| m.is_file()) else {
             return (ra, false);
         };
-        let offset = m.file_offset(ra);
-        let m = m.clone();
-        match self.tag_of(&m) {
+        let (offset, id) = (m.file_offset(ra), file_id(m));
+        match self.tag_of(id) {
             Some(tag) => (host_frame(tag, offset), true),
             None => {
                 self.untagged += 1;
@@ -196,10 +195,9 @@ impl HostWalks {
         }
     }
 
-    /// The tag of the file `m` maps: the kernel's, else one the tracer
+    /// The tag of file `id`: the kernel's, else one the tracer
     /// gives it now (`None`: the table is full).
-    fn tag_of(&mut self, m: &Mapping) -> Option<u32> {
-        let id = file_id(m);
+    fn tag_of(&mut self, id: HostFileId) -> Option<u32> {
         if let Some(t) = self.tags.get(&id) {
             return Some(*t);
         }

@@ -91,15 +91,13 @@ impl Signals {
         })
     }
 
-    /// The next signal that ends a trace: SIGINT or SIGTERM (the host
-    /// scope, which writes no snapshots, lets SIGUSR1 pass).
-    pub async fn ending(&mut self) -> i32 {
-        loop {
-            tokio::select! {
-                _ = self.int.recv() => return libc::SIGINT,
-                _ = self.term.recv() => return libc::SIGTERM,
-                _ = self.usr1.recv() => {}
-            }
+    /// The next signal: one that ends a trace (SIGINT or SIGTERM), or
+    /// `None` for SIGUSR1, which asks for a snapshot.
+    pub async fn next(&mut self) -> Option<i32> {
+        tokio::select! {
+            _ = self.int.recv() => Some(libc::SIGINT),
+            _ = self.term.recv() => Some(libc::SIGTERM),
+            _ = self.usr1.recv() => None,
         }
     }
 }

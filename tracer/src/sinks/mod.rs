@@ -233,13 +233,15 @@ pub fn one_line(e: &anyhow::Error) -> String {
     msg.replace('\n', " ")
 }
 
-/// Snapshots as files `mtrace-PID-NNNN.json` (NNNN counting from 0001) in
+/// Snapshots as files `mtrace-PID-NNNN.json` (`mtrace-all-NNNN.json` for
+/// the host scope; NNNN counting from 0001) in
 /// a directory, each with what changed since the previous one. A snapshot
 /// that cannot be written is said at once and the trace goes on; at the
 /// end, how many were not written is an error with exit code [`EXIT_IO`].
 pub struct Snapshots {
     dir: PathBuf,
-    pid: u32,
+    /// What the files are named after: the target's pid, or `all`.
+    target: String,
     written: u32,
     last: Option<Profile>,
     failed: u32,
@@ -247,9 +249,14 @@ pub struct Snapshots {
 
 impl Snapshots {
     pub fn new(dir: PathBuf, pid: u32) -> Self {
+        Self::named(dir, pid.to_string())
+    }
+
+    /// Snapshots as files `mtrace-TARGET-NNNN.json`.
+    pub fn named(dir: PathBuf, target: String) -> Self {
         Snapshots {
             dir,
-            pid,
+            target,
             written: 0,
             last: None,
             failed: 0,
@@ -258,7 +265,7 @@ impl Snapshots {
 
     fn path(&self, index: u32) -> PathBuf {
         self.dir
-            .join(format!("mtrace-{}-{index:04}.json", self.pid))
+            .join(format!("mtrace-{}-{index:04}.json", self.target))
     }
 }
 
