@@ -11,12 +11,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::support::{mtrace::mtrace_command, require, Mtrace, Profile};
+use crate::{
+    artifacts::pprof::Pprof,
+    support::{
+        mtrace::{mtrace_command, Finished},
+        require, Mtrace, Profile,
+    },
+};
 
 /// A C program allocating 100 times at `alpha_site`, built with debug
 /// information and a build id, in `dir`: the stripped program, its split
 /// debug file, and the build id (hex).
 fn stripped(dir: &Path) -> (PathBuf, PathBuf, String) {
+    let (full, strip, debug, id) = built(dir);
+    std::fs::remove_file(&full).unwrap();
+    (strip, debug, id)
+}
+
+/// [`stripped`]'s program, and the program as it was built (with its
+/// symbols and debug information) first.
+fn built(dir: &Path) -> (PathBuf, PathBuf, PathBuf, String) {
     let src = dir.join("s.c");
     std::fs::write(
         &src,
@@ -50,7 +64,6 @@ fn stripped(dir: &Path) -> (PathBuf, PathBuf, String) {
         .arg("--strip-all")
         .arg(&full)
         .arg(&strip));
-    std::fs::remove_file(&full).unwrap();
     let notes = Command::new("readelf")
         .arg("-n")
         .arg(&strip)
@@ -60,11 +73,22 @@ fn stripped(dir: &Path) -> (PathBuf, PathBuf, String) {
         .lines()
         .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
         .expect("a build id");
-    (strip, debug, id)
+    (full, strip, debug, id)
 }
 
 /// Traces `program` with `args` and `env`; the profile.
 fn trace(program: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path) -> (String, Profile) {
+    let (out, p) = trace_out(program, args, env, dir);
+    (out.describe(), p)
+}
+
+/// [`trace`], with what mtrace printed.
+fn trace_out(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+) -> (Finished, Profile) {
     let out_path = dir.join(format!("p{}.json", rand_suffix()));
     let mut all = vec!["-o", out_path.to_str().unwrap()];
     all.extend(args);
@@ -77,7 +101,8 @@ fn trace(program: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path) -> (St
     m.wait_tracing();
     let out = m.finish();
     out.assert_exit(0);
-    (out.describe(), Profile::load(&out_path))
+    let p = Profile::load(&out_path);
+    (out, p)
 }
 
 fn rand_suffix() -> u128 {
@@ -269,4 +294,182 @@ fn a_stripped_program_is_named_from_the_build_id_tree() {
     let (d, p) = trace(&strip, &["--no-debuginfod"], &[], dir.path());
     assert_eq!(caller(&p), "alpha_site", "{d}");
     assert_eq!(symbols(&p, "local"), 1, "{d}");
+}
+
+/// The stack of the fixture's 100 allocations.
+fn hundred(p: &Profile) -> &crate::support::profile::Stack {
+    p.stacks
+        .iter()
+        .find(|s| s.function == "malloc" && s.calls == 100)
+        .expect("the stack of the 100 allocations")
+}
+
+/// The loaded segments (`PT_LOAD`) of an ELF file as `readelf -lW` lists
+/// them: (file offset, virtual address, size in the file).
+fn loads(file: &Path) -> Vec<(u64, u64, u64)> {
+    let out = Command::new("readelf")
+        .arg("-lW")
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "readelf -lW {}", file.display());
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"LOAD")).then(|| (hex(f[1]), hex(f[2]), hex(f[4])))
+        })
+        .collect()
+}
+
+/// The function `addr2line -f` names at virtual address `vaddr` of `file`.
+fn addr2line(file: &Path, vaddr: u64) -> String {
+    let out = Command::new("addr2line")
+        .arg("-f")
+        .arg("-e")
+        .arg(file)
+        .arg(format!("{vaddr:#x}"))
+        .output()
+        .expect("addr2line runs");
+    assert!(out.status.success(), "addr2line {vaddr:#x}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+/// The pprof of a stripped program holds what a backend that symbolizes
+/// by build id (Parca, Pyroscope) needs. Each location of a frame no
+/// symbol named is in a mapping with the file's build id and the target's
+/// own mapping of the file (bounds and file offset, those of the loaded
+/// segment's pages), flagged as not symbolized; `address - memory_start +
+/// file_offset` is the return address's offset in the file. That offset
+/// becomes the virtual address it was loaded at through the `PT_LOAD`
+/// header holding it (`vaddr = offset - p_offset + p_vaddr`, as a
+/// symbolizer does, since addr2line takes virtual addresses), less one
+/// (the call instruction, as mtrace and debuggers name a caller); there
+/// addr2line, in the split debug file, names the function the trace of the
+/// unstripped program names at that place of the stack.
+#[test]
+fn pprof_mappings_let_a_backend_name_a_stripped_program() {
+    let dir = bpf_tempdir!();
+    let (full, strip, debug, id) = built(dir.path());
+    let (d, p) = trace(&full, &["--no-debuginfod"], &[], dir.path());
+    // The unstripped stack's names, by machine address (an inlined frame
+    // with the frame it was inlined into), as pprof's locations are.
+    let mut places: Vec<Vec<String>> = vec![Vec::new()];
+    for f in &hundred(&p).frames {
+        places.last_mut().unwrap().push(f.function.clone());
+        if !f.inlined {
+            places.push(Vec::new());
+        }
+    }
+    assert!(places[..2].concat() == ["alpha_site", "main"], "{d}");
+
+    let pb = dir.path().join("strip.pb.gz");
+    let (d, _) = trace(
+        &strip,
+        &["--no-debuginfod", "--pprof", pb.to_str().unwrap()],
+        &[],
+        dir.path(),
+    );
+    let pprof = Pprof::decode(&pb);
+    let loads = loads(&strip);
+    let (locations, _) = pprof
+        .samples
+        .iter()
+        .find(|(_, v)| v[0] == 100)
+        .unwrap_or_else(|| panic!("no sample of 100 calls\n{d}"));
+    let mut named_by_addr2line = Vec::new();
+    // Location 0 is the allocator's; then one location per place.
+    for (place, loc) in locations.iter().skip(1).enumerate() {
+        let (mapping_id, address) = pprof.places[loc];
+        let m = &pprof.mappings[&mapping_id];
+        if m.memory_limit == 0 && m.filename.ends_with("libc.so.6") {
+            continue; // The allocator's own mapping, named.
+        }
+        assert!(
+            m.memory_start <= address && address < m.memory_limit,
+            "location {loc} at {address:#x} outside its mapping {m:?}\n{d}"
+        );
+        if !m.filename.ends_with("/s_strip") {
+            continue;
+        }
+        assert_eq!(m.build_id, id, "{d}");
+        let offset = address - m.memory_start + m.file_offset;
+        let &(p_offset, p_vaddr, p_filesz) = loads
+            .iter()
+            .find(|(o, _, size)| offset >= *o && offset < o + size)
+            .unwrap_or_else(|| panic!("offset {offset:#x} in no PT_LOAD: {loads:x?}\n{d}"));
+        // The mapping is the pages of that segment of the file.
+        assert_eq!(m.file_offset, p_offset & !0xfff, "{m:?} {loads:x?}");
+        assert!(
+            m.file_offset + (m.memory_limit - m.memory_start) >= p_offset + p_filesz,
+            "{m:?} {loads:x?}"
+        );
+        assert!(
+            !m.has_functions && !m.has_filenames && !m.has_line_numbers,
+            "{m:?}"
+        );
+        let names = pprof.location_names(*loc);
+        if !names.iter().all(|n| n.starts_with("s_strip+0x")) {
+            continue;
+        }
+        let vaddr = offset - p_offset + p_vaddr;
+        let name = addr2line(&debug, vaddr - 1);
+        assert!(
+            places[place].contains(&name),
+            "location {loc} ({names:?}): addr2line names {name} at {vaddr:#x}, \
+             the unstripped trace {:?}\n{d}",
+            places[place]
+        );
+        named_by_addr2line.push(name);
+    }
+    assert!(
+        named_by_addr2line.starts_with(&["alpha_site".to_string(), "main".to_string()]),
+        "{named_by_addr2line:?}\n{d}"
+    );
+    // libc, named, says so.
+    assert!(
+        pprof
+            .mappings
+            .values()
+            .any(|m| m.filename.ends_with("libc.so.6") && m.memory_limit > 0 && m.has_functions),
+        "{:?}",
+        pprof.mappings
+    );
+}
+
+/// A stripped program's entry point, which no symbol names, is `_start`
+/// (the ELF header's `e_entry`, the call-frame information covering it),
+/// as gdb and perf name it: the outermost frame of a whole stack, in the
+/// profile and in the report; the program's other frames stay offsets.
+#[test]
+fn a_stripped_programs_entry_point_is_start() {
+    let dir = bpf_tempdir!();
+    let (strip, _debug, _id) = stripped(dir.path());
+    let (out, p) = trace_out(
+        &strip,
+        &["--no-debuginfod", "--max-stack", "64"],
+        &[],
+        dir.path(),
+    );
+    let d = out.describe();
+    let frames = &hundred(&p).frames;
+    let outermost = frames.last().unwrap();
+    assert_eq!(outermost.function, "_start", "{d}");
+    assert!(
+        outermost
+            .module
+            .as_deref()
+            .is_some_and(|m| m.ends_with("/s_strip")),
+        "{d}"
+    );
+    assert!(frames[0].function.starts_with("s_strip+0x"), "{d}");
+    let report = out.report();
+    let row = report
+        .rows
+        .iter()
+        .find(|r| r.calls == 100)
+        .unwrap_or_else(|| panic!("no row of 100 calls\n{d}"));
+    assert_eq!(row.frames.last().map(String::as_str), Some("_start"), "{d}");
 }

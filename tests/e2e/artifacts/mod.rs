@@ -9,7 +9,7 @@
 mod bad_input;
 mod diff;
 mod html;
-mod pprof;
+pub(crate) mod pprof;
 mod scale;
 mod schema_roundtrip;
 mod snapshots;

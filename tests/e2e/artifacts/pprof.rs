@@ -150,22 +150,39 @@ fn protoc_text_format_is_read() {
 }
 
 /// A pprof profile as protoc decodes it.
-struct Pprof {
-    strings: Vec<String>,
+pub(crate) struct Pprof {
+    pub(crate) strings: Vec<String>,
     /// (type, unit) names.
     sample_types: Vec<(String, String)>,
     /// Function names by function id.
     functions: BTreeMap<i64, String>,
     /// Function ids of each location's lines (innermost first) by id.
     locations: BTreeMap<i64, Vec<i64>>,
+    /// Each location's (mapping id, address) by id.
+    pub(crate) places: BTreeMap<i64, (i64, u64)>,
+    /// Mappings by id.
+    pub(crate) mappings: BTreeMap<i64, Mapping>,
     /// (location ids, leaf first; values).
-    samples: Vec<(Vec<i64>, Vec<i64>)>,
+    pub(crate) samples: Vec<(Vec<i64>, Vec<i64>)>,
+}
+
+/// A pprof mapping, its strings looked up.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    pub(crate) memory_start: u64,
+    pub(crate) memory_limit: u64,
+    pub(crate) file_offset: u64,
+    pub(crate) filename: String,
+    pub(crate) build_id: String,
+    pub(crate) has_functions: bool,
+    pub(crate) has_filenames: bool,
+    pub(crate) has_line_numbers: bool,
 }
 
 impl Pprof {
     /// Gunzips `path` and decodes it with `protoc --decode`. Panics (never
     /// skips) when protoc or profile.proto is missing.
-    fn decode(path: &Path) -> Pprof {
+    pub(crate) fn decode(path: &Path) -> Pprof {
         let raw = gunzip(path);
         assert!(
             Path::new(PROTO_DIR).join("profile.proto").is_file(),
@@ -247,17 +264,43 @@ impl Pprof {
             .iter()
             .map(|s| (s.ints("location_id"), s.ints("value")))
             .collect();
+        // uint64 fields read as i64 here: addresses stay below 2^63.
+        let places = msg
+            .msgs("location")
+            .iter()
+            .map(|l| (l.int("id"), (l.int("mapping_id"), l.int("address") as u64)))
+            .collect();
+        let flag = |m: &TextMsg, name: &str| m.scalars(name) == ["true"];
+        let mappings = msg
+            .msgs("mapping")
+            .iter()
+            .map(|m| {
+                let mapping = Mapping {
+                    memory_start: m.int("memory_start") as u64,
+                    memory_limit: m.int("memory_limit") as u64,
+                    file_offset: m.int("file_offset") as u64,
+                    filename: string(m.int("filename")),
+                    build_id: string(m.int("build_id")),
+                    has_functions: flag(m, "has_functions"),
+                    has_filenames: flag(m, "has_filenames"),
+                    has_line_numbers: flag(m, "has_line_numbers"),
+                };
+                (m.int("id"), mapping)
+            })
+            .collect();
         Pprof {
             strings,
             sample_types,
             functions,
             locations,
+            places,
+            mappings,
             samples,
         }
     }
 
     /// Function names of a location, innermost first.
-    fn location_names(&self, id: i64) -> Vec<&str> {
+    pub(crate) fn location_names(&self, id: i64) -> Vec<&str> {
         self.locations
             .get(&id)
             .unwrap_or_else(|| panic!("no location {id}"))

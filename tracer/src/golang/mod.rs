@@ -221,6 +221,7 @@ impl GoProcess {
                 file_offset,
                 addr: ret,
                 inlined: g.inlined,
+                mapping: None,
             },
             None => Frame {
                 function: format!(

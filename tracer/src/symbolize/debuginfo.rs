@@ -243,14 +243,7 @@ thread_local! {
 /// The debug file of `file` when it is stripped (no `.symtab`, no
 /// `.debug_info`) and has one; looked up once per file identity `id`.
 pub fn split_for(file: &File, id: Option<crate::tracee::FileId>) -> Option<Split> {
-    if let Some(known) = id.and_then(|id| SPLITS.with(|s| s.borrow().get(&id).cloned())) {
-        return known;
-    }
-    let split = find_split(file);
-    if let Some(id) = id {
-        SPLITS.with(|s| s.borrow_mut().insert(id, split.clone()));
-    }
-    split
+    super::once_per_file(&SPLITS, id, || find_split(file))
 }
 
 fn find_split(file: &File) -> Option<Split> {

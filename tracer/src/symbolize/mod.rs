@@ -20,13 +20,16 @@ use blazesym::symbolize::{
 };
 
 mod debuginfo;
+mod entry;
 
 pub use debuginfo::disable_servers as no_debuginfod;
 
 use crate::{
     allocators::FuncInfo,
     collect::raw::RawProfile,
-    profile::{Frame, Meta, Profile, StackEntry, StackQuality, Thread, Totals},
+    profile::{
+        FileMapping, Frame, Meta, Profile, StackEntry, StackQuality, Thread, Totals, ENTRY_POINT,
+    },
     python::{split, Names},
     tracee::{AddressSpace, FileId},
 };
@@ -98,13 +101,22 @@ pub fn symbolize(
             }
         }
     }
-    // The frames of each address, located, once: the stacks through an
+    // The frames of each address, located (with the target's mapping of
+    // the file, for pprof's mappings), once: the stacks through an
     // address share them.
     let shared = |frames: Vec<Frame>| -> Vec<Arc<Frame>> {
         frames
             .into_iter()
             .map(|mut f| {
                 space.locate(&mut f);
+                f.mapping = space
+                    .mapping(f.addr)
+                    .filter(|m| m.is_file())
+                    .map(|m| FileMapping {
+                        start: m.start,
+                        limit: m.end,
+                        offset: m.offset,
+                    });
                 Arc::new(f)
             })
             .collect()
@@ -301,7 +313,8 @@ pub fn returns_in_file(file: &std::fs::File, module: &str, returns: &[u64]) -> V
 /// The frames at each of `offsets` (file offsets of calls) in `file`
 /// (whose identity is `id`), none where nothing is known. A stripped file
 /// (neither symbols nor DWARF) is looked up in its debug file, found by
-/// its build id ([`debuginfo`]), where it has one.
+/// its build id ([`debuginfo`]), where it has one; a program's entry
+/// point that nothing names there is `_start` ([`entry`]).
 fn frames_in_file(
     symbolizer: &Symbolizer,
     file: &std::fs::File,
@@ -325,18 +338,47 @@ fn frames_in_file(
     if found.iter().all(Option::is_some) {
         return found;
     }
-    let Some(split) = debuginfo::split_for(file, id) else {
-        return found;
-    };
-    let addrs: Vec<u64> = offsets.iter().map(|&o| split.virtual_address(o)).collect();
-    let src = Source::Elf(Elf::new(split.path.clone()));
-    for (f, more) in found
-        .iter_mut()
-        .zip(frames(&src, Input::VirtOffset(&addrs)))
-    {
-        if f.is_none() {
-            *f = more;
+    if let Some(split) = debuginfo::split_for(file, id) {
+        let addrs: Vec<u64> = offsets.iter().map(|&o| split.virtual_address(o)).collect();
+        let src = Source::Elf(Elf::new(split.path.clone()));
+        for (f, more) in found
+            .iter_mut()
+            .zip(frames(&src, Input::VirtOffset(&addrs)))
+        {
+            if f.is_none() {
+                *f = more;
+            }
         }
+    }
+    if found.iter().any(Option::is_none) {
+        if let Some(code) = entry::entry_code(file, id) {
+            for (f, o) in found.iter_mut().zip(offsets) {
+                if f.is_none() && code.contains(o) {
+                    *f = Some(vec![Frame {
+                        function: ENTRY_POINT.to_string(),
+                        module: Some(String::new()),
+                        ..Frame::default()
+                    }]);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// What `make` finds for a file, made once per file identity `id` and
+/// kept in `cache` (made each time for a file without one).
+fn once_per_file<T: Clone>(
+    cache: &'static std::thread::LocalKey<std::cell::RefCell<HashMap<FileId, T>>>,
+    id: Option<FileId>,
+    make: impl FnOnce() -> T,
+) -> T {
+    if let Some(known) = id.and_then(|id| cache.with(|c| c.borrow().get(&id).cloned())) {
+        return known;
+    }
+    let found = make();
+    if let Some(id) = id {
+        cache.with(|c| c.borrow_mut().insert(id, found.clone()));
     }
     found
 }

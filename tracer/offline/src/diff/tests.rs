@@ -19,6 +19,7 @@ fn sym(function: &str, module: &str, addr: u64, line: u32) -> Frame {
         file_offset: Some(addr & 0xfff),
         addr,
         inlined: false,
+        mapping: None,
     }
 }
 

@@ -555,6 +555,11 @@ mod tests {
                 file_offset: Some(0x1234),
                 addr: 0x5555_1234,
                 inlined: false,
+                mapping: Some(crate::profile::FileMapping {
+                    start: 0x5555_1000,
+                    limit: 0x5555_3000,
+                    offset: 0x1000,
+                }),
             })],
             truncated: false,
             thread: None,

@@ -45,6 +45,28 @@ pub struct Frame {
     #[serde(rename = "address")]
     pub addr: u64,
     pub inlined: bool,
+    /// The target's mapping of the file the address is in, where the
+    /// target's mappings were kept (not for a caller the host scope found
+    /// by file offset, nor in files written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapping: Option<FileMapping>,
+}
+
+/// The name of the frame at a program's entry point (`e_entry` of its ELF
+/// header) where no symbol names it, as gdb and perf name it.
+pub const ENTRY_POINT: &str = "_start";
+
+/// Where a target mapped part of a file (a line of `/proc/PID/maps`): the
+/// addresses from `start` up to `limit` hold the file's bytes from
+/// `offset` on, so an address `a` in it is at `a - start + offset` in the
+/// file, as pprof's mappings and the backends that symbolize them count.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct FileMapping {
+    pub start: u64,
+    pub limit: u64,
+    pub offset: u64,
 }
 
 impl Frame {

@@ -19,6 +19,7 @@ fn frame(function: String, site: u64) -> Arc<Frame> {
         file_offset: Some(addr - 0x40_0000),
         addr,
         inlined: false,
+        mapping: None,
     })
 }
 

@@ -21,7 +21,9 @@ use anyhow::{Context, Result};
 use flate2::{write::GzEncoder, Compression};
 use prost::Message as _;
 
-use crate::profile::{is_go_heap, short_path, Frame, Profile, StackEntry};
+use crate::profile::{
+    is_go_heap, short_path, FileMapping, Frame, Profile, StackEntry, ENTRY_POINT,
+};
 
 use super::{is_allocation, text};
 
@@ -331,6 +333,14 @@ fn has_function(frame: &Frame) -> bool {
         && !frame.function.contains("+0x")
 }
 
+/// Whether `frame` is named only as its file's entry point (`_start`,
+/// from the ELF header where no symbol names it, or from a symbol): that
+/// name alone does not make a file's mapping symbolized, so a backend
+/// still symbolizes the mapping of a stripped program.
+fn is_entry_point(frame: &Frame) -> bool {
+    frame.function == ENTRY_POINT && frame.file.is_none()
+}
+
 /// Splits a stack (innermost first) into the frames of each machine
 /// address: inlined frames followed by the frame they were inlined into,
 /// all with the same address.
@@ -352,13 +362,16 @@ fn group_by_address(frames: &[Arc<Frame>]) -> Vec<&[Arc<Frame>]> {
 
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
 
+/// A mapping's file, and where the target mapped that part of it when the
+/// target's mappings were kept.
+type MappingKey = (String, Option<FileMapping>);
+
 /// Interns strings, mappings, functions and locations; ids are indices + 1.
 struct Builder {
     strings: Vec<String>,
     string_ids: HashMap<String, i64>,
     mappings: Vec<proto::Mapping>,
-    /// Module path to mapping id.
-    mapping_ids: HashMap<String, u64>,
+    mapping_ids: HashMap<MappingKey, u64>,
     functions: Vec<proto::Function>,
     function_ids: HashMap<(String, Option<String>), u64>,
     locations: Vec<proto::Location>,
@@ -406,44 +419,49 @@ impl Builder {
         id
     }
 
-    /// One mapping per object path, with what the frames in it tell:
-    /// a build id, and whether functions, file names, line numbers and
-    /// inlined frames were resolved there. The object the stacks'
-    /// outermost frames belong to come first, and among them the one named
-    /// like the command's program first, since pprof takes `mapping[0]`
-    /// for the main binary.
+    /// One mapping per part of a file a target mapped (one line of its
+    /// `/proc/PID/maps`: bounds, file offset and path), with what the
+    /// frames in it tell: the file's build id, and whether functions, file
+    /// names, line numbers and inlined frames were resolved there. The
+    /// mappings of the stacks' outermost frames come first, and among them
+    /// those of the file named like the command's program, since pprof
+    /// takes `mapping[0]` for the main binary.
     ///
-    /// We keep no load addresses, so memory_start, memory_limit and
-    /// file_offset stay 0: an address in such a mapping is an offset in its
-    /// file (see [`Builder::location`]).
+    /// Frames whose target's mappings were not kept (a caller the host
+    /// scope found by file offset, a profile written before mappings were
+    /// kept, a Go heap row's frames) share one mapping per path with
+    /// memory_start, memory_limit and file_offset 0: an address in it is
+    /// an offset in its file (see [`Builder::frames_location`]).
     fn add_mappings(&mut self, profile: &Profile) {
-        let mut order: Vec<&str> = Vec::new();
-        let mut infos: HashMap<&str, proto::Mapping> = HashMap::new();
-        let mut build_ids: HashMap<&str, &str> = HashMap::new();
+        let mut order: Vec<MappingKey> = Vec::new();
+        let mut infos: HashMap<MappingKey, proto::Mapping> = HashMap::new();
+        let mut build_ids: HashMap<MappingKey, &str> = HashMap::new();
         let stacks = profile.stacks.iter().filter(|e| is_allocation(e));
         for frame in stacks.flat_map(|e| e.frames.iter().rev()) {
             let Some(module) = frame.module.as_deref() else {
                 continue;
             };
-            let info = infos.entry(module).or_insert_with(|| {
-                order.push(module);
+            let key = (module.to_string(), frame.mapping);
+            let info = infos.entry(key.clone()).or_insert_with(|| {
+                order.push(key.clone());
                 proto::Mapping::default()
             });
-            info.has_functions |= has_function(frame);
+            info.has_functions |= has_function(frame) && !is_entry_point(frame);
             info.has_filenames |= frame.file.is_some();
             info.has_line_numbers |= frame.line.is_some();
             info.has_inline_frames |= frame.inlined;
             if let Some(id) = frame.build_id.as_deref() {
-                build_ids.entry(module).or_insert(id);
+                build_ids.entry(key).or_insert(id);
             }
         }
         let allocator = profile.meta.allocator_object.as_str();
         if !allocator.is_empty() {
             // The allocator functions' own locations are named.
+            let key = (allocator.to_string(), None);
             infos
-                .entry(allocator)
+                .entry(key.clone())
                 .or_insert_with(|| {
-                    order.push(allocator);
+                    order.push(key);
                     proto::Mapping::default()
                 })
                 .has_functions = true;
@@ -455,28 +473,32 @@ impl Builder {
             .split_whitespace()
             .next()
             .map(short_path);
-        if let Some(main) = order.iter().position(|m| Some(short_path(m)) == program) {
-            let main = order.remove(main);
-            order.insert(0, main);
-        }
+        let (mut first, rest): (Vec<MappingKey>, Vec<MappingKey>) = order
+            .into_iter()
+            .partition(|(m, _)| Some(short_path(m)) == program);
+        first.extend(rest);
 
-        for module in order {
+        for key in first {
             let id = self.mappings.len() as u64 + 1;
-            let info = &infos[module];
+            let info = &infos[&key];
+            let place = key.1.unwrap_or_default();
             let mapping = proto::Mapping {
                 id,
-                filename: self.string(module),
-                build_id: build_ids.get(module).map_or(0, |b| self.string(b)),
+                memory_start: place.start,
+                memory_limit: place.limit,
+                file_offset: place.offset,
+                filename: self.string(&key.0),
+                build_id: build_ids.get(&key).map_or(0, |b| self.string(b)),
                 ..info.clone()
             };
             self.mappings.push(mapping);
-            self.mapping_ids.insert(module.to_string(), id);
+            self.mapping_ids.insert(key, id);
         }
     }
 
-    fn mapping_id(&self, module: Option<&str>) -> u64 {
+    fn mapping_id(&self, module: Option<&str>, place: Option<FileMapping>) -> u64 {
         module
-            .and_then(|m| self.mapping_ids.get(m))
+            .and_then(|m| self.mapping_ids.get(&(m.to_string(), place)))
             .copied()
             .unwrap_or(0)
     }
@@ -528,17 +550,21 @@ impl Builder {
     /// The location of the frames of one machine address (innermost first).
     fn frames_location(&mut self, group: &[Arc<Frame>]) -> u64 {
         let outer = &group[group.len() - 1];
-        let mapping_id = self.mapping_id(outer.module.as_deref());
-        // The mappings have memory_start = file_offset = 0 (the profile keeps
-        // no load addresses), so an address in them is an offset in the
-        // object's file, which does not change from run to run and is what
-        // pprof would get from a real mapping once it subtracts the load
-        // address. Without a file offset the address in the target is the
-        // best there is.
-        let address = group
-            .iter()
-            .find_map(|f| f.file_offset)
-            .unwrap_or(outer.addr);
+        let mapping_id = self.mapping_id(outer.module.as_deref(), outer.mapping);
+        // In a mapping of the target's, the address is the target's, so
+        // that `address - memory_start + file_offset` is its offset in the
+        // file, as a backend symbolizing by build id computes it. In a
+        // mapping of a path alone (memory_start = file_offset = 0) the
+        // address is the offset in the file where it is known, which is
+        // the same arithmetic; without either, the address in the target
+        // is the best there is.
+        let address = match outer.mapping {
+            Some(_) => outer.addr,
+            None => group
+                .iter()
+                .find_map(|f| f.file_offset)
+                .unwrap_or(outer.addr),
+        };
         let lines = group
             .iter()
             .map(|f| proto::Line {
@@ -559,7 +585,7 @@ impl Builder {
         // A Go heap row's leaf is the Go code that allocated, as in Go's
         // own heap profile; its samples carry `allocator: go heap`.
         if !is_go_heap(entry) {
-            let allocator_mapping = self.mapping_id(Some(allocator_object));
+            let allocator_mapping = self.mapping_id(Some(allocator_object), None);
             let allocator = proto::Line {
                 function_id: self.function(&entry.func, None),
                 line: 0,
@@ -654,6 +680,7 @@ mod tests {
             file_offset: Some(addr - 0x1000),
             addr,
             inlined: false,
+            mapping: None,
         }
     }
 
@@ -974,6 +1001,82 @@ mod tests {
         assert_eq!(string(&p, m.filename), "/app");
         assert!(!m.has_functions && !m.has_filenames && !m.has_line_numbers);
         assert_eq!(m.build_id, 0);
+    }
+
+    /// Frames whose target's mapping was kept are in that mapping, at the
+    /// target's address, so that `address - memory_start + file_offset` is
+    /// their offset in the file; one mapping per part of a file each
+    /// process mapped. A mapping where nothing but the entry point was
+    /// named is not symbolized.
+    #[test]
+    fn kept_mappings_are_the_targets() {
+        let place = |start, offset| FileMapping {
+            start,
+            limit: start + 0x3000,
+            offset,
+        };
+        let at = |function: &str, place: FileMapping, addr: u64| {
+            let mut f = frame(function, "x", 1, "/usr/bin/app", addr);
+            f.file = None;
+            f.line = None;
+            f.file_offset = Some(addr - place.start + place.offset);
+            f.mapping = Some(place);
+            Arc::new(f)
+        };
+        let (one, two) = (place(0x5500_0000, 0x1000), place(0x7700_0000, 0x1000));
+        let mut e1 = entry("malloc", &[], 1, 8);
+        e1.frames = vec![
+            at("app+0x1234", one, 0x5500_0234),
+            at(ENTRY_POINT, one, 0x5500_0100),
+        ];
+        let mut e2 = entry("malloc", &[], 1, 8);
+        e2.frames = vec![at("work", two, 0x7700_0234)];
+        let mut input = profile(vec![e1, e2]);
+        input.meta.command = "/usr/bin/app".into();
+        let p = decode(&input);
+        check_valid(&p);
+        let got: Vec<(u64, u64, u64, bool)> = p
+            .mapping
+            .iter()
+            .map(|m| {
+                (
+                    m.memory_start,
+                    m.memory_limit,
+                    m.file_offset,
+                    m.has_functions,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0x5500_0000, 0x5500_3000, 0x1000, false),
+                (0x7700_0000, 0x7700_3000, 0x1000, true)
+            ]
+        );
+        let offsets: Vec<Vec<u64>> = p
+            .sample
+            .iter()
+            .map(|s| {
+                s.location_id[1..]
+                    .iter()
+                    .map(|&l| {
+                        let l = location(&p, l);
+                        let m = &p.mapping[l.mapping_id as usize - 1];
+                        l.address - m.memory_start + m.file_offset
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(offsets, [vec![0x1234, 0x1100], vec![0x1234]]);
+        assert_eq!(
+            location(&p, p.sample[0].location_id[1]).address,
+            0x5500_0234
+        );
+        assert_eq!(
+            location(&p, p.sample[1].location_id[1]).address,
+            0x7700_0234
+        );
     }
 
     #[test]
