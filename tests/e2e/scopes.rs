@@ -269,6 +269,11 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
         pid
     };
     let direct = run(&[counts]);
+    // The rules its walks needed, by file and offset, serve the next run
+    // of the same program from its first call (mtrace learns them from
+    // the walks it finishes, within milliseconds; a walk of a process
+    // gone before mtrace took it up would be cut short).
+    std::thread::sleep(Duration::from_millis(300));
     run(&["sh", "-c", &format!("{counts}; exit 0")]);
     let cxx_pid = run(&[cxx]);
     let static_pid = run(&[counts_static]);

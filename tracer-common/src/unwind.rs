@@ -132,7 +132,10 @@ pub mod stop {
     /// A rule was missing and the kernel's map of rules is full
     /// (`--unwind-rules-size`): no more walks are handed to the tracer.
     pub const RULES_FULL: u32 = 8;
-    pub const N: usize = 9;
+    /// The host scope: a walk handed to the tracer whose process was gone
+    /// (its mappings with it) before the tracer took it up.
+    pub const GONE: u32 = 9;
+    pub const N: usize = 10;
 }
 
 /// Start of the stack hash.
@@ -219,6 +222,9 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// traced process's walk), whose `frames` are [`crate::host_frame`]s.
     pub tgid: u64,
     pub mm: u64,
+    /// The host scope: `ra` as a [`crate::host_frame`] (its file and
+    /// offset, as the kernel found them).
+    pub ra_frame: u64,
     /// The kernel's return-probe trampoline in this process, and each
     /// pending return probe's stack slot with the return address it hid
     /// there (`[0, 0]`: none): where `copy` holds the trampoline at such a

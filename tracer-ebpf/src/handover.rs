@@ -190,6 +190,7 @@ fn send_copy<const N: usize>(
             0
         };
         (*ev).mm = w.host_mm;
+        (*ev).ra_frame = w.host_ra;
         (*ev).trampoline = w.trampoline;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).hidden.as_mut_ptr() as *mut core::ffi::c_void,

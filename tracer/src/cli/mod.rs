@@ -241,9 +241,9 @@ pub struct TraceArgs {
     pub cgroup: Option<String>,
 
     /// Trace every process on the host that allocates, present and to
-    /// come, each call under its process and its direct caller (no deeper
-    /// stack: for whole stacks name a scope, --pid, --cgroup or a
-    /// command). One probe per allocating function of each allocator file,
+    /// come, each call under its process and its whole stack (rules by
+    /// file and offset, shared by every process that maps the file). One
+    /// probe per allocating function of each allocator file,
     /// in every process that maps it: every process on the host takes a
     /// uprobe trap per allocating call while it runs (about count mode's
     /// cost: 1.3-1.5 us a call measured on a 2-CPU EPYC VM), and none after

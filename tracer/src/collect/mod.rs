@@ -48,6 +48,7 @@ pub(crate) fn stop_name(code: u32) -> &'static str {
         stop::READ_FAILED => "read_failed",
         stop::COPY_LOST => "copy_lost",
         stop::RULES_FULL => "rules_full",
+        stop::GONE => "process_gone",
         _ => "unknown",
     }
 }

@@ -379,6 +379,7 @@ impl Host {
             &keys,
             walked,
         )?;
+        walks.prune_stacks();
         drop(walks);
         let ebpf = &mut self.probes.ebpf;
         let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =

@@ -24,8 +24,8 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
-    host_frame, maps, HostFileId, HostKey, HostValue, MissEvent, UnwindRule, MAX_HOST_TAGS,
-    PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
+    host_frame, host_frame_parts, maps, stop, HostFileId, HostKey, HostValue, MissEvent,
+    UnwindRule, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
 };
 
 use crate::{
@@ -42,6 +42,9 @@ struct Walked {
     unwinder: Unwinder,
     used: Instant,
 }
+
+/// Walks taken from the ring at once.
+const BATCH: usize = 256;
 
 /// Processes kept at once (the least recently used give way).
 const PROCESSES_KEPT: usize = 256;
@@ -112,15 +115,53 @@ impl HostWalks {
             return;
         };
         let mut new_rules = Vec::new();
-        while let Some(item) = ring.next() {
-            let Some(ev) = read_miss(&item) else {
-                continue;
-            };
-            drop(item);
-            self.finish(&ev, &mut new_rules);
+        loop {
+            let mut batch: Vec<Box<MissEvent>> = Vec::new();
+            while batch.len() < BATCH {
+                let Some(item) = ring.next() else {
+                    break;
+                };
+                batch.extend(read_miss(&item));
+            }
+            if batch.is_empty() {
+                break;
+            }
+            // The mappings of each process new in the batch, read before
+            // any walk of the batch is finished (a short-lived process
+            // may be gone by its turn), then the first walk to miss each
+            // frame (it gives the rule that spares the next walks through
+            // there), then the rest.
+            let now = Instant::now();
+            for ev in &batch {
+                let key = (ev.tgid as u32, ev.mm);
+                if key.0 != 0 && !self.procs.contains_key(&key) {
+                    let walked = self.walked(key.0, now);
+                    self.procs.insert(key, walked);
+                }
+            }
+            let mut firsts = std::collections::HashSet::new();
+            let (first, rest): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|ev| firsts.insert((ev.tgid, ev.mm, ev.ra)));
+            for ev in first.iter().chain(&rest) {
+                self.finish(ev, &mut new_rules);
+            }
         }
         self.ring = Some(ring);
         self.forget_idle();
+    }
+
+    /// What the walks of process `tgid` need: its mappings, read now.
+    fn walked(&self, tgid: u32, now: Instant) -> Walked {
+        let mut space = AddressSpace::new();
+        space.refresh(tgid);
+        let mut unwinder = Unwinder::new(tgid);
+        unwinder.max_frames = self.max_frames;
+        Walked {
+            space,
+            unwinder,
+            used: now,
+        }
     }
 
     fn finish(&mut self, ev: &MissEvent, new_rules: &mut Vec<(u64, UnwindRule)>) {
@@ -130,20 +171,26 @@ impl HostWalks {
         }
         self.finished += 1;
         let now = Instant::now();
-        let mut walked = self.procs.remove(&(tgid, ev.mm)).unwrap_or_else(|| {
-            let mut space = AddressSpace::new();
-            space.refresh(tgid);
-            let mut unwinder = Unwinder::new(tgid);
-            unwinder.max_frames = self.max_frames;
-            Walked {
-                space,
-                unwinder,
-                used: now,
-            }
-        });
+        let mut walked = match self.procs.remove(&(tgid, ev.mm)) {
+            Some(w) => w,
+            None => self.walked(tgid, now),
+        };
         walked.used = now;
         if walked.space.mapping(ev.caller).is_none() && !walked.space.refresh(tgid) {
+            // Gone, with its mappings: the call under its caller, as the
+            // kernel placed it, and no more.
             self.gone += 1;
+            self.procs.insert((tgid, ev.mm), walked);
+            let frames: Vec<u64> = ev.frames[..(ev.n as usize).min(ev.frames.len())].to_vec();
+            let caller = match ev.n {
+                0 => self.value_of(ev.ra_frame),
+                _ => HostValue {
+                    place: PLACE_UNRESOLVED,
+                    ..HostValue::default()
+                },
+            };
+            self.count(ev, frames, stop::GONE, caller);
+            return;
         }
         new_rules.clear();
         let done = walked.unwinder.finish(ev, &mut walked.space, new_rules);
@@ -164,19 +211,42 @@ impl HostWalks {
         let caller = caller_value(&walked.space, ev.caller);
         self.procs.insert((tgid, ev.mm), walked);
         self.give_rules(&rules);
+        self.count(ev, frames, done.stop, caller);
+    }
+
+    /// Counts the call of `ev` under its stack (`frames` above the
+    /// caller, ended by `stop`) and its caller's place.
+    fn count(&mut self, ev: &MissEvent, frames: Vec<u64>, stop: u32, caller: HostValue) {
         let key = HostKey {
-            tgid,
+            tgid: ev.tgid as u32,
             func: ev.func,
             mm: ev.mm,
             ret: ev.caller,
-            stack: stack_key(&frames, done.stop),
+            stack: stack_key(&frames, stop),
         };
         self.stacks
             .entry(key.stack)
-            .or_insert_with(|| (frames, done.stop));
+            .or_insert_with(|| (frames, stop));
         let row = self.rows.entry(key).or_insert(caller);
         row.calls += ev.calls;
         row.bytes += ev.bytes;
+    }
+
+    /// The caller's place from its frame as the kernel found it.
+    fn value_of(&self, frame: u64) -> HostValue {
+        match host_frame_parts(frame).and_then(|(tag, offset)| Some((self.file_of(tag)?, offset))) {
+            Some(((dev, ino), offset)) => HostValue {
+                place: PLACE_FILE,
+                dev,
+                ino,
+                offset,
+                ..HostValue::default()
+            },
+            None => HostValue {
+                place: PLACE_UNRESOLVED,
+                ..HostValue::default()
+            },
+        }
     }
 
     /// Return address `ra` of a process mapped as `space` as a host
@@ -250,6 +320,13 @@ impl HostWalks {
         }
     }
 
+    /// Forgets the stacks no row holds any more (those of rows taken out
+    /// and read for good).
+    pub fn prune_stacks(&mut self) {
+        let held: std::collections::HashSet<u64> = self.rows.keys().map(|k| k.stack).collect();
+        self.stacks.retain(|k, _| held.contains(k));
+    }
+
     /// Takes the rows of processes `gone` out (they have been read for
     /// good).
     pub fn take_rows_of(
@@ -319,6 +396,7 @@ impl HostWalker {
             std::thread::Builder::new()
                 .name("mtrace-walks".into())
                 .spawn(move || {
+                    crate::unwind::service::realtime_priority();
                     // `fd` stays open: `walks` owns the ring.
                     while !stop.load(Ordering::Relaxed) {
                         let mut pfd = libc::pollfd {

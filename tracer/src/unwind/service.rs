@@ -193,7 +193,7 @@ fn read_notice(bytes: &[u8]) -> Option<Vec<u64>> {
 /// on meanwhile, so the thread must not wait behind the target (or behind
 /// anything else on a busy machine) to be scheduled. It sleeps in `poll`
 /// whenever no walk waits, and walks stop coming once the rules are in.
-fn realtime_priority() {
+pub(crate) fn realtime_priority() {
     let param = libc::sched_param { sched_priority: 1 };
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
         log::debug!(

@@ -171,7 +171,7 @@ fn header(profile: &Profile, paint: Paint) -> String {
     if meta.scope == "host" {
         let _ = writeln!(
             out,
-            "scope: the whole host (--all): file-wide probes in every process that maps an allocator; each call under its process and direct caller"
+            "scope: the whole host (--all): file-wide probes in every process that maps an allocator; each call under its process and stack"
         );
     }
     if !meta.allocator_object.is_empty() {
