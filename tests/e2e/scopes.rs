@@ -10,7 +10,7 @@ use std::{
 use crate::{
     counts::assert_counts_sites_times,
     lifecycle::{sigkilled_mtrace_leaves_no_breakpoints_in, Longrun},
-    support::{Fixture, Mtrace},
+    support::{Fixture, Mtrace, LINE_TIMEOUT},
 };
 
 /// A cgroup of the test's own under the cgroup2 mount, removed when
@@ -268,12 +268,15 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
         assert!(child.wait().unwrap().success(), "{argv:?}");
         pid
     };
-    let direct = run(&[counts]);
-    // The rules its walks needed, by file and offset, serve the next run
-    // of the same program from its first call (mtrace learns them from
-    // the walks it finishes, within milliseconds; a walk of a process
-    // gone before mtrace took it up would be cut short).
+    // A first run of each program: the rules its walks need, by file and
+    // offset, serve every later run from its first call. (mtrace learns
+    // them from the walks it finishes, within milliseconds; a walk of a
+    // process gone before mtrace took it up is counted under its caller
+    // and cut short, `process_gone`, as a program of a few milliseconds'
+    // first run may be.)
+    let first = [run(&[counts]), run(&[cxx])];
     std::thread::sleep(Duration::from_millis(300));
+    let direct = run(&[counts]);
     run(&["sh", "-c", &format!("{counts}; exit 0")]);
     let cxx_pid = run(&[cxx]);
     let static_pid = run(&[counts_static]);
@@ -297,7 +300,7 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["name"] == "counts" && e["pid"] != direct)
+        .filter(|e| e["name"] == "counts" && e["pid"] != direct && e["pid"] != first[0])
         .map(|e| e["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(children.len(), 1, "the shell's counts child\n{d}");
@@ -428,4 +431,59 @@ fn the_cgroup2_root_is_a_usage_error_naming_all() {
         out.assert_error("is the root of cgroup v2");
         out.assert_error("trace them with --all");
     }
+}
+
+/// `--all --interval 1`: snapshots of the host while it traces
+/// (`mtrace-all-NNNN.json`, as a trace by pid writes `mtrace-PID-NNNN`),
+/// and one more on SIGUSR1, holding a program that ran before it with
+/// its whole stacks. (The host scope wrote none, silently.)
+#[test]
+fn all_writes_snapshots_at_intervals_and_on_sigusr1() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mtrace::start(&[
+        "--all",
+        "--interval",
+        "1",
+        "--snapshot-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    m.wait_tracing();
+    let snapshot = |l: &str| l.starts_with("mtrace: wrote snapshot to ");
+    // One at an interval, then one asked for once the program has run.
+    m.stderr.wait_for(snapshot, LINE_TIMEOUT);
+    let mut child = std::process::Command::new(counts)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(m.proc.id() as i32, libc::SIGUSR1) };
+    let line = m.stderr.wait_for(snapshot, LINE_TIMEOUT);
+    m.proc.signal(libc::SIGINT);
+    let out = m.finish();
+    out.assert_exit(0);
+    let path = Path::new(line.rsplit(' ').next().unwrap());
+    let name = path.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("mtrace-all-") && path.starts_with(dir.path()),
+        "{line}"
+    );
+    let p = crate::support::Profile::load(path);
+    let ran = tally(&p, &|of, n| of == pid as u64 && n == "counts");
+    assert_eq!(
+        ran.values().sum::<u64>(),
+        1281,
+        "{ran:#?}\n{}",
+        out.describe()
+    );
+    assert!(
+        ran.keys()
+            .any(|(_, s)| s.contains("main ") && s.ends_with("cut:false")),
+        "{ran:#?}"
+    );
 }
