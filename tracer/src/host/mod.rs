@@ -290,6 +290,7 @@ impl Host {
         self.procs.note(e.tgid, e.mm, Some(&path));
         self.index.note_file(e.tgid, &path);
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
+            self.walks.note_path(key, &exe);
             if self.classified.insert(key) {
                 let files: Vec<String> = std::iter::once(exe.clone())
                     .chain(self.libc.clone())

@@ -10,6 +10,7 @@
 use std::{
     collections::HashMap,
     os::fd::AsRawFd,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, MutexGuard,
@@ -28,9 +29,10 @@ use tracer_common::{
     UnwindRule, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
 };
 
+use super::files::FileIndex;
 use crate::{
-    tracee::{AddressSpace, Mapping},
-    unwind::{service::read_miss, stack_key, Unwinder},
+    tracee::{AddressSpace, FileId, Mapping},
+    unwind::{service::read_miss, stack_key, ObjectCfi, Unwinder},
 };
 
 /// `bpf_map_update_elem`'s flag: only where the key is not in the map.
@@ -76,11 +78,39 @@ pub struct HostWalks {
     pub untagged: u64,
     /// Most frames a stack keeps above the direct caller.
     max_frames: usize,
+    /// Files by identity, for rules learned from a file alone (`None`:
+    /// it could not be opened or read).
+    objects: HashMap<(u32, u64), Option<Arc<ObjectCfi>>>,
+    /// Paths of executables as exec'd (the main loop notes them).
+    paths: Paths,
+    /// Where the files processes map are found.
+    index: FileIndex,
+}
+
+/// Paths of files by identity, shared with the main loop.
+pub type Paths = Arc<Mutex<HashMap<(u32, u64), PathBuf>>>;
+
+fn lock_paths(paths: &Paths) -> MutexGuard<'_, HashMap<(u32, u64), PathBuf>> {
+    paths.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Files kept loaded for rules learned from a file alone.
+const OBJECTS_KEPT: usize = 4096;
+
+/// Executables' paths kept.
+const PATHS_KEPT: usize = 4096;
+
+/// `path`, opened, when it is the file `key` (device and inode).
+fn open_if(path: &Path, key: (u32, u64)) -> Option<std::fs::File> {
+    let f = std::fs::File::open(path).ok()?;
+    (super::files::key_of_path(&PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
+        == Some(key))
+    .then_some(f)
 }
 
 impl HostWalks {
     /// Handles on the ring of walks and the maps the walks fill in.
-    fn new(ebpf: &Ebpf, max_frames: u32) -> Result<HostWalks> {
+    fn new(ebpf: &Ebpf, max_frames: u32, paths: Paths) -> Result<HostWalks> {
         let copy = |name| crate::probes::pool::map_copy(ebpf, name);
         Ok(HostWalks {
             ring: Some(RingBuf::try_from(copy(maps::UNWIND_MISSES)?)?),
@@ -97,6 +127,9 @@ impl HostWalks {
             rules_full: 0,
             untagged: 0,
             max_frames: max_frames as usize,
+            objects: HashMap::new(),
+            paths,
+            index: FileIndex::default(),
         })
     }
 
@@ -178,9 +211,14 @@ impl HostWalks {
         walked.used = now;
         if walked.space.mapping(ev.caller).is_none() && !walked.space.refresh(tgid) {
             // Gone, with its mappings: the call under its caller, as the
-            // kernel placed it, and no more.
+            // kernel placed it, and no more; the rule the walk missed, from
+            // its file alone (the next walk through there goes a frame
+            // further).
             self.gone += 1;
             self.procs.insert((tgid, ev.mm), walked);
+            if let Some(rule) = self.rule_in_file(ev.ra_frame) {
+                self.give_rules(&[(ev.ra_frame, rule)]);
+            }
             let frames: Vec<u64> = ev.frames[..(ev.n as usize).min(ev.frames.len())].to_vec();
             let caller = match ev.n {
                 0 => self.value_of(ev.ra_frame),
@@ -230,6 +268,40 @@ impl HostWalks {
         let row = self.rows.entry(key).or_insert(caller);
         row.calls += ev.calls;
         row.bytes += ev.bytes;
+    }
+
+    /// The rule of `frame` (a file and an offset in it) from the file's
+    /// call-frame information, the file opened by a path a process or an
+    /// exec named it by; `None` when no such path opens it.
+    fn rule_in_file(&mut self, frame: u64) -> Option<UnwindRule> {
+        let (tag, offset) = host_frame_parts(frame)?;
+        let key = self.file_of(tag)?;
+        let obj = match self.objects.get(&key) {
+            Some(o) => o.clone(),
+            None => {
+                let known = lock_paths(&self.paths).get(&key).cloned();
+                let opened = match known.and_then(|p| open_if(&p, key)) {
+                    Some(f) => Some(f),
+                    None => {
+                        self.index.find(std::iter::once(key));
+                        self.index.open(key).map(|(f, _)| f)
+                    }
+                };
+                let loaded = opened.and_then(|f| {
+                    let id = FileId::of_file(&f)?;
+                    let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+                    ObjectCfi::shared(id, &fd_path, Path::new("/usr/lib/debug")).ok()
+                });
+                if self.objects.len() >= OBJECTS_KEPT {
+                    self.objects.clear();
+                }
+                self.objects.insert(key, loaded.clone());
+                loaded
+            }
+        }?;
+        // The file offset as an address of a mapping at 0 from offset 0.
+        let svma = obj.svma_for(0, 0, offset)?;
+        Some(obj.rule_for_ra(svma))
     }
 
     /// The caller's place from its frame as the kernel found it.
@@ -376,6 +448,7 @@ fn caller_value(space: &AddressSpace, caller: u64) -> HostValue {
 /// fewer walks are handed over).
 pub struct HostWalker {
     walks: Arc<Mutex<HostWalks>>,
+    paths: Paths,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -383,7 +456,8 @@ pub struct HostWalker {
 impl HostWalker {
     /// Starts the thread on the ring and maps of `ebpf` (loaded).
     pub fn start(ebpf: &Ebpf, max_frames: u32) -> Result<HostWalker> {
-        let walks = HostWalks::new(ebpf, max_frames)?;
+        let paths = Paths::default();
+        let walks = HostWalks::new(ebpf, max_frames, paths.clone())?;
         let fd = walks
             .ring
             .as_ref()
@@ -412,9 +486,20 @@ impl HostWalker {
         };
         Ok(HostWalker {
             walks,
+            paths,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// Notes that file `key` is at `path` (an executable as exec'd): a
+    /// walk of a process gone learns its rules there.
+    pub fn note_path(&self, key: (u32, u64), path: &str) {
+        let mut paths = lock_paths(&self.paths);
+        if paths.len() >= PATHS_KEPT {
+            paths.clear();
+        }
+        paths.insert(key, PathBuf::from(path));
     }
 
     /// The walks finished so far, after finishing those still waiting.
