@@ -651,6 +651,17 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
             tracer_common::MAX_HOST_FILES
         );
     }
+    let (untagged, unnumbered) = read::walk_tables_full(&host.probes)?;
+    let untagged = untagged + host.walks.walks().untagged;
+    if untagged > 0 {
+        say!(
+            "mtrace: {untagged} frames in files beyond the table of {} files: kept as addresses (named only while their process ran)",
+            tracer_common::MAX_HOST_TAGS
+        );
+    }
+    if unnumbered > 0 {
+        say!("mtrace: {unnumbered} calls of processes beyond the table of processes: their mappings looked up at each walk");
+    }
     let mut report = Report(config.outputs.clone());
     let mut finished = Outcome::default();
     finished.add(report.finish(&profile));

@@ -110,6 +110,21 @@ fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)
     rows
 }
 
+/// Frames the kernel's walks kept as addresses for want of a file tag, and
+/// calls of processes the incarnation table had no room for.
+pub fn walk_tables_full(probes: &HostProbes) -> Result<(u64, u64)> {
+    let counters: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
+    let sum = |i: u32| -> u64 {
+        [i, i + counter::N]
+            .iter()
+            .filter_map(|index| counters.get(index, 0).ok())
+            .map(|v| v.iter().sum::<u64>())
+            .sum()
+    };
+    Ok((sum(counter::HOST_NO_TAG), sum(counter::HOST_NO_GEN)))
+}
+
 /// Every key in the counts map.
 pub fn counted_keys(probes: &HostProbes) -> Result<Vec<HostKey>> {
     Ok(counts_map(probes)?.keys().filter_map(|k| k.ok()).collect())
