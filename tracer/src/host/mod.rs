@@ -11,12 +11,14 @@
 
 mod files;
 mod probes;
+mod processes;
 mod read;
 mod walks;
+mod windows;
 
 use std::{
     cell::RefCell,
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashSet, VecDeque},
     fs,
     time::{Duration, Instant},
 };
@@ -28,6 +30,8 @@ use tracer_common::{maps, Comm, HostExec, HostKey, HostProcess, HostValue, MAX_H
 use self::{
     files::{all_pids, FileIndex},
     probes::HostProbes,
+    processes::Processes,
+    windows::{switch, HostWindows},
 };
 use crate::{
     cli::config::TraceConfig,
@@ -35,133 +39,12 @@ use crate::{
     profile::{merge::Merged, Meta, ProcessMeta, Profile},
     render::text::printable,
     say,
-    session::{
-        duty::{cpu_ns, host_busy_ns, Duty, Reading, Readings},
-        End, Signals,
-    },
+    session::{duty::Duty, End, Signals, SnapshotTimer},
     sinks::{Outcome, Report, Sink, Snapshots},
     tracee::{self, launch},
     user_error,
     watch::{self, StatusLine, Tick, Watcher},
 };
-
-/// Most processes whose names and command lines are kept (the first
-/// seen give way first).
-const PROCESSES_KEPT: usize = 65536;
-
-/// What is known of the host's processes, by process and address space
-/// (one per exec): read from `/proc` when first seen (at the start, with
-/// address space 0, or at an exec), so that one gone before the report
-/// still has its name and command line.
-#[derive(Default)]
-pub struct Processes {
-    metas: HashMap<HostProcess, ProcessMeta>,
-    order: VecDeque<HostProcess>,
-}
-
-impl Processes {
-    /// Reads what `/proc` says of `pid` now (`exe`: the path it exec'd,
-    /// which outlives it; `mm`: its address space since, 0 at the start).
-    fn note(&mut self, pid: u32, mm: u64, exe: Option<&str>) {
-        let mut meta = proc_meta(pid);
-        if let Some(exe) = exe {
-            if meta.executable.is_empty() {
-                meta.executable = exe.to_string();
-            }
-            if meta.name.is_empty() {
-                meta.name = exe.rsplit('/').next().unwrap_or(exe).to_string();
-            }
-        }
-        let key = HostProcess {
-            tgid: pid,
-            _pad: 0,
-            mm,
-        };
-        self.keep(key, meta);
-    }
-
-    /// The record of process `p`, whose name was `comm` when it first
-    /// allocated: from its exec, else from the start's scan or from `/proc`
-    /// now when the name there is the same (it has not exec'd since),
-    /// else the name alone.
-    /// What is found is kept: a view redrawn every second reads `/proc`
-    /// once per process.
-    fn meta(&mut self, p: HostProcess, comm: &str) -> ProcessMeta {
-        let same = |m: &ProcessMeta| comm.is_empty() || m.name == comm;
-        if let Some(m) = self.metas.get_mut(&p) {
-            if !comm.is_empty() {
-                // The name it had when it allocated (the exec's path
-                // named it only when it was already gone).
-                m.name = comm.to_string();
-            }
-            return m.clone();
-        }
-        let at_start = HostProcess { mm: 0, ..p };
-        let found = match self.metas.get(&at_start).filter(|m| same(m)) {
-            Some(m) => m.clone(),
-            None => {
-                let now = proc_meta(p.tgid);
-                if !now.name.is_empty() && same(&now) {
-                    now
-                } else {
-                    ProcessMeta {
-                        pid: p.tgid,
-                        name: comm.to_string(),
-                        traced: true,
-                        ..ProcessMeta::default()
-                    }
-                }
-            }
-        };
-        self.keep(p, found.clone());
-        found
-    }
-
-    /// Forgets processes `gone` (by tgid): their rows and records have
-    /// been read out for good.
-    fn forget(&mut self, gone: &HashSet<u32>) {
-        self.metas.retain(|p, _| !gone.contains(&p.tgid));
-        self.order.retain(|p| !gone.contains(&p.tgid));
-    }
-
-    /// The processes recorded that are gone from `/proc` and have nothing
-    /// left in the maps (`counted`: the processes with keys there).
-    fn gone_uncounted(&self, counted: &HashSet<u32>) -> HashSet<u32> {
-        self.metas
-            .keys()
-            .map(|p| p.tgid)
-            .filter(|t| {
-                !counted.contains(t) && !std::path::Path::new(&format!("/proc/{t}")).exists()
-            })
-            .collect()
-    }
-
-    fn keep(&mut self, p: HostProcess, meta: ProcessMeta) {
-        if self.metas.insert(p, meta).is_none() {
-            self.order.push_back(p);
-        }
-        while self.order.len() > PROCESSES_KEPT {
-            if let Some(old) = self.order.pop_front() {
-                self.metas.remove(&old);
-            }
-        }
-    }
-}
-
-/// What `/proc` says of `pid` now (empty fields when it is gone).
-fn proc_meta(pid: u32) -> ProcessMeta {
-    let known = |s: String| if s == "?" { String::new() } else { s };
-    ProcessMeta {
-        pid,
-        ppid: tracee::ppid(pid).unwrap_or(0),
-        name: known(tracee::comm(pid)),
-        command: known(tracee::cmdline(pid)),
-        executable: tracee::executable(pid),
-        cgroup: tracee::cgroup::of(pid),
-        traced: true,
-        ..ProcessMeta::default()
-    }
-}
 
 /// A live view's refresh costs at most 1/VIEW_SHARE of the time between
 /// refreshes.
@@ -357,7 +240,8 @@ impl Host {
         let mut counted: HashSet<u32> = keys.iter().map(|k| k.tgid).collect();
         // Processes with calls only the tracer's walks counted are
         // counted too.
-        counted.extend(self.walks.walks().rows.keys().map(|k| k.tgid));
+        let mut walks = self.walks.walks();
+        counted.extend(walks.rows.keys().map(|k| k.tgid));
         // Records of processes that never allocated (a static program
         // without an allocator mtrace knows), gone since.
         let idle = self.procs.gone_uncounted(&counted);
@@ -370,7 +254,6 @@ impl Host {
             return Ok(());
         }
         keys.retain(|k| gone.contains(&k.tgid));
-        let mut walks = self.walks.walks();
         let walked = walks.take_rows_of(&gone);
         let mut part = read::gone_profile(
             &self.probes,
@@ -534,16 +417,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     };
     let mut snapshots = Snapshots::named(config.snapshot_dir.clone(), "all".into());
     let end = rt.block_on(async {
-        let mut interval = config
-            .schedule
-            .interval
-            .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
-        let snapshot_due = async |interval: &mut Option<tokio::time::Interval>| match interval {
-            Some(i) => {
-                i.tick().await;
-            }
-            None => std::future::pending().await,
-        };
+        let mut interval = SnapshotTimer::new(config.schedule.interval);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
         let mut poll = tokio::time::interval(Duration::from_millis(5));
@@ -570,7 +444,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
                     Some(sig) => break End::Interrupted(sig),
                     None => snapshot(&cell, &mut snapshots, meta(started.elapsed().as_secs_f64())),
                 },
-                _ = snapshot_due(&mut interval) => {
+                _ = interval.due() => {
                     snapshot(&cell, &mut snapshots, meta(started.elapsed().as_secs_f64()));
                 }
                 _ = due(next_switch) => {
@@ -680,95 +554,6 @@ fn snapshot(host: &RefCell<Host>, snapshots: &mut Snapshots, meta: Meta) {
     });
     if let Err(e) = made {
         say!("mtrace: a snapshot: {e:#}");
-    }
-}
-
-/// Processes read apart in a window of the windows policy: those that made
-/// the most calls in the window before (reading every allocating
-/// process's threads each window would cost a busy host more than the
-/// one that pays most needs).
-const HOT_PROCESSES: usize = 16;
-
-/// The windows policy over the host: what a window is measured by.
-#[derive(Default)]
-struct HostWindows {
-    /// Each process's program runs at the window's start.
-    runs_at: HashMap<u32, u64>,
-    /// The processes read apart in this window.
-    hot: Vec<u32>,
-}
-
-impl HostWindows {
-    /// The host's busy CPU time and the host program's runs and run time,
-    /// and each hot process's CPU time and runs; `runs` each process's
-    /// runs now.
-    fn readings(&self, probes: &HostProbes, runs: &HashMap<u32, u64>) -> Readings {
-        let (all_runs, run_ns) = probes.program_stats();
-        Readings {
-            all: Reading {
-                cpu_ns: host_busy_ns(),
-                runs: all_runs,
-                run_ns,
-            },
-            procs: self
-                .hot
-                .iter()
-                .filter_map(|t| {
-                    let runs = *runs.get(t)?;
-                    Some((
-                        *t,
-                        Reading {
-                            cpu_ns: cpu_ns(*t),
-                            runs,
-                            run_ns: 0,
-                        },
-                    ))
-                })
-                .collect(),
-            shared_programs: true,
-        }
-    }
-
-    /// A window begins: its readings.
-    fn begin(&mut self, probes: &HostProbes) -> Readings {
-        self.runs_at = probes.process_runs();
-        self.readings(probes, &self.runs_at)
-    }
-
-    /// A window ends: its readings; the processes with the most calls in
-    /// it are read apart in the next, which may begin now (the probes
-    /// staying in) from these runs.
-    fn end(&mut self, probes: &HostProbes) -> Readings {
-        let runs = probes.process_runs();
-        let readings = self.readings(probes, &runs);
-        let mut made: Vec<(u64, u32)> = runs
-            .iter()
-            .map(|(t, n)| (n.saturating_sub(*self.runs_at.get(t).unwrap_or(&0)), *t))
-            .filter(|(n, _)| *n > 0)
-            .collect();
-        made.sort_unstable_by(|a, b| b.cmp(a));
-        self.hot = made.iter().take(HOT_PROCESSES).map(|(_, t)| *t).collect();
-        self.runs_at = runs;
-        readings
-    }
-}
-
-/// Ends the window or the pause that is due (the windows policy).
-fn switch(probes: &mut HostProbes, duty: &mut Duty, windows: &mut HostWindows) {
-    if duty.on {
-        if !duty.window_ends(windows.end(probes)) {
-            return;
-        }
-        match probes.pause() {
-            Ok(closing) => duty.went_out(closing),
-            Err(e) => log::warn!("taking the probes out for a pause: {e:#}"),
-        }
-    } else {
-        duty.coming_in();
-        if let Err(e) = probes.resume() {
-            log::warn!("{e:#}");
-        }
-        duty.came_in(windows.begin(probes));
     }
 }
 

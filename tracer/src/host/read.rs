@@ -113,16 +113,27 @@ fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)
 /// Frames the kernel's walks kept as addresses for want of a file tag, and
 /// calls of processes the incarnation table had no room for.
 pub fn walk_tables_full(probes: &HostProbes) -> Result<(u64, u64)> {
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
-    let sum = |i: u32| -> u64 {
-        [i, i + counter::N]
-            .iter()
-            .filter_map(|index| counters.get(index, 0).ok())
-            .map(|v| v.iter().sum::<u64>())
-            .sum()
-    };
-    Ok((sum(counter::HOST_NO_TAG), sum(counter::HOST_NO_GEN)))
+    let counters = counters(probes)?;
+    Ok((
+        counter_sum(&counters, counter::HOST_NO_TAG)?,
+        counter_sum(&counters, counter::HOST_NO_GEN)?,
+    ))
+}
+
+fn counters(probes: &HostProbes) -> Result<PerCpuArray<&MapData, u64>> {
+    Ok(PerCpuArray::try_from(
+        probes.ebpf.map(maps::COUNTERS).context("COUNTERS map")?,
+    )?)
+}
+
+/// Counter `i` summed over the CPUs and both halves (the CPU owner's and
+/// the atomic one).
+fn counter_sum(counters: &PerCpuArray<&MapData, u64>, i: u32) -> Result<u64> {
+    let mut s = 0;
+    for index in [i, i + counter::N] {
+        s += counters.get(&index, 0)?.iter().sum::<u64>();
+    }
+    Ok(s)
 }
 
 /// Every key in the counts map.
@@ -316,15 +327,8 @@ fn profile_of(
         totals.allocs.add(c);
         totals.per_func.entry(info.name.clone()).or_default().add(c);
     }
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(ebpf.map(maps::COUNTERS).context("COUNTERS map")?)?;
-    let sum = |i: u32| -> Result<u64> {
-        let mut s = 0;
-        for index in [i, i + counter::N] {
-            s += counters.get(&index, 0)?.iter().sum::<u64>();
-        }
-        Ok(s)
-    };
+    let counters = counters(probes)?;
+    let sum = |i: u32| counter_sum(&counters, i);
     totals.nested = sum(counter::NESTED)?;
     // Count mode probes no release function here.
     totals.frees_counted = false;

@@ -102,6 +102,29 @@ impl Signals {
     }
 }
 
+/// The timer of `--interval` snapshots: the first one interval after the
+/// start.
+pub struct SnapshotTimer(Option<tokio::time::Interval>);
+
+impl SnapshotTimer {
+    /// Must be called inside the runtime.
+    pub fn new(every: Option<std::time::Duration>) -> SnapshotTimer {
+        SnapshotTimer(
+            every.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every)),
+        )
+    }
+
+    /// Resolves when a snapshot is due (never without an interval).
+    pub async fn due(&mut self) {
+        match &mut self.0 {
+            Some(i) => {
+                i.tick().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// A descriptor that becomes readable when `pid` exits. Opened before the
 /// probes are attached: a target that exits during the attach is still
 /// seen to exit (and a recycled pid is never watched).

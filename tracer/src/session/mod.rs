@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::Result;
 
-pub use end::{pidfd_open, End, Signals};
+pub use end::{pidfd_open, End, Signals, SnapshotTimer};
 pub use run::{Inputs, Schedule};
 pub use traced::{ProcSettings, TracedProcess};
 pub use tree::{Tree, TreeRequest};

@@ -135,15 +135,7 @@ impl Session {
                 std::future::pending().await
             }
         };
-        let mut interval = schedule
-            .interval
-            .map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
-        let snapshot_due = async |interval: &mut Option<tokio::time::Interval>| match interval {
-            Some(i) => {
-                i.tick().await;
-            }
-            None => std::future::pending().await,
-        };
+        let mut interval = super::SnapshotTimer::new(schedule.interval);
 
         // Launch mode learns of the exit from the launch thread; by pid, a
         // pidfd becomes readable.
@@ -250,7 +242,7 @@ impl Session {
                     self.drain_all();
                     self.snapshot(sinks)?;
                 }
-                _ = snapshot_due(&mut interval) => {
+                _ = interval.due() => {
                     self.drain_all();
                     self.snapshot(sinks)?;
                 }
