@@ -304,13 +304,15 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
     }
 }
 
-/// Folds each stack seen on one side only into the one stack seen only on
-/// the other side that is the same but for the names of frames in no
+/// First folds the rows blurred by an unnamed Python frame
+/// ([`fold_blurred`]); then folds each stack seen on one side only into the
+/// one stack seen only on the other side that is the same but for the names of frames in no
 /// object file (Python's): a code object freed before the tracer read it
 /// is unnamed in one run, or named by what took its place, and named in
 /// another. With no such stack, or several, it stays apart. The counts
 /// are still compared, so a real change is still seen.
 fn reconcile_unnamed<K>(rows: &mut Vec<(K, DiffRow)>) {
+    fold_blurred(rows);
     // By shape (the key with the names of frames in no object file left
     // out): the rows seen on the base side only, and on the new side only.
     let mut shapes: std::collections::BTreeMap<StackKey, (Vec<usize>, Vec<usize>)> =
@@ -320,14 +322,7 @@ fn reconcile_unnamed<K>(rows: &mut Vec<(K, DiffRow)>) {
         if !one_sided || !r.key.frames.iter().any(|f| f.module.is_none()) {
             continue;
         }
-        let mut shape = r.key.clone();
-        for f in shape.frames.iter_mut().filter(|f| f.module.is_none()) {
-            *f = std::sync::Arc::new(KeyFrame {
-                function: String::new(),
-                module: None,
-            });
-        }
-        let sides = shapes.entry(shape).or_default();
+        let sides = shapes.entry(shape_of(&r.key)).or_default();
         if r.change.new.calls == 0 {
             sides.0.push(i);
         } else {
@@ -342,6 +337,77 @@ fn reconcile_unnamed<K>(rows: &mut Vec<(K, DiffRow)>) {
             gone[*b] = true;
         }
     }
+    retain_kept(rows, &gone);
+}
+
+/// The key of `key` with the names of frames in no object file left out.
+fn shape_of(key: &StackKey) -> StackKey {
+    let mut shape = key.clone();
+    for f in shape.frames.iter_mut().filter(|f| f.module.is_none()) {
+        *f = std::sync::Arc::new(KeyFrame {
+            function: String::new(),
+            module: None,
+        });
+    }
+    shape
+}
+
+/// How an unnamed Python frame reads in a key (see [`stable_function`]).
+const UNNAMED_PYTHON: &str = "[python code]";
+
+/// Folds together the rows of one shape where any of them has an unnamed
+/// Python frame: such a frame may be any of the named ones of that shape
+/// in the other run, and some of its calls may sit there under a name in
+/// one run and apart, unnamed, in another. Compared apart, identical runs
+/// would differ; summed, they are equal, and a real change of the shape is
+/// still seen. Frames the folded rows name alike keep their name; the
+/// others read `[python code]`.
+fn fold_blurred<K>(rows: &mut Vec<(K, DiffRow)>) {
+    let mut shapes: std::collections::BTreeMap<StackKey, Vec<usize>> =
+        std::collections::BTreeMap::new();
+    for (i, (_, r)) in rows.iter().enumerate() {
+        if r.key.frames.iter().any(|f| f.module.is_none()) {
+            shapes.entry(shape_of(&r.key)).or_default().push(i);
+        }
+    }
+    let mut gone = vec![false; rows.len()];
+    for members in shapes.values() {
+        let blurred = members.iter().any(|&i| {
+            rows[i]
+                .1
+                .key
+                .frames
+                .iter()
+                .any(|f| f.module.is_none() && f.function == UNNAMED_PYTHON)
+        });
+        let Some((&into, others)) = members.split_first() else {
+            continue;
+        };
+        if !blurred || others.is_empty() {
+            continue;
+        }
+        for &i in others {
+            let (base, new) = (rows[i].1.change.base, rows[i].1.change.new);
+            let frames = rows[i].1.key.frames.clone();
+            let row = &mut rows[into].1;
+            add(&mut row.change.base, base);
+            add(&mut row.change.new, new);
+            for (f, other) in row.key.frames.iter_mut().zip(&frames) {
+                if f != other {
+                    *f = std::sync::Arc::new(KeyFrame {
+                        function: UNNAMED_PYTHON.into(),
+                        module: None,
+                    });
+                }
+            }
+            gone[i] = true;
+        }
+    }
+    retain_kept(rows, &gone);
+}
+
+/// Drops the rows marked in `gone`.
+fn retain_kept<K>(rows: &mut Vec<(K, DiffRow)>, gone: &[bool]) {
     let mut i = 0;
     rows.retain(|_| {
         i += 1;
