@@ -327,6 +327,62 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
     assert!(static_calls <= counts_alone.values().sum::<u64>(), "{d}");
 }
 
+/// `--all` keeps the stacks of processes gone only until their rows are
+/// read: the kernel's stack map, far smaller here (`--stack-map-size
+/// 128`: 256 stacks for the host) than the stacks of all the programs run
+/// (four copies of the manystacks fixture, each its own file, 100 stacks
+/// each), holds each program's stacks whole when it runs, one after the
+/// other, with time between them to read the last one's rows.
+#[test]
+fn all_frees_the_stacks_of_processes_gone() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let mut m = Mtrace::start(&[
+        "--all",
+        "--per-process",
+        "--stack-map-size",
+        "128",
+        "-o",
+        json.to_str().unwrap(),
+    ]);
+    m.wait_tracing();
+    let mut pids = Vec::new();
+    for i in 0..4 {
+        let copy = dir.path().join(format!("manystacks-{i}"));
+        std::fs::copy(Fixture::ManyStacks.path(), &copy).unwrap();
+        let mut child = std::process::Command::new(&copy)
+            .arg("100")
+            .spawn()
+            .unwrap();
+        pids.push(child.id());
+        assert!(child.wait().unwrap().success());
+        // Read for good at the next look for processes gone, and its
+        // stacks taken out at the look after (5 s apart).
+        std::thread::sleep(Duration::from_secs(11));
+    }
+    m.proc.signal(libc::SIGINT);
+    let out = m.finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    let p = crate::support::Profile::load(&json);
+    for (i, pid) in pids.into_iter().enumerate() {
+        let name = format!("manystacks-{i}");
+        let ran = tally(&p, &|of, n| of == pid as u64 && n == name);
+        let whole = ran
+            .iter()
+            .filter(|((_, s), _)| s.contains(" <- main ") && s.ends_with("cut:false"))
+            .count();
+        assert_eq!(
+            (ran.values().sum::<u64>(), whole),
+            (100, 100),
+            "{name} (pid {pid}): {ran:#?}\n{d}"
+        );
+    }
+}
+
 /// mtrace --all killed with SIGKILL leaves no breakpoint in a process it
 /// probed, and no program of its in the kernel.
 #[test]

@@ -3,10 +3,12 @@
 //! allocator file. The probes are file-wide (the kernel puts them in every
 //! process that maps the file, present and future), so a new process costs
 //! mtrace nothing; each call is counted in the kernel under its process,
-//! its function and its direct caller's place in the caller's file. There
-//! is no stack walk here: unwind rules are per process, and this scope
-//! keeps no per-process state in the kernel. Processes outside any other
-//! scope take the trap of every allocating call while it runs (see
+//! its function and its whole stack. A stack's frames are places in files
+//! (a file's tag and an offset), walked by unwind rules kept by file and
+//! offset, so that every process that maps a file shares its rules and
+//! its stacks; a walk that meets a frame without a rule is finished here
+//! (`walks`), which gives the rule for the next. Processes outside any
+//! other scope take the trap of every allocating call while it runs (see
 //! docs/counting.md).
 
 mod files;
@@ -25,7 +27,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use tracer_common::{maps, Comm, HostExec, HostKey, HostProcess, HostValue, MAX_HOST_FUNCS};
+use tracer_common::{
+    maps, Comm, HostExec, HostKey, HostProcess, HostValue, StackFrames, MAX_HOST_FUNCS,
+};
 
 use self::{
     files::{all_pids, FileIndex},
@@ -84,6 +88,7 @@ struct Host {
     /// Processes alive that have allocated, at the last look for those
     /// gone (every [`FOLD_EVERY`]).
     allocating: usize,
+    stack_prune: StackPrune,
 }
 
 /// `Host::bounded`: gone processes whose rows keep their pid, at most.
@@ -95,6 +100,25 @@ const AGENT_RECORDS: usize = 1024;
 /// How often the maps are looked at for processes gone.
 const FOLD_EVERY: Duration = Duration::from_secs(5);
 
+/// The kernel's stack map is listed at least this often to take out the
+/// stacks of processes gone (more often when it fills).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// What the pruning of the kernel's stack map knows between looks.
+struct StackPrune {
+    last: Instant,
+    /// The map's capacity.
+    capacity: u32,
+    /// Stacks the map held after the last look.
+    held: usize,
+    /// Stacks of processes read for good since the last look.
+    left: usize,
+    /// Stacks no key referred to at the last look.
+    unreferred: HashSet<u64>,
+    /// Stacks taken out so far.
+    removed: u64,
+}
+
 impl Host {
     /// Probes every process on the host now, and the allocator libraries
     /// installed (a program that maps one later is counted from its first
@@ -103,6 +127,10 @@ impl Host {
     fn start(sizes: &crate::probes::MapSizes, max_frames: u32, runs: bool) -> Result<Host> {
         let probes = HostProbes::load(sizes, max_frames, runs)?;
         let walks = walks::HostWalker::start(&probes.ebpf, probes.max_frames)?;
+        let capacity = match probes.ebpf.map(maps::HOST_STACKS) {
+            Some(aya::maps::Map::HashMap(m)) => m.info().map_or(0, |i| i.max_entries()),
+            _ => 0,
+        };
         let mut host = Host {
             probes,
             walks,
@@ -118,6 +146,14 @@ impl Host {
             gone_with_pid: 0,
             unlisted: 0,
             allocating: 0,
+            stack_prune: StackPrune {
+                capacity,
+                last: Instant::now(),
+                held: 0,
+                left: 0,
+                unreferred: HashSet::new(),
+                removed: 0,
+            },
         };
         let me = std::process::id();
         for pid in all_pids().into_iter().filter(|&p| p != me) {
@@ -251,9 +287,12 @@ impl Host {
         gone.retain(|t| !exists(t));
         self.allocating = all - gone.len();
         if gone.is_empty() {
-            return Ok(());
+            drop(walks);
+            return self.prune_stacks(&keys);
         }
-        keys.retain(|k| gone.contains(&k.tgid));
+        let (ended_keys, live_keys): (Vec<HostKey>, Vec<HostKey>) =
+            keys.into_iter().partition(|k| gone.contains(&k.tgid));
+        keys = ended_keys;
         let walked = walks.take_rows_of(&gone);
         let mut part = read::gone_profile(
             &self.probes,
@@ -282,6 +321,8 @@ impl Host {
             let _ = names.remove(p);
         }
         self.procs.forget(&gone);
+        self.stack_prune.left += keys.iter().map(|k| k.stack).collect::<HashSet<_>>().len();
+        self.prune_stacks(&live_keys)?;
         self.gone.extend(std::mem::take(&mut part.meta.processes));
         self.ended.add(part);
         if self.bounded {
@@ -295,6 +336,54 @@ impl Host {
                 self.unlisted += 1;
             }
         }
+        Ok(())
+    }
+
+    /// Takes out of the kernel's stack map the stacks no key of `live`
+    /// (every key the counts map holds) refers to: those of processes
+    /// read for good. A program stores a new key's stack just before the
+    /// key, so a stack is taken out only when no key referred to it at two
+    /// looks in a row, [`FOLD_EVERY`] apart: one stored between the keys'
+    /// listing and the stacks' is kept. The map is listed when the last
+    /// listing found it over a quarter full, or [`PRUNE_EVERY`] after the
+    /// last.
+    fn prune_stacks(&mut self, live: &[HostKey]) -> Result<()> {
+        let prune = &mut self.stack_prune;
+        let capacity = prune.capacity;
+        let referred: HashSet<u64> = live.iter().map(|k| k.stack).collect();
+        // At least this many stacks are in the map: those of the keys,
+        // and those left by processes gone since the last look.
+        let held = (referred.len() + prune.left).max(prune.held);
+        if held * 4 <= capacity as usize && prune.last.elapsed() < PRUNE_EVERY {
+            return Ok(());
+        }
+        prune.last = Instant::now();
+        let mut stacks: BpfHashMap<&mut MapData, u64, StackFrames> = BpfHashMap::try_from(
+            self.probes
+                .ebpf
+                .map_mut(maps::HOST_STACKS)
+                .context("HOST_STACKS map")?,
+        )?;
+        let listed: Vec<u64> = stacks.keys().filter_map(|k| k.ok()).collect();
+        let unreferred: HashSet<u64> = listed
+            .iter()
+            .copied()
+            .filter(|id| !referred.contains(id))
+            .collect();
+        let mut removed = 0;
+        for id in unreferred.intersection(&prune.unreferred) {
+            if stacks.remove(id).is_ok() {
+                removed += 1;
+            }
+        }
+        log::debug!(
+            "stack map: {removed} stacks of processes gone taken out, {} held",
+            listed.len() - removed
+        );
+        prune.held = listed.len() - removed;
+        prune.left = 0;
+        prune.removed += removed as u64;
+        prune.unreferred = unreferred;
         Ok(())
     }
 

@@ -294,7 +294,7 @@ const HOST_VMAS: u32 = 65536;
 /// Distinct stacks the host scope keeps: every process's, shared where
 /// they are the same (a stack is its frames' files and offsets).
 fn host_stacks(sizes: &MapSizes) -> u32 {
-    sizes.stacks.max(1 << 16)
+    sizes.stacks.saturating_mul(2)
 }
 
 /// Unwind rules the host scope keeps: by file and offset, for every file
