@@ -7,6 +7,7 @@
 //! ([`validate_profile`](crate::support::validate_profile)).
 
 mod bad_input;
+mod ci_recipe;
 mod diff;
 mod html;
 pub(crate) mod pprof;
