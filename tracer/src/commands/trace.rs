@@ -462,7 +462,7 @@ fn attach(config: &TraceConfig, top: bool, run_as: Option<RunAs>) -> Result<(Att
     let template = Meta {
         mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
         start_time: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        kernel_release: kernel_release(),
+        kernel_release: crate::session::kernel_release(),
         mode: if config.mode.live { "live" } else { "count" }.into(),
         ..Default::default()
     };
@@ -655,14 +655,12 @@ fn tracing_line(config: &TraceConfig, root: &Root) -> String {
 }
 
 /// The live view (`top`) and the receiver of its `q`, or the status line.
-pub(crate) type Watchers = (Vec<Box<dyn Watcher>>, Option<oneshot::Receiver<()>>);
-
 fn watchers(
     config: &TraceConfig,
     top: bool,
     pid: u32,
     command_log: Option<&Path>,
-) -> Result<Watchers> {
+) -> Result<crate::session::drive::Watchers> {
     let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
     let mut stop = None;
     if top {
@@ -782,10 +780,4 @@ fn log_program_times(programs: &[multi::Program]) {
             }
         }
     }
-}
-
-pub(crate) fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }

@@ -43,16 +43,16 @@ use crate::{
     profile::{merge::Merged, Meta, ProcessMeta, Profile},
     render::text::printable,
     say,
-    session::{duty::Duty, End, Signals, SnapshotTimer},
+    session::{
+        drive::{drive, Controls, Engine},
+        duty::Duty,
+        End, Signals,
+    },
     sinks::{Outcome, Report, Sink, Snapshots},
     tracee::{self, launch},
     user_error,
     watch::{self, StatusLine, Tick, Watcher},
 };
-
-/// A live view's refresh costs at most 1/VIEW_SHARE of the time between
-/// refreshes.
-const VIEW_SHARE: u32 = 20;
 
 /// After an exec, when to look at the process's files again: the dynamic
 /// linker maps its libraries only once the program runs.
@@ -424,7 +424,7 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut signals = {
+    let signals = {
         let _in_runtime = rt.enter();
         Signals::new()?
     };
@@ -459,14 +459,17 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
             .join(", "),
         started.elapsed().as_secs_f64() * 1e3
     );
+    // Tracing begins: its duration (and `--duration`) counts from here, as
+    // for every scope.
+    let started = Instant::now();
 
-    let mut execs = RingBuf::try_from(
+    let execs = RingBuf::try_from(
         host.probes
             .ebpf
             .take_map(maps::HOST_EXECS)
             .context("BPF map HOST_EXECS missing")?,
     )?;
-    let (mut watchers, mut stop) = host_watchers(top && server.is_none())?;
+    let (mut watchers, stop) = host_watchers(top && server.is_none())?;
     let wake = server
         .map(|server| crate::agent::serve(server, &mut watchers))
         .transpose()?;
@@ -477,120 +480,32 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     if let Some(d) = duty.as_mut() {
         d.begin(host_windows.begin(&host.probes));
     }
-    let duty = RefCell::new(duty);
-    let cell = RefCell::new(host);
-    let meta = |elapsed: f64| Meta {
-        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
-        pid: 0,
-        command: "every process on the host (--all)".into(),
-        start_time: start_time.clone(),
-        duration_secs: elapsed,
-        kernel_release: crate::commands::trace::kernel_release(),
-        mode: "count".into(),
-        scope: "host".into(),
-        windows: duty.borrow().as_ref().map(Duty::info),
-        ..Meta::default()
+    let _in_runtime = rt.enter();
+    let mut run = HostRun {
+        host: RefCell::new(host),
+        execs,
+        poll: tokio::time::interval(POLL_EVERY),
+        next_fold: Instant::now() + FOLD_EVERY,
+        duty,
+        host_windows,
+        snapshots: Snapshots::named(config.snapshot_dir.clone(), "all".into()),
+        started,
+        start_time,
     };
-    let deadline = config.schedule.duration.map(|d| started + d);
-    let mut next_view = Instant::now();
-    let mut next_fold = Instant::now() + FOLD_EVERY;
-    let woken = async || match &wake {
-        Some(n) => n.notified().await,
-        None => std::future::pending().await,
+    let controls = Controls {
+        signals,
+        stop,
+        wake,
     };
-    let due = |at: Option<Instant>| async move {
-        match at {
-            Some(at) => tokio::time::sleep_until(at.into()).await,
-            None => std::future::pending().await,
-        }
-    };
-    let mut snapshots = Snapshots::named(config.snapshot_dir.clone(), "all".into());
-    let end = rt.block_on(async {
-        let mut interval = SnapshotTimer::new(config.schedule.interval);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.tick().await;
-        let mut poll = tokio::time::interval(Duration::from_millis(5));
-        let until = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(until);
-        let quit = async {
-            match stop.as_mut() {
-                Some(rx) => {
-                    let _ = rx.await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(quit);
-        loop {
-            let next_switch = duty.borrow().as_ref().map(|d| d.due);
-            tokio::select! {
-                sig = signals.next() => match sig {
-                    Some(sig) => break End::Interrupted(sig),
-                    None => snapshot(&cell, &mut snapshots, meta(started.elapsed().as_secs_f64())),
-                },
-                _ = interval.due() => {
-                    snapshot(&cell, &mut snapshots, meta(started.elapsed().as_secs_f64()));
-                }
-                _ = due(next_switch) => {
-                    if let Some(d) = duty.borrow_mut().as_mut() {
-                        switch(&mut cell.borrow_mut().probes, d, &mut host_windows);
-                    }
-                }
-                _ = woken() => {
-                    let elapsed = started.elapsed().as_secs_f64();
-                    let t = running_tick(&cell.borrow(), elapsed);
-                    for w in watchers.iter_mut() {
-                        if let Err(e) = w.woken(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
-                            log::debug!("watcher: {e:#}");
-                        }
-                    }
-                }
-                _ = &mut until => break End::Duration,
-                _ = &mut quit => break End::Stopped,
-                _ = poll.tick() => {
-                    let mut host = cell.borrow_mut();
-                    while let Some(item) = execs.next() {
-                        if item.len() >= std::mem::size_of::<HostExec>() {
-                            // SAFETY: the programs write a `HostExec` per record.
-                            let e = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostExec) };
-                            host.on_exec(&e);
-                        }
-                    }
-                    host.recheck();
-                    if Instant::now() >= next_fold {
-                        if let Err(e) = host.fold_gone() {
-                            log::warn!("reading the processes gone: {e:#}");
-                        }
-                        next_fold = Instant::now() + FOLD_EVERY;
-                    }
-                }
-                _ = tick.tick() => {
-                    // The live view's profile of a busy host is read and
-                    // symbolized anew each time, and every allocation
-                    // mtrace makes takes its own probes' trap: a view
-                    // that took long is redrawn less often, so that it
-                    // costs at most a twentieth of a CPU.
-                    if Instant::now() < next_view {
-                        continue;
-                    }
-                    let elapsed = started.elapsed().as_secs_f64();
-                    let t = running_tick(&cell.borrow(), elapsed);
-                    let began = Instant::now();
-                    for w in watchers.iter_mut() {
-                        if let Err(e) = w.tick(&t, &|| cell.borrow_mut().profile(meta(elapsed))) {
-                            log::debug!("watcher: {e:#}");
-                        }
-                    }
-                    next_view = began + (began.elapsed() * VIEW_SHARE).max(Duration::from_secs(1));
-                }
-            }
-        }
-    });
+    let end = rt.block_on(drive(&mut run, &config.schedule, controls, &mut watchers))?;
+    let HostRun {
+        host: cell,
+        duty,
+        mut snapshots,
+        start_time,
+        ..
+    } = run;
+    let meta = |elapsed: f64| host_meta(&start_time, elapsed, duty.as_ref());
     let elapsed = started.elapsed().as_secs_f64();
     let mut host = cell.into_inner();
     host.probes.set_enabled(false)?;
@@ -634,20 +549,117 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     Ok(0)
 }
 
-/// A snapshot of the host now (`--interval`, SIGUSR1): one that cannot be
-/// made is said, and tracing goes on.
-fn snapshot(host: &RefCell<Host>, snapshots: &mut Snapshots, meta: Meta) {
-    let made = host.borrow_mut().profile(meta).and_then(|mut p| {
-        crate::profile::window::scale_windows(&mut p);
-        snapshots.snapshot(&p)
-    });
-    if let Err(e) = made {
-        say!("mtrace: a snapshot: {e:#}");
+/// `host::run`'s engine for the loop ([`drive`]): the host, and what
+/// tells of its processes.
+struct HostRun {
+    /// Borrowed by the watchers' profile, which the loop gives them behind
+    /// a shared reference.
+    host: RefCell<Host>,
+    /// The kernel's word of each exec.
+    execs: RingBuf<aya::maps::MapData>,
+    poll: tokio::time::Interval,
+    next_fold: Instant,
+    duty: Option<Duty>,
+    host_windows: HostWindows,
+    snapshots: Snapshots,
+    started: Instant,
+    start_time: String,
+}
+
+/// How often the kernel's word of execs is read.
+const POLL_EVERY: Duration = Duration::from_millis(5);
+
+/// The profile's meta of the host scope, `elapsed` seconds in.
+fn host_meta(start_time: &str, elapsed: f64, duty: Option<&Duty>) -> Meta {
+    Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: 0,
+        command: "every process on the host (--all)".into(),
+        start_time: start_time.to_string(),
+        duration_secs: elapsed,
+        kernel_release: crate::session::kernel_release(),
+        mode: "count".into(),
+        scope: "host".into(),
+        windows: duty.map(Duty::info),
+        ..Meta::default()
+    }
+}
+
+impl HostRun {
+    fn meta(&self) -> Meta {
+        host_meta(
+            &self.start_time,
+            self.started.elapsed().as_secs_f64(),
+            self.duty.as_ref(),
+        )
+    }
+}
+
+impl Engine for HostRun {
+    type Work = ();
+
+    async fn work(&mut self) {
+        self.poll.tick().await;
+    }
+
+    async fn handle(&mut self, (): ()) -> Result<Option<End>> {
+        let mut host = self.host.borrow_mut();
+        while let Some(item) = self.execs.next() {
+            if item.len() >= std::mem::size_of::<HostExec>() {
+                // SAFETY: the programs write a `HostExec` per record.
+                let e = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostExec) };
+                host.on_exec(&e);
+            }
+        }
+        host.recheck();
+        if Instant::now() >= self.next_fold {
+            if let Err(e) = host.fold_gone() {
+                log::warn!("reading the processes gone: {e:#}");
+            }
+            self.next_fold = Instant::now() + FOLD_EVERY;
+        }
+        Ok(None)
+    }
+
+    fn tick(&mut self) -> Tick {
+        running_tick(&self.host.borrow(), self.started.elapsed().as_secs_f64())
+    }
+
+    fn profile(&self) -> Result<Profile> {
+        self.host.borrow_mut().profile(self.meta())
+    }
+
+    /// A snapshot that cannot be made is said, and tracing goes on.
+    fn snapshot(&mut self) -> Result<()> {
+        let made = self.profile().and_then(|mut p| {
+            crate::profile::window::scale_windows(&mut p);
+            self.snapshots.snapshot(&p)
+        });
+        if let Err(e) = made {
+            say!("mtrace: a snapshot: {e:#}");
+        }
+        Ok(())
+    }
+
+    fn duty_due(&self) -> Option<Instant> {
+        self.duty.as_ref().map(|d| d.due)
+    }
+
+    fn switch_duty(&mut self) {
+        if let Some(d) = self.duty.as_mut() {
+            switch(&mut self.host.get_mut().probes, d, &mut self.host_windows);
+        }
+    }
+
+    /// The host's view is best effort: a failed redraw is logged.
+    fn watcher_failed(&self, e: anyhow::Error) -> Result<()> {
+        log::debug!("watcher: {e:#}");
+        Ok(())
     }
 }
 
 /// The status line, or the live view and the receiver of its `q`.
-fn host_watchers(top: bool) -> Result<crate::commands::trace::Watchers> {
+fn host_watchers(top: bool) -> Result<crate::session::drive::Watchers> {
     let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
     let mut stop = None;
     if top {

@@ -5,6 +5,7 @@
 //! loop ([`run`]).
 
 mod detach;
+pub mod drive;
 pub mod duty;
 mod end;
 mod run;
@@ -398,4 +399,11 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// The running kernel's release, for a profile's meta (empty if unknown).
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }

@@ -1,7 +1,6 @@
-//! The loop of a trace under way: drains live mode's event rings,
-//! refreshes the mappings, feeds the timeline and the watchers every
-//! second, writes snapshots, follows the process tree, until the trace
-//! ends.
+//! A trace by pid, command or cgroup under [`drive`]'s loop: drains live
+//! mode's event rings, refreshes the mappings, follows the process tree
+//! and the cgroup, until the target is gone.
 
 use std::{
     os::fd::OwnedFd,
@@ -12,11 +11,17 @@ use anyhow::Result;
 use tokio::{io::unix::AsyncFd, sync::oneshot};
 
 use super::{
+    drive::{drive, Controls, Engine},
     end::{End, Signals},
     tree::TreeRequest,
     Session,
 };
-use crate::{say, sinks::Sink, watch::Watcher};
+use crate::{
+    profile::Profile,
+    say,
+    sinks::Sink,
+    watch::{Tick, Watcher},
+};
 
 /// What a running trace listens to.
 pub struct Inputs {
@@ -37,9 +42,6 @@ pub struct Inputs {
     /// A watcher wants the trace now, not at the next second.
     pub wake: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
-
-/// How often the timeline, the status line and the live view are fed.
-const TICK_EVERY: Duration = Duration::from_secs(1);
 
 /// Live mode: how often the event rings are drained.
 const DRAIN_EVERY: Duration = Duration::from_millis(10);
@@ -67,6 +69,185 @@ pub struct Schedule {
     pub until_stopped: bool,
 }
 
+/// A trace by pid, command or cgroup as the loop's engine: its processes,
+/// and what tells of them.
+struct Traced<'a> {
+    session: &'a mut Session,
+    sinks: &'a mut [Box<dyn Sink>],
+    /// Launch mode: the command's exit code.
+    exit_rx: Option<oneshot::Receiver<i32>>,
+    /// By pid: readable when the target exits.
+    exited_fd: Option<AsyncFd<OwnedFd>>,
+    tree_events: Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>,
+    /// Live mode's event rings, one per CPU, drained on this timer: the
+    /// BPF programs do not wake us per event. Often enough that they
+    /// cannot fill at any allocation rate a uprobe allows (about a
+    /// million events a second per CPU at most; 4 MiB hold some 70,000).
+    drain: Option<tokio::time::Interval>,
+    refresh: tokio::time::Interval,
+    /// By cgroup: how soon a process that joins it is traced, and the
+    /// cgroup's end seen.
+    cgroup_scan: Option<tokio::time::Interval>,
+    until_stopped: bool,
+}
+
+/// One of [`Traced`]'s events.
+enum Work {
+    /// A gone process waited long enough to be read.
+    Settle,
+    /// The target exited (its code, in launch mode).
+    TargetExit(Option<i32>),
+    Drain,
+    Refresh,
+    CgroupScan,
+    /// A word from the thread that follows the tree; `None` once it is
+    /// gone.
+    Tree(Option<TreeRequest>),
+}
+
+/// Resolves on `timer`'s next tick, or never without one.
+async fn tick_of(timer: &mut Option<tokio::time::Interval>) {
+    match timer {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Engine for Traced<'_> {
+    type Work = Work;
+
+    async fn work(&mut self) -> Work {
+        let settle_at = self.session.gone_since.map(|t| t + SETTLE_AFTER);
+        let target_exit = async {
+            match (&mut self.exit_rx, &self.exited_fd) {
+                (Some(rx), _) => rx.await.ok(),
+                (None, Some(fd)) => {
+                    let _ = fd.readable().await;
+                    None
+                }
+                (None, None) => std::future::pending().await,
+            }
+        };
+        let tree = async {
+            match &mut self.tree_events {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = async {
+                match settle_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => Work::Settle,
+            code = target_exit => Work::TargetExit(code),
+            _ = tick_of(&mut self.drain) => Work::Drain,
+            _ = self.refresh.tick() => Work::Refresh,
+            _ = tick_of(&mut self.cgroup_scan) => Work::CgroupScan,
+            req = tree => Work::Tree(req),
+        }
+    }
+
+    async fn handle(&mut self, work: Work) -> Result<Option<End>> {
+        let session = &mut *self.session;
+        match work {
+            Work::Settle => session.settle(),
+            Work::TargetExit(code) => {
+                // By pid the pidfd says the target is gone, not how: the
+                // hold's word of its exit comes at about the same time (a
+                // last look, briefly).
+                let code = match (code, &mut self.tree_events) {
+                    (None, Some(rx)) => {
+                        let deadline = tokio::time::Instant::now() + ROOT_GONE_WAIT;
+                        while session.root_exit_code().is_none() {
+                            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                                Ok(Some(req)) => session.handle(req),
+                                _ => break,
+                            }
+                        }
+                        session.root_exit_code()
+                    }
+                    (code, _) => code,
+                };
+                // Launch mode: processes the command started that still
+                // run (a daemon that forked away) are traced until they
+                // are gone too: the launch thread ends then.
+                let running = session.running_besides_root();
+                match (code, &self.tree_events) {
+                    (Some(code), Some(_)) if running > 0 => {
+                        self.exit_rx = None;
+                        session.root_code = Some(code);
+                        say!(
+                            "mtrace: the command exited{}; tracing the {running} {} it started that still {} until {} gone, Ctrl-C to stop",
+                            if code == 0 { String::new() } else { format!(" with status {code}") },
+                            if running == 1 { "process" } else { "processes" },
+                            if running == 1 { "runs" } else { "run" },
+                            if running == 1 { "it is" } else { "they are" },
+                        );
+                    }
+                    _ => {
+                        self.exit_rx = None;
+                        return Ok(Some(End::TargetExited(code)));
+                    }
+                }
+            }
+            Work::Drain => session.drain_all(),
+            Work::Refresh => {
+                session.keep_paused();
+                for proc in session.procs.values() {
+                    proc.space.lock().unwrap().refresh(proc.pid);
+                }
+            }
+            Work::CgroupScan => {
+                if !session.scan_cgroup() && !self.until_stopped {
+                    return Ok(Some(End::CgroupEmpty));
+                }
+            }
+            Work::Tree(Some(req)) => session.handle(req),
+            // The launch thread is gone: no more events, and in launch
+            // mode no process of the tree is left.
+            Work::Tree(None) => {
+                self.tree_events = None;
+                if let Some(code) = session.root_code {
+                    self.exit_rx = None;
+                    return Ok(Some(End::TargetExited(Some(code))));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn tick(&mut self) -> Tick {
+        self.session.tick()
+    }
+
+    fn record(&mut self, tick: &Tick) {
+        self.session
+            .timeline
+            .record(tick.elapsed, tick.running, tick.live_bytes, false);
+    }
+
+    fn profile(&self) -> Result<Profile> {
+        self.session.profile()
+    }
+
+    fn snapshot(&mut self) -> Result<()> {
+        self.session.drain_all();
+        self.session.snapshot(self.sinks)
+    }
+
+    fn duty_due(&self) -> Option<Instant> {
+        self.session.duty.as_ref().map(|d| d.due)
+    }
+
+    fn switch_duty(&mut self) {
+        self.session.switch_duty()
+    }
+}
+
 impl Session {
     /// Runs until the trace ends; returns why, and in launch mode the
     /// receiver of the command's exit code when it still runs.
@@ -80,63 +261,20 @@ impl Session {
         let Inputs {
             exit_rx,
             pidfd,
-            mut tree_events,
+            tree_events,
             signals,
             stop,
             cgroup,
             wake,
         } = inputs;
-        let woken = async || match &wake {
-            Some(n) => n.notified().await,
-            None => std::future::pending().await,
-        };
-        // Live mode: each process's event rings, one per CPU. The BPF
-        // programs do not wake us per event; we drain them on a timer,
-        // often enough that they cannot fill at any allocation rate a
-        // uprobe allows (about a million events a second per CPU at most;
-        // 4 MiB hold some 70,000).
-        let next_event =
-            async |rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<TreeRequest>>| match rx {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
-            };
-        let mut drain_tick = tokio::time::interval(DRAIN_EVERY);
-        drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let live = self.options.settings.mode.live;
-        let drain_due = async |tick: &mut tokio::time::Interval| {
-            if !live {
-                std::future::pending().await
-            } else {
-                tick.tick().await;
-            }
+        let timer = |every: Duration| {
+            let mut t = tokio::time::interval(every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
         };
-        let Signals {
-            int: mut sigint,
-            term: mut sigterm,
-            usr1: mut sigusr1,
-        } = signals;
-        let sleep = async {
-            match schedule.duration {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(sleep);
-        let mut refresh = tokio::time::interval(REFRESH_EVERY);
-        // By cgroup: how soon a process that joins it is traced, and the
-        // cgroup's end seen.
-        let mut cgroup_scan = tokio::time::interval(CGROUP_SCAN_EVERY);
         let scanning = cgroup.is_some();
         self.cgroup = cgroup;
-        let cgroup_due = async |tick: &mut tokio::time::Interval| {
-            if scanning {
-                tick.tick().await;
-            } else {
-                std::future::pending().await
-            }
-        };
-        let mut interval = super::SnapshotTimer::new(schedule.interval);
-
         // Launch mode learns of the exit from the launch thread; by pid, a
         // pidfd becomes readable.
         let exited_fd = match pidfd {
@@ -144,135 +282,27 @@ impl Session {
             Some(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?),
             None => None,
         };
-        let mut exit_rx = exit_rx;
-        let target_exit = async |rx: &mut Option<oneshot::Receiver<i32>>| -> Option<i32> {
-            match (rx, &exited_fd) {
-                (Some(rx), _) => rx.await.ok(),
-                (None, Some(fd)) => {
-                    let _ = fd.readable().await;
-                    None
-                }
-                (None, None) => std::future::pending().await,
-            }
+        let mut traced = Traced {
+            session: self,
+            sinks,
+            exit_rx,
+            exited_fd,
+            tree_events,
+            drain: live.then(|| timer(DRAIN_EVERY)),
+            refresh: tokio::time::interval(REFRESH_EVERY),
+            cgroup_scan: scanning.then(|| tokio::time::interval(CGROUP_SCAN_EVERY)),
+            until_stopped: schedule.until_stopped,
         };
-
-        let mut second =
-            tokio::time::interval_at(tokio::time::Instant::now() + TICK_EVERY, TICK_EVERY);
-        second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let stop = async {
-            match stop {
-                Some(rx) => {
-                    if rx.await.is_err() {
-                        std::future::pending::<()>().await
-                    }
-                }
-                None => std::future::pending().await,
-            }
+        let controls = Controls {
+            signals,
+            stop,
+            wake,
         };
-        tokio::pin!(stop);
-
-        let duty_due = |due: Option<Instant>| async move {
-            match due {
-                Some(due) => tokio::time::sleep_until(due.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-
-        let end = loop {
-            let next_switch = self.duty.as_ref().map(|d| d.due);
-            let settle_at = self.gone_since.map(|t| t + SETTLE_AFTER);
-            tokio::select! {
-                _ = duty_due(next_switch) => self.switch_duty(),
-                _ = duty_due(settle_at) => self.settle(),
-                _ = &mut stop => break (End::Stopped, exit_rx),
-                _ = woken() => {
-                    let tick = self.tick();
-                    for w in watchers.iter_mut() {
-                        w.woken(&tick, &|| self.profile())?;
-                    }
-                }
-                _ = second.tick() => {
-                    let tick = self.tick();
-                    self.timeline.record(tick.elapsed, tick.running, tick.live_bytes, false);
-                    for w in watchers.iter_mut() {
-                        w.tick(&tick, &|| self.profile())?;
-                    }
-                }
-                code = target_exit(&mut exit_rx) => {
-                    // By pid the pidfd says the target is gone, not how:
-                    // the hold's word of its exit comes at about the same
-                    // time (a last look, briefly).
-                    let code = match (code, &mut tree_events) {
-                        (None, Some(rx)) => {
-                            let deadline = tokio::time::Instant::now() + ROOT_GONE_WAIT;
-                            while self.root_exit_code().is_none() {
-                                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                                    Ok(Some(req)) => self.handle(req),
-                                    _ => break,
-                                }
-                            }
-                            self.root_exit_code()
-                        }
-                        (code, _) => code,
-                    };
-                    // Launch mode: processes the command started that
-                    // still run (a daemon that forked away) are traced
-                    // until they are gone too: the launch thread ends then.
-                    let running = self.running_besides_root();
-                    match (code, &tree_events) {
-                        (Some(code), Some(_)) if running > 0 => {
-                            exit_rx = None;
-                            self.root_code = Some(code);
-                            say!(
-                                "mtrace: the command exited{}; tracing the {running} {} it started that still {} until {} gone, Ctrl-C to stop",
-                                if code == 0 { String::new() } else { format!(" with status {code}") },
-                                if running == 1 { "process" } else { "processes" },
-                                if running == 1 { "runs" } else { "run" },
-                                if running == 1 { "it is" } else { "they are" },
-                            );
-                        }
-                        _ => break (End::TargetExited(code), None),
-                    }
-                }
-                _ = &mut sleep => break (End::Duration, exit_rx),
-                _ = sigint.recv() => break (End::Interrupted(libc::SIGINT), exit_rx),
-                _ = sigterm.recv() => break (End::Interrupted(libc::SIGTERM), exit_rx),
-                _ = drain_due(&mut drain_tick) => self.drain_all(),
-                _ = sigusr1.recv() => {
-                    self.drain_all();
-                    self.snapshot(sinks)?;
-                }
-                _ = interval.due() => {
-                    self.drain_all();
-                    self.snapshot(sinks)?;
-                }
-                _ = refresh.tick() => {
-                    self.keep_paused();
-                    for proc in self.procs.values() {
-                        proc.space.lock().unwrap().refresh(proc.pid);
-                    }
-                }
-                _ = cgroup_due(&mut cgroup_scan) => {
-                    if !self.scan_cgroup() && !schedule.until_stopped {
-                        break (End::CgroupEmpty, exit_rx);
-                    }
-                }
-                req = next_event(&mut tree_events) => match req {
-                    Some(req) => self.handle(req),
-                    // The launch thread is gone: no more events, and in
-                    // launch mode no process of the tree is left.
-                    None => {
-                        tree_events = None;
-                        if let Some(code) = self.root_code {
-                            break (End::TargetExited(Some(code)), None);
-                        }
-                    }
-                },
-            }
-        };
+        let end = drive(&mut traced, schedule, controls, watchers).await?;
+        let exit_rx = traced.exit_rx.take();
         self.settle();
         self.drain_all();
-        Ok(end)
+        Ok((end, exit_rx))
     }
 
     /// One word from the thread that follows the tree, answered.
