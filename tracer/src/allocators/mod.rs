@@ -503,12 +503,12 @@ fn find_inlined(
             // `(ctx, size)`, `(ctx, ptr)`: the probe reads argument 1 as
             // the role's argument 0 (from `rsi`, or where the code before
             // the probe moved it).
-            let placement = place_probe(code, vaddr, &[iced_x86::Register::RSI]);
+            let placement = place_probe(code, vaddr, &[crate::asm::Register::RSI]);
             let moved = placement.args >> 4 & 0xf;
             let args = if moved != 0 {
                 moved
             } else {
-                placement::reg_code(iced_x86::Register::RSI).unwrap_or(0)
+                crate::asm::arg_code(crate::asm::Register::RSI).unwrap_or(0)
             };
             sites.push(ProbeSite {
                 funcs: vec![entry],
