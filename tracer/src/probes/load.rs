@@ -63,6 +63,24 @@ fn configured(shared: &mut Option<SharedLoader>, config: Box<Config>) -> &mut Eb
     &mut shared.loader
 }
 
+/// The host scope's maps at their smallest, for a traced process's
+/// object, whose programs never use them.
+const HOST_MAPS_UNUSED: [(&str, u32); 13] = [
+    (maps::HOST_COUNTS, 1),
+    (maps::HOST_TOTALS, 1),
+    (maps::HOST_FUNCS, 1),
+    (maps::HOST_BODIES, 1),
+    (maps::HOST_NAMES, 1),
+    (maps::HOST_RUNS, 1),
+    (maps::HOST_EXECS, 4096),
+    (maps::HOST_STACKS, 1),
+    (maps::HOST_RULES, 1),
+    (maps::HOST_VMAS, 64),
+    (maps::HOST_FILE_TAGS, 1),
+    (maps::HOST_TAG_FILES, 1),
+    (maps::HOST_GENS, 1),
+];
+
 /// Loads the BPF object for `mode` and `sizes` (its programs are loaded
 /// as processes need them).
 pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded> {
@@ -74,6 +92,10 @@ pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<p
     for (i, name) in maps::EVENTS.iter().enumerate() {
         let used = mode.live && (i as u32) < cpus;
         loader.map_max_entries(name, if used { sizes.events } else { 4096 });
+    }
+    // The host scope's maps, unused by a traced process's programs.
+    for (name, entries) in HOST_MAPS_UNUSED {
+        loader.map_max_entries(name, entries);
     }
     let ebpf = loader
         // PENDING is task storage, which aya cannot read (mtrace never does).
@@ -92,20 +114,6 @@ pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<p
             maps::LOST_ALLOCS,
             if mode.live { sizes.kept_aside } else { 1 },
         )
-        // The host scope's maps, unused by a traced process's programs.
-        .map_max_entries(maps::HOST_COUNTS, 1)
-        .map_max_entries(maps::HOST_TOTALS, 1)
-        .map_max_entries(maps::HOST_FUNCS, 1)
-        .map_max_entries(maps::HOST_BODIES, 1)
-        .map_max_entries(maps::HOST_NAMES, 1)
-        .map_max_entries(maps::HOST_RUNS, 1)
-        .map_max_entries(maps::HOST_EXECS, 4096)
-        .map_max_entries(maps::HOST_STACKS, 1)
-        .map_max_entries(maps::HOST_RULES, 1)
-        .map_max_entries(maps::HOST_VMAS, 64)
-        .map_max_entries(maps::HOST_FILE_TAGS, 1)
-        .map_max_entries(maps::HOST_TAG_FILES, 1)
-        .map_max_entries(maps::HOST_GENS, 1)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;
     drop(guard);

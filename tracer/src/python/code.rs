@@ -144,6 +144,32 @@ const LAYOUT_3_8: CodeLayout = CodeLayout {
     unicode: UNICODE_3_8,
 };
 
+/// 3.11: the code object's fields moved for the specialising
+/// interpreter, its bytecode inline (`co_code_adaptive`).
+const LAYOUT_3_11: CodeLayout = CodeLayout {
+    minor: 11,
+    co_firstlineno: 72,
+    co_name: 120,
+    co_qualname: Some(128),
+    co_filename: 112,
+    co_linetable: 136,
+    line_format: Format::Locations,
+    co_code: None,
+    co_code_adaptive: Some(184),
+    instr: InstrForm::FromCodeObject,
+    unicode: UNICODE_3_8,
+};
+
+/// 3.12: as 3.11 but for the first line's offset, the bytecode's and the
+/// strings' layout.
+const LAYOUT_3_12: CodeLayout = CodeLayout {
+    minor: 12,
+    co_firstlineno: 68,
+    co_code_adaptive: Some(192),
+    unicode: UNICODE_3_12,
+    ..LAYOUT_3_11
+};
+
 /// The layouts by minor version, 3.8 to 3.13.
 const LAYOUTS: [CodeLayout; 6] = [
     LAYOUT_3_8,
@@ -157,44 +183,12 @@ const LAYOUTS: [CodeLayout; 6] = [
         instr: InstrForm::LastiUnits,
         ..LAYOUT_3_8
     },
-    CodeLayout {
-        minor: 11,
-        co_firstlineno: 72,
-        co_name: 120,
-        co_qualname: Some(128),
-        co_filename: 112,
-        co_linetable: 136,
-        line_format: Format::Locations,
-        co_code: None,
-        co_code_adaptive: Some(184),
-        instr: InstrForm::FromCodeObject,
-        unicode: UNICODE_3_8,
-    },
-    CodeLayout {
-        minor: 12,
-        co_firstlineno: 68,
-        co_name: 120,
-        co_qualname: Some(128),
-        co_filename: 112,
-        co_linetable: 136,
-        line_format: Format::Locations,
-        co_code: None,
-        co_code_adaptive: Some(192),
-        instr: InstrForm::FromCodeObject,
-        unicode: UNICODE_3_12,
-    },
+    LAYOUT_3_11,
+    LAYOUT_3_12,
     CodeLayout {
         minor: 13,
-        co_firstlineno: 68,
-        co_name: 120,
-        co_qualname: Some(128),
-        co_filename: 112,
-        co_linetable: 136,
-        line_format: Format::Locations,
-        co_code: None,
         co_code_adaptive: Some(200),
-        instr: InstrForm::FromCodeObject,
-        unicode: UNICODE_3_12,
+        ..LAYOUT_3_12
     },
 ];
 

@@ -4,6 +4,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// A ptrace request on `pid` whose address is unused, with `data` (a
+/// number, or a pointer to what the kernel reads or fills).
 pub(crate) fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> std::io::Result<()> {
     let r = unsafe {
         libc::ptrace(
@@ -76,33 +78,20 @@ pub(crate) fn poke(pid: u32, addr: u64, word: u64) -> std::io::Result<()> {
 pub(crate) fn get_regs(pid: u32) -> std::io::Result<libc::user_regs_struct> {
     // SAFETY: plain data, filled by the kernel.
     let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETREGS,
-            pid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            &mut regs as *mut libc::user_regs_struct,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    ptrace(
+        libc::PTRACE_GETREGS,
+        pid,
+        &mut regs as *mut libc::user_regs_struct as usize,
+    )?;
     Ok(regs)
 }
 
 pub(crate) fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Result<()> {
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_SETREGS,
-            pid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            regs as *const libc::user_regs_struct,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    ptrace(
+        libc::PTRACE_SETREGS,
+        pid,
+        regs as *const libc::user_regs_struct as usize,
+    )
 }
 
 /// Signals that reached a tracee while mtrace held it for its own ends
@@ -160,15 +149,13 @@ pub(crate) fn tgid_of(tid: u32) -> Option<u32> {
 
 pub(crate) fn event_msg(tid: u32) -> Option<u32> {
     let mut msg: libc::c_ulong = 0;
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETEVENTMSG,
-            tid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            &mut msg as *mut libc::c_ulong,
-        )
-    };
-    (r == 0).then_some(msg as u32)
+    ptrace(
+        libc::PTRACE_GETEVENTMSG,
+        tid,
+        &mut msg as *mut libc::c_ulong as usize,
+    )
+    .ok()?;
+    Some(msg as u32)
 }
 
 /// What [`wait_any`] saw.
