@@ -22,9 +22,15 @@ use std::{
 
 use crate::support::{
     self,
+    agent::Agent,
+    cgroup::TestCgroup,
     fixtures::compile_c,
-    mtrace::{mtrace_command, Mtrace},
-    process::{FixtureProc, Proc, LINE_TIMEOUT},
+    have,
+    http::http,
+    longrun::Longrun,
+    pprof::{at_site, pprof_raw},
+    process::{FixtureProc, LINE_TIMEOUT},
+    prometheus::{metric, prom_query, prom_until, start_prometheus},
 };
 
 fn agent_fixture() -> &'static Path {
@@ -39,90 +45,12 @@ fn agent_fixture() -> &'static Path {
     })
 }
 
-pub(crate) fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// Tells the fixture `cmd` and waits until it has made the calls.
 fn tell(fx: &mut FixtureProc, cmd: &str) {
     let stdin = fx.stdin.as_mut().expect("fixture stdin open");
     writeln!(stdin, "{cmd}").unwrap();
     stdin.flush().unwrap();
     fx.stdout.wait_for(|l| l == "done", LINE_TIMEOUT);
-}
-
-/// A running agent and the address it serves on (`--listen 127.0.0.1:0`:
-/// the port the kernel chose, read from its line).
-pub(crate) struct Agent {
-    pub(crate) mtrace: Mtrace,
-    addr: String,
-    /// What it said of where it serves.
-    line: String,
-}
-
-impl Agent {
-    pub(crate) fn start(args: &[&str]) -> Agent {
-        Agent::start_on("127.0.0.1:0", args)
-    }
-
-    /// An agent on `--listen LISTEN` (a port the kernel chooses), reached
-    /// on loopback at the port it says.
-    fn start_on(listen: &str, args: &[&str]) -> Agent {
-        let mut all = vec!["agent", "--listen", listen];
-        all.extend_from_slice(args);
-        let mut mtrace = Mtrace::spawn(&mut mtrace_command(&all));
-        let line = mtrace
-            .stderr
-            .wait_for(|l| l.starts_with("mtrace agent: serving on "), LINE_TIMEOUT);
-        let port = line
-            .split("://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .and_then(|addr| addr.rsplit(':').next())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Agent {
-            mtrace,
-            addr: format!("127.0.0.1:{port}"),
-            line,
-        }
-    }
-
-    /// The agent's resident and peak resident memory, in bytes; the peak
-    /// is set back to the resident after reading it.
-    fn memory(&self) -> (u64, u64) {
-        let pid = self.mtrace.proc.child.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let kib = |key: &str| -> u64 {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or_else(|| panic!("no {key} in {status}"))
-        };
-        let read = (kib("VmRSS:") * 1024, kib("VmHWM:") * 1024);
-        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-        read
-    }
-
-    /// The descriptors the agent holds.
-    fn descriptors(&self) -> usize {
-        let pid = self.mtrace.proc.child.id();
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .unwrap()
-            .count()
-    }
-
-    pub(crate) fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        http(&self.addr, "GET", path)
-    }
 }
 
 /// What each test starts with: root (BPF), `tool` installed, a fixture
@@ -147,178 +75,6 @@ fn start(
     all.extend(["--pid", &pid]);
     let agent = Agent::start(&all);
     Some((tempfile::tempdir().unwrap(), fx, pid, agent))
-}
-
-/// One HTTP/1.0 request: the status and the body (as text).
-fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
-    try_http(addr, method, path).unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
-}
-
-/// [`http`], or what went wrong.
-fn try_http(addr: &str, method: &str, path: &str) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("connecting: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
-        .map_err(|e| format!("writing: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("reading: {e}"))?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP head in {text:?}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad status line in {head:?}"))?;
-    Ok((code, body.to_string()))
-}
-
-/// One sample of `go tool pprof -raw`: its values and the functions of
-/// its locations, leaf (the allocator) first.
-#[derive(Debug)]
-pub(crate) struct Sample {
-    pub(crate) values: Vec<i64>,
-    pub(crate) functions: Vec<String>,
-    pub(crate) labels: String,
-}
-
-/// `go tool pprof -raw [extra] URL` with `env` set, as it ran.
-fn pprof_fetch(
-    dir: &Path,
-    url: &str,
-    extra: &[&str],
-    env: &[(&str, &Path)],
-) -> std::process::Output {
-    Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .args(extra)
-        .arg(url)
-        .env("PPROF_TMPDIR", dir)
-        .env("HOME", dir)
-        .envs(env.iter().copied())
-        .output()
-        .expect("running go tool pprof")
-}
-
-/// `go tool pprof -raw [extra] URL`, parsed: the sample types and the
-/// samples.
-pub(crate) fn pprof_raw(dir: &Path, url: &str, extra: &[&str]) -> (Vec<String>, Vec<Sample>) {
-    pprof_raw_env(dir, url, extra, &[])
-}
-
-/// [`pprof_raw`] with `env` set.
-fn pprof_raw_env(
-    dir: &Path,
-    url: &str,
-    extra: &[&str],
-    env: &[(&str, &Path)],
-) -> (Vec<String>, Vec<Sample>) {
-    let out = pprof_fetch(dir, url, extra, env);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof failed ({}): {}\n{text}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_raw(&text)
-}
-
-fn parse_raw(text: &str) -> (Vec<String>, Vec<Sample>) {
-    let mut lines = text.lines().peekable();
-    let mut types = Vec::new();
-    let mut raw: Vec<(Vec<i64>, Vec<u64>, String)> = Vec::new();
-    let mut names: BTreeMap<u64, String> = BTreeMap::new();
-    let mut section = "";
-    while let Some(line) = lines.next() {
-        match line {
-            "Samples:" => {
-                section = "samples";
-                let header = lines.next().unwrap_or_default();
-                types = header
-                    .split_whitespace()
-                    .map(|t| t.trim_end_matches("[dflt]").to_string())
-                    .collect();
-                continue;
-            }
-            "Locations" => {
-                section = "locations";
-                continue;
-            }
-            "Mappings" => {
-                section = "mappings";
-                continue;
-            }
-            _ => {}
-        }
-        match section {
-            "samples" => {
-                if let Some((values, locs)) = line.split_once(':').filter(|(v, _)| {
-                    !v.trim().is_empty() && v.split_whitespace().all(|x| x.parse::<i64>().is_ok())
-                }) {
-                    raw.push((
-                        values
-                            .split_whitespace()
-                            .map(|v| v.parse().unwrap())
-                            .collect(),
-                        locs.split_whitespace()
-                            .map(|v| v.parse().unwrap())
-                            .collect(),
-                        String::new(),
-                    ));
-                } else if let Some(last) = raw.last_mut() {
-                    last.2.push_str(line.trim());
-                    last.2.push(' ');
-                }
-            }
-            "locations" => {
-                // "    12: 0x12f2 M=1 agent_site_a /path/agent.c:18 s=0"
-                let mut parts = line.split_whitespace();
-                if let Some(id) = parts
-                    .next()
-                    .and_then(|i| i.trim_end_matches(':').parse().ok())
-                {
-                    let function = parts.nth(2).unwrap_or_default().to_string();
-                    names.insert(id, function);
-                }
-            }
-            _ => {}
-        }
-    }
-    let samples = raw
-        .into_iter()
-        .map(|(values, locs, labels)| Sample {
-            values,
-            functions: locs.iter().map(|l| names[l].clone()).collect(),
-            labels,
-        })
-        .collect();
-    (types, samples)
-}
-
-/// The values of the sample whose second location (the allocator's
-/// caller) is `site`, summed.
-fn at_site(samples: &[Sample], site: &str) -> Vec<i64> {
-    let mut sum: Vec<i64> = Vec::new();
-    for s in samples
-        .iter()
-        .filter(|s| s.functions.get(1).map(String::as_str) == Some(site))
-    {
-        sum.resize(s.values.len(), 0);
-        for (a, v) in sum.iter_mut().zip(&s.values) {
-            *a += v;
-        }
-    }
-    sum
-}
-
-/// A metric line's value (`name{labels} value`), the labels given as
-/// they are written.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[test]
@@ -445,87 +201,6 @@ fn heap_profile_keeps_in_use_whole_across_windows() {
     agent.mtrace.finish().assert_exit(0);
 }
 
-/// Prometheus scraping one job, `mtrace`, every second, configured by
-/// `job` (its lines after `job_name`, indented by four); ready to answer
-/// queries, and the address of its API.
-fn start_prometheus(dir: &Path, job: &str) -> (Proc, String) {
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
-             scrape_configs:\n  - job_name: mtrace\n    {job}"
-        ),
-    )
-    .unwrap();
-    let prom_addr = format!("127.0.0.1:{}", free_port());
-    let mut prom = Proc::spawn(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-        "prometheus",
-    );
-    // Listening comes before ready (its storage opening): the query API
-    // answers 503 until /-/ready says 200.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(&prom_addr).is_err() || http(&prom_addr, "GET", "/-/ready").0 != 200 {
-        assert!(prom.running(), "prometheus exited");
-        assert!(
-            Instant::now() < deadline,
-            "prometheus never became ready on {prom_addr}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (prom, prom_addr)
-}
-
-/// A port free now on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `GET /api/v1/query?query=Q` of Prometheus: the first result's value.
-fn prom_query(addr: &str, query: &str) -> Option<f64> {
-    let mut q = String::new();
-    for b in query.bytes() {
-        if b.is_ascii_alphanumeric() || b"_-.".contains(&b) {
-            q.push(b as char);
-        } else {
-            q.push_str(&format!("%{b:02X}"));
-        }
-    }
-    let (code, body) = http(addr, "GET", &format!("/api/v1/query?query={q}"));
-    assert_eq!(code, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let value = v["data"]["result"].get(0)?["value"][1]
-        .as_str()?
-        .to_string();
-    value.parse().ok()
-}
-
-/// Polls `query` until `ok` holds of its value; the last value seen.
-fn prom_until(addr: &str, query: &str, within: Duration, ok: impl Fn(f64) -> bool) -> Option<f64> {
-    let deadline = Instant::now() + within;
-    loop {
-        let v = prom_query(addr, query);
-        if v.is_some_and(&ok) || Instant::now() > deadline {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 #[test]
 fn prometheus_scrapes_the_allocation_rate() {
     let Some((dir, mut fx, pid, agent)) =
@@ -581,7 +256,7 @@ fn prometheus_scrapes_the_allocation_rate() {
 #[test]
 fn agent_on_a_cgroup_follows_a_restarted_service() {
     need_bpf!();
-    let cg = crate::scopes::TestCgroup::new("agent");
+    let cg = TestCgroup::new("agent");
     let mut first = FixtureProc::start(agent_fixture(), &[]);
     first.wait_ready();
     cg.add(first.pid());
@@ -645,7 +320,7 @@ fn agent_on_a_cgroup_follows_a_restarted_service() {
 
 /// Over 6 s, every `every`: how many times longrun's allocator code had
 /// a breakpoint in it, and how many times not.
-fn watch_breakpoints(target: &crate::lifecycle::Longrun, every: Duration) -> (u32, u32) {
+fn watch_breakpoints(target: &Longrun, every: Duration) -> (u32, u32) {
     let (mut seen_in, mut seen_out) = (0, 0);
     let watching = Instant::now();
     while watching.elapsed() < Duration::from_secs(6) {
@@ -662,7 +337,7 @@ fn watch_breakpoints(target: &crate::lifecycle::Longrun, every: Duration) -> (u3
 /// Stops a windows policy's agent: it exits 0, its report says how its
 /// counts came about, and longrun's code is as its file has it and the
 /// program runs on to its correct end.
-fn stop_windows_agent(agent: Agent, target: crate::lifecycle::Longrun) {
+fn stop_windows_agent(agent: Agent, target: Longrun) {
     let mut mtrace = agent.mtrace;
     mtrace.proc.signal(libc::SIGINT);
     let finished = mtrace.finish();
@@ -697,7 +372,7 @@ fn windows_figures(text: &str) -> (f64, f64, f64, f64) {
 #[test]
 fn windows_policy_probes_part_of_the_time_and_says_so() {
     need_bpf!();
-    let target = crate::lifecycle::Longrun::start_for("8");
+    let target = Longrun::start_for("8");
     let pid = target.fx.pid().to_string();
     let agent = Agent::start(&["--window", "0.5", "--every", "2", "--pid", &pid]);
     let mut target = target;
@@ -748,7 +423,7 @@ fn windows_policy_probes_part_of_the_time_and_says_so() {
 #[test]
 fn windows_budget_bounds_the_time_probes_are_in() {
     need_bpf!();
-    let target = crate::lifecycle::Longrun::start_for("9");
+    let target = Longrun::start_for("9");
     let pid = target.fx.pid().to_string();
     let agent = Agent::start(&["--window", "0.1", "--budget", "10", "--pid", &pid]);
     let mut target = target;
@@ -950,7 +625,7 @@ fn agent_all_windows_take_the_probes_out_of_every_process() {
     if !support::require_bpf_alone() {
         return;
     }
-    let target = crate::lifecycle::Longrun::start_for("9");
+    let target = Longrun::start_for("9");
     let agent = Agent::start(&["--all", "--window", "0.1", "--budget", "10"]);
     let mut target = target;
     target.fx.release();

@@ -21,11 +21,9 @@ use std::{
     sync::OnceLock,
 };
 
-use crate::{
-    agent::{have, pprof_raw, Agent},
-    support::{
-        self, fixtures::fixtures_dir, profile::Profile, run_profiled, trace_by_pid, FixtureProc,
-    },
+use crate::support::{
+    self, agent::Agent, fixtures::fixtures_dir, have, pprof::pprof_raw, profile::Profile,
+    run_profiled, trace_by_pid, FixtureProc,
 };
 
 /// How the fixture is built.

@@ -16,10 +16,9 @@ use std::{
 
 use crate::{
     artifacts::s,
-    lifecycle::Longrun,
     support::{
-        mtrace::mtrace_command, mtrace_path, names_in, public_tempdir, run_mtrace, Finished,
-        Fixture, Mtrace, Proc, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
+        longrun::Longrun, mtrace::mtrace_command, mtrace_path, names_in, public_tempdir,
+        run_mtrace, Finished, Fixture, Mtrace, Proc, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
     },
 };
 

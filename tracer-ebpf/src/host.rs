@@ -27,6 +27,7 @@ use tracer_common::{
 use crate::{
     aggregate::{bump_counter, current_comm, EEXIST},
     args::{attach_cookie, call_args},
+    chunk::load_chunk,
     handover::send_miss,
     hidden::hidden_return,
     maps::{
@@ -36,7 +37,7 @@ use crate::{
     },
     nesting::in_ranges,
     scratch::{give_back_scratch, level_of, take_scratch},
-    walk::{finish_hash, load_chunk, start_walk, walk_frames},
+    walk::{finish_hash, start_walk, walk_frames},
 };
 
 /// An allocating call anywhere on the host.

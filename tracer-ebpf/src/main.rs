@@ -42,6 +42,7 @@
 
 mod aggregate;
 mod args;
+mod chunk;
 mod handover;
 mod hidden;
 mod host;

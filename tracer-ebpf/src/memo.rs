@@ -12,9 +12,9 @@ use tracer_common::{
 use crate::{
     aggregate::{add_to_count, bump_counter, insert_count},
     args::NO_COOKIE,
+    chunk::load_chunk,
     maps::{MEMO, MEMO_NOWHERE},
     scratch::{level_of, run_loop, scratch_at},
-    walk::load_chunk,
 };
 
 /// The [`MEMO`] entry of a call from `caller` with stack pointer `sp`.

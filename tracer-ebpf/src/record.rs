@@ -16,6 +16,7 @@ use tracer_common::{
 use crate::{
     aggregate::{bump_counter, count_call, insert_count, name_thread, EEXIST},
     args::{attach_cookie, block_arg, call_args, NO_COOKIE},
+    chunk::load_chunk,
     handover::send_miss,
     live::{send_free, set_pending},
     maps::{config_u32, enabled, CONFIG, INLINE_PENDING, PENDING, STACKS},
@@ -24,7 +25,7 @@ use crate::{
     python::{append_python, python_key, python_layout, read_python, send_python_notice},
     sample::{sample_weight, weighted_bytes},
     scratch::{give_back_scratch, owns_cpu, take_scratch},
-    walk::{finish_hash, load_chunk, start_walk, walk_stack},
+    walk::{finish_hash, start_walk, walk_stack},
 };
 
 /// A call of a releasing function (`ptr` is the block). It needs no stack

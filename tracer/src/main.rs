@@ -10,6 +10,8 @@
 // the kernel (aya).
 mod tracee; // the traced process: /proc, launch under ptrace, its address space
 
+mod asm; // x86-64 code: decoding, instruction walks, register data flow
+
 mod allocators; // which object allocates, its entry points, probe placement
 
 mod probes; // load the BPF object and attach the probes

@@ -14,8 +14,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{agent_fixture, http, tell, try_http, Agent};
-use crate::support::process::FixtureProc;
+use super::{agent_fixture, tell};
+use crate::support::{
+    agent::Agent,
+    http::{http, try_http},
+    process::FixtureProc,
+};
 
 /// A fixture and an agent tracing it exactly (`--policy always`).
 fn traced() -> (FixtureProc, Agent) {

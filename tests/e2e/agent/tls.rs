@@ -12,11 +12,16 @@ use std::{
     time::Duration,
 };
 
-use super::{
-    agent_fixture, at_site, have, pprof_fetch, pprof_raw_env, prom_until, start_prometheus, tell,
-    Agent,
+use super::{agent_fixture, tell};
+use crate::support::{
+    self,
+    agent::Agent,
+    have,
+    mtrace::run_mtrace,
+    pprof::{at_site, pprof_fetch, pprof_raw_env},
+    process::FixtureProc,
+    prometheus::{prom_until, start_prometheus},
 };
-use crate::support::{self, mtrace::run_mtrace, process::FixtureProc};
 
 /// A test CA, a server certificate of it for 127.0.0.1 and localhost, and
 /// a client certificate of it, as PEM files in `dir`.

@@ -8,14 +8,24 @@
 //!   what the tests assert on;
 //! - [`table`]: the parser of the human table (the table's own tests are
 //!   tests/e2e/table.rs);
-//! - [`diff`]: the parser of `mtrace diff`'s table.
+//! - [`diff`]: the parser of `mtrace diff`'s table;
+//! - [`longrun`]: the longrun fixture, to see probes come and go;
+//! - [`cgroup`]: a cgroup of the test's own;
+//! - [`agent`], [`http`], [`pprof`], [`prometheus`]: `mtrace agent` and
+//!   the clients that read it.
 
+pub mod agent;
+pub mod cgroup;
 pub mod diff;
 pub mod fixtures;
 pub mod gdb;
+pub mod http;
+pub mod longrun;
 pub mod mtrace;
+pub mod pprof;
 pub mod process;
 pub mod profile;
+pub mod prometheus;
 pub mod table;
 
 use std::{fs, os::unix::fs::PermissionsExt};
@@ -119,4 +129,13 @@ pub fn public_tempdir() -> tempfile::TempDir {
         .unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     dir
+}
+
+/// Is `program` on PATH?
+pub fn have(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }

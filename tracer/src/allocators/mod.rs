@@ -8,18 +8,26 @@
 //! reads, is [`families`]; where in each function the probe goes is
 //! [`placement`].
 
+mod copies;
 pub mod families;
+mod found;
 pub mod inlined;
 pub mod placement;
+mod symbols;
+#[cfg(test)]
+mod tests;
 
 use std::{fs, path::PathBuf};
 
 use anyhow::Result;
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use tracer_common::{BodyRange, Role, MAX_BODY_RANGES, MAX_FREE_BODIES};
 
-use self::families::Entry;
-use self::placement::place_probe;
+use self::{
+    copies::find_inlined,
+    families::Entry,
+    placement::place_probe,
+    symbols::{definitions, family_of, Def},
+};
 
 use crate::{
     tracee::{is_dynamic_linker, path_in_target, DynamicLinker, Mapping},
@@ -411,137 +419,6 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
     }))
 }
 
-/// CPython's object allocator inlined into its callers (see [`inlined`]):
-/// the copies found in the object of the probed `PyObject_Malloc` go to
-/// the site of the function each copies (`PyObject_Malloc`,
-/// `PyMem_Malloc`, `PyObject_Calloc`, `PyMem_Calloc`, `PyObject_Realloc`,
-/// `PyMem_Realloc`). The calls a copy of realloc makes to the C library's
-/// allocator, and those the static `_PyObject_Malloc` makes (a copy of
-/// realloc calls it), are its own: they join `internals`. Returns the
-/// copies not probed: guards not followed, and copies of
-/// `_PyObject_Realloc` (when they could not be told apart).
-fn find_inlined(
-    sites: &mut Vec<ProbeSite>,
-    files: &[(String, PathBuf, memmap2::Mmap)],
-    internals: &mut Vec<Internal>,
-) -> (usize, usize) {
-    let Some(om) = named(sites, "PyObject_Malloc", None) else {
-        return (0, 0);
-    };
-    let path = sites[om].path.clone();
-    let Some((_, _, data)) = files.iter().find(|(p, _, _)| *p == path) else {
-        return (0, 0);
-    };
-    let Ok(file) = object::File::parse(&**data) else {
-        return (0, 0);
-    };
-    let code = inlined::Text::of(&file);
-    let at = |symbol| named(sites, symbol, Some(&path)).map(|i| (i, sites[i].vaddr));
-    let exported = inlined::Exported {
-        object_malloc: (om, sites[om].vaddr),
-        mem_malloc: at("PyMem_Malloc"),
-        object_calloc: at("PyObject_Calloc").map(|(i, _)| i),
-        mem_calloc: at("PyMem_Calloc"),
-        object_realloc: at("PyObject_Realloc"),
-        mem_realloc: at("PyMem_Realloc"),
-        object_free: at("PyObject_Free"),
-        mem_free: at("PyMem_Free"),
-    };
-    let probed: Vec<(u64, u64)> = sites
-        .iter()
-        .filter(|s| s.path == path)
-        .map(|s| (s.vaddr, s.size))
-        .collect();
-    let targets = inlined::targets(&code, &exported);
-    let found = inlined::find(&code, &targets, &probed);
-    let resizes = if targets.iter().any(|t| t.kind == inlined::Kind::Realloc) {
-        0
-    } else {
-        at("PyObject_Realloc")
-            .and_then(|(_, vaddr)| inlined::guard_of(&code, vaddr))
-            .map_or(0, |(function, _)| {
-                inlined::guards_of(&code, function, &probed)
-            })
-    };
-    for (row, copy) in found.sites {
-        sites[row].inlined.push(copy);
-    }
-    let own = |vaddr: u64, size: u64| {
-        Some(Internal {
-            path: path.clone(),
-            file_offset: vaddr_to_file_offset(&file, vaddr)?,
-            size,
-            frees: false,
-        })
-    };
-    let malloc = targets
-        .iter()
-        .find(|t| t.kind == inlined::Kind::Malloc)
-        .and_then(|t| inlined::function_extent(&file, t.function));
-    internals.extend(malloc.and_then(|(vaddr, size)| own(vaddr, size)));
-    internals.extend(found.nested.iter().filter_map(|ra| own(*ra, 1)));
-    // Live mode sees the copies of realloc through the static malloc and
-    // free they call: probed there (their own calls are nested in them).
-    if targets.iter().any(|t| t.kind == inlined::Kind::Realloc) {
-        for (kind, entry) in [
-            (inlined::Kind::Malloc, &families::PYMALLOC_STATIC[0]),
-            (inlined::Kind::Free, &families::PYMALLOC_STATIC[1]),
-        ] {
-            let Some(t) = targets.iter().find(|t| t.kind == kind) else {
-                continue;
-            };
-            let Some((vaddr, size)) = inlined::function_extent(&file, t.function) else {
-                continue;
-            };
-            let Some(file_offset) = vaddr_to_file_offset(&file, vaddr) else {
-                continue;
-            };
-            let start = file_offset as usize;
-            let code = data
-                .get(start..(start + size.min(16384) as usize).min(data.len()))
-                .unwrap_or(&[]);
-            // `(ctx, size)`, `(ctx, ptr)`: the probe reads argument 1 as
-            // the role's argument 0 (from `rsi`, or where the code before
-            // the probe moved it).
-            let placement = place_probe(code, vaddr, &[iced_x86::Register::RSI]);
-            let moved = placement.args >> 4 & 0xf;
-            let args = if moved != 0 {
-                moved
-            } else {
-                placement::reg_code(iced_x86::Register::RSI).unwrap_or(0)
-            };
-            sites.push(ProbeSite {
-                funcs: vec![entry],
-                path: path.clone(),
-                open_path: sites[om].open_path.clone(),
-                vaddr,
-                size,
-                file_offset,
-                probe_offset: placement.offset,
-                emulated: placement.emulated,
-                args,
-                instruction: placement.instruction,
-                prefix: None,
-                inlined: Vec::new(),
-                live_only: true,
-            });
-        }
-    }
-    internals.extend(found.nested_frees.iter().filter_map(|ra| {
-        let mut i = own(*ra, 1)?;
-        i.frees = true;
-        Some(i)
-    }));
-    (found.missed, resizes)
-}
-
-/// The probe site of `symbol` (in the object at `path`, when given).
-fn named(sites: &[ProbeSite], symbol: &str, path: Option<&str>) -> Option<usize> {
-    sites.iter().position(|s| {
-        s.funcs.iter().any(|f| f.symbol == symbol) && path.is_none_or(|p| s.path == p)
-    })
-}
-
 /// The allocator of a program that would map `paths` (in this order), as
 /// they are on this host: for probes in files before any process maps
 /// them (the host scope).
@@ -558,169 +435,4 @@ pub fn require_in_process(pid: u32, maps: &[Mapping], python: bool) -> Result<Al
             "no malloc found in any of the {objects} objects pid {pid} maps (is it statically linked without symbols, or not using a malloc-compatible allocator?)"
         )
     })
-}
-
-/// An entry point an object defines.
-#[derive(Clone, Copy, Debug)]
-struct Def {
-    /// Its row in [`families::ENTRIES`].
-    order: usize,
-    entry: &'static Entry,
-    vaddr: u64,
-    size: u64,
-    file_offset: u64,
-    /// Defined under a prefix (`_rjem_malloc`): the API of an allocator
-    /// linked in beside the C library's, which it does not replace.
-    prefix: Option<&'static str>,
-}
-
-/// An allocator internal an object defines: (file offset, size, whether
-/// it frees).
-type Internal0 = (u64, u64, bool);
-
-/// The entry points an ELF object defines, and the allocator internals it
-/// defines (with `python`, CPython's entry points and internals too).
-fn definitions(data: &[u8], python: bool) -> (Vec<Def>, Vec<Internal0>) {
-    let Ok(file) = object::File::parse(data) else {
-        return (Vec::new(), Vec::new());
-    };
-    let mut defs: Vec<Def> = Vec::new();
-    let mut internals = Vec::new();
-    // Dynamic symbols first (what callers bind to), then the full symbol
-    // table (statically linked programs, Rust's shims).
-    for sym in file.dynamic_symbols().chain(file.symbols()) {
-        if sym.kind() != SymbolKind::Text || !sym.is_definition() || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let Some(file_offset) = vaddr_to_file_offset(&file, sym.address()) else {
-            continue;
-        };
-        if let Some((order, entry)) = families::lookup(name) {
-            if families::is_python(entry) && !python {
-                continue;
-            }
-            if !defs.iter().any(|d| d.order == order) {
-                defs.push(Def {
-                    order,
-                    entry,
-                    vaddr: sym.address(),
-                    size: sym.size(),
-                    file_offset,
-                    prefix: families::prefix_of(name, entry),
-                });
-            }
-        } else if families::is_internal(name) {
-            internals.push((file_offset, sym.size(), false));
-        } else if python && families::PYTHON_INTERNALS.contains(&families::plain_name(name)) {
-            internals.push((file_offset, sym.size(), families::is_python_free(name)));
-        }
-    }
-    (defs, internals)
-}
-
-/// Every text symbol an object defines (for telling families apart).
-/// The allocator family of the object at `path`, whose bytes are `data`.
-fn family_of(path: &str, data: &[u8]) -> &'static str {
-    let names = defined_names(data);
-    families::family(
-        |n| names.iter().any(|d| d == n),
-        |bytes| memchr::memmem::find(data, bytes).is_some(),
-        path,
-    )
-}
-
-fn defined_names(data: &[u8]) -> Vec<String> {
-    let Ok(file) = object::File::parse(data) else {
-        return Vec::new();
-    };
-    file.dynamic_symbols()
-        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
-        .filter_map(|s| {
-            s.name()
-                .ok()
-                .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        })
-        .collect()
-}
-
-fn vaddr_to_file_offset(file: &object::File, vaddr: u64) -> Option<u64> {
-    file.segments().find_map(|seg| {
-        let (off, size) = seg.file_range();
-        let addr = seg.address();
-        (vaddr >= addr && vaddr < addr + size).then(|| vaddr - addr + off)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_this_machines_libc_malloc() {
-        // Debian's libc: the machines mtrace is built and tested on.
-        let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian's libc");
-        let (defs, _) = definitions(&data, false);
-        let malloc = defs.iter().find(|d| d.entry.symbol == "malloc").unwrap();
-        assert!(malloc.size > 0);
-        assert!(defs.iter().any(|d| d.entry.role == Role::Free));
-    }
-
-    /// CPython's entry points only when asked for (`--python-objects`).
-    #[test]
-    fn python_entry_points_only_when_asked() {
-        let data = fs::read("/usr/bin/python3.11").expect("Debian's python3.11");
-        let names = |python| -> Vec<&str> {
-            let (defs, _) = definitions(&data, python);
-            defs.iter().map(|d| d.entry.symbol).collect()
-        };
-        assert!(!names(false).iter().any(|n| n.starts_with("PyObject_")));
-        let asked = names(true);
-        for f in ["PyObject_Malloc", "PyObject_Free", "PyMem_Realloc"] {
-            assert!(asked.contains(&f), "{f} in {asked:?}");
-        }
-    }
-}
-
-/// The answers of [`find_in_process`], by the objects a process maps.
-mod found {
-    use super::AllocatorObject;
-    use crate::tracee::{path_in_target, FileId, Kept};
-
-    /// The objects in link-map order, each with its identity (`None`
-    /// when it could not be looked at: such a key is never stored).
-    #[derive(Clone, PartialEq, Eq)]
-    pub(super) struct Key {
-        python: bool,
-        objects: Vec<(String, Option<FileId>)>,
-    }
-
-    impl Key {
-        pub(super) fn of(pid: u32, objects: &[String], python: bool) -> Key {
-            let objects = objects
-                .iter()
-                .map(|path| (path.clone(), FileId::of(&path_in_target(pid, path))))
-                .collect();
-            Key { python, objects }
-        }
-
-        fn whole(&self) -> bool {
-            self.objects.iter().all(|(_, id)| id.is_some())
-        }
-    }
-
-    type Answer = Option<AllocatorObject>;
-
-    /// The answers kept (32 sets of objects).
-    static FOUND: Kept<Key, Answer> = Kept::new(32);
-
-    pub(super) fn get(key: &Key) -> Option<Answer> {
-        key.whole().then(|| FOUND.get(key)).flatten()
-    }
-
-    pub(super) fn put(key: Key, answer: Answer) {
-        if key.whole() {
-            FOUND.put(key, answer);
-        }
-    }
 }

@@ -10,9 +10,9 @@
 
 use tracer_common::Role;
 
-use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
-    OpAccess, OpKind, Register,
+use crate::asm::{
+    self, arg_code, kernel_emulates, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
+    OpKind, Register,
 };
 
 #[derive(Debug, PartialEq, Eq)]
@@ -30,38 +30,10 @@ pub struct Placement {
 /// The argument registers, in argument order.
 const ARGS: [Register; 4] = [Register::RDI, Register::RSI, Register::RDX, Register::RCX];
 
-/// `r`'s code in `tracer_common::ARG_REGS` (from 1), as the attach
-/// cookie's argument bits carry it.
-pub(crate) fn reg_code(r: Register) -> Option<u64> {
-    use tracer_common::ArgReg;
-    let a = match r {
-        Register::RDI => ArgReg::Rdi,
-        Register::RSI => ArgReg::Rsi,
-        Register::RDX => ArgReg::Rdx,
-        Register::RCX => ArgReg::Rcx,
-        Register::R8 => ArgReg::R8,
-        Register::R9 => ArgReg::R9,
-        Register::RAX => ArgReg::Rax,
-        Register::R10 => ArgReg::R10,
-        Register::R11 => ArgReg::R11,
-        Register::RBX => ArgReg::Rbx,
-        Register::RBP => ArgReg::Rbp,
-        Register::R12 => ArgReg::R12,
-        Register::R13 => ArgReg::R13,
-        Register::R14 => ArgReg::R14,
-        Register::R15 => ArgReg::R15,
-        _ => return None,
-    };
-    tracer_common::ARG_REGS
-        .iter()
-        .position(|x| *x == a)
-        .map(|i| i as u64 + 1)
-}
-
 /// The code of a scratch register an entry probe's prologue can move an
 /// argument to (a callee-saved one it would save on the stack first).
 fn arg_reg_code(reg: Register) -> Option<u64> {
-    reg_code(reg).filter(|c| *c <= 9)
+    arg_code(reg).filter(|c| *c <= 9)
 }
 
 /// Where each argument a probe reads is at a point of the prologue: every
@@ -161,17 +133,12 @@ impl Placement {
 
 /// The first instruction's mnemonic.
 fn first_mnemonic(code: &[u8], ip: u64) -> Option<String> {
-    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-    let insn = decoder.can_decode().then(|| decoder.decode())?;
-    (!insn.is_invalid()).then(|| format!("{:?}", insn.mnemonic()).to_lowercase())
+    asm::first(code, ip).map(|insn| format!("{:?}", insn.mnemonic()).to_lowercase())
 }
 
 /// Does a branch in `code` target `(ip, ip + offset]`?
 fn jumped_into(code: &[u8], ip: u64, offset: u64) -> bool {
-    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-    let mut insn = Instruction::default();
-    while decoder.can_decode() {
-        decoder.decode_out(&mut insn);
+    for insn in asm::instructions(code, ip) {
         if insn.is_invalid() {
             continue;
         }
@@ -192,16 +159,10 @@ fn jumped_into(code: &[u8], ip: u64, offset: u64) -> bool {
 }
 
 fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
-    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
-    let mut insn = Instruction::default();
     let mut first = None;
     let mut holders = Holders::new(reads);
-    for _ in 0..MAX_SCAN {
-        if !decoder.can_decode() {
-            break;
-        }
-        decoder.decode_out(&mut insn);
+    for insn in asm::instructions(code, ip).take(MAX_SCAN) {
         if insn.is_invalid() {
             break;
         }
@@ -232,41 +193,6 @@ fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
     }
 }
 
-/// Instructions arch/x86/kernel/uprobes.c emulates without a single-step:
-/// nops, relative jumps and calls, conditional jumps, and pushes of a
-/// general register (with at most a REX.B prefix).
-pub(crate) fn kernel_emulates(insn: &Instruction, bytes: &[u8]) -> bool {
-    // The kernel refuses branches with an operand-size prefix.
-    if bytes.first() == Some(&0x66) && insn.mnemonic() != Mnemonic::Nop {
-        return false;
-    }
-    match insn.mnemonic() {
-        Mnemonic::Nop => true,
-        Mnemonic::Push => {
-            insn.op0_kind() == OpKind::Register
-                && insn.op0_register().is_gpr64()
-                && insn.len() <= 2
-                && !matches!(insn.code(), Code::Push_rm64)
-        }
-        Mnemonic::Jmp | Mnemonic::Call => matches!(
-            insn.op0_kind(),
-            OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
-        ),
-        _ => {
-            insn.flow_control() == FlowControl::ConditionalBranch
-                && insn.op0_kind() == OpKind::NearBranch64
-                && !matches!(
-                    insn.mnemonic(),
-                    Mnemonic::Jrcxz
-                        | Mnemonic::Jecxz
-                        | Mnemonic::Loop
-                        | Mnemonic::Loope
-                        | Mnemonic::Loopne
-                )
-        }
-    }
-}
-
 /// Can the probe move past this instruction? Only if it neither branches
 /// nor writes memory or the stack pointer: loads (`mov`, `lea`, `%fs:`
 /// reads), compares, register moves and scratch arithmetic are fine, as
@@ -276,22 +202,15 @@ fn harmless(insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<Vec
     if insn.flow_control() != FlowControl::Next {
         return None;
     }
-    let used = info.info(insn);
-    let writes = |a: OpAccess| {
-        matches!(
-            a,
-            OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-        )
-    };
-    if used.used_memory().iter().any(|m| writes(m.access())) {
+    if info
+        .info(insn)
+        .used_memory()
+        .iter()
+        .any(|m| asm::writes(m.access()))
+    {
         return None;
     }
-    let written: Vec<Register> = used
-        .used_registers()
-        .iter()
-        .filter(|r| writes(r.access()))
-        .map(|r| r.register().full_register())
-        .collect();
+    let written = asm::written(info, insn);
     (!written.contains(&Register::RSP)).then_some(written)
 }
 

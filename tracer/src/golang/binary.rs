@@ -164,23 +164,21 @@ fn moduledata(
 /// The address a function's first load from a RIP-relative address reads
 /// (`mov reg, [rip+disp]` or `cmp [rip+disp], imm`), in its first bytes.
 fn first_load(map: &[u8], segments: &Segments, entry: u64) -> Option<u64> {
-    use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
+    use crate::asm::{instructions, Mnemonic, OpKind, Register};
     let (start, offset, size) = segments
         .iter()
         .find(|(start, _, size)| entry >= *start && entry < start + size)?;
     let at = usize::try_from(entry - start + offset).ok()?;
     let end = usize::try_from(start + size - entry).ok()?.min(512) + at;
     let code = map.get(at..end)?;
-    let mut decoder = Decoder::with_ip(64, code, entry, DecoderOptions::NONE);
-    while decoder.can_decode() {
-        let ins = decoder.decode();
-        if ins.is_invalid() || ins.mnemonic() == iced_x86::Mnemonic::Ret {
+    for ins in instructions(code, entry) {
+        if ins.is_invalid() || ins.mnemonic() == Mnemonic::Ret {
             return None;
         }
         let loads = (0..ins.op_count()).any(|i| ins.op_kind(i) == OpKind::Memory)
             && ins.is_ip_rel_memory_operand()
             && ins.memory_base() == Register::RIP
-            && ins.mnemonic() != iced_x86::Mnemonic::Lea;
+            && ins.mnemonic() != Mnemonic::Lea;
         if loads {
             return Some(ins.ip_rel_memory_address());
         }

@@ -2,65 +2,43 @@
 //! Dropping [`Probes`] detaches everything (the kernel also detaches when
 //! mtrace dies: the links are file descriptors).
 
+mod inline;
 pub mod kernel;
+mod load;
 pub mod multi;
 pub mod pool;
+mod sampling;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use load::bpf_object;
+pub use load::load_host;
+pub use sampling::Sampling;
+
+use inline::{inline_numbers, inline_probes};
+use load::load;
+use sampling::{exp_table, geometric_scale, seed_countdowns, weight_table};
 
 use anyhow::{Context, Result};
-use aya::{Ebpf, EbpfLoader};
-use std::collections::HashMap;
+use aya::Ebpf;
 use tracer_common::{
     maps, Config, ProcessConfig, PythonLayout, Role, VmaOffsets, COOKIE_ARGS_SHIFT,
-    COOKIE_INLINE_ID_SHIFT, COOKIE_INLINE_SIZE_SHIFT, COOKIE_ROLE_SHIFT, EXP_TABLE_LEN,
-    MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE, WEIGHT_ONE,
-    WEIGHT_TABLE_LEN, WEIGHT_TABLE_START,
+    COOKIE_ROLE_SHIFT, MAX_BODY_RANGES, MAX_FUNCS, SAMPLE_BYTES, SAMPLE_EVERY, SAMPLE_NONE,
+    WEIGHT_ONE,
 };
 
 use crate::{
-    allocators::{
-        inlined::{InlineSite, SizeAt},
-        AllocatorObject, FuncInfo, ProbeSite,
-    },
+    allocators::{AllocatorObject, FuncInfo, ProbeSite},
     render::text::printable,
     tracee::Mapping,
     user_error,
 };
-
-/// The BPF object built by build.rs.
-static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mtrace.bpf.o"));
 
 /// The cookie of a probe site: the function's index in the run's table,
 /// where its arguments are, and its role.
 pub(crate) fn cookie(site: &ProbeSite, func: u32) -> u64 {
     func as u64 | site.args << COOKIE_ARGS_SHIFT | (site.role() as u64) << COOKIE_ROLE_SHIFT
 }
-
-/// The embedded BPF object, or for experiments on the programs the file
-/// named by `MTRACE_BPF_OBJECT`.
-pub(crate) fn bpf_object() -> Result<std::borrow::Cow<'static, [u8]>> {
-    match std::env::var_os("MTRACE_BPF_OBJECT") {
-        Some(path) => Ok(std::borrow::Cow::Owned(std::fs::read(&path).with_context(
-            || format!("reading MTRACE_BPF_OBJECT={}", path.to_string_lossy()),
-        )?)),
-        None => Ok(std::borrow::Cow::Borrowed(BPF_OBJECT)),
-    }
-}
-
-/// One loader for every BPF object mtrace loads: aya's `EbpfLoader::new`
-/// parses the kernel's BTF (`/sys/kernel/btf/vmlinux`, several MiB) each
-/// time, which was a quarter of mtrace's time in a tree of short
-/// programs. Every setting is made again before each load.
-struct SharedLoader {
-    loader: EbpfLoader<'static>,
-    /// The config the loader's global points at: leaked for it, freed
-    /// when the next load replaces it.
-    config: Option<std::ptr::NonNull<Config>>,
-}
-
-// SAFETY: the config pointer is only used under the mutex.
-unsafe impl Send for SharedLoader {}
-
-static LOADER: std::sync::Mutex<Option<SharedLoader>> = std::sync::Mutex::new(None);
 
 /// Sizes of the kernel maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,77 +78,6 @@ pub struct Mode {
     pub python_objects: bool,
 }
 
-/// Count mode, sampled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sampling {
-    /// On average one sample per N allocated bytes.
-    Bytes(u64),
-    /// Each call with probability 1/N.
-    Every(u64),
-}
-
-/// Sampling: every CPU's countdown starts at a draw of the gap it counts
-/// down (exponential in bytes, geometric in calls), so the first
-/// allocation is no more likely to be sampled than any other.
-fn seed_countdowns(ebpf: &mut Ebpf, sampling: Sampling) -> Result<()> {
-    use aya::maps::{PerCpuArray, PerCpuValues};
-    let n = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-    let mut state = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0x9e37_79b9_7f4a_7c15)
-        ^ (std::process::id() as u64) << 32
-        | 1;
-    let draws: Vec<i64> = (0..n)
-        .map(|_| {
-            // xorshift64*: plenty for spreading start points.
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            let r = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
-            let u = ((r >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            match sampling {
-                Sampling::Bytes(rate) => (-u.ln() * rate as f64) as i64 + 1,
-                Sampling::Every(n) => (-u.ln() * geometric_scale(n)) as i64 + 1,
-            }
-        })
-        .collect();
-    let mut map: PerCpuArray<_, i64> =
-        PerCpuArray::try_from(ebpf.map_mut(maps::COUNTDOWN).context("COUNTDOWN map")?)?;
-    map.set(0, PerCpuValues::try_from(draws)?, 0)?;
-    Ok(())
-}
-
-/// One-in-N sampling: with `E` exponential, `floor(scale * E) + 1` is a
-/// geometric gap of mean N (each call sampled with probability 1/N, apart
-/// from the others) when `scale = -1 / ln(1 - 1/N)`.
-fn geometric_scale(n: u64) -> f64 {
-    if n <= 1 {
-        return 0.0;
-    }
-    -1.0 / (-1.0 / n as f64).ln_1p()
-}
-
-/// `-ln((i + 0.5) / len)` in 16.16: exponential intervals by table lookup.
-fn exp_table() -> [u32; EXP_TABLE_LEN] {
-    let mut t = [0u32; EXP_TABLE_LEN];
-    for (i, v) in t.iter_mut().enumerate() {
-        let u = (i as f64 + 0.5) / EXP_TABLE_LEN as f64;
-        *v = (-u.ln() * WEIGHT_ONE as f64).round() as u32;
-    }
-    t
-}
-
-/// `1 / (1 - exp(-x))` in 16.16 for `x = (WEIGHT_TABLE_START + i + 0.5) / 256`.
-fn weight_table() -> [u32; WEIGHT_TABLE_LEN] {
-    let mut t = [0u32; WEIGHT_TABLE_LEN];
-    for (i, v) in t.iter_mut().enumerate() {
-        let x = (WEIGHT_TABLE_START as f64 + i as f64 + 0.5) / 256.0;
-        *v = (WEIGHT_ONE as f64 / (1.0 - (-x).exp())).round() as u32;
-    }
-    t
-}
-
 pub struct Probes {
     /// Dropped, they take every probe out; first (fields drop in order).
     links: Vec<multi::Link>,
@@ -206,242 +113,6 @@ pub struct Probes {
     /// Its object's mappings, kept for the object's next emptying.
     mapped: pool::Mapped,
 }
-
-/// The shared loader (made on first use) with `config` as the object's
-/// global.
-fn configured(shared: &mut Option<SharedLoader>, config: Box<Config>) -> &mut EbpfLoader<'static> {
-    let shared = shared.get_or_insert_with(|| SharedLoader {
-        loader: EbpfLoader::new(),
-        config: None,
-    });
-    let new_config = std::ptr::NonNull::from(Box::leak(config));
-    // SAFETY: the loader holds this reference until a later load replaces
-    // it, and it is freed only then (below).
-    shared
-        .loader
-        .override_global(maps::CONFIG, unsafe { new_config.as_ref() }, true);
-    if let Some(old) = shared.config.replace(new_config) {
-        // SAFETY: leaked by an earlier load, and the override above
-        // replaced the loader's one reference to it.
-        drop(unsafe { Box::from_raw(old.as_ptr()) });
-    }
-    &mut shared.loader
-}
-
-/// Loads the BPF object for `mode` and `sizes` (its programs are loaded
-/// as processes need them).
-fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<pool::Loaded> {
-    // Live mode: one event ring per CPU, up to EVENT_RINGS (CPUs beyond
-    // share them); rings no CPU uses, and all in count mode, get a page.
-    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
-    let loader = configured(&mut guard, config);
-    for (i, name) in maps::EVENTS.iter().enumerate() {
-        let used = mode.live && (i as u32) < cpus;
-        loader.map_max_entries(name, if used { sizes.events } else { 4096 });
-    }
-    let ebpf = loader
-        // PENDING is task storage, which aya cannot read (mtrace never does).
-        .allow_unsupported_maps()
-        .map_max_entries(maps::COUNTS, sizes.counts)
-        .map_max_entries(maps::STACKS, sizes.stacks)
-        .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
-        .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
-        // Room for the frees and the allocations a full ring lets through
-        // between two drains (24 and 48 bytes each).
-        .map_max_entries(
-            maps::LOST_FREES,
-            if mode.live { sizes.kept_aside } else { 1 },
-        )
-        .map_max_entries(
-            maps::LOST_ALLOCS,
-            if mode.live { sizes.kept_aside } else { 1 },
-        )
-        // The host scope's maps, unused by a traced process's programs.
-        .map_max_entries(maps::HOST_COUNTS, 1)
-        .map_max_entries(maps::HOST_TOTALS, 1)
-        .map_max_entries(maps::HOST_FUNCS, 1)
-        .map_max_entries(maps::HOST_BODIES, 1)
-        .map_max_entries(maps::HOST_NAMES, 1)
-        .map_max_entries(maps::HOST_RUNS, 1)
-        .map_max_entries(maps::HOST_EXECS, 4096)
-        .map_max_entries(maps::HOST_STACKS, 1)
-        .map_max_entries(maps::HOST_RULES, 1)
-        .map_max_entries(maps::HOST_VMAS, 64)
-        .map_max_entries(maps::HOST_FILE_TAGS, 1)
-        .map_max_entries(maps::HOST_TAG_FILES, 1)
-        .map_max_entries(maps::HOST_GENS, 1)
-        .load(&bpf_object()?)
-        .context("loading the BPF programs")?;
-    drop(guard);
-    Ok(pool::Loaded {
-        ebpf,
-        programs: Vec::new(),
-        made_for: (mode, sizes),
-        emptied: pool::Emptied::default(),
-        mapped: pool::Mapped::default(),
-    })
-}
-
-/// Processes the host scope keeps apart at once (names, runs,
-/// incarnations).
-const HOST_PROCESSES: u32 = 65536;
-
-/// Mappings the host scope's walks remember (an LRU: a process's mappings
-/// are looked up again once forgotten).
-const HOST_VMAS: u32 = 65536;
-
-/// Distinct stacks the host scope keeps: every process's, shared where
-/// they are the same (a stack is its frames' files and offsets).
-fn host_stacks(sizes: &MapSizes) -> u32 {
-    sizes.stacks.saturating_mul(2)
-}
-
-/// Unwind rules the host scope keeps: by file and offset, for every file
-/// on the host.
-fn host_rules(sizes: &MapSizes) -> u32 {
-    sizes.unwind_rules.max(1 << 18)
-}
-
-/// Loads the BPF object for the host scope (`--all`): count mode, the
-/// direct caller only, `host_counts` keys, each process's runs counted
-/// when `runs` (the windows policy); the maps of the per-process programs
-/// at their smallest.
-pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool) -> Result<Ebpf> {
-    let config = Box::new(Config {
-        per_thread: 0,
-        live: 0,
-        sample_mode: SAMPLE_NONE,
-        max_frames: max_frames.min(tracer_common::MAX_FRAMES as u32),
-        sample_param: 0,
-        sample_scale: 0,
-        exp_table: exp_table(),
-        weight_table: weight_table(),
-        kernel: kernel::offsets(),
-        vma: kernel::vma_offsets(),
-        host_runs: runs as u32,
-        _pad: 0,
-    });
-    let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
-    let loader = configured(&mut guard, config);
-    for name in maps::EVENTS {
-        loader.map_max_entries(name, 4096);
-    }
-    let ebpf = loader
-        .allow_unsupported_maps()
-        .map_max_entries(maps::COUNTS, 1)
-        .map_max_entries(maps::STACKS, 1)
-        .map_max_entries(maps::UNWIND_RULES, 1)
-        .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
-        .map_max_entries(maps::LOST_FREES, 1)
-        .map_max_entries(maps::LOST_ALLOCS, 1)
-        .map_max_entries(maps::HOST_COUNTS, sizes.counts)
-        .map_max_entries(maps::HOST_STACKS, host_stacks(sizes))
-        .map_max_entries(maps::HOST_RULES, host_rules(sizes))
-        .map_max_entries(maps::HOST_VMAS, HOST_VMAS)
-        .map_max_entries(maps::HOST_FILE_TAGS, tracer_common::MAX_HOST_TAGS)
-        .map_max_entries(maps::HOST_TAG_FILES, tracer_common::MAX_HOST_TAGS)
-        .map_max_entries(maps::HOST_GENS, HOST_PROCESSES)
-        // (The shared loader keeps sizes between loads: each is set.)
-        .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)
-        .map_max_entries(maps::HOST_FUNCS, tracer_common::MAX_HOST_FUNCS)
-        .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)
-        .map_max_entries(maps::HOST_NAMES, HOST_PROCESSES)
-        .map_max_entries(maps::HOST_RUNS, HOST_PROCESSES)
-        .map_max_entries(maps::HOST_EXECS, 1 << 18)
-        .load(&bpf_object()?)
-        .context("loading the BPF programs")?;
-    Ok(ebpf)
-}
-
-/// Live mode: the number of the copies (`COOKIE_INLINE_ID_SHIFT`) that
-/// may take their block at each place (by file offset). Copies that share
-/// a place share a number, and each place is probed once: one probe where
-/// the code of two guarded copies meets takes up the call of either.
-fn inline_numbers<'a>(copies: impl Iterator<Item = &'a InlineSite>) -> HashMap<u64, u64> {
-    // Union-find over the places, each copy's places joined.
-    let mut places: Vec<u64> = Vec::new();
-    let mut parent: Vec<usize> = Vec::new();
-    fn root(parent: &mut [usize], mut i: usize) -> usize {
-        while parent[i] != i {
-            parent[i] = parent[parent[i]];
-            i = parent[i];
-        }
-        i
-    }
-    for copy in copies {
-        let mut first = None;
-        for b in &copy.blocks {
-            let i = match places.iter().position(|p| *p == b.file_offset) {
-                Some(i) => i,
-                None => {
-                    places.push(b.file_offset);
-                    parent.push(parent.len());
-                    places.len() - 1
-                }
-            };
-            match first {
-                None => first = Some(i),
-                Some(f) => {
-                    let (a, b) = (root(&mut parent, f), root(&mut parent, i));
-                    parent[b] = a;
-                }
-            }
-        }
-    }
-    let mut numbers: HashMap<usize, u64> = HashMap::new();
-    let mut out = HashMap::new();
-    for (i, place) in places.iter().enumerate() {
-        let r = root(&mut parent, i);
-        let next = numbers.len() as u64 + 1;
-        let n = *numbers.entry(r).or_insert(next);
-        if n <= MAX_INLINE_LIVE {
-            out.insert(*place, n << COOKIE_INLINE_ID_SHIFT);
-        }
-    }
-    out
-}
-
-/// An inlined copy's probes, for the function `func`: its guard's cookie,
-/// and in live mode the places its block is known not probed yet (file
-/// offset and cookie each; `numbers` from [`inline_numbers`], `probed`
-/// the places probed so far). `None`: not probed (in live mode, a copy
-/// whose block's places were not found).
-fn inline_probes(
-    copy: &InlineSite,
-    func: u32,
-    live: bool,
-    numbers: &HashMap<u64, u64>,
-    probed: &mut std::collections::HashSet<u64>,
-) -> Option<(u64, Vec<(u64, u64)>)> {
-    let guard = func as u64 | copy.cookie_bits();
-    if !live || copy.size.frees() {
-        return Some((guard, Vec::new()));
-    }
-    // A copy of realloc leaves its block at several places; live mode
-    // sees the static malloc and free it calls instead (see
-    // `allocators::inlined`).
-    if matches!(copy.size, SizeAt::Resize { .. }) {
-        return None;
-    }
-    let id = *numbers.get(&copy.blocks.first()?.file_offset)?;
-    let known = copy
-        .blocks
-        .iter()
-        .filter(|b| probed.insert(b.file_offset))
-        .map(|b| {
-            let cookie = func as u64
-                | b.reg << COOKIE_ARGS_SHIFT
-                | b.at_disp << COOKIE_INLINE_SIZE_SHIFT
-                | (Role::Size as u64) << COOKIE_ROLE_SHIFT;
-            (b.file_offset, cookie | id)
-        });
-    Some((guard | id, known.collect()))
-}
-
-/// Most inlined copies numbered in live mode (the cookie's bits from
-/// [`COOKIE_INLINE_ID_SHIFT`]; 0 is no copy).
-const MAX_INLINE_LIVE: u64 = (1 << (64 - COOKIE_INLINE_ID_SHIFT)) - 1;
 
 /// Loads the BPF object, calls `before` with it (for what must run before
 /// the first probe fires), then attaches every probe.
@@ -739,46 +410,5 @@ impl Probes {
             aya::maps::Array::try_from(self.ebpf.map_mut(maps::ENABLED).context("ENABLED map")?)?;
         flag.set(0, on as u32, 0)?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use object::{Object, ObjectSymbol};
-    use tracer_common::Role;
-
-    /// The contract: every map and program name the tracer uses exists in
-    /// the BPF object it embeds.
-    #[test]
-    fn the_bpf_object_has_every_name_the_tracer_uses() {
-        let file = object::File::parse(BPF_OBJECT).expect("the embedded BPF object parses");
-        let symbols: Vec<String> = file
-            .symbols()
-            .filter_map(|s| s.name().ok().map(str::to_string))
-            .collect();
-        let has = |name: &str| symbols.iter().any(|s| s == name);
-        let mut programs = vec![
-            maps::FLOOR,
-            maps::FLOOR_RET,
-            maps::ALLOC_INLINE,
-            maps::ALLOC_INLINE_RET,
-            maps::RELEASE_INLINE,
-        ];
-        for role in Role::ALL {
-            programs.push(role.program());
-            programs.extend(role.return_program());
-        }
-        for name in programs {
-            assert!(has(name), "program {name} missing from the BPF object");
-        }
-        for name in maps::ALL_MAPS
-            .iter()
-            .chain(&maps::EVENTS)
-            .chain([&maps::CONFIG])
-        {
-            assert!(has(name), "map {name} missing from the BPF object");
-        }
-        assert!(file.section_by_name(".maps").is_some());
     }
 }

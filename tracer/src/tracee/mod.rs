@@ -1,6 +1,7 @@
 //! The tracee: the traced process as /proc shows it ([`proc`]), starting
 //! it under mtrace ([`launch`], as another user: [`RunAs`]), holding it
-//! at exit until its probes are read ([`ExitHold`]), and the record of its
+//! at exit until its probes are read ([`ExitHold`]), both through the
+//! one ptrace follower (`ptrace/`), and the record of its
 //! address space that symbolization needs after it is gone
 //! ([`AddressSpace`]).
 
@@ -11,6 +12,7 @@ pub mod launch;
 mod linkmap;
 pub mod perf_map;
 pub mod proc;
+mod ptrace;
 mod run_as;
 
 pub use address_space::AddressSpace;

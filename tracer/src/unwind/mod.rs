@@ -136,16 +136,8 @@ fn is_call_site(ra: u64, space: &AddressSpace, pid: u32) -> bool {
     }
     // A call is 2 to 7 bytes long: one of them must end exactly at `ra`.
     (2..=BEFORE as usize).any(|len| {
-        let code = &bytes[BEFORE as usize - len..];
-        let mut decoder =
-            iced_x86::Decoder::with_ip(64, code, ra - len as u64, iced_x86::DecoderOptions::NONE);
-        let insn = decoder.decode();
-        !insn.is_invalid()
-            && insn.len() == len
-            && matches!(
-                insn.flow_control(),
-                iced_x86::FlowControl::Call | iced_x86::FlowControl::IndirectCall
-            )
+        crate::asm::first(&bytes[BEFORE as usize - len..], ra - len as u64)
+            .is_some_and(|insn| insn.len() == len && crate::asm::is_call(&insn))
     })
 }
 

@@ -9,7 +9,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    ptrace::{event_msg, ptrace, tgid_of, wait_any, waitpid, HeldSignals, Waited},
+    requests::{event_msg, ptrace, tgid_of, wait_any, waitpid, HeldSignals, Waited},
     startup::{exit_code, follow_exec},
 };
 use crate::tracee::Mapping;
@@ -98,7 +98,7 @@ pub fn wait_tree(
                 for asked in pending.take() {
                     match asked {
                         Handover::Adopt(pid) => {
-                            let seized = super::super::exit_hold::seize_tree(pid, &mut group);
+                            let seized = super::seize::seize_tree(pid, &mut group);
                             for (parent, child) in seized {
                                 let _ = on_event(TreeEvent::Fork {
                                     parent,

@@ -23,10 +23,6 @@
 //! Signals are passed on unchanged. If mtrace dies, the kernel detaches
 //! every tracee and they run on.
 
-mod ptrace;
-mod startup;
-mod tree;
-
 use std::{
     collections::HashMap,
     ffi::CString,
@@ -37,12 +33,10 @@ use std::{
 
 use anyhow::Result;
 
-pub use tree::{wait_tree, Handover, TreeEvent};
+// The session and `commands::trace` name these as the launch's.
+pub use super::ptrace::{Handover, TreeEvent};
 
-use self::{
-    ptrace::{ptrace, waitpid, HeldSignals},
-    startup::{wait_for_allocator, Exited},
-};
+use super::ptrace::{ptrace, wait_for_allocator, wait_tree, waitpid, Exited, HeldSignals};
 use crate::{
     error::{UserError, EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND},
     tracee::{run_as::RunAs, Mapping},

@@ -1,8 +1,12 @@
-//! The ptrace and wait requests the launch and the holds are made of.
+//! The ptrace and wait requests the launch and the holds are made of:
+//! the one place that calls `libc::ptrace`, besides the launched child's
+//! own `PTRACE_TRACEME` (made between its fork and its exec).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub(super) fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> std::io::Result<()> {
+/// A ptrace request on `pid` whose address is unused, with `data` (a
+/// number, or a pointer to what the kernel reads or fills).
+pub(crate) fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> std::io::Result<()> {
     let r = unsafe {
         libc::ptrace(
             req,
@@ -18,7 +22,13 @@ pub(super) fn ptrace(req: libc::c_uint, pid: u32, data: usize) -> std::io::Resul
     }
 }
 
-pub(super) fn waitpid(pid: u32) -> std::io::Result<i32> {
+/// Seizes thread `tid` (`PTRACE_SEIZE`, which does not stop it) with
+/// `options`; false when it cannot be.
+pub(crate) fn seize(tid: u32, options: i32) -> bool {
+    ptrace(libc::PTRACE_SEIZE, tid, options as usize).is_ok()
+}
+
+pub(crate) fn waitpid(pid: u32) -> std::io::Result<i32> {
     let mut status = 0;
     loop {
         let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::__WALL) };
@@ -32,7 +42,7 @@ pub(super) fn waitpid(pid: u32) -> std::io::Result<i32> {
     }
 }
 
-pub(super) fn peek(pid: u32, addr: u64) -> std::io::Result<u64> {
+pub(crate) fn peek(pid: u32, addr: u64) -> std::io::Result<u64> {
     // PEEKTEXT returns the word: -1 is an error only when errno says so.
     unsafe { *libc::__errno_location() = 0 };
     let word = unsafe {
@@ -50,7 +60,7 @@ pub(super) fn peek(pid: u32, addr: u64) -> std::io::Result<u64> {
     Ok(word as u64)
 }
 
-pub(super) fn poke(pid: u32, addr: u64, word: u64) -> std::io::Result<()> {
+pub(crate) fn poke(pid: u32, addr: u64, word: u64) -> std::io::Result<()> {
     let r = unsafe {
         libc::ptrace(
             libc::PTRACE_POKETEXT,
@@ -65,49 +75,36 @@ pub(super) fn poke(pid: u32, addr: u64, word: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-pub(super) fn get_regs(pid: u32) -> std::io::Result<libc::user_regs_struct> {
+pub(crate) fn get_regs(pid: u32) -> std::io::Result<libc::user_regs_struct> {
     // SAFETY: plain data, filled by the kernel.
     let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETREGS,
-            pid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            &mut regs as *mut libc::user_regs_struct,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    ptrace(
+        libc::PTRACE_GETREGS,
+        pid,
+        &mut regs as *mut libc::user_regs_struct as usize,
+    )?;
     Ok(regs)
 }
 
-pub(super) fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Result<()> {
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_SETREGS,
-            pid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            regs as *const libc::user_regs_struct,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+pub(crate) fn set_regs(pid: u32, regs: &libc::user_regs_struct) -> std::io::Result<()> {
+    ptrace(
+        libc::PTRACE_SETREGS,
+        pid,
+        regs as *const libc::user_regs_struct as usize,
+    )
 }
 
 /// Signals that reached a tracee while mtrace held it for its own ends
 /// (running a new program to its allocator, letting it go): none may be
 /// lost, so each is delivered when the tracee is resumed.
 #[derive(Default, Debug)]
-pub(super) struct HeldSignals(Vec<i32>);
+pub(crate) struct HeldSignals(Vec<i32>);
 
 impl HeldSignals {
     /// True (and the signal kept) when `status` is a signal-delivery stop:
     /// a stop for a signal on its way to the tracee, not a trap of
     /// mtrace's own (a breakpoint, a step, a system call, a ptrace event).
-    pub(super) fn keep(&mut self, status: i32) -> bool {
+    pub(crate) fn keep(&mut self, status: i32) -> bool {
         if !libc::WIFSTOPPED(status) || status >> 16 != 0 {
             return false;
         }
@@ -120,7 +117,7 @@ impl HeldSignals {
     }
 
     /// The signal to deliver with the next resume (0: none).
-    pub(super) fn next(&mut self) -> usize {
+    pub(crate) fn next(&mut self) -> usize {
         if self.0.is_empty() {
             0
         } else {
@@ -131,7 +128,7 @@ impl HeldSignals {
     /// Resumes `tid` (`request`: `PTRACE_CONT` or `PTRACE_DETACH`) with the
     /// first signal held; the others are sent again first, so that they
     /// come back as signals of the running tracee.
-    pub(super) fn resume(mut self, request: libc::c_uint, tid: u32) -> std::io::Result<()> {
+    pub(crate) fn resume(mut self, request: libc::c_uint, tid: u32) -> std::io::Result<()> {
         let first = self.next();
         for sig in self.0 {
             let tgid = tgid_of(tid).unwrap_or(tid);
@@ -142,7 +139,7 @@ impl HeldSignals {
 }
 
 /// The thread group a new tracee belongs to (`Tgid:` in its status).
-pub(super) fn tgid_of(tid: u32) -> Option<u32> {
+pub(crate) fn tgid_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     status
         .lines()
@@ -150,21 +147,19 @@ pub(super) fn tgid_of(tid: u32) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-pub(super) fn event_msg(tid: u32) -> Option<u32> {
+pub(crate) fn event_msg(tid: u32) -> Option<u32> {
     let mut msg: libc::c_ulong = 0;
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETEVENTMSG,
-            tid as libc::pid_t,
-            std::ptr::null_mut::<libc::c_void>(),
-            &mut msg as *mut libc::c_ulong,
-        )
-    };
-    (r == 0).then_some(msg as u32)
+    ptrace(
+        libc::PTRACE_GETEVENTMSG,
+        tid,
+        &mut msg as *mut libc::c_ulong as usize,
+    )
+    .ok()?;
+    Some(msg as u32)
 }
 
 /// What [`wait_any`] saw.
-pub(super) enum Waited {
+pub(crate) enum Waited {
     /// A tracee's wait status.
     Tracee(u32, i32),
     /// Nothing from the tracees yet, and `asked` said there is work.
@@ -173,7 +168,7 @@ pub(super) enum Waited {
 
 /// Waits for any tracee; `None` when none is left, or (with `stop`) once
 /// the flag is set. With `stop`, `asked` is called between polls.
-pub(super) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> Option<Waited> {
+pub(crate) fn wait_any(stop: Option<&AtomicBool>, asked: &dyn Fn() -> bool) -> Option<Waited> {
     let mut status = 0;
     let flags = libc::__WALL | if stop.is_some() { libc::WNOHANG } else { 0 };
     let waiting = std::time::Instant::now();

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 
-use super::ptrace::{get_regs, peek, poke, ptrace, set_regs, waitpid, HeldSignals};
+use super::requests::{get_regs, peek, poke, ptrace, set_regs, waitpid, HeldSignals};
 use crate::{
     tracee::{is_dynamic_linker, proc::read_maps, DynamicLinker, Mapping, RT_CONSISTENT},
     user_error,
@@ -17,7 +17,7 @@ const MAX_STARTUP_SYSCALLS: u32 = 20_000;
 /// The child exited (with this code to pass through) while we waited for
 /// its allocator.
 #[derive(Debug)]
-pub(super) struct Exited(pub(super) i32);
+pub(crate) struct Exited(pub(crate) i32);
 
 impl std::fmt::Display for Exited {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -28,7 +28,7 @@ impl std::fmt::Display for Exited {
 impl std::error::Error for Exited {}
 
 /// The exit code a wait status passes through, if the child is gone.
-pub(super) fn exit_code(status: i32) -> Option<i32> {
+pub(crate) fn exit_code(status: i32) -> Option<i32> {
     if libc::WIFEXITED(status) {
         Some(libc::WEXITSTATUS(status))
     } else if libc::WIFSIGNALED(status) {
@@ -54,7 +54,7 @@ fn check_alive(status: i32) -> Result<()> {
 /// `malloc` is mapped executable. Signals that reach the child on the way
 /// and cannot be delivered at once (it was stepping) are left in `held`,
 /// for the caller to deliver when it resumes the child, error or not.
-pub(super) fn wait_for_allocator<T>(
+pub(crate) fn wait_for_allocator<T>(
     pid: u32,
     held: &mut HeldSignals,
     mut attach: impl FnMut(u32, &[Mapping]) -> Result<Option<T>>,
