@@ -7,7 +7,7 @@
 //! ([`validate_profile`](crate::support::validate_profile)).
 
 mod bad_input;
-mod diff;
+pub(crate) mod diff;
 mod html;
 pub(crate) mod pprof;
 mod scale;
