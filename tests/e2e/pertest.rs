@@ -338,3 +338,36 @@ fn pytest_tests_are_counted_exactly_and_gated() {
         out.describe()
     );
 }
+
+/// `--per-thread` prints each thread's totals, and with `--tree` a call
+/// tree per thread under a line naming it: the threads fixture's workers,
+/// 100/200/300/400 calls of malloc(32), exactly.
+#[test]
+fn per_thread_totals_and_a_tree_per_thread() {
+    need_bpf!();
+    let (out, p) = crate::support::trace_fixture(
+        crate::support::Fixture::Threads,
+        &["--per-thread", "--tree", "--top", "0"],
+    );
+    let tid = |name: &str| {
+        p.allocs()
+            .filter_map(|s| s.thread.as_ref())
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no thread {name}\n{}", out.describe()))
+            .tid
+    };
+    for (n, calls) in [(0, 100u64), (1, 200), (2, 300), (3, 400)] {
+        let name = format!("worker-{n}");
+        let tid = tid(&name);
+        let size = format!("{:.1} KiB", (calls * 32) as f64 / 1024.0);
+        let total = format!("\n{calls:>11} calls {size:>10}  {name} ({tid})\n");
+        assert!(out.stdout.contains(&total), "{total:?}\n{}", out.describe());
+        let tree = format!("\nthread {name} ({tid}): {calls} calls, {size}\ncall tree, top-down");
+        assert!(out.stdout.contains(&tree), "{tree:?}\n{}", out.describe());
+    }
+    assert!(
+        out.stdout.contains("\nby thread (5 threads):\n"),
+        "{}",
+        out.describe()
+    );
+}

@@ -419,7 +419,8 @@ pub struct OutputArgs {
     #[arg(long, value_enum, default_value_t = SortArg::Calls)]
     pub sort: SortArg,
 
-    /// Split every stack by thread (id and name).
+    /// Split every stack by thread (id and name); each thread's totals
+    /// after the totals, and with --tree a tree per thread.
     #[arg(long)]
     pub per_thread: bool,
 

@@ -138,7 +138,12 @@ impl Sink for Report {
             render::table::render_to(&mut stdout, profile, &out.table)?;
             if out.tree {
                 std::fmt::Write::write_char(&mut stdout, '\n')?;
-                render::calltree::render_tree_to(
+                let tree = if out.table.per_thread {
+                    render::calltree::render_tree_per_thread_to
+                } else {
+                    render::calltree::render_tree_to
+                };
+                tree(
                     &mut stdout,
                     profile,
                     out.table.sort,

@@ -189,6 +189,24 @@ pub fn groups(profile: &Profile, rules: &[Rule]) -> Vec<GroupTotals> {
     out
 }
 
+/// Each thread's figures (of a profile split per thread), named `NAME
+/// (TID)`, by tid; stacks of no thread are left out.
+pub fn threads(profile: &Profile) -> Vec<GroupTotals> {
+    let mut by_thread: BTreeMap<(u32, &str), GroupTotals> = BTreeMap::new();
+    for entry in allocations(profile) {
+        if let Some(t) = &entry.thread {
+            by_thread
+                .entry((t.tid, &t.name))
+                .or_insert_with(|| GroupTotals {
+                    name: format!("{} ({})", t.name, t.tid),
+                    ..GroupTotals::default()
+                })
+                .add(entry);
+        }
+    }
+    by_thread.into_values().collect()
+}
+
 /// Each test's figures, by name.
 pub fn tests(profile: &Profile) -> Vec<GroupTotals> {
     let mut by_name: BTreeMap<String, GroupTotals> = BTreeMap::new();

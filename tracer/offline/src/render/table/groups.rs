@@ -9,6 +9,9 @@
 //! outside any test: 677 calls, 98.4 KiB
 //! ```
 //!
+//! With `--per-thread`, each thread's totals come first (`by thread`,
+//! named `NAME (TID)`).
+//!
 //! In live mode each line ends with the blocks still outstanding
 //! (`, 3 live (24 B)`). Rows go in the table's order (calls, bytes, or
 //! bytes outstanding) and at most `--top` of them are shown.
@@ -22,6 +25,12 @@ use crate::render::{ReportOptions, SortKey};
 
 /// The lines of `profile`'s tests and groups, if it has any.
 pub fn lines(out: &mut impl Write, profile: &Profile, opts: &ReportOptions) -> fmt::Result {
+    if opts.per_thread {
+        let threads = groups::threads(profile);
+        if !threads.is_empty() {
+            section(out, "thread", &threads, opts)?;
+        }
+    }
     if !profile.tests.is_empty() {
         section(out, "test", &profile.tests, opts)?;
         let outside = groups::outside(profile, &profile.tests);
