@@ -49,6 +49,7 @@ mod live;
 mod losses;
 mod names;
 mod outputs;
+mod pertest;
 mod python;
 mod sampling;
 mod scopes;

@@ -158,6 +158,22 @@ fn table_per_thread_rows_name_their_thread() {
     assert_eq!(p.site("malloc", "thread_alloc"), (1000, 32000));
     assert!(p.allocs().all(|s| s.thread.is_some()), "{}", p.dump());
     assert_table_matches(&out, &p);
+    // Each thread's totals, as the profile's stacks sum them.
+    let mut want: std::collections::BTreeMap<String, u64> = Default::default();
+    for s in p.allocs() {
+        let t = s.thread.as_ref().unwrap();
+        *want.entry(format!("{} ({})", t.name, t.tid)).or_default() += s.calls;
+    }
+    let got: std::collections::BTreeMap<String, u64> = out
+        .report()
+        .group_rows
+        .into_iter()
+        .map(|(noun, calls, name)| {
+            assert_eq!(noun, "thread");
+            (name, calls)
+        })
+        .collect();
+    assert_eq!(got, want, "{}", out.describe());
 }
 
 /// `--sort bytes --top 3`: the same table from the live run and from

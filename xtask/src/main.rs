@@ -95,7 +95,7 @@ enum Task {
 /// Prometheus, the Redis server and client its benchmark traces, the
 /// sqlite3 shell the gate's stability test runs five times, and the
 /// debuginfod server stripped files are symbolized through in their test.
-const APT_PACKAGES: [&str; 23] = [
+const APT_PACKAGES: [&str; 24] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -113,6 +113,7 @@ const APT_PACKAGES: [&str; 23] = [
     "tmux",
     "man-db",
     "python3-pip",
+    "python3-pytest",
     "golang-go",
     "prometheus",
     "redis-server",

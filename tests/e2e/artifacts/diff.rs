@@ -352,7 +352,7 @@ fn check_formats(base: &Path, new: &Path, dir: &Path) {
 
 /// The test cases' names and the failures' messages of a JUnit report,
 /// read by an XML parser that checks the document is well formed.
-pub(super) fn junit_cases(xml: &str) -> (Vec<String>, Vec<String>) {
+pub(crate) fn junit_cases(xml: &str) -> (Vec<String>, Vec<String>) {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_str(xml);
     reader.config_mut().check_end_names = true;

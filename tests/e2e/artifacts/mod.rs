@@ -8,7 +8,7 @@
 
 mod bad_input;
 mod ci_recipe;
-mod diff;
+pub(crate) mod diff;
 mod html;
 pub(crate) mod pprof;
 mod scale;

@@ -35,6 +35,9 @@ impl Row {
 pub struct Report {
     /// `mtrace: pid N, S s`.
     pub header: String,
+    /// The rows after the totals by thread, test or group: (`thread`,
+    /// `test` or `group`, calls, name as printed).
+    pub group_rows: Vec<(String, u64, String)>,
     /// `command: ...`.
     pub command: Option<String>,
     /// `probes: also ...`: what follows `also `.
@@ -225,8 +228,37 @@ impl Report {
         ];
         let mut seen_total = false;
         let mut live_summary = false;
+        // The `by thread (N threads):` (test, group) heading whose rows follow.
+        let mut section: Option<String> = None;
         for line in lines {
             if line.is_empty() {
+                continue;
+            }
+            if let Some(noun) = ["thread", "test", "group"]
+                .into_iter()
+                .find(|n| line.starts_with(&format!("by {n} (")) && line.ends_with("):"))
+            {
+                section = Some(noun.to_string());
+                continue;
+            }
+            if let Some(noun) = &section {
+                let row = line
+                    .trim_start()
+                    .split_once(" calls ")
+                    .filter(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()));
+                if let Some((calls, rest)) = row {
+                    // `   N calls  SIZE  NAME[, K live (SIZE)]`
+                    let name = rest
+                        .trim_start()
+                        .split_once("  ")
+                        .map_or(rest, |(_, name)| name);
+                    r.group_rows
+                        .push((noun.clone(), num(calls, line)?, name.to_string()));
+                    continue;
+                }
+                section = None;
+            }
+            if line.starts_with("outside any test: ") {
                 continue;
             }
             // Live mode: the heap summary and the leak suspects follow the

@@ -75,7 +75,13 @@ impl TraceConfig {
         Some(TraceConfig {
             target,
             mode: Mode {
-                per_thread: args.out.per_thread,
+                // A thread's group needs the counts split by thread.
+                per_thread: args.out.per_thread
+                    || args
+                        .out
+                        .groups
+                        .iter()
+                        .any(|r| r.target == crate::profile::groups::Target::Thread),
                 live: args.live,
                 count_frees: args.count_frees,
                 sampling: match (args.sample_bytes, args.sample_every) {
@@ -138,6 +144,8 @@ pub fn outputs(out: &OutputArgs) -> Outputs {
         html: out.html.clone(),
         tree: out.tree,
         dot: out.dot.clone(),
+        per_test: out.per_test,
+        rules: out.groups.clone(),
     }
 }
 

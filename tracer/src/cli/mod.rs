@@ -419,7 +419,8 @@ pub struct OutputArgs {
     #[arg(long, value_enum, default_value_t = SortArg::Calls)]
     pub sort: SortArg,
 
-    /// Split every stack by thread (id and name).
+    /// Split every stack by thread (id and name); each thread's totals
+    /// after the totals, and with --tree a tree per thread.
     #[arg(long)]
     pub per_thread: bool,
 
@@ -428,6 +429,20 @@ pub struct OutputArgs {
     /// this is given.
     #[arg(long)]
     pub per_process: bool,
+
+    /// Sum the allocations of each test (a Rust test binary's, pytest's,
+    /// GoogleTest's), found by its function among the frames: lines after
+    /// the totals, a `tests` list in -o's profile and the HTML report.
+    #[arg(long)]
+    pub per_test: bool,
+
+    /// Sum the allocations of every stack one of whose frames' functions
+    /// matches PATTERN (a glob: `*` is any run of characters), or with
+    /// `thread:PATTERN` whose thread's name does, under NAME; a stack
+    /// counts once per group, in every group it matches. May be repeated,
+    /// a NAME too.
+    #[arg(long = "group", value_name = "NAME=PATTERN", value_parser = crate::profile::groups::Rule::parse)]
+    pub groups: Vec<crate::profile::groups::Rule>,
 
     /// Write the profile as JSON (an mtrace-profile file, schema version
     /// as `mtrace --version` says) to FILE.
@@ -489,9 +504,25 @@ pub struct DiffArgs {
     #[arg(long)]
     pub per_stack: bool,
 
-    /// With --per-stack: a stack whose calls moved by at most N (and its
-    /// bytes by at most N calls of twice its average size) is noise, never
-    /// a regression. 0 gates every change.
+    /// Apply --fail-if to every test (a Rust test binary's, pytest's,
+    /// GoogleTest's, found among the frames) instead of the totals.
+    #[arg(long)]
+    pub per_test: bool,
+
+    /// Apply --fail-if to every group (of --group, or else the groups the
+    /// profiles were saved with) instead of the totals.
+    #[arg(long)]
+    pub per_group: bool,
+
+    /// A group, as for a trace: NAME=PATTERN (a glob on frames'
+    /// functions) or NAME=thread:PATTERN. May be repeated.
+    #[arg(long = "group", value_name = "NAME=PATTERN", value_parser = crate::profile::groups::Rule::parse)]
+    pub groups: Vec<crate::profile::groups::Rule>,
+
+    /// With --per-stack (--per-test, --per-group): a stack (test, group)
+    /// whose calls moved by at most N (and its bytes by at most N calls of
+    /// twice its average size) is noise, never a regression. 0 gates every
+    /// change.
     #[arg(long, value_name = "CALLS", default_value_t = crate::diff::gate::DEFAULT_NOISE_FLOOR)]
     pub noise_floor: u64,
 
@@ -502,7 +533,8 @@ pub struct DiffArgs {
     /// The report's form: text; json (every change and every condition's
     /// result, schema tracer/schema/diff.schema.json); markdown (for a pull
     /// request comment or $GITHUB_STEP_SUMMARY); junit (JUnit XML, a test
-    /// case per --fail-if). Printed, or written to -o.
+    /// case per --fail-if, or per --fail-if and test or group). Printed, or
+    /// written to -o.
     #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
     pub format: DiffFormat,
 

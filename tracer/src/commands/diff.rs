@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::{
     cli::{config, DiffArgs, DiffFormat},
     diff::{self, gate},
-    error::UserError,
+    error::{UserError, EXIT_USAGE},
     profile::{file as profile_file, Profile},
     render::{
         diff_report::{self, DiffReport, Side},
@@ -40,11 +40,19 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     let base = printable_profile(&base);
     let new = profile_file::read(&args.new)?;
     let new = printable_profile(&new);
-    let d = diff::diff(&base, &new);
+    let d = diff::diff(&base, &new).with_groups(&base, &new, args.per_test, &args.groups);
+    if args.per_group && d.groups.is_empty() {
+        return Err(anyhow::Error::new(UserError::with_code(
+            "--per-group needs --group NAME=PATTERN (or profiles saved with --group)",
+            EXIT_USAGE,
+        )));
+    }
 
     let options = gate::GateOptions {
         per_stack: args.per_stack,
         noise_floor: args.noise_floor,
+        per_test: args.per_test,
+        per_group: args.per_group,
     };
     let outcomes = gate::judge(&d, &conditions, options);
     let violations: Vec<&gate::Violation> = outcomes.iter().flat_map(|o| &o.violations).collect();
@@ -59,6 +67,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
             describe(&new)
         )?;
         diff_table::render_table_to(&mut &mut *out, &d, args.top)?;
+        diff_table::render_groups_to(&mut &mut *out, &d)?;
         if !conditions.is_empty() {
             out.write_char('\n')?;
             if violations.is_empty() {

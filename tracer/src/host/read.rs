@@ -359,6 +359,8 @@ fn profile_of(
         timeline: None,
         go_heaps: Vec::new(),
         unseen: Vec::new(),
+        tests: Vec::new(),
+        groups: Vec::new(),
     })
 }
 

@@ -18,7 +18,7 @@ use anyhow::Result;
 
 use crate::{
     error::{UserError, EXIT_IO, EXIT_USAGE},
-    profile::{file as profile_file, snapshot, Profile},
+    profile::{file as profile_file, groups, snapshot, Profile},
     render::{
         self,
         flamegraph::{self, Kind},
@@ -58,6 +58,10 @@ pub struct Outputs {
     pub tree: bool,
     /// `--dot`: the call graph.
     pub dot: Option<PathBuf>,
+    /// `--per-test`: sum the allocations of each test.
+    pub per_test: bool,
+    /// `--group`: the user's groups.
+    pub rules: Vec<groups::Rule>,
 }
 
 impl Outputs {
@@ -128,12 +132,18 @@ impl Sink for Report {
     fn finish(&mut self, profile: &Profile) -> Result<()> {
         let mut outcome = Outcome::default();
         let out = &self.0;
+        let profile = &*groups::apply(profile, out.per_test, &out.rules);
         let mut stdout = StdoutText::new();
         let mut text = || -> std::fmt::Result {
             render::table::render_to(&mut stdout, profile, &out.table)?;
             if out.tree {
                 std::fmt::Write::write_char(&mut stdout, '\n')?;
-                render::calltree::render_tree_to(
+                let tree = if out.table.per_thread {
+                    render::calltree::render_tree_per_thread_to
+                } else {
+                    render::calltree::render_tree_to
+                };
+                tree(
                     &mut stdout,
                     profile,
                     out.table.sort,

@@ -245,6 +245,8 @@ pub fn symbolize(
         timeline: None,
         go_heaps: Vec::new(),
         unseen: Vec::new(),
+        tests: Vec::new(),
+        groups: Vec::new(),
     }
 }
 

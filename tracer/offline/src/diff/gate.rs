@@ -261,6 +261,8 @@ pub struct Violation {
     pub metric: Weight,
     /// `None` for the totals.
     pub stack: Option<StackKey>,
+    /// A test's or a group's, on it (`--per-test`, `--per-group`).
+    pub group: Option<(Scope, String)>,
     pub base: u64,
     pub new: u64,
     /// On the totals: the stacks that grew most in the gated count, at most
@@ -303,9 +305,10 @@ pub fn signed_amount(metric: Weight, delta: i128) -> String {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "regression: {}: ", self.condition)?;
-        match &self.stack {
-            None => write!(f, "total {} ", self.metric.unit())?,
-            Some(key) => write!(f, "{}: ", key.chain())?,
+        match (&self.stack, &self.group) {
+            (Some(key), _) => write!(f, "{}: ", key.chain())?,
+            (None, Some((scope, name))) => write!(f, "{} {name}: ", scope.noun())?,
+            (None, None) => write!(f, "total {} ", self.metric.unit())?,
         }
         f.write_str(&describe_move(self.metric, self.base, self.new))?;
         for (i, m) in self.moved.iter().enumerate() {
@@ -321,14 +324,59 @@ impl fmt::Display for Violation {
     }
 }
 
-/// One condition judged: on the totals, or on every stack.
+/// What a condition is judged on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Totals,
+    Stacks,
+    Tests,
+    Groups,
+}
+
+impl Scope {
+    /// `totals`, `stacks`, `tests`, `groups`: the JSON's word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Totals => "totals",
+            Scope::Stacks => "stacks",
+            Scope::Tests => "tests",
+            Scope::Groups => "groups",
+        }
+    }
+
+    /// What a person reads: `totals`, `every stack`, `every test`, `every group`.
+    pub fn every(self) -> &'static str {
+        match self {
+            Scope::Totals => "totals",
+            Scope::Stacks => "every stack",
+            Scope::Tests => "every test",
+            Scope::Groups => "every group",
+        }
+    }
+
+    /// `test`, `group` (and `stack`, `total`).
+    pub fn noun(self) -> &'static str {
+        match self {
+            Scope::Totals => "total",
+            Scope::Stacks => "stack",
+            Scope::Tests => "test",
+            Scope::Groups => "group",
+        }
+    }
+}
+
+/// One condition judged: on the totals, on every stack, every test or
+/// every group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub condition: Condition,
+    /// [`Outcome::scope`] is [`Scope::Stacks`].
     pub per_stack: bool,
+    pub scope: Scope,
     /// Empty when it held.
     pub violations: Vec<Violation>,
-    /// Stacks on which it would have failed but for the noise floor.
+    /// Stacks (tests, groups) on which it would have failed but for the
+    /// noise floor.
     pub within_noise: usize,
 }
 
@@ -337,6 +385,11 @@ pub struct Outcome {
 pub struct GateOptions {
     /// On every stack instead of the totals.
     pub per_stack: bool,
+    /// On every test of [`Diff::tests`] (as well as on every stack, with
+    /// `per_stack`; instead of the totals).
+    pub per_test: bool,
+    /// On every group of [`Diff::groups`].
+    pub per_group: bool,
     /// Per stack: a change of at most this many calls, of the stack's own
     /// average size, is noise and never a regression (see [`is_noise`]).
     pub noise_floor: u64,
@@ -359,31 +412,44 @@ pub fn is_noise(change: &Change, floor: u64) -> bool {
     calls <= u128::from(floor) && bytes <= u128::from(floor) * 2 * size
 }
 
-/// Judges each of `conditions` on the totals, or on every stack (and then
-/// not on the totals), changes within the noise floor left out. Violations
-/// come in the order of [`Diff::rows`].
+/// Judges each of `conditions` on every scope asked for (every stack,
+/// every test, every group), or on the totals when none is: an outcome
+/// per condition and scope. Changes within the noise floor, on anything
+/// but the totals, are left out. Violations come in the order of
+/// [`Diff::rows`], [`Diff::tests`] or [`Diff::groups`].
 pub fn judge(diff: &Diff, conditions: &[Condition], options: GateOptions) -> Vec<Outcome> {
-    let per_stack = options.per_stack;
-    conditions
-        .iter()
-        .map(|cond| {
+    let mut scopes: Vec<Scope> = [
+        (options.per_stack, Scope::Stacks),
+        (options.per_test, Scope::Tests),
+        (options.per_group, Scope::Groups),
+    ]
+    .into_iter()
+    .filter_map(|(on, s)| on.then_some(s))
+    .collect();
+    if scopes.is_empty() {
+        scopes.push(Scope::Totals);
+    }
+    let mut outcomes = Vec::new();
+    for cond in conditions {
+        for &scope in &scopes {
             let mut violations = Vec::new();
             let mut within_noise = 0;
-            let mut judge = |stack: Option<&StackKey>, change: &Change| {
+            let mut judge = |stack: Option<&StackKey>, group: Option<&str>, change: &Change| {
                 let (base, new) = (cond.metric.of(change.base), cond.metric.of(change.new));
                 if !cond.violated_by(base, new) {
                     return;
                 }
-                if stack.is_some() && is_noise(change, options.noise_floor) {
+                if scope != Scope::Totals && is_noise(change, options.noise_floor) {
                     within_noise += 1;
                 } else {
                     violations.push(Violation {
                         condition: cond.text.clone(),
                         metric: cond.metric,
                         stack: stack.cloned(),
+                        group: group.map(|g| (scope, g.to_string())),
                         base,
                         new,
-                        moved: if stack.is_none() {
+                        moved: if scope == Scope::Totals {
                             grew_most(diff, cond.metric)
                         } else {
                             Vec::new()
@@ -391,21 +457,34 @@ pub fn judge(diff: &Diff, conditions: &[Condition], options: GateOptions) -> Vec
                     });
                 }
             };
-            if per_stack {
-                for row in &diff.rows {
-                    judge(Some(&row.key), &row.change);
+            match scope {
+                Scope::Totals => judge(None, None, &diff.total),
+                Scope::Stacks => {
+                    for row in &diff.rows {
+                        judge(Some(&row.key), None, &row.change);
+                    }
                 }
-            } else {
-                judge(None, &diff.total);
+                Scope::Tests | Scope::Groups => {
+                    let list = if scope == Scope::Tests {
+                        &diff.tests
+                    } else {
+                        &diff.groups
+                    };
+                    for g in list {
+                        judge(None, Some(&g.name), &g.change);
+                    }
+                }
             }
-            Outcome {
+            outcomes.push(Outcome {
                 condition: cond.clone(),
-                per_stack,
+                per_stack: scope == Scope::Stacks,
+                scope,
                 violations,
                 within_noise,
-            }
-        })
-        .collect()
+            });
+        }
+    }
+    outcomes
 }
 
 /// The stacks whose `metric` grew most, at most [`MOVED_NAMED`].
@@ -429,6 +508,7 @@ pub fn check(diff: &Diff, conditions: &[Condition], per_stack: bool) -> Vec<Viol
     let options = GateOptions {
         per_stack,
         noise_floor: 0,
+        ..GateOptions::default()
     };
     judge(diff, conditions, options)
         .into_iter()

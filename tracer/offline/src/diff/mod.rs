@@ -198,6 +198,70 @@ pub struct Diff {
     /// The share of whole stacks, in percent, of base and new (when the
     /// profiles say): stacks cut short match worse across runs.
     pub whole_pct: (Option<f64>, Option<f64>),
+    /// Each test of either side ([`Diff::with_groups`]); none unless
+    /// asked for.
+    pub tests: Vec<GroupChange>,
+    /// Each group of either side; none unless asked for.
+    pub groups: Vec<GroupChange>,
+}
+
+/// One test's or group's counts on both sides.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GroupChange {
+    pub name: String,
+    /// Zero on the side where it is missing.
+    pub change: Change,
+}
+
+/// `base` and `new` joined by name: each name of either side once, in the
+/// order first met (the base's, then the new side's others).
+pub fn join_groups(
+    base: &[crate::profile::groups::GroupTotals],
+    new: &[crate::profile::groups::GroupTotals],
+) -> Vec<GroupChange> {
+    let mut out: Vec<GroupChange> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::default();
+    for (side, is_new) in [(base, false), (new, true)] {
+        for g in side {
+            let i = *at.entry(&g.name).or_insert_with(|| {
+                out.push(GroupChange {
+                    name: g.name.clone(),
+                    change: Change::default(),
+                });
+                out.len() - 1
+            });
+            add(out[i].change.side(is_new), g.counts);
+        }
+    }
+    out
+}
+
+impl Diff {
+    /// With each test's change (`per_test`), and each group's: by `rules`
+    /// when there are any, or else as the profiles' files saved them (when
+    /// both did: a group one side lacks is not known to be empty there).
+    pub fn with_groups(
+        mut self,
+        base: &Profile,
+        new: &Profile,
+        per_test: bool,
+        rules: &[crate::profile::groups::Rule],
+    ) -> Diff {
+        use crate::profile::groups;
+        if per_test {
+            self.tests = join_groups(&groups::tests(base), &groups::tests(new));
+        }
+        self.groups = if rules.is_empty() {
+            if base.groups.is_empty() || new.groups.is_empty() {
+                Vec::new()
+            } else {
+                join_groups(&base.groups, &new.groups)
+            }
+        } else {
+            join_groups(&groups::groups(base, rules), &groups::groups(new, rules))
+        };
+        self
+    }
 }
 
 /// The key frames of both sides of a diff, each distinct one once: a
@@ -301,6 +365,8 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
             base.stack_quality.as_ref().map(|q| q.whole_pct()),
             new.stack_quality.as_ref().map(|q| q.whole_pct()),
         ),
+        tests: Vec::new(),
+        groups: Vec::new(),
     }
 }
 

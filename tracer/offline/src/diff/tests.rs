@@ -143,6 +143,7 @@ fn one_site_up_twenty_percent() {
             condition: "calls>+5%".into(),
             metric: Weight::Calls,
             stack: None,
+            group: None,
             base: 2000,
             new: 2200,
             moved: vec![Moved {

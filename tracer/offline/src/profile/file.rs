@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 use crate::{
     error::UserError,
     profile::{
-        Counts, Frame, GoHeap, LiveStats, LiveTotals, Losses, Meta, ProcessRef, Profile, Snapshot,
-        StackEntry, StackQuality, Thread, Timeline, Totals, Unseen,
+        groups::GroupTotals, Counts, Frame, GoHeap, LiveStats, LiveTotals, Losses, Meta,
+        ProcessRef, Profile, Snapshot, StackEntry, StackQuality, Thread, Timeline, Totals, Unseen,
     },
 };
 
@@ -55,6 +55,10 @@ struct FileOut<'a> {
     go_heaps: &'a [GoHeap],
     #[serde(skip_serializing_if = "<[Unseen]>::is_empty")]
     unseen: &'a [Unseen],
+    #[serde(skip_serializing_if = "<[GroupTotals]>::is_empty")]
+    tests: &'a [GroupTotals],
+    #[serde(skip_serializing_if = "<[GroupTotals]>::is_empty")]
+    groups: &'a [GroupTotals],
 }
 
 /// A [`StackEntry`] whose frames are indexes into the frame table, on one
@@ -172,6 +176,8 @@ pub fn to_json(profile: &Profile) -> String {
         timeline: &profile.timeline,
         go_heaps: &profile.go_heaps,
         unseen: &profile.unseen,
+        tests: &profile.tests,
+        groups: &profile.groups,
     };
     serde_json::to_string_pretty(&doc).expect("profile serializes") + "\n"
 }
@@ -196,6 +202,10 @@ struct FileV2 {
     go_heaps: Vec<GoHeap>,
     #[serde(default)]
     unseen: Vec<Unseen>,
+    #[serde(default)]
+    tests: Vec<GroupTotals>,
+    #[serde(default)]
+    groups: Vec<GroupTotals>,
 }
 
 /// A stack as read, its live statistics boxed: every stack read is held
@@ -292,6 +302,8 @@ impl FileV2 {
             timeline: self.timeline,
             go_heaps: self.go_heaps,
             unseen: self.unseen,
+            tests: self.tests,
+            groups: self.groups,
         })
     }
 }

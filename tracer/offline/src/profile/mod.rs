@@ -18,6 +18,7 @@ use foldhash::HashMap;
 use serde::{Deserialize, Serialize};
 
 pub mod file;
+pub mod groups;
 pub mod merge;
 pub mod snapshot;
 pub mod synthetic;
@@ -763,6 +764,14 @@ pub struct Profile {
     /// Java heap, V8's, a Go program that samples nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unseen: Vec<Unseen>,
+    /// `--per-test`: allocations by test (see [`groups`]). Absent where
+    /// not asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tests: Vec<groups::GroupTotals>,
+    /// `--group`: allocations by the user's groups. Absent where none was
+    /// asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<groups::GroupTotals>,
 }
 
 /// A Go program's heap profile as read from its memory: sampled by its

@@ -65,6 +65,8 @@ pub fn without_stacks(p: &Profile) -> Profile {
         timeline: None,
         go_heaps: p.go_heaps.clone(),
         unseen: p.unseen.clone(),
+        tests: Vec::new(),
+        groups: Vec::new(),
     }
 }
 

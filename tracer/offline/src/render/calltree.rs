@@ -24,9 +24,9 @@ use std::sync::Arc;
 
 use foldhash::{HashMap, HashSet};
 
-use crate::profile::{Counts, Frame, Profile, StackEntry};
+use crate::profile::{is_go_heap, Counts, Frame, Profile, StackEntry, Thread};
 
-use super::text::{bytes, count, cut, printable_profile, WIDTH};
+use super::text::{bytes, count, cut, printable, printable_profile, WIDTH};
 use super::{is_allocation, percent, SortKey, StackWeight};
 
 /// Nodes under this share of all (in percent) are left out unless
@@ -280,6 +280,61 @@ pub fn render_tree(profile: &Profile, sort: SortKey, threshold_pct: f64) -> Stri
 /// [`render_tree`], written to `out` line by line as it is made: the text
 /// is never held whole (a stack may be thousands of frames deep). Stops
 /// at the first failed write.
+/// [`render_tree_to`] for each thread of a profile split per thread, most
+/// calls first, under a line naming it and its totals: each thread's tree
+/// on its own, its shares of that thread's calls or bytes.
+pub fn render_tree_per_thread_to(
+    out: &mut impl Write,
+    profile: &Profile,
+    sort: SortKey,
+    threshold_pct: f64,
+) -> fmt::Result {
+    let mut by_thread: BTreeMap<&Thread, Profile> = BTreeMap::new();
+    for e in &profile.stacks {
+        if let Some(t) = &e.thread {
+            by_thread
+                .entry(t)
+                .or_insert_with(|| crate::profile::window::without_stacks(profile))
+                .stacks
+                .push(e.clone());
+        }
+    }
+    if by_thread.is_empty() {
+        return render_tree_to(out, profile, sort, threshold_pct);
+    }
+    let mut threads: Vec<(&Thread, Counts, Profile)> = by_thread
+        .into_iter()
+        .map(|(t, p)| {
+            let mut total = Counts::default();
+            for e in p
+                .stacks
+                .iter()
+                .filter(|e| is_allocation(e) && !is_go_heap(e))
+            {
+                total.add(e.counts);
+            }
+            (t, total, p)
+        })
+        .collect();
+    // Stable: threads of equal counts stay in the order of their ids.
+    threads.sort_by_key(|(_, total, _)| std::cmp::Reverse(key(*total, sort)));
+    for (i, (t, total, one)) in threads.iter().enumerate() {
+        if i > 0 {
+            out.write_char('\n')?;
+        }
+        writeln!(
+            out,
+            "thread {} ({}): {} calls, {}",
+            printable(&t.name),
+            t.tid,
+            total.calls,
+            bytes(total.bytes)
+        )?;
+        render_tree_to(out, one, sort, threshold_pct)?;
+    }
+    Ok(())
+}
+
 pub fn render_tree_to(
     out: &mut impl Write,
     profile: &Profile,

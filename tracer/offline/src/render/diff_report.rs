@@ -13,8 +13,8 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use super::Weight;
-use crate::diff::gate::{amount, describe_move, signed_amount, Outcome};
-use crate::diff::{Change, Diff, DiffRow, StackKey};
+use crate::diff::gate::{amount, describe_move, signed_amount, Outcome, Scope};
+use crate::diff::{Change, Diff, DiffRow, GroupChange, StackKey};
 
 /// The version of the diff JSON's layout.
 pub const DIFF_SCHEMA_VERSION: u32 = 1;
@@ -79,6 +79,8 @@ pub fn json(r: &DiffReport) -> String {
                 .map(|v| {
                     json!({
                         "stack": v.stack.as_ref().map(key_json),
+                        "test": v.group.as_ref().filter(|g| g.0 == Scope::Tests).map(|g| &g.1),
+                        "group": v.group.as_ref().filter(|g| g.0 == Scope::Groups).map(|g| &g.1),
                         "base": v.base,
                         "new": v.new,
                         "delta": i128::from(v.new) - i128::from(v.base),
@@ -94,7 +96,7 @@ pub fn json(r: &DiffReport) -> String {
             json!({
                 "condition": o.condition.text,
                 "metric": o.condition.metric.unit(),
-                "scope": if o.per_stack { "stacks" } else { "totals" },
+                "scope": o.scope.name(),
                 "passed": o.violations.is_empty(),
                 "within_noise": o.within_noise,
                 "violations": violations,
@@ -110,6 +112,8 @@ pub fn json(r: &DiffReport) -> String {
         "in_stacks": counts(&r.diff.in_stacks),
         "whole_stacks_pct": {"base": r.diff.whole_pct.0, "new": r.diff.whole_pct.1},
         "changed": changed,
+        "tests": groups_json(&r.diff.tests),
+        "groups": groups_json(&r.diff.groups),
         "unchanged_stacks": r.unchanged(),
         "gate": {
             "gated": !r.outcomes.is_empty(),
@@ -122,6 +126,19 @@ pub fn json(r: &DiffReport) -> String {
     let mut out = doc.to_string();
     out.push('\n');
     out
+}
+
+/// Each test's or group's name and figures.
+fn groups_json(list: &[GroupChange]) -> Vec<Value> {
+    list.iter()
+        .map(|g| {
+            json!({
+                "name": g.name,
+                "calls": figures(&g.change, Weight::Calls),
+                "bytes": figures(&g.change, Weight::Bytes),
+            })
+        })
+        .collect()
 }
 
 /// `{"base", "new", "delta", "change_pct"}` of one count.
@@ -251,7 +268,7 @@ pub fn markdown(r: &DiffReport) -> String {
     if !r.outcomes.is_empty() {
         out.push_str("\n**Gate**\n\n");
         for o in r.outcomes {
-            let scope = if o.per_stack { "every stack" } else { "totals" };
+            let scope = o.scope.every();
             let noise = match o.within_noise {
                 0 => String::new(),
                 n => format!(
@@ -276,9 +293,10 @@ pub fn markdown(r: &DiffReport) -> String {
                 if o.violations.len() == 1 { "" } else { "s" }
             );
             for v in o.violations.iter().take(MD_VIOLATIONS) {
-                let what = match &v.stack {
-                    None => format!("total {}", v.metric.unit()),
-                    Some(key) => chain_md(key),
+                let what = match (&v.stack, &v.group) {
+                    (Some(key), _) => chain_md(key),
+                    (None, Some((scope, name))) => format!("{} {}", scope.noun(), code(name)),
+                    (None, None) => format!("total {}", v.metric.unit()),
                 };
                 let _ = write!(out, "  - {what}: {}", move_md(v.metric, v.base, v.new));
                 for (i, m) in v.moved.iter().enumerate() {
@@ -366,17 +384,62 @@ fn xml(text: &str) -> String {
     out
 }
 
+/// One JUnit test case: its class, its name and its regressions (none:
+/// it passed).
+struct Case {
+    class: &'static str,
+    name: String,
+    failures: Vec<String>,
+}
+
+/// The test cases of `r`: one per condition on the totals or on every
+/// stack; one per condition and test (`--per-test`) or group
+/// (`--per-group`), named by the test or group, so that a test reporter
+/// shows each test's verdict.
+fn cases(r: &DiffReport) -> Vec<Case> {
+    let mut out = Vec::new();
+    for o in r.outcomes {
+        let list = match o.scope {
+            Scope::Tests => &r.diff.tests,
+            Scope::Groups => &r.diff.groups,
+            Scope::Totals | Scope::Stacks => {
+                out.push(Case {
+                    class: "mtrace.diff",
+                    name: format!("{} ({})", o.condition.text, o.scope.every()),
+                    failures: o.violations.iter().map(|v| v.to_string()).collect(),
+                });
+                continue;
+            }
+        };
+        let class = if o.scope == Scope::Tests {
+            "mtrace.diff.tests"
+        } else {
+            "mtrace.diff.groups"
+        };
+        for g in list {
+            out.push(Case {
+                class,
+                name: format!("{} ({})", g.name, o.condition.text),
+                failures: o
+                    .violations
+                    .iter()
+                    .filter(|v| v.group.as_ref().is_some_and(|(_, n)| *n == g.name))
+                    .map(|v| v.to_string())
+                    .collect(),
+            });
+        }
+    }
+    out
+}
+
 /// The report as JUnit XML: a suite `mtrace diff`, one test case per
-/// condition (named by the condition and what it gates), failed with one
-/// line per regression. Without conditions, one passing case says what was
-/// compared.
+/// condition (named by the condition and what it gates), or per condition
+/// and test or group, failed with one line per regression. Without
+/// conditions, one passing case says what was compared.
 pub fn junit(r: &DiffReport) -> String {
-    let failures = r
-        .outcomes
-        .iter()
-        .filter(|o| !o.violations.is_empty())
-        .count();
-    let tests = r.outcomes.len().max(1);
+    let cases = cases(r);
+    let failures = cases.iter().filter(|c| !c.failures.is_empty()).count();
+    let tests = cases.len().max(1);
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         out,
@@ -420,26 +483,21 @@ pub fn junit(r: &DiffReport) -> String {
             xml(&summary)
         );
     }
-    for o in r.outcomes {
-        let scope = if o.per_stack { "every stack" } else { "totals" };
+    for case in &cases {
         let _ = writeln!(
             out,
-            "    <testcase classname=\"mtrace.diff\" name=\"{} ({scope})\">",
-            xml(&o.condition.text)
+            "    <testcase classname=\"{}\" name=\"{}\">",
+            case.class,
+            xml(&shown(&case.name))
         );
-        if !o.violations.is_empty() {
-            let first = o.violations[0].to_string();
-            let lines: Vec<String> = o
-                .violations
-                .iter()
-                .map(|v| xml(&shown_line(&v.to_string())))
-                .collect();
+        if let Some(first) = case.failures.first() {
+            let lines: Vec<String> = case.failures.iter().map(|l| xml(&shown_line(l))).collect();
             let _ = writeln!(
                 out,
                 "      <failure type=\"regression\" message=\"{} regression{}: {}\">{}</failure>",
-                o.violations.len(),
-                if o.violations.len() == 1 { "" } else { "s" },
-                xml(&shown_line(&first)),
+                case.failures.len(),
+                if case.failures.len() == 1 { "" } else { "s" },
+                xml(&shown_line(first)),
                 lines.join("\n")
             );
         }

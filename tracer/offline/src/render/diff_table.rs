@@ -44,6 +44,31 @@ fn describe_change(change: &Change, weight: Weight, delta_first: bool) -> String
     }
 }
 
+/// Each test's and group's change, after the table, where the diff has
+/// them:
+///
+/// ```text
+/// test tests::parse: calls 5001 -> 10002 (+5001, +100.00%), bytes 80016 -> 160032 (+80016, +100.00%)
+/// ```
+pub fn render_groups_to(to: &mut impl Write, diff: &Diff) -> fmt::Result {
+    for (noun, list) in [("test", &diff.tests), ("group", &diff.groups)] {
+        if list.is_empty() {
+            continue;
+        }
+        to.write_char('\n')?;
+        for g in list {
+            writeln!(
+                to,
+                "{noun} {}: {}, {}",
+                cut(&g.name),
+                side_by_side(&g.change, Weight::Calls),
+                side_by_side(&g.change, Weight::Bytes)
+            )?;
+        }
+    }
+    Ok(())
+}
+
 pub fn render_table(diff: &Diff, top: usize) -> String {
     let mut out = String::new();
     // Writing to a string does not fail.

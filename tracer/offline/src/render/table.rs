@@ -31,6 +31,7 @@ use super::text::{
 };
 use super::{percent, select, Hidden, ReportOptions, Row, FREE_FUNC};
 
+mod groups;
 mod leaks;
 
 /// Untraced processes the header names one by one; the rest are counted.
@@ -76,6 +77,7 @@ pub fn render_to(out: &mut impl Write, profile: &Profile, opts: &ReportOptions) 
     write_hidden(out, selection.hidden_by_top, "--top")?;
     out.write_str(&totals_lines(profile, paint))?;
     out.write_str(&go_totals_lines(profile))?;
+    groups::lines(out, profile, opts)?;
     if profile.totals.nested > 0 {
         writeln!(
             out,

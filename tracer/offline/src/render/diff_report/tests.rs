@@ -54,6 +54,7 @@ fn grown() -> Diff {
         in_stacks: total,
         rows,
         whole_pct: (Some(100.0), Some(99.5)),
+        ..Diff::default()
     }
 }
 
@@ -78,6 +79,7 @@ fn outcomes(d: &Diff, conds: &[&str], per_stack: bool) -> Vec<Outcome> {
     let options = GateOptions {
         per_stack,
         noise_floor: 0,
+        ..GateOptions::default()
     };
     judge(d, &conds, options)
 }

@@ -19,7 +19,7 @@ use super::{
     text::{bytes, duration_ns, printable, short_count, shown_profile},
     ReportOptions, Row, Weight,
 };
-use crate::profile::{Frame, LiveStats, LiveTotals, Profile, StackEntry};
+use crate::profile::{groups::GroupTotals, Frame, LiveStats, LiveTotals, Profile, StackEntry};
 
 pub mod plots;
 
@@ -71,6 +71,8 @@ pub fn render(profile: &Profile, opts: &ReportOptions) -> Result<String> {
         &selection.rows,
         selection.hidden_by_threshold.rows + selection.hidden_by_top.rows,
     );
+    groups(&mut out, "tests", "Tests", "test", &profile.tests);
+    groups(&mut out, "groups", "Groups", "group", &profile.groups);
     if profile.live.is_some() {
         leak_suspects(&mut out, profile);
     }
@@ -417,6 +419,37 @@ fn stack_cell(out: &mut String, entry_frames: &[Arc<Frame>], truncated: bool) {
         out.push_str("<li class=\"note\">(stack cut short)</li>");
     }
     out.push_str("</ol></details></td>");
+}
+
+/// A sortable table of tests (`--per-test`) or groups (`--group`), where
+/// the profile has them.
+fn groups(out: &mut String, id: &str, title: &str, noun: &str, rows: &[GroupTotals]) {
+    if rows.is_empty() {
+        return;
+    }
+    let live = rows.iter().any(|g| g.live.is_some());
+    let _ = write!(
+        out,
+        "<section id=\"{id}\"><h2>{title}</h2>\n<table class=\"sortable\"><thead><tr><th>{noun}</th>\
+         <th class=\"num\">calls</th><th class=\"num\">bytes</th>"
+    );
+    if live {
+        out.push_str("<th class=\"num\">outstanding</th><th class=\"num\">in use</th>");
+    }
+    out.push_str("</tr></thead><tbody>\n");
+    for g in rows {
+        let _ = write!(out, "<tr><td>{}</td>", esc(&g.name));
+        num_cell(out, g.counts.calls as f64, &g.counts.calls.to_string());
+        num_cell(out, g.counts.bytes as f64, &bytes(g.counts.bytes));
+        if let Some(l) = g.live {
+            num_cell(out, l.outstanding as f64, &l.outstanding.to_string());
+            num_cell(out, l.outstanding_bytes as f64, &bytes(l.outstanding_bytes));
+        } else if live {
+            out.push_str("<td></td><td></td>");
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</tbody></table></section>\n");
 }
 
 fn stacks(out: &mut String, profile: &Profile, rows: &[Row<'_>], hidden: usize) {
