@@ -245,3 +245,157 @@ fn a_huge_growing_perf_map_keeps_the_duration_memory_and_names() {
 fn a_huge_growing_perf_map_keeps_sigterm_memory_and_names() {
     a_huge_growing_perf_map(true);
 }
+
+/// tests/fixtures/jvm/Zip.java, compiled once: the directory of its class.
+fn zip_class() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-fixtures/jvm");
+        fs::create_dir_all(&dir).unwrap();
+        let src = crate::support::fixtures::fixtures_dir().join("jvm/Zip.java");
+        let out = std::process::Command::new("javac")
+            .arg("-d")
+            .arg(&dir)
+            .arg(&src)
+            .output()
+            .expect("running javac");
+        assert!(
+            out.status.success(),
+            "javac {} failed: {}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+}
+
+/// `Zip.work` calls made: the first few hundred run interpreted, the rest
+/// compiled (C1, then C2).
+const ZIP_CALLS: u64 = 20_000;
+
+/// zlib's `deflateInit2_` calls malloc five times per `Deflater`.
+const DEFLATE_MALLOCS: u64 = 5;
+
+/// Traces the Zip fixture by pid under the JVM options `jvm`, its perf map
+/// written by `jcmd PID Compiler.perfmap` once it has allocated.
+/// `None` when the JDK is missing (a failure under `CI`).
+fn trace_zip(jvm: &[&str]) -> Option<(crate::support::Finished, crate::support::Profile)> {
+    let have = |p: &str| crate::support::have(p);
+    if !require(
+        have("java") && have("javac") && have("jcmd"),
+        "java, javac or jcmd is missing (openjdk-17-jdk-headless)",
+    ) {
+        return None;
+    }
+    let calls = ZIP_CALLS.to_string();
+    let class_dir = zip_class().to_str().unwrap();
+    let mut args = jvm.to_vec();
+    args.extend(["-cp", class_dir, "Zip", calls.as_str()]);
+    let mut fx = FixtureProc::start(Path::new("java"), &args);
+    let _map = Removed(format!("/tmp/perf-{}.map", fx.pid()));
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let mut m = Mtrace::start_profiled(&["--pid", pid.as_str()]);
+    m.wait_tracing();
+    fx.release();
+    fx.stdout.wait_for(|l| l == "allocated", EXIT_TIMEOUT);
+    let jcmd = std::process::Command::new("jcmd")
+        .args([pid.as_str(), "Compiler.perfmap"])
+        .output()
+        .expect("running jcmd");
+    assert!(
+        jcmd.status.success(),
+        "jcmd failed: {}",
+        String::from_utf8_lossy(&jcmd.stderr)
+    );
+    fx.release();
+    let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
+    assert!(status.success(), "the JVM failed: {status}");
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    Some((out, p))
+}
+
+/// zlib's mallocs under `Zip.work`, by stack.
+fn deflate_stacks(p: &crate::support::Profile) -> Vec<&crate::support::profile::Stack> {
+    p.stacks_at("malloc", "deflateInit2_")
+}
+
+/// A JVM run with -XX:+PreserveFramePointer allocating through
+/// java.util.zip, traced by pid: every stack of zlib's mallocs is whole,
+/// from the Java methods (compiled and interpreted, named from the perf
+/// map) through the VM's entry into Java to the thread's first frame, and
+/// the counts are exact. Nothing says its stacks are cut.
+#[test]
+fn a_jvm_keeping_frame_pointers_is_walked_to_the_threads_start() {
+    need_bpf!();
+    let Some((out, p)) = trace_zip(&["-XX:+PreserveFramePointer"]) else {
+        return;
+    };
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    let stacks = deflate_stacks(&p);
+    let calls: u64 = stacks.iter().map(|s| s.calls).sum();
+    assert_eq!(calls, DEFLATE_MALLOCS * ZIP_CALLS, "{d}");
+    let mut named = 0;
+    for s in &stacks {
+        let names = s.names();
+        assert!(!s.truncated, "a stack cut short: {names:?}\n{d}");
+        // The main thread's start, below the launcher's JavaMain.
+        assert_eq!(
+            names[names.len().saturating_sub(4)..],
+            ["JavaMain", "ThreadJavaMain", "start_thread", "clone3"],
+            "{d}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("JavaCalls::call_helper(")),
+            "no VM frame below Java: {names:?}\n{d}"
+        );
+        assert!(
+            !names.iter().any(|n| n.starts_with("[anonymous code")),
+            "an unnamed Java frame: {names:?}\n{d}"
+        );
+        if names.contains(&"byte[] Zip.work(int)") {
+            named += s.calls;
+        }
+    }
+    // The calls made once work() is compiled (the interpreter's frame is
+    // named "Interpreter", not by method).
+    assert!(
+        named * 10 >= calls * 9,
+        "{named} of {calls} under Zip.work\n{d}"
+    );
+    assert!(
+        !p.doc["unseen"]
+            .as_array()
+            .is_some_and(|u| u.iter().any(|u| u["heap"] == "java stacks")),
+        "{d}"
+    );
+}
+
+/// HotSpot's default: its compiled code keeps no frame pointer, so the
+/// walk stops at the first Java frame (counted, never a wrong frame), and
+/// the report says which option would make the stacks whole.
+#[test]
+fn a_jvm_without_frame_pointers_is_told_the_option_that_makes_stacks_whole() {
+    need_bpf!();
+    let Some((out, p)) = trace_zip(&[]) else {
+        return;
+    };
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    let stacks = deflate_stacks(&p);
+    let calls: u64 = stacks.iter().map(|s| s.calls).sum();
+    assert_eq!(calls, DEFLATE_MALLOCS * ZIP_CALLS, "{d}");
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("not seen: ") && l.contains("java stacks"))
+        .unwrap_or_else(|| panic!("no `java stacks` line\n{d}"));
+    assert!(line.contains("-XX:+PreserveFramePointer"), "{line}");
+    let unseen = p.doc["unseen"].as_array().cloned().unwrap_or_default();
+    assert!(unseen.iter().any(|u| u["heap"] == "java stacks"), "{d}");
+    // Cut short where the walk could not go on, and said so.
+    let cut: u64 = stacks.iter().filter(|s| s.truncated).map(|s| s.calls).sum();
+    assert!(cut * 2 >= calls, "{cut} of {calls} cut\n{d}");
+}

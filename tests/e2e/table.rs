@@ -344,3 +344,44 @@ fn piped_table(out: &Finished) -> String {
     let at = out.stdout.find("mtrace: pid ").expect("a header");
     out.stdout[at..].to_string()
 }
+
+/// Three malloc calls in one function without line information
+/// (`samesite.c`, built without `-g`): three rows that would print the
+/// same frames show the return address's offset in that function where
+/// they differ, as the JSON gives it; the frames they share are printed
+/// as they are.
+#[test]
+fn rows_alike_but_for_the_call_site_show_its_offset() {
+    need_bpf!();
+    let fixture = crate::support::fixtures::compile_c("samesite", "samesite", &["-O1"], &[]);
+    let (out, p) = crate::support::run_profiled(&["--", fixture.to_str().unwrap()]);
+    out.assert_exit(0);
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    let stacks = p.stacks_at("malloc", "sites");
+    assert_eq!(stacks.len(), 3, "{d}");
+    let mut offsets: Vec<u64> = stacks
+        .iter()
+        .map(|s| {
+            assert_eq!(s.calls, 1000, "{d}");
+            s.frames[0].symbol_offset.expect("no symbol offset")
+        })
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 3, "{d}");
+    let rows: Vec<_> = out
+        .report()
+        .rows
+        .into_iter()
+        .filter(|r| r.func == "malloc" && r.calls == 1000)
+        .collect();
+    assert_eq!(rows.len(), 3, "{d}");
+    let mut shown: Vec<String> = rows.iter().map(|r| r.frames[0].clone()).collect();
+    shown.sort();
+    let mut want: Vec<String> = offsets.iter().map(|o| format!("sites+{o:#x}")).collect();
+    want.sort();
+    assert_eq!(shown, want, "{d}");
+    for r in &rows {
+        assert_eq!(r.frames[1], "main", "{d}");
+    }
+}

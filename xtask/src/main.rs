@@ -94,8 +94,9 @@ enum Task {
 /// clients of `mtrace agent`'s tests, `go tool pprof` (golang-go) and
 /// Prometheus, the Redis server and client its benchmark traces, the
 /// sqlite3 shell the gate's stability test runs five times, and the
-/// debuginfod server stripped files are symbolized through in their test.
-const APT_PACKAGES: [&str; 24] = [
+/// debuginfod server stripped files are symbolized through in their test,
+/// and the JVM (with javac and jcmd) whose stacks are walked through Java.
+const APT_PACKAGES: [&str; 25] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -120,6 +121,7 @@ const APT_PACKAGES: [&str; 24] = [
     "redis-tools",
     "sqlite3",
     "debuginfod",
+    "openjdk-17-jdk-headless",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

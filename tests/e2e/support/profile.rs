@@ -88,6 +88,9 @@ pub struct Frame {
     pub line: Option<u64>,
     pub module: Option<String>,
     pub inlined: bool,
+    /// Where no line is known: the offset in its function.
+    #[serde(default)]
+    pub symbol_offset: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]

@@ -222,6 +222,7 @@ impl GoProcess {
                 addr: ret,
                 inlined: g.inlined,
                 mapping: None,
+                symbol_offset: None,
             },
             None => Frame {
                 function: format!(

@@ -419,11 +419,13 @@ fn sym_frames(sym: &blazesym::symbolize::Sym, module: &str, addr: u64) -> Vec<Fr
         .rev()
         .map(|inl| frame(&demangled(&inl.name), inl.code_info.as_ref(), true))
         .collect();
-    frames.push(frame(
-        &demangled(&sym.name),
-        sym.code_info.as_deref(),
-        false,
-    ));
+    let mut outer = frame(&demangled(&sym.name), sym.code_info.as_deref(), false);
+    if outer.line.is_none() {
+        // The symbolizer was asked about the byte before the return
+        // address (the call's last): the return address is one further.
+        outer.symbol_offset = Some(sym.offset as u64 + 1);
+    }
+    frames.push(outer);
     frames
 }
 

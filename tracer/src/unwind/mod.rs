@@ -25,6 +25,7 @@
 //!
 //! x86-64 only. Parsing is gimli's; the ELF is read with object.
 
+pub mod jit;
 mod object_cfi;
 pub mod service;
 mod walk;
@@ -158,6 +159,9 @@ pub struct Unwinder {
     /// Where separate debug files are looked for (the target's
     /// `/usr/lib/debug`, else ours), found at the first object loaded.
     debug_dir: Option<PathBuf>,
+    /// Whether the target is a JVM whose compiled code keeps frame
+    /// pointers ([`jit`]), found at the first walk through JIT code.
+    jit_frame_pointers: Option<bool>,
 }
 
 /// The rules learned in every process of the run, by file and the file
@@ -214,6 +218,7 @@ impl Unwinder {
             max_frames: tracer_common::MAX_FRAMES,
             ids: HashMap::new(),
             debug_dir: None,
+            jit_frame_pointers: None,
         }
     }
 
@@ -393,6 +398,7 @@ impl Unwinder {
             page_base: ev.sp.wrapping_sub(8).wrapping_sub(skip as u64),
         };
         let bp = (ev.bp_ok != 0).then_some(ev.bp);
+        let jit_fp = self.jit_frame_pointers(space);
         let space_cell = std::cell::RefCell::new(space);
         let pid = self.pid;
         let (walked, why, by_fp) = unwind_with_fp(
@@ -407,7 +413,11 @@ impl Unwinder {
                 }
                 rule
             },
-            |ra| is_call_site(ra, &space_cell.borrow(), pid),
+            |ra| {
+                let space = space_cell.borrow();
+                is_call_site(ra, &space, pid)
+                    || jit_fp && space.mapping(ra).is_some_and(jit::is_jit_code)
+            },
         );
         // Code without call-frame information whose frame pointer checked
         // out: the kernel's walk follows it there from now on (the rule of
@@ -449,6 +459,22 @@ impl Unwinder {
             );
         }
         Finished { frames, stop, key }
+    }
+}
+
+impl Unwinder {
+    /// Whether a frame pointer that leads into JIT code is to be followed
+    /// though it follows no call: in a JVM whose compiled code keeps frame
+    /// pointers. Decided at the first walk once libjvm.so is mapped (by
+    /// then the JVM runs, whatever ran before its `exec`).
+    fn jit_frame_pointers(&mut self, space: &AddressSpace) -> bool {
+        if let Some(known) = self.jit_frame_pointers {
+            return known;
+        }
+        let maps: Vec<Mapping> = space.code_mappings().cloned().collect();
+        let known = jit::hotspot_frame_pointers(self.pid, &maps);
+        self.jit_frame_pointers = known;
+        known == Some(true)
     }
 }
 

@@ -304,4 +304,67 @@ mod tests {
         assert_eq!(r.1, Stop::Unsupported);
         assert_eq!(r.0.len(), 2);
     }
+
+    /// A JVM's JIT frames are followed by frame pointer whatever the
+    /// return address they lead to follows; a wrong frame pointer ends the
+    /// walk as a bad frame (counted), never as a frame made up: one that
+    /// points below the frame, and one that leads to a return address in
+    /// no code.
+    #[test]
+    fn wrong_frame_pointers_stop_the_walk() {
+        let rsp = 0x7000_0000u64;
+        let jit = |ra: u64| {
+            if (0x1000..0x2000).contains(&ra) {
+                Rule::unsupported()
+            } else {
+                Rule::not_code()
+            }
+        };
+        let stack =
+            |words: &[u64]| -> Vec<u8> { words.iter().flat_map(|w| w.to_le_bytes()).collect() };
+        // rbp below the stack pointer: not followed.
+        let below = stack(&[0x1000, 0, 0, 0]);
+        let (frames, stop, by_fp) = unwind_with_fp(
+            0x1000,
+            rsp,
+            Some(rsp - 64),
+            below.as_slice().into(),
+            jit,
+            |_| true,
+        );
+        assert_eq!(
+            (frames, stop, by_fp),
+            (vec![0x1000], Stop::Unsupported, vec![])
+        );
+        // rbp leads to a return address in no code: the frame is kept out.
+        let nowhere = stack(&[0x1000, rsp + 32, 0xdead_0000, 0, 0]);
+        let (frames, stop, by_fp) = unwind_with_fp(
+            0x1000,
+            rsp,
+            Some(rsp + 8),
+            nowhere.as_slice().into(),
+            jit,
+            |_| true,
+        );
+        assert_eq!(stop, Stop::BadRead);
+        assert_eq!(frames, vec![0x1000, 0xdead_0000]);
+        assert_eq!(by_fp, vec![0x1000]);
+        // A chain of frame pointers that loops: ended (here, or by the
+        // kernel once the rule is in, as a bad frame), not followed round.
+        let looped = stack(&[0x1000, rsp + 8, 0x1800, 0, 0]);
+        let (frames, stop, _) = unwind_with_fp(
+            0x1000,
+            rsp,
+            Some(rsp + 8),
+            looped.as_slice().into(),
+            jit,
+            |_| true,
+        );
+        assert_eq!(frames, vec![0x1000, 0x1800]);
+        assert_eq!(stop, Stop::Unsupported);
+        let (_, stop) = unwind(0x1800, rsp + 16, Some(rsp + 8), &looped[16..], |_| {
+            FRAME_POINTER
+        });
+        assert_eq!(stop, Stop::BadRead);
+    }
 }

@@ -20,6 +20,7 @@ fn sym(function: &str, module: &str, addr: u64, line: u32) -> Frame {
         addr,
         inlined: false,
         mapping: None,
+        symbol_offset: None,
     }
 }
 

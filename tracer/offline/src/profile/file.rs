@@ -572,6 +572,7 @@ mod tests {
                     limit: 0x5555_3000,
                     offset: 0x1000,
                 }),
+                symbol_offset: None,
             })],
             truncated: false,
             thread: None,

@@ -51,6 +51,11 @@ pub struct Frame {
     /// by file offset, nor in files written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapping: Option<FileMapping>,
+    /// Where no line is known: the return address's offset from the
+    /// start of its function's symbol, which tells apart rows whose
+    /// frames would print the same (`deflateInit2_+0x7b`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol_offset: Option<u64>,
 }
 
 /// The name of the frame at a program's entry point (`e_entry` of its ELF

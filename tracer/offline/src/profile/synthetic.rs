@@ -20,6 +20,7 @@ fn frame(function: String, site: u64) -> Arc<Frame> {
         addr,
         inlined: false,
         mapping: None,
+        symbol_offset: None,
     })
 }
 

@@ -681,6 +681,7 @@ mod tests {
             addr,
             inlined: false,
             mapping: None,
+            symbol_offset: None,
         }
     }
 
