@@ -231,8 +231,14 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
     // process gone before mtrace took it up is counted under its caller
     // and cut short, `process_gone`, as a program of a few milliseconds'
     // first run may be.)
-    let first = [run(&[counts]), run(&[cxx])];
-    std::thread::sleep(Duration::from_millis(300));
+    // Two rounds: a frame whose rule was missing is learned from a gone
+    // process's file, and the frames above it may each need a run more on
+    // a loaded machine.
+    let mut first = Vec::new();
+    for _ in 0..2 {
+        first.extend([run(&[counts]), run(&[cxx])]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
     let direct = run(&[counts]);
     run(&["sh", "-c", &format!("{counts}; exit 0")]);
     let cxx_pid = run(&[cxx]);
@@ -257,7 +263,9 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["name"] == "counts" && e["pid"] != direct && e["pid"] != first[0])
+        .filter(|e| {
+            e["name"] == "counts" && e["pid"] != direct && !first.iter().any(|&f| e["pid"] == f)
+        })
         .map(|e| e["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(children.len(), 1, "the shell's counts child\n{d}");
