@@ -129,17 +129,13 @@ fn rustjem() -> &'static std::path::Path {
     BUILT.get_or_init(|| {
         let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rustjem");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = std::process::Command::new(cargo)
-            .args(["build", "--release", "--locked", "--manifest-path"])
-            .arg(fixtures_dir().join("rustjem/Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target)
-            .output()
-            .expect("running cargo");
-        assert!(
-            out.status.success(),
-            "building tests/fixtures/rustjem failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        crate::support::fixtures::build_fixture(
+            std::process::Command::new(cargo)
+                .args(["build", "--release", "--locked", "--manifest-path"])
+                .arg(fixtures_dir().join("rustjem/Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target),
+            "tests/fixtures/rustjem",
         );
         target.join("release/rustjem")
     })

@@ -253,17 +253,12 @@ fn zip_class() -> &'static Path {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-fixtures/jvm");
         fs::create_dir_all(&dir).unwrap();
         let src = crate::support::fixtures::fixtures_dir().join("jvm/Zip.java");
-        let out = std::process::Command::new("javac")
-            .arg("-d")
-            .arg(&dir)
-            .arg(&src)
-            .output()
-            .expect("running javac");
-        assert!(
-            out.status.success(),
-            "javac {} failed: {}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
+        crate::support::fixtures::build_fixture(
+            std::process::Command::new("javac")
+                .arg("-d")
+                .arg(&dir)
+                .arg(&src),
+            "tests/fixtures/jvm/Zip.java",
         );
         dir
     })

@@ -21,24 +21,20 @@ fn rusttests() -> &'static Path {
     BUILT.get_or_init(|| {
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rusttests");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .args([
-                "test",
-                "--no-run",
-                "--locked",
-                "--message-format",
-                "json",
-                "--manifest-path",
-            ])
-            .arg(fixtures_dir().join("rusttests/Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target)
-            .output()
-            .expect("running cargo");
-        assert!(
-            out.status.success(),
-            "building tests/fixtures/rusttests failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = crate::support::fixtures::build_fixture(
+            Command::new(cargo)
+                .args([
+                    "test",
+                    "--no-run",
+                    "--locked",
+                    "--message-format",
+                    "json",
+                    "--manifest-path",
+                ])
+                .arg(fixtures_dir().join("rusttests/Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target),
+            "tests/fixtures/rusttests",
         );
         // The test binary's path is in cargo's message about it.
         String::from_utf8_lossy(&out.stdout)

@@ -93,6 +93,20 @@ fn compile(fixture: Fixture) -> PathBuf {
     compile_c(fixture.name(), fixture.source(), before, after)
 }
 
+/// Runs `cmd`, which builds the fixture `what`; its output, once it has
+/// succeeded (else the test fails with the builder's stderr).
+pub fn build_fixture(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("building {what}: running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "building {what} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// `cc BEFORE -o NAME tests/fixtures/SOURCE.c AFTER`, into the tests'
 /// fixture directory.
 pub fn compile_c(name: &str, source: &str, before: &[&str], after: &[&str]) -> PathBuf {
