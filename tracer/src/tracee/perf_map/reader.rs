@@ -32,9 +32,14 @@ const CHECK: usize = 64;
 
 /// One process's perf map.
 pub struct Shared {
-    pid: u32,
     /// In the target's /tmp, under its pid there.
     path: String,
+    /// The same file through this process's /tmp, when the target shares
+    /// its mount namespace: the map is still found there once the target
+    /// is gone (a map written just before the end is read after it).
+    gone_path: Option<String>,
+    /// The target's real user, as it was when the map was first asked for.
+    uid: Option<u32>,
     table: Mutex<Table>,
     state: Mutex<State>,
     /// Told when a read is done.
@@ -93,14 +98,20 @@ struct Step {
 impl Shared {
     pub fn new(pid: u32) -> Arc<Shared> {
         let ns_pid = namespace_pid(pid).unwrap_or(pid);
-        Shared::at(format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map"), pid)
+        let gone_path = same_mount_namespace(pid).then(|| format!("/tmp/perf-{ns_pid}.map"));
+        Shared::at(
+            format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map"),
+            gone_path,
+            target_uid(pid),
+        )
     }
 
-    /// The map at `path`, written by `pid`.
-    fn at(path: String, pid: u32) -> Arc<Shared> {
+    /// The map at `path` (else at `gone_path`), written by `uid`.
+    fn at(path: String, gone_path: Option<String>, uid: Option<u32>) -> Arc<Shared> {
         Arc::new(Shared {
-            pid,
             path,
+            gone_path,
+            uid,
             table: Mutex::default(),
             state: Mutex::default(),
             read: Condvar::new(),
@@ -169,7 +180,7 @@ impl Shared {
             state.asked
         };
         let mut source = self.source.lock().unwrap_or_else(|e| e.into_inner());
-        let step = source.step(&self.path, self.pid, buf);
+        let step = source.step(self, buf);
         let evicted = {
             let mut table = self.table();
             if step.reset {
@@ -210,12 +221,21 @@ impl Shared {
 }
 
 impl Source {
-    /// Reads the next slice of the map at `path`: the file there when it
-    /// is one to read and not the one read so far, else the one read so
-    /// far (also once the process is gone, or the path was taken away).
-    fn step(&mut self, path: &str, pid: u32, buf: &mut Vec<u8>) -> Step {
+    /// Reads the next slice of `map`: the file at its path when it is one
+    /// to read and not the one read so far, else the one read so far
+    /// (also once the process is gone, or the path was taken away).
+    fn step(&mut self, map: &Shared, buf: &mut Vec<u8>) -> Step {
         let mut step = Step::default();
-        if let Some((file, id)) = self.other_file(path, pid) {
+        let found = match std::fs::symlink_metadata(&map.path) {
+            Ok(meta) => Some((map.path.as_str(), meta)),
+            // The target is gone (its /proc/PID/root with it), or the map
+            // is not there.
+            Err(_) => map
+                .gone_path
+                .as_deref()
+                .and_then(|p| Some((p, std::fs::symlink_metadata(p).ok()?))),
+        };
+        if let Some((file, id)) = found.and_then(|(p, meta)| self.other_file(p, meta, map.uid)) {
             if self.file.is_some() {
                 step.reset = true;
                 step.quality.rereads += 1;
@@ -293,15 +313,18 @@ impl Source {
     /// target's user or of root and not the one read so far. Looked at
     /// before it is opened (a device is never opened), opened without
     /// following a symbolic link or blocking, and checked again once open.
-    fn other_file(&self, path: &str, pid: u32) -> Option<(File, (u64, u64))> {
-        let meta = std::fs::symlink_metadata(path).ok()?;
+    fn other_file(
+        &self,
+        path: &str,
+        meta: std::fs::Metadata,
+        uid: Option<u32>,
+    ) -> Option<(File, (u64, u64))> {
         let id = (meta.dev(), meta.ino());
         if self.file.is_some() && id == self.id {
             return None;
         }
-        let acceptable = |m: &std::fs::Metadata| {
-            m.is_file() && (m.uid() == 0 || Some(m.uid()) == target_uid(pid))
-        };
+        let acceptable =
+            |m: &std::fs::Metadata| m.is_file() && (m.uid() == 0 || Some(m.uid()) == uid);
         if !acceptable(&meta) {
             log::debug!("{path}: not a regular file of the target's user or root: not read");
             return None;
@@ -399,6 +422,13 @@ fn namespace_pid(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// Whether the target's mount namespace is this process's.
+fn same_mount_namespace(pid: u32) -> bool {
+    let id = |p: String| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+    let theirs = id(format!("/proc/{pid}/ns/mnt"));
+    theirs.is_some() && theirs == id("/proc/self/ns/mnt".to_string())
+}
+
 /// The target's real user id.
 fn target_uid(pid: u32) -> Option<u32> {
     status_field(pid, "Uid:")?
@@ -431,7 +461,7 @@ mod tests {
         fn new() -> Map {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("perf.map").to_str().unwrap().to_string();
-            let shared = Shared::at(path, std::process::id());
+            let shared = Shared::at(path, None, Some(unsafe { libc::getuid() }));
             Map { dir, shared }
         }
 
@@ -544,6 +574,31 @@ mod tests {
         let q = m.read();
         assert_eq!((q.kept, q.rereads), (2, 0));
         assert_eq!(m.name(0x2000).as_deref(), Some("two"));
+    }
+
+    /// A process writes its map, then exits before the map was first
+    /// read (`jcmd PID Compiler.perfmap` just before the end): the map is
+    /// found through this process's /tmp, the target's namespace being
+    /// this one.
+    #[test]
+    fn a_map_written_just_before_its_process_ended_is_read_after() {
+        let mut child = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let shared = Shared::new(child.id());
+        shared.ask();
+        shared.wait(Instant::now() + Duration::from_secs(10));
+        assert!(shared.quality().is_none(), "a map before it was written");
+        let path = format!("/tmp/perf-{}.map", child.id());
+        std::fs::write(&path, b"1000 10 last_words\n").unwrap();
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        shared.ask();
+        shared.wait(Instant::now() + Duration::from_secs(10));
+        let name = shared.name(0x1004);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(name.as_deref(), Some("last_words"));
     }
 
     #[test]
