@@ -29,6 +29,22 @@ fn wait_for(file: &Path) -> String {
 #[test]
 fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
     need_bpf!();
+    cgroup_present_and_to_come(&[]);
+}
+
+/// The same with `--file-wide`: the allocator files probed once, the
+/// cgroup (and those below it) told from other processes in the kernel;
+/// the same processes counted, exactly, with whole stacks.
+#[test]
+fn a_cgroup_traced_file_wide_counts_its_processes_and_nothing_outside() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    cgroup_present_and_to_come(&["--file-wide"]);
+}
+
+fn cgroup_present_and_to_come(extra: &[&str]) {
+    let file_wide = extra.contains(&"--file-wide");
     let cg = TestCgroup::new("scope");
     let dir = tempfile::tempdir().unwrap();
     let (go, go_late) = (dir.path().join("go"), dir.path().join("go-late"));
@@ -52,7 +68,8 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let json = dir.path().join("p.json");
-    let mut m = Mtrace::start(&[
+    let mut args = extra.to_vec();
+    args.extend([
         "--per-process",
         "--top",
         "1",
@@ -61,6 +78,7 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
         "--cgroup",
         cg.path(),
     ]);
+    let mut m = Mtrace::start(&args);
     m.wait_tracing();
     let joiner = std::process::Command::new("sh")
         .args([
@@ -110,6 +128,13 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
         "the process outside the cgroup was traced: {procs:?}"
     );
     assert_counts_sites_times(&p, 3, &d);
+    if file_wide {
+        assert_eq!(p.doc["meta"]["scope"], "cgroup", "{d}");
+        let q = &p.doc["stack_quality"];
+        assert_eq!(q["whole"], q["calls"], "{d}");
+        // (A process gone before mtrace read its cgroup is not labelled.)
+        return;
+    }
     // Per process, each with the cgroup it ran in.
     let name = cg.dir.file_name().unwrap().to_str().unwrap();
     let report = out.report();
@@ -507,4 +532,66 @@ fn all_writes_snapshots_at_intervals_and_on_sigusr1() {
             .any(|(_, s)| s.contains("main ") && s.ends_with("cut:false")),
         "{ran:#?}"
     );
+}
+
+/// `--file-wide -- CMD`: the command's process tree told from other
+/// processes in the kernel (each child joins at its fork), the allocator
+/// files probed once before the command's first instruction. A shell runs
+/// the counts fixture, then a shell that runs it, and exits 3; the same
+/// fixture run meanwhile outside the tree is not counted. Each run in the
+/// tree is counted as a trace of it alone counts it, per function and
+/// whole stack, frame for frame; the command's status is mtrace's.
+#[test]
+fn a_command_traced_file_wide_counts_its_tree_as_a_trace_of_it_alone() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let (out, p) = crate::support::run_profiled(&["--", counts]);
+    out.assert_exit(0);
+    let alone = tally(&p, &|_, _| true);
+    let mut outside = std::process::Command::new("sh")
+        .args([
+            "-c",
+            &format!("for i in 1 2 3 4 5 6; do {counts} >/dev/null; sleep 0.05; done"),
+        ])
+        .spawn()
+        .unwrap();
+    let script = format!("{counts} >/dev/null; sh -c '{counts} >/dev/null'; exit 3");
+    let (out, p) =
+        crate::support::run_profiled(&["--file-wide", "--per-process", "--", "sh", "-c", &script]);
+    outside.wait().unwrap();
+    out.assert_exit(3);
+    let d = out.describe();
+    assert_eq!(p.doc["meta"]["scope"], "tree", "{d}");
+    let runs: Vec<u64> = p.doc["meta"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "counts")
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{}\n{d}", p.doc["meta"]["processes"]);
+    for pid in runs {
+        assert_eq!(
+            tally(&p, &move |p, n| p == pid && n == "counts"),
+            alone,
+            "counts (pid {pid})\n{d}"
+        );
+    }
+}
+
+/// mtrace `--file-wide` killed with SIGKILL while it traces a cgroup
+/// leaves no breakpoint in its processes.
+#[test]
+fn sigkilled_mtrace_file_wide_leaves_no_breakpoints() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let cg = TestCgroup::new("kill-fw");
+    let path = cg.path().to_string();
+    sigkilled_mtrace_leaves_no_breakpoints_in(&|pid| {
+        cg.add(pid);
+        vec!["--file-wide".into(), "--cgroup".into(), path.clone()]
+    });
 }

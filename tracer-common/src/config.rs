@@ -47,8 +47,22 @@ pub struct Config {
     /// Non-zero: the host scope counts each process's program runs
     /// (`HOST_RUNS`, for the windows policy).
     pub host_runs: u32,
-    pub _pad: u32,
+    /// Which callers the host scope counts: [`SCOPE_ALL`], [`SCOPE_TREE`]
+    /// or [`SCOPE_CGROUP`].
+    pub host_scope: u32,
 }
+
+/// The host scope counts every process.
+pub const SCOPE_ALL: u32 = 0;
+/// The host scope counts the processes of `HOST_SCOPE_PIDS` only.
+pub const SCOPE_TREE: u32 = 1;
+/// The host scope counts the processes of the cgroups of
+/// `HOST_SCOPE_CGROUPS` and their descendants only.
+pub const SCOPE_CGROUP: u32 = 2;
+
+/// Deepest cgroup level below a scope's cgroup that the programs look
+/// up (a process deeper is out of scope, and counted).
+pub const SCOPE_CGROUP_LEVELS: u32 = 32;
 
 /// Byte offsets in the running kernel's structures (from its BTF) of what
 /// leads from the current task to the return addresses a uretprobe

@@ -91,5 +91,8 @@ pub mod counter {
     /// Host scope: calls of a process the incarnation table had no room
     /// for (their walks look each mapping up afresh).
     pub const HOST_NO_GEN: u32 = MAP_FULL + 29;
-    pub const N: u32 = MAP_FULL + 30;
+    /// Host scope narrowed to a process tree: children the tree's table
+    /// had no room for (neither they nor their descendants are counted).
+    pub const SCOPE_FULL: u32 = MAP_FULL + 30;
+    pub const N: u32 = MAP_FULL + 31;
 }

@@ -163,6 +163,9 @@ pub struct VmaOffsets {
     /// `mm_struct.start_stack`: the main thread's stack pointer at exec
     /// (its frames lie below), 0 when unknown.
     pub mm_start_stack: u32,
+    /// `task_struct.tgid`: a forked task's process (the host scope's
+    /// process tree), 0 when unknown.
+    pub task_tgid: u32,
 }
 
 /// Bytes of a `vm_area_struct` the programs copy (every offset of

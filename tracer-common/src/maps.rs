@@ -80,9 +80,16 @@ pub const HOST_TAG_FILES: &str = "HOST_TAG_FILES";
 pub const HOST_GENS: &str = "HOST_GENS";
 /// Host scope: the next incarnation and the next tag ([`crate::HOST_NEXT_GEN`]).
 pub const HOST_NEXT: &str = "HOST_NEXT";
+/// Host scope narrowed to a process tree ([`crate::SCOPE_TREE`]): the
+/// process ids in it (value 1), the root put in by the tracer, each
+/// child by the fork tracepoint.
+pub const HOST_SCOPE_PIDS: &str = "HOST_SCOPE_PIDS";
+/// Host scope narrowed to cgroups ([`crate::SCOPE_CGROUP`]): the cgroup
+/// v2 ids in scope (value 1), each with its descendants.
+pub const HOST_SCOPE_CGROUPS: &str = "HOST_SCOPE_CGROUPS";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 33] = [
+pub const ALL_MAPS: [&str; 35] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -116,6 +123,8 @@ pub const ALL_MAPS: [&str; 33] = [
     HOST_TAG_FILES,
     HOST_GENS,
     HOST_NEXT,
+    HOST_SCOPE_PIDS,
+    HOST_SCOPE_CGROUPS,
 ];
 
 /// The host scope's programs: every allocating entry point, file-wide,
@@ -123,6 +132,7 @@ pub const ALL_MAPS: [&str; 33] = [
 pub const HOST_ALLOC: &str = "host_alloc";
 pub const HOST_EXEC: &str = "host_exec";
 pub const HOST_EXIT: &str = "host_exit";
+pub const HOST_FORK: &str = "host_fork";
 
 /// The inlined copies of CPython's object allocator (`--python-objects`
 /// on a build that copied it into its callers).

@@ -14,14 +14,18 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
         bpf_probe_read_kernel_str_bytes, bpf_probe_read_user,
-        generated::{bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf},
+        generated::{
+            bpf_find_vma, bpf_get_current_ancestor_cgroup_id, bpf_get_current_task,
+            bpf_get_current_task_btf,
+        },
     },
     programs::{ProbeContext, RawTracePointContext},
 };
 use tracer_common::{
     counter, host_frame, stop, HostExec, HostFileId, HostKey, HostMark, HostProcess, HostValue,
     HostVma, HostVmaKey, WalkScratch, HOST_NEXT_GEN, HOST_NEXT_TAG, HOST_VMA_WINDOW_SHIFT,
-    MAX_HOST_FUNCS, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
+    MAX_HOST_FUNCS, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED, SCOPE_CGROUP,
+    SCOPE_CGROUP_LEVELS, SCOPE_TREE, VMA_COPY,
 };
 
 use crate::{
@@ -32,8 +36,9 @@ use crate::{
     hidden::hidden_return,
     maps::{
         config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FILE_TAGS,
-        HOST_FUNCS, HOST_GENS, HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SELF,
-        HOST_STACKS, HOST_TAG_FILES, HOST_TOTALS, HOST_VMAS, HOST_VMA_COPY,
+        HOST_FUNCS, HOST_GENS, HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SCOPE_CGROUPS,
+        HOST_SCOPE_PIDS, HOST_SELF, HOST_STACKS, HOST_TAG_FILES, HOST_TOTALS, HOST_VMAS,
+        HOST_VMA_COPY,
     },
     nesting::in_ranges,
     scratch::{give_back_scratch, level_of, take_scratch},
@@ -47,7 +52,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         return 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if HOST_SELF.get(0).is_some_and(|me| *me == tgid) {
+    if HOST_SELF.get(0).is_some_and(|me| *me == tgid) || !in_scope(tgid) {
         return 0;
     }
     if config_u32(&CONFIG.host_runs) != 0 {
@@ -384,13 +389,18 @@ extern "C" fn copy_vma_to_map(
 
 /// A process ended (the `sched_process_exit` raw tracepoint, once per
 /// thread): with its main thread, its incarnation goes (a process that
-/// reuses its id gets a new one).
+/// reuses its id gets a new one), and so does its place in a tree scope
+/// (a process that reuses its id is not the tree's; threads that outlive
+/// their main thread are not counted after it).
 #[inline(always)]
 pub(crate) fn exit() -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
     if tgid == pid {
         let _ = HOST_GENS.remove(&tgid);
+        if config_u32(&CONFIG.host_scope) == SCOPE_TREE {
+            let _ = HOST_SCOPE_PIDS.remove(&tgid);
+        }
     }
     0
 }
@@ -612,7 +622,7 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A new program: new mappings.
     let _ = HOST_GENS.remove(&tgid);
-    if !enabled() {
+    if !enabled() || !in_scope(tgid) {
         return 0;
     }
     let Some(mut entry) = HOST_EXECS.reserve::<HostExec>(0) else {
@@ -636,5 +646,68 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
         }
     }
     entry.submit(0);
+    0
+}
+
+/// Whether process `tgid` (the current task's) is in the scope the host
+/// programs count: every process, those of the tree, or those of the
+/// scope's cgroups and their descendants.
+#[inline(always)]
+pub(crate) fn in_scope(tgid: u32) -> bool {
+    match config_u32(&CONFIG.host_scope) {
+        SCOPE_TREE => HOST_SCOPE_PIDS.get_ptr(&tgid).is_some(),
+        SCOPE_CGROUP => in_scope_cgroups(),
+        _ => true,
+    }
+}
+
+/// Whether the current task's cgroup is one of the scope's or lies below
+/// one: its ancestor at each level a scope cgroup lies at is looked up.
+#[inline(always)]
+fn in_scope_cgroups() -> bool {
+    let Some(levels) = (unsafe { HOST_SCOPE_CGROUPS.get(&0) }) else {
+        return false;
+    };
+    let levels = *levels;
+    let mut level = 0;
+    while level < SCOPE_CGROUP_LEVELS {
+        if levels & (1 << level) != 0 {
+            let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+            if id != 0 && HOST_SCOPE_CGROUPS.get_ptr(&id).is_some() {
+                return true;
+            }
+        }
+        level += 1;
+    }
+    false
+}
+
+/// A task forked (the `sched_process_fork` raw tracepoint, in the
+/// parent): in a tree scope, a child of a process in the tree joins it
+/// (a thread joins its own process: no change).
+#[inline(always)]
+pub(crate) fn fork(ctx: &RawTracePointContext) -> i32 {
+    if config_u32(&CONFIG.host_scope) != SCOPE_TREE {
+        return 0;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if HOST_SCOPE_PIDS.get_ptr(&tgid).is_none() {
+        return 0;
+    }
+    let at = config_u32(&CONFIG.vma.task_tgid) as u64;
+    // `sched_process_fork(parent, child)`.
+    let child: u64 = ctx.arg(1);
+    if at == 0 || child == 0 {
+        bump_counter(counter::SCOPE_FULL, 1);
+        return 0;
+    }
+    let Ok(child_tgid) = (unsafe { bpf_probe_read_kernel((child + at) as *const i32) }) else {
+        bump_counter(counter::SCOPE_FULL, 1);
+        return 0;
+    };
+    let child_tgid = child_tgid as u32;
+    if child_tgid != tgid && HOST_SCOPE_PIDS.insert(&child_tgid, &1, 0).is_err() {
+        bump_counter(counter::SCOPE_FULL, 1);
+    }
     0
 }

@@ -127,6 +127,12 @@ pub fn host_exit(_ctx: RawTracePointContext) -> i32 {
     host::exit()
 }
 
+/// Host scope narrowed to a process tree: a task forked.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn host_fork(ctx: RawTracePointContext) -> i32 {
+    host::fork(&ctx)
+}
+
 /// The benchmark's floor: attached where the real probes go, does nothing.
 /// What mtrace costs beyond it is ours to cut.
 #[uprobe]

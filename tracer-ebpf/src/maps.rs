@@ -11,7 +11,7 @@ use tracer_common::{
     HostFunc, HostKey, HostMark, HostProcess, HostValue, HostVma, HostVmaKey, KernelOffsets,
     LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, StackFrames, UnwindRule, VmaOffsets,
     WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS,
-    MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, VMA_COPY, WALK_LEVELS,
+    MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS,
     WEIGHT_TABLE_LEN,
 };
 
@@ -49,9 +49,10 @@ pub(crate) static CONFIG: Config = Config {
         sb_dev: 0,
         binprm_filename: 0,
         mm_start_stack: 0,
+        task_tgid: 0,
     },
     host_runs: 0,
-    _pad: 0,
+    host_scope: SCOPE_ALL,
 };
 
 /// A `u32` field of [`CONFIG`], read from the global at run time (the
@@ -273,6 +274,18 @@ pub(crate) static HOST_TAG_FILES: Array<HostFileId> = Array::with_max_entries(MA
 #[map]
 pub(crate) static HOST_GENS: HashMap<u32, u64> =
     HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope narrowed to a process tree: its process ids (size set by
+/// the tracer).
+#[map]
+pub(crate) static HOST_SCOPE_PIDS: HashMap<u32, u32> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// Host scope narrowed to cgroups: their cgroup v2 ids (value 1), and
+/// under key 0 (no cgroup's id) the levels below the root they lie at,
+/// one bit per level.
+#[map]
+pub(crate) static HOST_SCOPE_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(64, 0);
 
 /// Host scope: the next incarnation and the next tag
 /// (`tracer_common::HOST_NEXT_GEN`, `HOST_NEXT_TAG`).

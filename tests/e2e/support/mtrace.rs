@@ -60,14 +60,20 @@ impl Mtrace {
     }
 
     /// Waits for the line that says tracing began (`mtrace: tracing pid
-    /// PID (...`) and returns PID; 0 for `--all`, which names none.
+    /// PID (...`) and returns PID; 0 for `--all` and a cgroup traced
+    /// `--file-wide`, which name none.
     pub fn wait_tracing(&mut self) -> u32 {
         const HOST: &str = "mtrace: tracing every process on the host";
+        const CGROUP: &str = "mtrace: tracing cgroup ";
         let line = self.stderr.wait_for(
-            |l| l.starts_with("mtrace: tracing pid ") || l.starts_with(HOST),
+            |l| {
+                l.starts_with("mtrace: tracing pid ")
+                    || l.starts_with(HOST)
+                    || l.starts_with(CGROUP)
+            },
             LINE_TIMEOUT,
         );
-        if line.starts_with(HOST) {
+        if line.starts_with(HOST) || line.starts_with(CGROUP) {
             return 0;
         }
         let rest = &line["mtrace: tracing pid ".len()..];

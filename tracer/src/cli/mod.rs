@@ -252,6 +252,18 @@ pub struct TraceArgs {
           "sample_every", "count_frees", "python_objects", "children", "user", "no_follow"])]
     pub all: bool,
 
+    /// With a command or --cgroup: trace it as --all does, with file-wide
+    /// probes (each allocator file probed once, shared by every process
+    /// that maps it) and the scope decided in the kernel (the command's
+    /// process tree, followed at each fork; the cgroup and those below
+    /// it): no BPF object, probe or thread per process, so a tree of many
+    /// short programs pays far less per exec. Every process on the host
+    /// takes the probes' trap while it calls the allocator, in scope or
+    /// not. Count mode only; rows are per process; no Python frames.
+    #[arg(long, conflicts_with_all = ["pid", "all", "live", "sample_bytes",
+          "sample_every", "count_frees", "python_objects", "children", "no_follow"])]
+    pub file_wide: bool,
+
     /// Stop tracing after this many seconds (default: until Ctrl-C, SIGTERM
     /// or the target's exit).
     #[arg(short, long, value_name = "SECS", value_parser = parse_duration)]

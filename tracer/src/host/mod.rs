@@ -38,7 +38,7 @@ use self::{
     windows::{switch, HostWindows},
 };
 use crate::{
-    cli::config::TraceConfig,
+    cli::config::{Target, TraceConfig},
     collect::Running,
     profile::{merge::Merged, Meta, ProcessMeta, Profile},
     render::text::printable,
@@ -49,10 +49,47 @@ use crate::{
         End, Signals,
     },
     sinks::{Outcome, Report, Sink, Snapshots},
-    tracee::{self, launch},
+    tracee::{self, launch, RunAs},
     user_error,
     watch::{self, StatusLine, Tick, Watcher},
 };
+
+/// What the host engine counts, the kernel's programs telling a process
+/// in it from one outside: the allocator files are probed once, file-wide,
+/// whatever the scope.
+pub enum HostScope {
+    /// `--all`: every process.
+    All,
+    /// `--file-wide -- CMD`: the command's process tree, from the command's
+    /// first instruction (a child joins at its fork, in the kernel).
+    Tree {
+        argv: Vec<String>,
+        run_as: Option<RunAs>,
+    },
+    /// `--file-wide --cgroup PATH`: the processes of the cgroup and of the
+    /// cgroups below it, present and to come.
+    Cgroup(std::path::PathBuf),
+}
+
+impl HostScope {
+    /// The programs' name for it (`Config::host_scope`).
+    fn kind(&self) -> u32 {
+        match self {
+            HostScope::All => tracer_common::SCOPE_ALL,
+            HostScope::Tree { .. } => tracer_common::SCOPE_TREE,
+            HostScope::Cgroup(_) => tracer_common::SCOPE_CGROUP,
+        }
+    }
+
+    /// The profile's `meta.scope`.
+    fn name(&self) -> &'static str {
+        match self {
+            HostScope::All => "host",
+            HostScope::Tree { .. } => "tree",
+            HostScope::Cgroup(_) => "cgroup",
+        }
+    }
+}
 
 /// After an exec, when to look at the process's files again: the dynamic
 /// linker maps its libraries only once the program runs.
@@ -124,8 +161,13 @@ impl Host {
     /// installed (a program that maps one later is counted from its first
     /// call). `runs`: each process's program runs are counted (the
     /// windows policy).
-    fn start(sizes: &crate::probes::MapSizes, max_frames: u32, runs: bool) -> Result<Host> {
-        let probes = HostProbes::load(sizes, max_frames, runs)?;
+    fn start(
+        sizes: &crate::probes::MapSizes,
+        max_frames: u32,
+        runs: bool,
+        scope: &HostScope,
+    ) -> Result<Host> {
+        let probes = HostProbes::load(sizes, max_frames, runs, scope.kind())?;
         let walks = walks::HostWalker::start(&probes.ebpf, probes.max_frames)?;
         let capacity = match probes.ebpf.map(maps::HOST_STACKS) {
             Some(aya::maps::Map::HashMap(m)) => m.info().map_or(0, |i| i.max_entries()),
@@ -156,7 +198,12 @@ impl Host {
             },
         };
         let me = std::process::id();
-        for pid in all_pids().into_iter().filter(|&p| p != me) {
+        let present = match scope {
+            HostScope::All => all_pids(),
+            HostScope::Tree { .. } => Vec::new(),
+            HostScope::Cgroup(dir) => tracee::cgroup::members_below(dir),
+        };
+        for pid in present.into_iter().filter(|&p| p != me) {
             let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
                 continue;
             };
@@ -226,6 +273,28 @@ impl Host {
         for ms in RECHECKS_MS {
             self.rechecks
                 .push_back((now + Duration::from_millis(ms), e.tgid));
+        }
+    }
+
+    /// A tree scope: probes the command's executable (an allocator of its
+    /// own) and the C library before it runs.
+    fn probe_command(&mut self, cmd: &str) {
+        let Ok(exe) = launch::resolve_command(cmd).and_then(|p| Ok(fs::canonicalize(p)?)) else {
+            return;
+        };
+        let Some(key) = files::key_of_path(&exe) else {
+            return;
+        };
+        let exe = exe.to_string_lossy().into_owned();
+        self.walks.note_path(key, &exe);
+        if self.classified.insert(key) {
+            let files: Vec<String> = std::iter::once(exe.clone())
+                .chain(self.libc.clone())
+                .collect();
+            if let Err(e) = self.probes.add_files(&files) {
+                log::debug!("{exe}: {e:#}");
+            }
+            self.note_probed();
         }
     }
 
@@ -417,8 +486,14 @@ impl Host {
     }
 }
 
-/// `mtrace --all` / `mtrace top --all`.
-pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>) -> Result<i32> {
+/// `mtrace --all` / `mtrace top --all`, and `--file-wide` with a command
+/// or a cgroup (`run_as`: the command's user, `--user`).
+pub fn run(
+    config: TraceConfig,
+    top: bool,
+    server: Option<crate::agent::Server>,
+    run_as: Option<RunAs>,
+) -> Result<i32> {
     tracee::check_privileges()?;
     launch::raise_file_limit();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -430,25 +505,85 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     };
     if crate::probes::kernel::vma_offsets().known == 0 {
         return Err(user_error!(
-            "--all needs the kernel's BTF (/sys/kernel/btf/vmlinux) to name the callers' files"
+            "--all and --file-wide need the kernel's BTF (/sys/kernel/btf/vmlinux) to name the callers' files"
         ));
     }
+    let scope = match &config.target {
+        Target::Host => HostScope::All,
+        Target::Command(argv) => HostScope::Tree {
+            argv: argv.clone(),
+            run_as,
+        },
+        Target::Cgroup(path) => HostScope::Cgroup(tracee::cgroup::resolve(path)?),
+        Target::Pid(_) => {
+            return Err(user_error!(
+                "--file-wide traces a command or a cgroup; a pid is traced by its own probes"
+            ))
+        }
+    };
     let started = Instant::now();
     let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut host = Host::start(
         &config.sizes,
         config.mode.max_frames,
         config.windows.is_some(),
+        &scope,
     )?;
     host.bounded = server.is_some();
+    if let HostScope::Cgroup(dir) = &scope {
+        let (id, level) = tracee::cgroup::id_and_level(dir)?;
+        host.probes.scope_cgroup(id, level)?;
+    }
     if host.probes.links() == 0 {
         return Err(user_error!(
             "--all: no process on the host maps an allocator mtrace knows"
         ));
     }
     host.probes.set_enabled(true)?;
+    let (described, exit) = match &scope {
+        HostScope::All => (
+            Described {
+                command: "every process on the host (--all)".into(),
+                pid: 0,
+                scope: scope.name(),
+            },
+            None,
+        ),
+        HostScope::Cgroup(dir) => (
+            Described {
+                command: format!("cgroup {}", dir.display()),
+                pid: 0,
+                scope: scope.name(),
+            },
+            None,
+        ),
+        HostScope::Tree { argv, run_as } => {
+            let (pid, exit) = launch::launch_held(argv, run_as.as_ref(), |pid| {
+                host.probes.scope_pid(pid)?;
+                host.probe_command(&argv[0]);
+                Ok(())
+            })?;
+            (
+                Described {
+                    command: argv.join(" "),
+                    pid,
+                    scope: scope.name(),
+                },
+                Some(exit),
+            )
+        }
+    };
+    let what = match &scope {
+        HostScope::All => "every process on the host (--all)".to_string(),
+        HostScope::Cgroup(dir) => format!("cgroup {} (--file-wide)", dir.display()),
+        HostScope::Tree { argv, .. } => format!(
+            "pid {} ({} and its descendants, --file-wide)",
+            described.pid,
+            crate::profile::short_path(&argv[0])
+        ),
+    };
     say!(
-        "mtrace: tracing every process on the host (--all): {} probes in {} files ({}), attached in {:.0} ms",
+        "mtrace: tracing {what}: {} probes in {} files ({}), attached in {:.0} ms",
         host.probes.funcs.len(),
         host.probes.files.len(),
         host.probes
@@ -488,9 +623,24 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
         next_fold: Instant::now() + FOLD_EVERY,
         duty,
         host_windows,
-        snapshots: Snapshots::named(config.snapshot_dir.clone(), "all".into()),
+        snapshots: Snapshots::named(
+            config.snapshot_dir.clone(),
+            match described.pid {
+                0 => "all".into(),
+                pid => pid.to_string(),
+            },
+        ),
         started,
         start_time,
+        described,
+        end: match (&scope, exit) {
+            (HostScope::Tree { .. }, Some(exit)) => ScopeEnd::Tree { exit, code: None },
+            (HostScope::Cgroup(dir), _) if !config.schedule.until_stopped => {
+                ScopeEnd::Cgroup(dir.clone())
+            }
+            _ => ScopeEnd::Never,
+        },
+        next_end_look: Instant::now(),
     };
     let controls = Controls {
         signals,
@@ -503,9 +653,10 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
         duty,
         mut snapshots,
         start_time,
+        described,
         ..
     } = run;
-    let meta = |elapsed: f64| host_meta(&start_time, elapsed, duty.as_ref());
+    let meta = |elapsed: f64| host_meta(&described, &start_time, elapsed, duty.as_ref());
     let elapsed = started.elapsed().as_secs_f64();
     let mut host = cell.into_inner();
     host.probes.set_enabled(false)?;
@@ -546,7 +697,33 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
     finished.add(snapshots.finish(&profile));
     host.probes.detach();
     finished.result()?;
-    Ok(0)
+    Ok(match end {
+        End::TargetExited(code) => code.unwrap_or(0),
+        End::Interrupted(sig) if described.pid != 0 => 128 + sig,
+        _ => 0,
+    })
+}
+
+/// What a host engine's run traces, for its profile.
+struct Described {
+    command: String,
+    /// The command's pid (0: no command).
+    pid: u32,
+    scope: &'static str,
+}
+
+/// When the scope ends by itself.
+enum ScopeEnd {
+    /// `--all`, the agent: at a signal or the duration.
+    Never,
+    /// A command's tree: once the command exited (`code`) and no process
+    /// of its tree is left.
+    Tree {
+        exit: tokio::sync::oneshot::Receiver<i32>,
+        code: Option<i32>,
+    },
+    /// A cgroup: once no process is left in it or below it.
+    Cgroup(std::path::PathBuf),
 }
 
 /// `host::run`'s engine for the loop ([`drive`]): the host, and what
@@ -564,22 +741,28 @@ struct HostRun {
     snapshots: Snapshots,
     started: Instant,
     start_time: String,
+    described: Described,
+    end: ScopeEnd,
+    next_end_look: Instant,
 }
+
+/// How often a scope that ends by itself is listed for what is left.
+const END_LOOKS: Duration = Duration::from_millis(20);
 
 /// How often the kernel's word of execs is read.
 const POLL_EVERY: Duration = Duration::from_millis(5);
 
 /// The profile's meta of the host scope, `elapsed` seconds in.
-fn host_meta(start_time: &str, elapsed: f64, duty: Option<&Duty>) -> Meta {
+fn host_meta(described: &Described, start_time: &str, elapsed: f64, duty: Option<&Duty>) -> Meta {
     Meta {
         mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
-        pid: 0,
-        command: "every process on the host (--all)".into(),
+        pid: described.pid,
+        command: described.command.clone(),
         start_time: start_time.to_string(),
         duration_secs: elapsed,
         kernel_release: crate::session::kernel_release(),
         mode: "count".into(),
-        scope: "host".into(),
+        scope: described.scope.into(),
         windows: duty.map(Duty::info),
         ..Meta::default()
     }
@@ -588,10 +771,54 @@ fn host_meta(start_time: &str, elapsed: f64, duty: Option<&Duty>) -> Meta {
 impl HostRun {
     fn meta(&self) -> Meta {
         host_meta(
+            &self.described,
             &self.start_time,
             self.started.elapsed().as_secs_f64(),
             self.duty.as_ref(),
         )
+    }
+}
+
+impl HostRun {
+    /// Whether the scope has ended by itself (looked at each poll; the
+    /// processes of a tree only once its command has exited).
+    fn scope_ended(&mut self) -> Option<End> {
+        match &mut self.end {
+            ScopeEnd::Never => None,
+            ScopeEnd::Tree { exit, code } => {
+                if code.is_none() {
+                    *code = match exit.try_recv() {
+                        Ok(c) => Some(c),
+                        Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+                        Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Some(1),
+                    };
+                }
+                let code = (*code)?;
+                if !self.look_for_end() {
+                    return None;
+                }
+                match self.host.get_mut().probes.scope_pids() {
+                    Ok(left) if !left.is_empty() => None,
+                    _ => Some(End::TargetExited(Some(code))),
+                }
+            }
+            ScopeEnd::Cgroup(dir) => {
+                let dir = dir.clone();
+                (self.look_for_end() && tracee::cgroup::members_below(&dir).is_empty())
+                    .then_some(End::CgroupEmpty)
+            }
+        }
+    }
+
+    /// Whether it is time to list what is left in the scope (every
+    /// [`END_LOOKS`]).
+    fn look_for_end(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next_end_look {
+            return false;
+        }
+        self.next_end_look = now + END_LOOKS;
+        true
     }
 }
 
@@ -618,7 +845,8 @@ impl Engine for HostRun {
             }
             self.next_fold = Instant::now() + FOLD_EVERY;
         }
-        Ok(None)
+        drop(host);
+        Ok(self.scope_ended())
     }
 
     fn tick(&mut self) -> Tick {

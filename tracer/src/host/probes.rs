@@ -79,28 +79,21 @@ impl HostProbes {
     /// Loads the object (`counts`: keys the aggregation map holds; `runs`:
     /// each process's program runs counted), with the exec tracepoint
     /// attached; no allocator probed yet.
-    pub fn load(sizes: &probes::MapSizes, max_frames: u32, runs: bool) -> Result<HostProbes> {
-        let mut ebpf = probes::load_host(sizes, max_frames, runs)?;
+    pub fn load(
+        sizes: &probes::MapSizes,
+        max_frames: u32,
+        runs: bool,
+        scope: u32,
+    ) -> Result<HostProbes> {
+        let mut ebpf = probes::load_host(sizes, max_frames, runs, scope)?;
         let object = probes::bpf_object()?;
         let mut programs = multi::load(&object, &ebpf, &[maps::HOST_ALLOC])?;
         let program = programs.pop().context("the host program")?;
-        let me: &mut RawTracePoint = ebpf
-            .program_mut(maps::HOST_EXEC)
-            .context("the exec tracepoint program")?
-            .try_into()?;
-        me.load().context("loading the exec tracepoint program")?;
-        // A raw tracepoint: attached by name, with no tracefs (which a host
-        // may not have mounted). The link is the program's: detached when
-        // the object is dropped.
-        me.attach("sched_process_exec")
-            .context("attaching to sched_process_exec")?;
-        let exit: &mut RawTracePoint = ebpf
-            .program_mut(maps::HOST_EXIT)
-            .context("the exit tracepoint program")?
-            .try_into()?;
-        exit.load().context("loading the exit tracepoint program")?;
-        exit.attach("sched_process_exit")
-            .context("attaching to sched_process_exit")?;
+        attach_tracepoint(&mut ebpf, maps::HOST_EXEC, "sched_process_exec")?;
+        attach_tracepoint(&mut ebpf, maps::HOST_EXIT, "sched_process_exit")?;
+        if scope == tracer_common::SCOPE_TREE {
+            attach_tracepoint(&mut ebpf, maps::HOST_FORK, "sched_process_fork")?;
+        }
         let mut own: Array<_, u32> = Array::try_from(
             ebpf.map_mut(maps::HOST_SELF)
                 .context("BPF map HOST_SELF missing")?,
@@ -119,6 +112,57 @@ impl HostProbes {
             max_frames: max_frames.min(tracer_common::MAX_FRAMES as u32),
             own: key_of_path(std::path::Path::new("/proc/self/exe")),
         })
+    }
+
+    /// A tree scope: puts process `pid` in the tree (its children join it
+    /// as they are forked).
+    pub fn scope_pid(&mut self, pid: u32) -> Result<()> {
+        let mut pids: aya::maps::HashMap<_, u32, u32> = aya::maps::HashMap::try_from(
+            self.ebpf
+                .map_mut(maps::HOST_SCOPE_PIDS)
+                .context("BPF map HOST_SCOPE_PIDS missing")?,
+        )?;
+        pids.insert(pid, 1, 0)?;
+        Ok(())
+    }
+
+    /// A tree scope: the processes in the tree, those gone taken out
+    /// (each pid's main thread takes it out when it ends, so this is for
+    /// a pid whose exit the kernel could not take out).
+    pub fn scope_pids(&mut self) -> Result<Vec<u32>> {
+        let mut pids: aya::maps::HashMap<_, u32, u32> = aya::maps::HashMap::try_from(
+            self.ebpf
+                .map_mut(maps::HOST_SCOPE_PIDS)
+                .context("BPF map HOST_SCOPE_PIDS missing")?,
+        )?;
+        let listed: Vec<u32> = pids.keys().filter_map(|k| k.ok()).collect();
+        let (alive, gone): (Vec<u32>, Vec<u32>) = listed
+            .into_iter()
+            .partition(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        for p in gone {
+            let _ = pids.remove(&p);
+        }
+        Ok(alive)
+    }
+
+    /// A cgroup scope: the cgroup v2 `id` and its descendants are in it
+    /// (`level`: below the root, the root's level being 0).
+    pub fn scope_cgroup(&mut self, id: u64, level: u32) -> Result<()> {
+        if level >= tracer_common::SCOPE_CGROUP_LEVELS {
+            anyhow::bail!(
+                "the cgroup lies {level} levels deep; mtrace looks {} deep at most",
+                tracer_common::SCOPE_CGROUP_LEVELS
+            );
+        }
+        let mut ids: aya::maps::HashMap<_, u64, u32> = aya::maps::HashMap::try_from(
+            self.ebpf
+                .map_mut(maps::HOST_SCOPE_CGROUPS)
+                .context("BPF map HOST_SCOPE_CGROUPS missing")?,
+        )?;
+        let levels = ids.get(&0, 0).unwrap_or(0) | (1 << level);
+        ids.insert(id, 1, 0)?;
+        ids.insert(0, levels, 0)?;
+        Ok(())
     }
 
     /// Probes what process `pid` (whose `/proc/PID/maps` reads `maps`)
@@ -384,4 +428,18 @@ impl HostProbes {
             .info()
             .map_or((0, 0), |i| (i.runs, i.run_time_ns))
     }
+}
+
+/// Loads `program` and attaches it to the raw tracepoint `tracepoint`: by
+/// name, with no tracefs (which a host may not have mounted). The link is
+/// the program's: detached when the object is dropped.
+fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, tracepoint: &str) -> Result<()> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(program)
+        .with_context(|| format!("the program {program}"))?
+        .try_into()?;
+    p.load().with_context(|| format!("loading {program}"))?;
+    p.attach(tracepoint)
+        .with_context(|| format!("attaching to {tracepoint}"))?;
+    Ok(())
 }

@@ -65,7 +65,7 @@ fn configured(shared: &mut Option<SharedLoader>, config: Box<Config>) -> &mut Eb
 
 /// The host scope's maps at their smallest, for a traced process's
 /// object, whose programs never use them.
-const HOST_MAPS_UNUSED: [(&str, u32); 13] = [
+const HOST_MAPS_UNUSED: [(&str, u32); 15] = [
     (maps::HOST_COUNTS, 1),
     (maps::HOST_TOTALS, 1),
     (maps::HOST_FUNCS, 1),
@@ -79,7 +79,12 @@ const HOST_MAPS_UNUSED: [(&str, u32); 13] = [
     (maps::HOST_FILE_TAGS, 1),
     (maps::HOST_TAG_FILES, 1),
     (maps::HOST_GENS, 1),
+    (maps::HOST_SCOPE_PIDS, 1),
+    (maps::HOST_SCOPE_CGROUPS, 1),
 ];
+
+/// Most cgroups a host scope narrowed to cgroups names.
+pub const SCOPE_CGROUPS: u32 = 64;
 
 /// Loads the BPF object for `mode` and `sizes` (its programs are loaded
 /// as processes need them).
@@ -150,7 +155,7 @@ fn host_rules(sizes: &MapSizes) -> u32 {
 /// direct caller only, `host_counts` keys, each process's runs counted
 /// when `runs` (the windows policy); the maps of the per-process programs
 /// at their smallest.
-pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool) -> Result<Ebpf> {
+pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool, scope: u32) -> Result<Ebpf> {
     let config = Box::new(Config {
         per_thread: 0,
         live: 0,
@@ -163,7 +168,7 @@ pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool) -> Result<Ebpf> 
         kernel: kernel::offsets(),
         vma: kernel::vma_offsets(),
         host_runs: runs as u32,
-        _pad: 0,
+        host_scope: scope,
     });
     let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
     let loader = configured(&mut guard, config);
@@ -191,6 +196,8 @@ pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool) -> Result<Ebpf> 
         .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)
         .map_max_entries(maps::HOST_NAMES, HOST_PROCESSES)
         .map_max_entries(maps::HOST_RUNS, HOST_PROCESSES)
+        .map_max_entries(maps::HOST_SCOPE_PIDS, HOST_PROCESSES)
+        .map_max_entries(maps::HOST_SCOPE_CGROUPS, SCOPE_CGROUPS)
         .map_max_entries(maps::HOST_EXECS, 1 << 18)
         .load(&bpf_object()?)
         .context("loading the BPF programs")?;

@@ -142,7 +142,7 @@ pub fn attach<T>(
         kernel: kernel::offsets(),
         vma: VmaOffsets::default(),
         host_runs: 0,
-        _pad: 0,
+        host_scope: tracer_common::SCOPE_ALL,
     });
     if let Some(Sampling::Every(n)) = mode.sampling {
         // Over the exponential table's mean, which its cut-off tail puts

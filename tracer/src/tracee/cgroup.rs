@@ -66,6 +66,24 @@ pub fn resolve(path: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The cgroup v2 id of `dir` (its directory's inode number, which the
+/// kernel's cgroup id is) and its level below the mount's root (the
+/// root's is 0), the ancestors counted up to the file system's root.
+pub fn id_and_level(dir: &Path) -> Result<(u64, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|e| user_error!("{}: {e}", dir.display()))?;
+    let mut level = 0;
+    let mut at = dir.to_path_buf();
+    while let Some(parent) = at.parent() {
+        match std::fs::metadata(parent) {
+            Ok(m) if m.dev() == meta.dev() => level += 1,
+            _ => break,
+        }
+        at = parent.to_path_buf();
+    }
+    Ok((meta.ino(), level))
+}
+
 /// Whether `pid` still runs (its /proc entry is there; a zombie's too).
 pub fn is_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()

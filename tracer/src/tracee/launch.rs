@@ -108,24 +108,7 @@ where
     F: FnMut(u32, &[Mapping]) -> Result<Option<T>> + Send + 'static,
     E: FnMut(TreeEvent) -> Result<Option<()>> + Send + 'static,
 {
-    let path = resolve_command(&argv[0])?;
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let c_args: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()?;
-    let c_env: Vec<CString> = match &run_as {
-        Some(user) => user.environment(),
-        None => std::env::vars_os().collect(),
-    }
-    .into_iter()
-    .filter_map(|(k, v)| {
-        let mut kv = k.into_vec();
-        kv.push(b'=');
-        kv.extend(v.into_vec());
-        CString::new(kv).ok()
-    })
-    .collect();
+    let (c_path, c_args, c_env) = exec_strings(argv, run_as.as_ref())?;
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(u32, T)>>();
     let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
 
@@ -248,6 +231,115 @@ fn start_stopped(
     run_as: Option<&RunAs>,
     follow: bool,
 ) -> Result<u32> {
+    let (pid, report) = fork_command(path, args, env, run_as, None)?;
+    exec_report(pid, report, path, run_as)?;
+    let status = waitpid(pid)?;
+    if !libc::WIFSTOPPED(status) {
+        return Err(user_error!("{} did not start", path.to_string_lossy()));
+    }
+    let mut options =
+        libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
+    if follow {
+        options |= libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
+    }
+    ptrace(libc::PTRACE_SETOPTIONS, pid, options as usize)?;
+    Ok(pid)
+}
+
+/// Starts `argv` (as `run_as`, if any) held before its exec, without
+/// ptrace: `hold` is called with its pid (the probes and the scope made
+/// ready for it), then it execs. Returns its pid and the receiver of its
+/// exit code (128 + signal when killed). If `hold` fails, the child
+/// exits without running the command.
+pub fn launch_held(
+    argv: &[String],
+    run_as: Option<&RunAs>,
+    hold: impl FnOnce(u32) -> Result<()>,
+) -> Result<(u32, tokio::sync::oneshot::Receiver<i32>)> {
+    let (c_path, c_args, c_env) = exec_strings(argv, run_as)?;
+    let mut gate = [0; 2];
+    if unsafe { libc::pipe2(gate.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let forked = fork_command(&c_path, &c_args, &c_env, run_as, Some(gate));
+    unsafe { libc::close(gate[0]) };
+    let (pid, report) = match forked {
+        Ok(f) => f,
+        Err(e) => {
+            unsafe { libc::close(gate[1]) };
+            return Err(e);
+        }
+    };
+    let held = hold(pid);
+    // One byte lets the child exec; the pipe closed without it makes the
+    // child exit.
+    if held.is_ok() {
+        unsafe { libc::write(gate[1], [1u8].as_ptr().cast(), 1) };
+    }
+    unsafe { libc::close(gate[1]) };
+    if let Err(e) = held {
+        let _ = waitpid(pid);
+        unsafe { libc::close(report) };
+        return Err(e);
+    }
+    exec_report(pid, report, &c_path, run_as)?;
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("mtrace-wait".into())
+        .spawn(move || {
+            let code = match waitpid(pid) {
+                Ok(s) if libc::WIFSIGNALED(s) => 128 + libc::WTERMSIG(s),
+                Ok(s) => libc::WEXITSTATUS(s),
+                Err(_) => 1,
+            };
+            let _ = exit_tx.send(code);
+        })?;
+    Ok((pid, exit_rx))
+}
+
+/// What `execve` is given for `argv`: the command's path (found as a
+/// shell finds it), its arguments and its environment.
+fn exec_strings(
+    argv: &[String],
+    run_as: Option<&RunAs>,
+) -> Result<(CString, Vec<CString>, Vec<CString>)> {
+    let path = resolve_command(&argv[0])?;
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let c_args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()?;
+    Ok((c_path, c_args, environment(run_as)))
+}
+
+/// The command's environment: mtrace's, or `run_as`'s user's.
+fn environment(run_as: Option<&RunAs>) -> Vec<CString> {
+    match run_as {
+        Some(user) => user.environment(),
+        None => std::env::vars_os().collect(),
+    }
+    .into_iter()
+    .filter_map(|(k, v)| {
+        let mut kv = k.into_vec();
+        kv.push(b'=');
+        kv.extend(v.into_vec());
+        CString::new(kv).ok()
+    })
+    .collect()
+}
+
+/// Forks; the child takes `run_as`'s credentials (if any) and execs
+/// with `env`: traced (`PTRACE_TRACEME`, stopped right after its exec)
+/// without a `gate`, else once a byte comes through the gate's pipe.
+/// Returns the child's pid and the read end of the close-on-exec pipe
+/// through which it reports a failure before or in its exec.
+fn fork_command(
+    path: &CString,
+    args: &[CString],
+    env: &[CString],
+    run_as: Option<&RunAs>,
+    gate: Option<[i32; 2]>,
+) -> Result<(u32, i32)> {
     let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
         strings
             .iter()
@@ -274,7 +366,18 @@ fn start_stopped(
                 libc::_exit(127)
             };
             libc::close(fds[0]);
-            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            match gate {
+                Some([rx, tx]) => {
+                    libc::close(tx);
+                    let mut byte = 0u8;
+                    if libc::read(rx, (&mut byte as *mut u8).cast(), 1) != 1 {
+                        libc::_exit(127);
+                    }
+                }
+                None => {
+                    libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+                }
+            }
             let (soft, hard) = (
                 FILE_LIMIT[0].load(std::sync::atomic::Ordering::Relaxed),
                 FILE_LIMIT[1].load(std::sync::atomic::Ordering::Relaxed),
@@ -301,13 +404,19 @@ fn start_stopped(
         }
     }
     unsafe { libc::close(fds[1]) };
-    let mut report = [0i32; 2];
-    let n = unsafe { libc::read(fds[0], report.as_mut_ptr().cast(), 8) };
-    unsafe { libc::close(fds[0]) };
-    let pid = pid as u32;
+    Ok((pid as u32, fds[0]))
+}
+
+/// Reads what the child `pid` reported through `report` (closed here):
+/// nothing once its exec succeeded, else what failed (the child then
+/// reaped).
+fn exec_report(pid: u32, report: i32, path: &CString, run_as: Option<&RunAs>) -> Result<()> {
+    let mut failed = [0i32; 2];
+    let n = unsafe { libc::read(report, failed.as_mut_ptr().cast(), 8) };
+    unsafe { libc::close(report) };
     if n == 8 {
         let _ = waitpid(pid);
-        let [stage, err] = report;
+        let [stage, err] = failed;
         let e = std::io::Error::from_raw_os_error(err);
         if stage == FAILED_CREDENTIALS {
             let user = run_as.map_or("", |u| u.name.as_str());
@@ -323,15 +432,5 @@ fn start_stopped(
             code,
         )));
     }
-    let status = waitpid(pid)?;
-    if !libc::WIFSTOPPED(status) {
-        return Err(user_error!("{} did not start", path.to_string_lossy()));
-    }
-    let mut options =
-        libc::PTRACE_O_TRACESYSGOOD | libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC;
-    if follow {
-        options |= libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
-    }
-    ptrace(libc::PTRACE_SETOPTIONS, pid, options as usize)?;
-    Ok(pid)
+    Ok(())
 }

@@ -670,9 +670,10 @@ pub struct Meta {
     pub python: String,
     pub probes: Vec<Probe>,
     /// How the probes were placed, when not in each traced process by its
-    /// pid: `host` (`--all`: file-wide probes in every process that maps
-    /// an allocator, each call counted under its process and direct
-    /// caller). Empty for per-pid probes.
+    /// pid: file-wide probes in every process that maps an allocator, each
+    /// call counted under its process and whole stack, of `host` (`--all`),
+    /// `tree` (`--file-wide` with a command) or `cgroup` (`--file-wide
+    /// --cgroup`). Empty for per-pid probes.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scope: String,
     /// Every process of the traced tree when there were more than one

@@ -180,6 +180,12 @@ fn header(profile: &Profile, paint: Paint) -> String {
             out,
             "scope: the whole host (--all): file-wide probes in every process that maps an allocator; each call under its process and stack"
         );
+    } else if !meta.scope.is_empty() {
+        let _ = writeln!(
+            out,
+            "scope: the {} (--file-wide): file-wide probes in every process that maps an allocator, the scope's processes told from others in the kernel; each call under its process and stack",
+            if meta.scope == "tree" { "command's process tree" } else { "cgroup" }
+        );
     }
     if !meta.allocator_object.is_empty() {
         let _ = write!(out, "probes: {}", meta.allocator_object);
@@ -213,7 +219,7 @@ fn header(profile: &Profile, paint: Paint) -> String {
         let untraced: Vec<_> = meta.processes.iter().filter(|p| !p.traced).collect();
         // Processes beyond the profile's records were untraced too.
         let not_traced = untraced.len() as u64 + meta.processes_unlisted;
-        if meta.scope == "host" {
+        if !meta.scope.is_empty() {
             // What exited is not followed there: every process is in, and
             // those beyond the records kept were counted all the same.
             let _ = write!(
