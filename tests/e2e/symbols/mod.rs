@@ -19,6 +19,8 @@ use crate::{
     },
 };
 
+mod saved;
+
 /// A C program allocating 100 times at `alpha_site`, built with debug
 /// information and a build id, in `dir`: the stripped program, its split
 /// debug file, and the build id (hex).
@@ -89,7 +91,21 @@ fn trace_out(
     env: &[(&str, &str)],
     dir: &Path,
 ) -> (Finished, Profile) {
-    let out_path = dir.join(format!("p{}.json", rand_suffix()));
+    trace_to(
+        program,
+        args,
+        env,
+        &dir.join(format!("p{}.json", rand_suffix())),
+    )
+}
+
+/// [`trace_out`], the profile written to `out_path`.
+fn trace_to(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    out_path: &Path,
+) -> (Finished, Profile) {
     let mut all = vec!["-o", out_path.to_str().unwrap()];
     all.extend(args);
     all.extend(["--", program.to_str().unwrap()]);
@@ -101,7 +117,7 @@ fn trace_out(
     m.wait_tracing();
     let out = m.finish();
     out.assert_exit(0);
-    let p = Profile::load(&out_path);
+    let p = Profile::load(out_path);
     (out, p)
 }
 
@@ -280,20 +296,29 @@ fn a_silent_debuginfod_server_costs_one_timeout_and_is_counted() {
 fn a_stripped_program_is_named_from_the_build_id_tree() {
     let dir = bpf_tempdir!();
     let (strip, debug, id) = stripped(dir.path());
-    let tree = Path::new("/usr/lib/debug/.build-id").join(&id[..2]);
-    std::fs::create_dir_all(&tree).unwrap();
-    let placed = tree.join(format!("{}.debug", &id[2..]));
-    struct Removed(PathBuf);
-    impl Drop for Removed {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    std::fs::copy(&debug, &placed).unwrap();
-    let _placed = Removed(placed);
+    let _placed = in_build_id_tree(&debug, &id);
     let (d, p) = trace(&strip, &["--no-debuginfod"], &[], dir.path());
     assert_eq!(caller(&p), "alpha_site", "{d}");
     assert_eq!(symbols(&p, "local"), 1, "{d}");
+}
+
+/// A file taken out again when dropped.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `debug` copied into `/usr/lib/debug/.build-id` as the debug file of
+/// build id `id`, as Debian's -dbgsym packages install them.
+fn in_build_id_tree(debug: &Path, id: &str) -> Removed {
+    let tree = Path::new("/usr/lib/debug/.build-id").join(&id[..2]);
+    std::fs::create_dir_all(&tree).unwrap();
+    let placed = tree.join(format!("{}.debug", &id[2..]));
+    std::fs::copy(debug, &placed).unwrap();
+    Removed(placed)
 }
 
 /// The stack of the fixture's 100 allocations.
