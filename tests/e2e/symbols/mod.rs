@@ -199,8 +199,9 @@ fn debuginfod(dir: &Path, id: &str, db: &Path) -> Debuginfod {
 }
 
 /// Stripped: its frames are offsets, and say so. Fetched from a real
-/// debuginfod server: named with lines, the file kept in the cache, and
-/// named from the cache with the server gone. With `--no-debuginfod`, no
+/// debuginfod server: every frame named with file and line as the
+/// unstripped build's trace names it, the file kept in the cache, and
+/// named so from the cache with the server gone. With `--no-debuginfod`, no
 /// server is asked.
 #[test]
 fn a_stripped_program_is_named_through_debuginfod() {
@@ -211,7 +212,14 @@ fn a_stripped_program_is_named_through_debuginfod() {
     ) {
         return;
     }
-    let (strip, debug, id) = stripped(dir.path());
+    let (full, strip, debug, id) = built(dir.path());
+    // What the unstripped build's trace names, frame for frame.
+    let (d, p) = trace(&full, &["--no-debuginfod"], &[], dir.path());
+    let want = named(&p);
+    assert!(
+        want.iter().any(|(f, _, l)| f == "main" && l.is_some()),
+        "{d}"
+    );
     let served = dir.path().join("served");
     std::fs::create_dir(&served).unwrap();
     std::fs::rename(&debug, served.join("s.debug")).unwrap();
@@ -247,6 +255,7 @@ fn a_stripped_program_is_named_through_debuginfod() {
     assert_eq!(caller(&p), "alpha_site", "{d}");
     let frame = &p.stacks.iter().find(|s| s.calls == 100).unwrap().frames[0];
     assert_eq!(frame.line, Some(2), "{d}");
+    assert_eq!(named(&p), want, "{d}");
     assert_eq!(symbols(&p, "fetched"), 1, "{d}");
     assert!(cache.join(&id).join("debuginfo").is_file(), "{d}");
 
@@ -257,7 +266,7 @@ fn a_stripped_program_is_named_through_debuginfod() {
         &[("DEBUGINFOD_CACHE_PATH", &cache_s)],
         dir.path(),
     );
-    assert_eq!(caller(&p), "alpha_site", "{d}");
+    assert_eq!(named(&p), want, "{d}");
     assert_eq!(symbols(&p, "local"), 1, "{d}");
 }
 
@@ -327,6 +336,19 @@ fn hundred(p: &Profile) -> &crate::support::profile::Stack {
         .iter()
         .find(|s| s.function == "malloc" && s.calls == 100)
         .expect("the stack of the 100 allocations")
+}
+
+/// A frame as the report prints it: function, file and line.
+type Named = (String, Option<String>, Option<u64>);
+
+/// Each frame of the 100 allocations' stack as the report prints it:
+/// function, file and line.
+fn named(p: &Profile) -> Vec<Named> {
+    hundred(p)
+        .frames
+        .iter()
+        .map(|f| (f.function.clone(), f.file.clone(), f.line))
+        .collect()
 }
 
 /// The loaded segments (`PT_LOAD`) of an ELF file as `readelf -lW` lists

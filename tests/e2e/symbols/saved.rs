@@ -8,19 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    built, caller, debuginfod, hundred, in_build_id_tree, symbols, trace, trace_to, Removed,
+    built, caller, debuginfod, hundred, in_build_id_tree, named, symbols, trace, trace_to, Named,
+    Removed,
 };
 use crate::support::{mtrace::Finished, require, Mtrace, Profile};
-
-/// Each frame of the 100 allocations' stack as the report prints it:
-/// function, file and line.
-fn named(p: &Profile) -> Vec<Named> {
-    hundred(p)
-        .frames
-        .iter()
-        .map(|f| (f.function.clone(), f.file.clone(), f.line))
-        .collect()
-}
 
 /// `mtrace report SAVED -o OUT` with `args` and `env`: what it printed
 /// and the profile it wrote.
@@ -52,8 +43,6 @@ struct Saved {
     /// The stripped build's profile.
     profile: PathBuf,
 }
-
-type Named = (String, Option<String>, Option<u64>);
 
 /// The unstripped build's frames, and a profile of the stripped build
 /// saved with no debug information reachable (no server, an empty
