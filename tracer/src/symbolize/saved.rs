@@ -172,14 +172,15 @@ fn in_segment(segments: &[(u64, u64)], m: FileMapping, offset: u64) -> Option<u6
     let within = offset.checked_sub(m.offset)?;
     let fitting: Vec<(u64, u64, u64)> = segments
         .iter()
-        .map(|&(addr, size)| (addr, size, (addr & !(PAGE - 1)) + within))
+        .filter_map(|&(addr, size)| Some((addr, size, (addr & !(PAGE - 1)).checked_add(within)?)))
         .filter(|&(addr, size, at)| at >= addr && at - addr < size)
         .collect();
     let chosen: Vec<u64> = if fitting.len() > 1 {
         fitting
             .iter()
             .filter(|&&(addr, size, _)| {
-                (addr + size).next_multiple_of(PAGE) - (addr & !(PAGE - 1)) == m.limit - m.start
+                let end = addr.saturating_add(size).div_ceil(PAGE) * PAGE;
+                Some(end - (addr & !(PAGE - 1))) == m.limit.checked_sub(m.start)
             })
             .map(|&(_, _, at)| at)
             .collect()
