@@ -165,3 +165,34 @@ fn a_saved_profile_is_named_from_the_build_id_tree_when_reported() {
     assert_eq!(symbols(&p, "local"), 1, "{d}");
     assert_eq!(symbols(&p, "not_on_servers"), 0, "{d}");
 }
+
+/// A server that accepts and never answers, at report time: the report
+/// ends one timeout later (2 s here), the frames stay offsets, the build
+/// id is counted as not fetched for a failed server, and the server is
+/// said once.
+#[test]
+fn a_silent_server_costs_the_report_one_timeout_and_is_counted() {
+    let dir = bpf_tempdir!();
+    let cache = dir.path().join("cache");
+    let Saved { profile: saved, .. } = saved_unnamed(dir.path(), cache.to_str().unwrap());
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let began = std::time::Instant::now();
+    let (out, p) = report(
+        &saved,
+        &[],
+        &[
+            ("DEBUGINFOD_URLS", url.as_str()),
+            ("DEBUGINFOD_CACHE_PATH", cache.to_str().unwrap()),
+            ("DEBUGINFOD_TIMEOUT", "2"),
+        ],
+    );
+    let took = began.elapsed();
+    let d = out.describe();
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}\n{d}");
+    assert!(caller(&p).starts_with("s_strip+0x"), "{d}");
+    assert_eq!(symbols(&p, "not_fetched"), 1, "{d}");
+    assert_eq!(d.matches("not asked again").count(), 1, "{d}");
+    assert!(d.contains("symbols: of those for a failed server 1"), "{d}");
+    drop(silent);
+}
