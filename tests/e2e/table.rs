@@ -385,3 +385,56 @@ fn rows_alike_but_for_the_call_site_show_its_offset() {
         assert_eq!(r.frames[1], "main", "{d}");
     }
 }
+
+/// Live mode, `samesite.c` leaking one block at each of its three call
+/// sites: three leak suspects of one block each, whose frames would print
+/// the same, told apart as the table's rows are: each shows its call
+/// site's offset in `sites`, as the JSON gives it.
+#[test]
+fn leak_suspects_alike_but_for_the_call_site_show_its_offset() {
+    need_bpf!();
+    let fixture = crate::support::fixtures::compile_c("samesite", "samesite", &["-O1"], &[]);
+    let (out, p) = crate::support::run_profiled(&[
+        "--live",
+        "--top",
+        "0",
+        "--",
+        fixture.to_str().unwrap(),
+        "0",
+    ]);
+    out.assert_exit(0);
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    let mut want: Vec<String> = p
+        .stacks_at("malloc", "sites")
+        .iter()
+        .map(|s| {
+            let o = s.frames[0].symbol_offset.expect("no symbol offset");
+            format!("sites+{o:#x}")
+        })
+        .collect();
+    want.sort();
+    want.dedup();
+    assert_eq!(want.len(), 3, "{d}");
+    let suspects: Vec<&str> = out
+        .stdout
+        .split("leak suspects")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no leak summary\n{d}"))
+        .lines()
+        .collect();
+    let mut shown: Vec<String> = suspects
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with('#') && l.contains(&format!("  1 block  {}  ", bytes(64))))
+        .map(|(i, _)| {
+            let frame = suspects.get(i + 1).copied().unwrap_or_default();
+            frame
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    shown.sort();
+    assert_eq!(shown, want, "{d}");
+}

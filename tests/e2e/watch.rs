@@ -317,3 +317,40 @@ fn the_status_line_counts_on_the_last_row_and_goes_away() {
     let out = fs::read_to_string(dir.path().join("out")).unwrap();
     assert!(out.contains("steady_site"), "{out}");
 }
+
+/// `samesite.c`'s three calls of malloc in one function without line
+/// information: the live view's three rows would read the same, and
+/// show instead each call site's offset in `sites`, as the JSON gives it.
+#[test]
+fn mtrace_top_tells_apart_rows_alike_but_for_the_call_site() {
+    need_bpf!();
+    if !need_tmux() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let fixture = compile_c("samesite", "samesite", &["-O1"], &[]);
+    let json = dir.path().join("top.json");
+    let tmux = Tmux::start(
+        "mtrace-top-samesite",
+        140,
+        40,
+        // Three seconds asleep after the allocations: the view shows them.
+        &shell(
+            dir.path(),
+            &format!("top -o {} -- {} 3", json.display(), fixture.display()),
+        ),
+    );
+    let shown = tmux.wait_for("three rows under sites", |t| {
+        t.matches("malloc ← sites+0x").count() == 3
+    });
+    tmux.keys("q");
+    assert_eq!(wait_exit(dir.path()), 0);
+    let p = Profile::load(&json);
+    let stacks = p.stacks_at("malloc", "sites");
+    assert_eq!(stacks.len(), 3, "{shown}");
+    for s in stacks {
+        let o = s.frames[0].symbol_offset.expect("no symbol offset");
+        let row = format!("malloc ← sites+{o:#x} [samesite] ← main");
+        assert!(shown.contains(&row), "no {row}\n{shown}");
+    }
+}

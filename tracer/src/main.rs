@@ -73,6 +73,7 @@ fn main() {
     let no_debuginfod = match &cli.sub {
         Some(Sub::Top(a)) => a.no_debuginfod,
         Some(Sub::Agent(a)) => a.trace.no_debuginfod,
+        Some(Sub::Report(a)) => a.no_debuginfod,
         _ => cli.trace.no_debuginfod,
     };
     if no_debuginfod {

@@ -495,6 +495,12 @@ pub struct ReportArgs {
     #[arg(value_name = "PROFILE.json")]
     pub file: PathBuf,
 
+    /// Ask no debuginfod server (DEBUGINFOD_URLS) for the debug
+    /// information of the frames the profile left unnamed;
+    /// /usr/lib/debug/.build-id and the debuginfod cache are still read.
+    #[arg(long)]
+    pub no_debuginfod: bool,
+
     #[command(flatten)]
     pub out: OutputArgs,
 }

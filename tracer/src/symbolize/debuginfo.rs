@@ -63,7 +63,7 @@ pub fn quality() -> Option<SymbolsQuality> {
 }
 
 /// The debug file of the file with build id `build_id` (hex), found or
-/// fetched once per run.
+/// fetched once per run: a file whose own build id is `build_id`.
 pub fn debug_file(build_id: &str) -> Option<PathBuf> {
     if build_id.len() < 4 || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
@@ -103,7 +103,20 @@ fn local(build_id: &str) -> Option<PathBuf> {
                 .join(format!("{tail}.debug"))
         })
         .chain(cache_dir().map(|c| c.join(build_id).join("debuginfo")))
-        .find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.len() > 0))
+        .find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.len() > 0) && is_of(p, build_id))
+}
+
+/// Whether the file at `path` is an ELF file whose build id is `id`
+/// (hex): a debug file of another build would name the wrong functions.
+fn is_of(path: &Path, id: &str) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let cache = object::read::ReadCache::new(&file);
+    object::File::parse(&cache)
+        .ok()
+        .and_then(|o| build_id_hex(&o))
+        .is_some_and(|b| b == id)
 }
 
 /// The debuginfod client's cache, where elfutils' client keeps it:
@@ -197,20 +210,12 @@ fn fetch(server: &str, build_id: &str, cache: &Path) -> Result<Option<PathBuf>, 
     if n > MAX_FETCH {
         return Err(format!("a debug file over {MAX_FETCH} bytes"));
     }
-    if !is_elf(tmp.as_file_mut()) {
-        return Err("the answer is not an ELF file".into());
+    if !is_of(tmp.path(), build_id) {
+        return Err("the answer is not an ELF file of that build id".into());
     }
     let path = dir.join("debuginfo");
     tmp.persist(&path).map_err(|e| e.error.to_string())?;
     Ok(Some(path))
-}
-
-fn is_elf(file: &mut File) -> bool {
-    use std::io::{Seek, SeekFrom};
-    let mut magic = [0u8; 4];
-    file.seek(SeekFrom::Start(0)).is_ok()
-        && file.read_exact(&mut magic).is_ok()
-        && magic == *b"\x7fELF"
 }
 
 /// A stripped file's debug file, and how its file offsets become the
@@ -247,34 +252,51 @@ pub fn split_for(file: &File, id: Option<crate::tracee::FileId>) -> Option<Split
 }
 
 fn find_split(file: &File) -> Option<Split> {
-    use object::{Object, ObjectSegment};
+    use object::Object;
     let cache = object::read::ReadCache::new(file);
     let obj = object::File::parse(&cache).ok()?;
     if obj.section_by_name(".symtab").is_some() || obj.section_by_name(".debug_info").is_some() {
         return None;
     }
-    let id: String = obj
-        .build_id()
-        .ok()??
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let segments = obj
-        .segments()
+    let id = build_id_hex(&obj)?;
+    let segments = loaded_segments(&obj);
+    let path = debug_file(&id)?;
+    Some(Split { path, segments })
+}
+
+/// The placing of `file`'s loaded segments, when its build id is
+/// `build_id` (hex), with `debug` as its debug file: how a saved frame's
+/// file offset in it becomes an address of `debug` where the file itself
+/// is at hand.
+pub fn split_of(file: &File, build_id: &str, debug: PathBuf) -> Option<Split> {
+    let cache = object::read::ReadCache::new(file);
+    let obj = object::File::parse(&cache).ok()?;
+    (build_id_hex(&obj)? == build_id).then(|| Split {
+        path: debug,
+        segments: loaded_segments(&obj),
+    })
+}
+
+/// The GNU build id of `obj`, in hex.
+pub fn build_id_hex<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Option<String> {
+    use object::Object;
+    Some(
+        obj.build_id()
+            .ok()??
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    )
+}
+
+/// `(file offset, size in the file, virtual address)` of each loaded
+/// segment of `obj`.
+fn loaded_segments<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<(u64, u64, u64)> {
+    use object::{Object, ObjectSegment};
+    obj.segments()
         .map(|s| {
             let (offset, size) = s.file_range();
             (offset, size, s.address())
         })
-        .collect();
-    let path = debug_file(&id)?;
-    // The debug file is of this very build: its build id says so.
-    let mut debug = File::open(&path).ok()?;
-    let matches = {
-        let cache = object::read::ReadCache::new(&mut debug);
-        object::File::parse(&cache)
-            .ok()
-            .and_then(|d| d.build_id().ok().flatten().map(|b| b.to_vec()))
-            .is_some_and(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>() == id)
-    };
-    matches.then_some(Split { path, segments })
+        .collect()
 }

@@ -21,8 +21,10 @@ use blazesym::symbolize::{
 
 mod debuginfo;
 mod entry;
+mod saved;
 
 pub use debuginfo::disable_servers as no_debuginfod;
+pub use saved::name_saved;
 
 use crate::{
     allocators::FuncInfo,
@@ -323,29 +325,16 @@ fn frames_in_file(
     id: Option<FileId>,
     offsets: &[u64],
 ) -> Vec<Option<Vec<Frame>>> {
-    let frames = |src: &Source, input: Input<&[u64]>| -> Vec<Option<Vec<Frame>>> {
-        match symbolizer.symbolize(src, input) {
-            Ok(found) => found
-                .iter()
-                .map(|r| match r {
-                    Symbolized::Sym(sym) => Some(sym_frames(sym, "", 0)),
-                    _ => None,
-                })
-                .collect(),
-            Err(_) => vec![None; offsets.len()],
-        }
-    };
     let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
-    let mut found = frames(&src, Input::FileOffset(offsets));
+    let mut found = symbolized(symbolizer, &src, Input::FileOffset(offsets));
     if found.iter().all(Option::is_some) {
         return found;
     }
     if let Some(split) = debuginfo::split_for(file, id) {
         let addrs: Vec<u64> = offsets.iter().map(|&o| split.virtual_address(o)).collect();
-        let src = Source::Elf(Elf::new(split.path.clone()));
         for (f, more) in found
             .iter_mut()
-            .zip(frames(&src, Input::VirtOffset(&addrs)))
+            .zip(in_debug_file(symbolizer, &split.path, &addrs))
         {
             if f.is_none() {
                 *f = more;
@@ -366,6 +355,37 @@ fn frames_in_file(
         }
     }
     found
+}
+
+/// The frames at each of `input`'s places in `src`, none where nothing
+/// is known (or the file could not be read).
+fn symbolized(
+    symbolizer: &Symbolizer,
+    src: &Source,
+    input: Input<&[u64]>,
+) -> Vec<Option<Vec<Frame>>> {
+    let n = input.as_inner_ref().len();
+    match symbolizer.symbolize(src, input) {
+        Ok(found) => found
+            .iter()
+            .map(|r| match r {
+                Symbolized::Sym(sym) => Some(sym_frames(sym, "", 0)),
+                _ => None,
+            })
+            .collect(),
+        Err(_) => vec![None; n],
+    }
+}
+
+/// The frames at each of `addrs` (virtual addresses, as the file's
+/// program headers place its code) in the debug file `debug`.
+fn in_debug_file(
+    symbolizer: &Symbolizer,
+    debug: &std::path::Path,
+    addrs: &[u64],
+) -> Vec<Option<Vec<Frame>>> {
+    let src = Source::Elf(Elf::new(debug));
+    symbolized(symbolizer, &src, Input::VirtOffset(addrs))
 }
 
 /// What `make` finds for a file, made once per file identity `id` and

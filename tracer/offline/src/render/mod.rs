@@ -14,6 +14,7 @@ use crate::profile::{
     Counts, Frame, FrameOrder, LiveStats, ProcessRef, Profile, StackEntry, Thread,
 };
 
+pub mod apart;
 pub mod calltree;
 pub mod diff_report;
 pub mod diff_table;

@@ -21,13 +21,11 @@
 //! the label ([`wrap_list`]). Call counts stay exact integers; sizes are
 //! rounded to one decimal of KiB, MiB, ... (the JSON profile keeps bytes).
 
-use std::{
-    collections::{HashMap, HashSet},
-    fmt::{self, Write},
-};
+use std::fmt::{self, Write};
 
-use crate::profile::{Frame, Losses, Profile, GO_HEAP_FUNC};
+use crate::profile::{Losses, Profile, GO_HEAP_FUNC};
 
+use super::apart::{told_apart, with_offset};
 use super::text::{
     bytes, count, frame_text, map_names, printable, quality_lines, shown, thousands, wrap_list,
     FrameTexts, Paint,
@@ -65,7 +63,10 @@ pub fn render_to(out: &mut impl Write, profile: &Profile, opts: &ReportOptions) 
         out.write_str("\nno allocations traced\n")?;
     }
     let go_calls = profile.go_heaps.iter().map(|g| g.allocated.calls).sum();
-    let apart = told_apart(&selection.rows);
+    let apart = told_apart(selection.rows.iter().map(|r| {
+        let key = (r.func, r.process.map(|p| p.pid), r.thread.map(|t| t.tid));
+        (key, r.frames)
+    }));
     for (i, row) in selection.rows.iter().enumerate() {
         out.write_char('\n')?;
         let total_calls = if row.func == GO_HEAP_FUNC {
@@ -348,49 +349,13 @@ fn go_totals_lines(profile: &Profile) -> String {
 }
 
 /// `#1  1000 calls  72.13%  46.9 KiB  avg 48 B  malloc` and the frames.
-/// The frames, by row and depth, that tell apart rows whose frames would
-/// otherwise print the same (the same function, thread, process and
-/// frames' names and lines, at different addresses: several calls in one
-/// function without line information): where such rows' frames differ in
-/// their offset from their function's start, each shows it.
-fn told_apart(rows: &[Row]) -> HashSet<(usize, usize)> {
-    type Shown<'a> = (&'a str, &'a Option<String>, Option<u32>, bool);
-    let mut same: HashMap<_, Vec<usize>> = HashMap::new();
-    for (i, r) in rows.iter().enumerate() {
-        let frames: Vec<Shown> = r
-            .frames
-            .iter()
-            .map(|f| (f.function.as_str(), &f.file, f.line, f.inlined))
-            .collect();
-        let key = (r.func, r.process.map(|p| p.pid), r.thread.map(|t| t.tid));
-        same.entry((key, frames)).or_default().push(i);
-    }
-    let mut apart = HashSet::new();
-    for rows_alike in same.values().filter(|g| g.len() > 1) {
-        let depth = rows[rows_alike[0]].frames.len();
-        for d in 0..depth {
-            let offset = |i: usize| rows[i].frames[d].symbol_offset;
-            let first = offset(rows_alike[0]);
-            if rows_alike.iter().any(|&i| offset(i) != first) {
-                apart.extend(
-                    rows_alike
-                        .iter()
-                        .filter(|&&i| offset(i).is_some())
-                        .map(|&i| (i, d)),
-                );
-            }
-        }
-    }
-    apart
-}
-
 fn write_row<'a>(
     out: &mut impl Write,
     rank: usize,
     row: &Row<'a>,
     total_calls: u64,
     frames: &mut FrameTexts<'a>,
-    with_offset: impl Fn(usize) -> bool,
+    offset_shown: impl Fn(usize) -> bool,
 ) -> fmt::Result {
     let paint = frames.paint();
     let counts = row.counts;
@@ -425,15 +390,10 @@ fn write_row<'a>(
         out.write_str("    [no frames]\n")?;
     }
     for (d, frame) in row.frames.iter().enumerate() {
-        match frame.symbol_offset.filter(|_| with_offset(d)) {
-            Some(offset) => {
-                let at = Frame {
-                    function: format!("{}+{offset:#x}", frame.function),
-                    ..Frame::clone(frame)
-                };
-                writeln!(out, "    {}", frame_text(&at, paint))?
-            }
-            None => writeln!(out, "    {}", frames.get(frame))?,
+        if offset_shown(d) {
+            writeln!(out, "    {}", frame_text(&with_offset(frame), paint))?
+        } else {
+            writeln!(out, "    {}", frames.get(frame))?
         }
     }
     if let Some(u) = row.in_use {

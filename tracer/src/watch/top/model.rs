@@ -8,7 +8,10 @@ use ratatui::widgets::TableState;
 
 use crate::{
     profile::{is_allocation, Profile, StackEntry},
-    render::SortKey,
+    render::{
+        apart::{told_apart, with_offset},
+        SortKey,
+    },
     watch::Tick,
 };
 
@@ -97,12 +100,28 @@ impl Model {
         let dt = (tick.elapsed - self.prev_t).max(1e-3);
         let mut rows = Vec::new();
         let mut now = HashMap::new();
-        for st in profile.stacks.iter().filter(|s| is_allocation(s)) {
+        let stacks: Vec<&StackEntry> = profile.stacks.iter().filter(|s| is_allocation(s)).collect();
+        let apart = told_apart(stacks.iter().map(|st| {
+            let who = (
+                st.process.as_ref().map(|p| p.pid),
+                st.thread.as_ref().map(|t| t.tid),
+            );
+            ((&st.func, who), st.frames.as_slice())
+        }));
+        for (i, st) in stacks.into_iter().enumerate() {
             let key = row_key(st);
             let (calls0, bytes0) = self.prev.get(&key).copied().unwrap_or((0, 0));
             rows.push(TopRow {
                 func: st.func.clone(),
-                frames: st.frames.iter().map(|f| f.describe()).collect(),
+                frames: st
+                    .frames
+                    .iter()
+                    .enumerate()
+                    .map(|(d, f)| match apart.contains(&(i, d)) {
+                        true => with_offset(f).describe(),
+                        false => f.describe(),
+                    })
+                    .collect(),
                 who: st
                     .process
                     .as_ref()

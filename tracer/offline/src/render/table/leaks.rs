@@ -5,8 +5,9 @@ use std::fmt::{self, Write};
 
 use crate::profile::{LiveStats, LiveTotals, Percentiles, Profile};
 
+use crate::render::apart::{told_apart, with_offset};
 use crate::render::suspects;
-use crate::render::text::{bytes, count, duration_ns, wrap_list, FrameTexts, Paint};
+use crate::render::text::{bytes, count, duration_ns, frame_text, wrap_list, FrameTexts, Paint};
 
 /// `p50 64 B, p90 64 B, p99 64 B, max 64 B`
 fn percentiles(p: &Percentiles, fmt: impl Fn(u64) -> String) -> String {
@@ -167,7 +168,9 @@ pub fn summary<'a>(
     } else {
         top.min(suspects.len())
     };
-    for (i, (entry, live)) in suspects.iter().take(shown).enumerate() {
+    let listed = &suspects[..shown];
+    let apart = told_apart(listed.iter().map(|(e, _)| (&e.func, e.frames.as_slice())));
+    for (i, (entry, live)) in listed.iter().enumerate() {
         let first = format!(
             "#{}  {}  {}  oldest {:.2} s  ",
             i + 1,
@@ -176,8 +179,12 @@ pub fn summary<'a>(
             live.oldest_age_secs,
         );
         writeln!(to, "{}{}", paint.strong(&first), paint.func(&entry.func))?;
-        for frame in &entry.frames {
-            writeln!(to, "    {}", frames.get(frame))?;
+        for (d, frame) in entry.frames.iter().enumerate() {
+            if apart.contains(&(i, d)) {
+                writeln!(to, "    {}", frame_text(&with_offset(frame), paint))?;
+            } else {
+                writeln!(to, "    {}", frames.get(frame))?;
+            }
         }
     }
     if suspects.len() > shown {

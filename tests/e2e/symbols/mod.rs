@@ -19,6 +19,8 @@ use crate::{
     },
 };
 
+mod saved;
+
 /// A C program allocating 100 times at `alpha_site`, built with debug
 /// information and a build id, in `dir`: the stripped program, its split
 /// debug file, and the build id (hex).
@@ -89,7 +91,21 @@ fn trace_out(
     env: &[(&str, &str)],
     dir: &Path,
 ) -> (Finished, Profile) {
-    let out_path = dir.join(format!("p{}.json", rand_suffix()));
+    trace_to(
+        program,
+        args,
+        env,
+        &dir.join(format!("p{}.json", rand_suffix())),
+    )
+}
+
+/// [`trace_out`], the profile written to `out_path`.
+fn trace_to(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    out_path: &Path,
+) -> (Finished, Profile) {
     let mut all = vec!["-o", out_path.to_str().unwrap()];
     all.extend(args);
     all.extend(["--", program.to_str().unwrap()]);
@@ -101,7 +117,7 @@ fn trace_out(
     m.wait_tracing();
     let out = m.finish();
     out.assert_exit(0);
-    let p = Profile::load(&out_path);
+    let p = Profile::load(out_path);
     (out, p)
 }
 
@@ -183,8 +199,9 @@ fn debuginfod(dir: &Path, id: &str, db: &Path) -> Debuginfod {
 }
 
 /// Stripped: its frames are offsets, and say so. Fetched from a real
-/// debuginfod server: named with lines, the file kept in the cache, and
-/// named from the cache with the server gone. With `--no-debuginfod`, no
+/// debuginfod server: every frame named with file and line as the
+/// unstripped build's trace names it, the file kept in the cache, and
+/// named so from the cache with the server gone. With `--no-debuginfod`, no
 /// server is asked.
 #[test]
 fn a_stripped_program_is_named_through_debuginfod() {
@@ -195,7 +212,14 @@ fn a_stripped_program_is_named_through_debuginfod() {
     ) {
         return;
     }
-    let (strip, debug, id) = stripped(dir.path());
+    let (full, strip, debug, id) = built(dir.path());
+    // What the unstripped build's trace names, frame for frame.
+    let (d, p) = trace(&full, &["--no-debuginfod"], &[], dir.path());
+    let want = named(&p);
+    assert!(
+        want.iter().any(|(f, _, l)| f == "main" && l.is_some()),
+        "{d}"
+    );
     let served = dir.path().join("served");
     std::fs::create_dir(&served).unwrap();
     std::fs::rename(&debug, served.join("s.debug")).unwrap();
@@ -231,6 +255,7 @@ fn a_stripped_program_is_named_through_debuginfod() {
     assert_eq!(caller(&p), "alpha_site", "{d}");
     let frame = &p.stacks.iter().find(|s| s.calls == 100).unwrap().frames[0];
     assert_eq!(frame.line, Some(2), "{d}");
+    assert_eq!(named(&p), want, "{d}");
     assert_eq!(symbols(&p, "fetched"), 1, "{d}");
     assert!(cache.join(&id).join("debuginfo").is_file(), "{d}");
 
@@ -241,7 +266,7 @@ fn a_stripped_program_is_named_through_debuginfod() {
         &[("DEBUGINFOD_CACHE_PATH", &cache_s)],
         dir.path(),
     );
-    assert_eq!(caller(&p), "alpha_site", "{d}");
+    assert_eq!(named(&p), want, "{d}");
     assert_eq!(symbols(&p, "local"), 1, "{d}");
 }
 
@@ -280,20 +305,29 @@ fn a_silent_debuginfod_server_costs_one_timeout_and_is_counted() {
 fn a_stripped_program_is_named_from_the_build_id_tree() {
     let dir = bpf_tempdir!();
     let (strip, debug, id) = stripped(dir.path());
-    let tree = Path::new("/usr/lib/debug/.build-id").join(&id[..2]);
-    std::fs::create_dir_all(&tree).unwrap();
-    let placed = tree.join(format!("{}.debug", &id[2..]));
-    struct Removed(PathBuf);
-    impl Drop for Removed {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    std::fs::copy(&debug, &placed).unwrap();
-    let _placed = Removed(placed);
+    let _placed = in_build_id_tree(&debug, &id);
     let (d, p) = trace(&strip, &["--no-debuginfod"], &[], dir.path());
     assert_eq!(caller(&p), "alpha_site", "{d}");
     assert_eq!(symbols(&p, "local"), 1, "{d}");
+}
+
+/// A file taken out again when dropped.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `debug` copied into `/usr/lib/debug/.build-id` as the debug file of
+/// build id `id`, as Debian's -dbgsym packages install them.
+fn in_build_id_tree(debug: &Path, id: &str) -> Removed {
+    let tree = Path::new("/usr/lib/debug/.build-id").join(&id[..2]);
+    std::fs::create_dir_all(&tree).unwrap();
+    let placed = tree.join(format!("{}.debug", &id[2..]));
+    std::fs::copy(debug, &placed).unwrap();
+    Removed(placed)
 }
 
 /// The stack of the fixture's 100 allocations.
@@ -302,6 +336,19 @@ fn hundred(p: &Profile) -> &crate::support::profile::Stack {
         .iter()
         .find(|s| s.function == "malloc" && s.calls == 100)
         .expect("the stack of the 100 allocations")
+}
+
+/// A frame as the report prints it: function, file and line.
+type Named = (String, Option<String>, Option<u64>);
+
+/// Each frame of the 100 allocations' stack as the report prints it:
+/// function, file and line.
+fn named(p: &Profile) -> Vec<Named> {
+    hundred(p)
+        .frames
+        .iter()
+        .map(|f| (f.function.clone(), f.file.clone(), f.line))
+        .collect()
 }
 
 /// The loaded segments (`PT_LOAD`) of an ELF file as `readelf -lW` lists
