@@ -488,7 +488,8 @@ pub fn run(config: TraceConfig, top: bool, server: Option<crate::agent::Server>)
         next_fold: Instant::now() + FOLD_EVERY,
         duty,
         host_windows,
-        snapshots: Snapshots::named(config.snapshot_dir.clone(), "all".into()),
+        snapshots: Snapshots::named(config.snapshot_dir.clone(), "all".into())
+            .grouped_as(&config.outputs),
         started,
         start_time,
     };
