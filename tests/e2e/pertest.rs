@@ -367,3 +367,117 @@ fn per_thread_totals_and_a_tree_per_thread() {
         out.describe()
     );
 }
+
+/// Snapshots (`--interval`) carry the tests (`--per-test`) and groups
+/// (`--group`) of the final profile: the last one, taken after the test
+/// binary ended (the shell around it sleeps on), holds its figures
+/// exactly, so that `mtrace diff --per-test` and `--per-group` (by the
+/// groups saved, no `--group` again) gate a snapshot against a profile
+/// test by test.
+#[test]
+fn snapshots_carry_tests_and_groups() {
+    let dir = bpf_tempdir!();
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir(&snaps).unwrap();
+    let bin = s(rusttests());
+    let script = format!("'{bin}' && sleep 2");
+    let a = dir.path().join("a.json");
+    let (out, p) = trace(
+        &[
+            "--per-test",
+            "--group",
+            "boxes=rusttests::tests::boxes",
+            "--interval",
+            "0.4",
+            "--snapshot-dir",
+            s(&snaps),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &[],
+        &a,
+    );
+    let tests: BTreeMap<_, _> = [
+        boxes("allocates_one_thousand_boxes", 1000),
+        boxes("allocates_five_thousand_boxes", 5000),
+        boxes("allocates_twenty_thousand_boxes", 20000),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(figures(&p, "tests"), tests, "{}", out.describe());
+    let groups = expected(&[("boxes", 26_003, 416_000)]);
+    assert_eq!(figures(&p, "groups"), groups, "{}", out.describe());
+
+    let mut files: Vec<_> = std::fs::read_dir(&snaps)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let last = files
+        .last()
+        .unwrap_or_else(|| panic!("no snapshot\n{}", out.describe()))
+        .clone();
+    let snap = Profile::load(&last);
+    assert_eq!(
+        figures(&snap, "tests"),
+        tests,
+        "{}\n{}",
+        last.display(),
+        out.describe()
+    );
+    assert_eq!(figures(&snap, "groups"), groups, "{}", last.display());
+    // Every earlier snapshot has the lists too, each test at most its
+    // final figures.
+    for f in &files {
+        let sp = Profile::load(f);
+        for key in ["tests", "groups"] {
+            assert!(sp.doc[key].is_array(), "no {key} in {}", f.display());
+        }
+    }
+
+    // Gated against the final profile, test by test and by the groups
+    // saved: nothing moved.
+    for scope in ["--per-test", "--per-group"] {
+        let out = run_mtrace(&["diff", s(&last), s(&a), scope, "--fail-if", "calls>+0"]);
+        out.assert_exit(0);
+        assert!(
+            out.stdout.contains("\nok: no regression"),
+            "{}",
+            out.describe()
+        );
+    }
+    // And against a run where one test grew: that test, and the group.
+    let c = dir.path().join("c.json");
+    trace(
+        &[
+            "--per-test",
+            "--group",
+            "boxes=rusttests::tests::boxes",
+            "--",
+            bin,
+        ],
+        &[("RUSTTESTS_GROW", "1")],
+        &c,
+    );
+    let out = run_mtrace(&[
+        "diff",
+        s(&last),
+        s(&c),
+        "--per-test",
+        "--per-group",
+        "--fail-if",
+        "calls>+10%",
+    ]);
+    out.assert_exit(1);
+    assert_eq!(
+        regressions(&out),
+        [
+            "regression: calls>+10%: test tests::allocates_five_thousand_boxes: 5001 -> 10002 (+5001, +100.00%)",
+            "regression: calls>+10%: group boxes: 26003 -> 31003 (+5000, +19.23%)",
+        ],
+        "{}",
+        out.describe()
+    );
+}

@@ -195,10 +195,47 @@ fn check_growth_diff(base: &Path, new: &Path, dir: &Path) {
     assert_eq!(lines, n_sites(), "{text}");
     let svg_text = fs::read_to_string(&svg).expect("no differential flamegraph");
     assert!(svg_text.contains("<svg"), "not an SVG");
-    assert!(
-        svg_text.contains("alloc_small"),
-        "alloc_small not in the SVG"
+    // Every frame through alloc_small changes by its 200 calls (of 1,481
+    // new ones), not only the allocator frame: main, which calls every
+    // site, and alloc_small, which calls malloc; every other frame is
+    // unchanged, drawn near white.
+    let changed: Vec<(String, String)> =
+        tracer_offline::render::flamegraph::drawn_frames(svg_text.as_bytes())
+            .expect("a well-formed SVG")
+            .into_iter()
+            .filter(|(title, fill)| {
+                let same = title.ends_with("; unchanged)");
+                assert_eq!(same, fill == "rgb(250,250,250)", "{title}: {fill}");
+                !same
+            })
+            .collect();
+    let names: std::collections::BTreeSet<&str> = changed
+        .iter()
+        .map(|(t, _)| t.split(" (").next().unwrap())
+        .collect();
+    assert_eq!(
+        (names, changed.len()),
+        (
+            [
+                "all",
+                "_start",
+                "__libc_start_main_impl",
+                "__libc_start_call_main",
+                "main",
+                "alloc_small",
+                "malloc"
+            ]
+            .into(),
+            7
+        ),
+        "{changed:#?}"
     );
+    for (title, fill) in &changed {
+        assert!(
+            title.ends_with("; +200 calls, +13.50%)") && fill.starts_with("rgb(255,"),
+            "{title}: {fill}"
+        );
+    }
 }
 
 /// Two builds of one program at different paths (tests/fixtures/counts.c

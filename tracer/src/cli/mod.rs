@@ -51,6 +51,27 @@ fn version_text() -> String {
     )
 }
 
+/// `-o`'s help: the profile's schema version is the one
+/// [`crate::profile::file::to_json`] writes.
+fn profile_output_help() -> String {
+    format!(
+        "Write the profile as JSON (an mtrace-profile file, schema version {}) to FILE",
+        crate::profile::file::SCHEMA_VERSION
+    )
+}
+
+/// `mtrace diff --format`'s help: the JSON's schema version is the one
+/// [`crate::render::diff_report::json`] writes.
+fn diff_format_help() -> String {
+    format!(
+        "The report's form: text; json (every change and every condition's result, schema \
+         tracer/schema/diff.schema.json, version {}); markdown (for a pull request comment or \
+         $GITHUB_STEP_SUMMARY); junit (JUnit XML, a test case per --fail-if, or per --fail-if \
+         and test or group). Printed, or written to -o",
+        crate::render::diff_report::DIFF_SCHEMA_VERSION
+    )
+}
+
 /// Counts every malloc, calloc, realloc, ... of a process per call stack,
 /// from outside the process, with uprobes and in-kernel aggregation.
 #[derive(Parser, Debug)]
@@ -456,9 +477,8 @@ pub struct OutputArgs {
     #[arg(long = "group", value_name = "NAME=PATTERN", value_parser = crate::profile::groups::Rule::parse)]
     pub groups: Vec<crate::profile::groups::Rule>,
 
-    /// Write the profile as JSON (an mtrace-profile file, schema version
-    /// as `mtrace --version` says) to FILE.
-    #[arg(short, long, value_name = "FILE.json")]
+    // Its help names the schema version the writer writes.
+    #[arg(short, long, value_name = "FILE.json", help = profile_output_help())]
     pub output: Option<PathBuf>,
 
     #[command(flatten)]
@@ -548,12 +568,8 @@ pub struct DiffArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
 
-    /// The report's form: text; json (every change and every condition's
-    /// result, schema tracer/schema/diff.schema.json); markdown (for a pull
-    /// request comment or $GITHUB_STEP_SUMMARY); junit (JUnit XML, a test
-    /// case per --fail-if, or per --fail-if and test or group). Printed, or
-    /// written to -o.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    // Its help names the diff schema version the writer writes.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text", help = diff_format_help())]
     pub format: DiffFormat,
 
     /// Write the --format report to FILE; the text report is still printed.
@@ -689,5 +705,41 @@ fn parse_percent(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("threshold must be between 0 and 100, not {s}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// `command`'s long help, its lines joined (clap wraps them).
+    fn help_of(command: &mut clap::Command) -> String {
+        let help = command.render_long_help().to_string();
+        help.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// `-o` (of a trace and of `mtrace report`) and `mtrace diff --format
+    /// json` name the schema versions their writers write.
+    #[test]
+    fn help_states_the_schema_versions_written() {
+        let mut cli = Cli::command();
+        let profile = format!(
+            "schema version {}) to FILE",
+            crate::profile::file::SCHEMA_VERSION
+        );
+        let help = help_of(&mut cli);
+        assert!(help.contains(&profile), "{help}");
+        let report = cli.find_subcommand_mut("report").unwrap();
+        let help = help_of(report);
+        assert!(help.contains(&profile), "{help}");
+        let diff = cli.find_subcommand_mut("diff").unwrap();
+        let help = help_of(diff);
+        let version = format!(
+            "diff.schema.json, version {})",
+            crate::render::diff_report::DIFF_SCHEMA_VERSION
+        );
+        assert!(help.contains(&version), "{help}");
     }
 }

@@ -139,7 +139,7 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
     let pid = attached.root.pid();
     let (mut session, mut inputs) = start(&config, attached, aside.exit_hold.as_mut(), signals);
     let mut sinks: Vec<Box<dyn Sink>> = vec![
-        Box::new(Snapshots::new(config.snapshot_dir.clone(), pid)),
+        Box::new(Snapshots::new(config.snapshot_dir.clone(), pid).grouped_as(&config.outputs)),
         Box::new(Report(config.outputs.clone())),
     ];
     let (mut watchers, stop) = watchers(&config, top, pid, aside.command_log.as_deref())?;

@@ -629,7 +629,8 @@ pub fn run(
                 0 => "all".into(),
                 pid => pid.to_string(),
             },
-        ),
+        )
+        .grouped_as(&config.outputs),
         started,
         start_time,
         described,

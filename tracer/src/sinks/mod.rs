@@ -245,13 +245,19 @@ pub fn one_line(e: &anyhow::Error) -> String {
 
 /// Snapshots as files `mtrace-PID-NNNN.json` (`mtrace-all-NNNN.json` for
 /// the host scope; NNNN counting from 0001) in
-/// a directory, each with what changed since the previous one. A snapshot
+/// a directory, each with what changed since the previous one, and with
+/// the tests (`--per-test`) and groups (`--group`) the final profile
+/// carries, summed over the snapshot's stacks. A snapshot
 /// that cannot be written is said at once and the trace goes on; at the
 /// end, how many were not written is an error with exit code [`EXIT_IO`].
 pub struct Snapshots {
     dir: PathBuf,
     /// What the files are named after: the target's pid, or `all`.
     target: String,
+    /// `--per-test`.
+    per_test: bool,
+    /// `--group`.
+    rules: Vec<groups::Rule>,
     written: u32,
     last: Option<Profile>,
     failed: u32,
@@ -267,10 +273,19 @@ impl Snapshots {
         Snapshots {
             dir,
             target,
+            per_test: false,
+            rules: Vec::new(),
             written: 0,
             last: None,
             failed: 0,
         }
+    }
+
+    /// With the tests and groups `out` (the final report) asks for.
+    pub fn grouped_as(mut self, out: &Outputs) -> Self {
+        self.per_test = out.per_test;
+        self.rules = out.rules.clone();
+        self
     }
 
     fn path(&self, index: u32) -> PathBuf {
@@ -282,7 +297,7 @@ impl Snapshots {
 impl Sink for Snapshots {
     fn snapshot(&mut self, profile: &Profile) -> Result<()> {
         let index = self.written + 1;
-        let mut profile = profile.clone();
+        let mut profile = groups::apply(profile, self.per_test, &self.rules).into_owned();
         profile.snapshot = Some(snapshot::delta(
             index,
             profile.meta.duration_secs,

@@ -865,7 +865,7 @@ fn differential_flamegraph_draws_an_svg() -> anyhow::Result<()> {
     // The grown allocator frame is titled with its change: +200 of
     // 1350 new calls.
     assert!(
-        svg.contains("malloc (1,200 calls, 88.89%; +14.81%)"),
+        svg.contains("malloc (1,200 calls, 88.89%; +200 calls, +14.81%)"),
         "{svg}"
     );
     // Red for growth: inferno's color_scale gives r = 255, g = b < 250.

@@ -3,8 +3,9 @@
 //!
 //! - JSON ([`json`]): every changed stack and every condition's result,
 //!   exact figures; its schema is `tracer/schema/diff.schema.json`.
-//! - Markdown ([`markdown`]): the verdict, the totals and the top changed
-//!   stacks, fit for a pull request comment or `$GITHUB_STEP_SUMMARY`.
+//! - Markdown ([`markdown`]): the verdict, the totals, each test and group
+//!   with its own verdict, and the top changed stacks, fit for a pull
+//!   request comment or `$GITHUB_STEP_SUMMARY`.
 //! - JUnit XML ([`junit`]): one test case per condition, failed with the
 //!   regressions it found, for test reporters.
 
@@ -319,6 +320,9 @@ pub fn markdown(r: &DiffReport) -> String {
             }
         }
     }
+    for scope in [Scope::Tests, Scope::Groups] {
+        groups_md(&mut out, r, scope);
+    }
     let changed: Vec<&DiffRow> = r.changed().collect();
     let shown_rows = if r.top == 0 {
         changed.len()
@@ -360,6 +364,81 @@ pub fn markdown(r: &DiffReport) -> String {
 
 /// Violations the markdown lists under a condition.
 const MD_VIOLATIONS: usize = 10;
+
+/// Tests (groups) the markdown's table of them shows.
+const MD_GROUPS: usize = 50;
+
+/// The table of the tests (`scope` [`Scope::Tests`]) or groups of `r`, if
+/// it has any: each one's calls and bytes on both sides and its verdict
+/// under the conditions gating every test (group): the conditions it
+/// failed, `held`, or `not gated` when no condition gates them. The
+/// failed ones come first; at most [`MD_GROUPS`] rows.
+fn groups_md(out: &mut String, r: &DiffReport, scope: Scope) {
+    let list = match scope {
+        Scope::Tests => &r.diff.tests,
+        _ => &r.diff.groups,
+    };
+    if list.is_empty() {
+        return;
+    }
+    let gated: Vec<&Outcome> = r.outcomes.iter().filter(|o| o.scope == scope).collect();
+    let failed = |g: &GroupChange| -> Vec<&str> {
+        gated
+            .iter()
+            .filter(|o| {
+                o.violations
+                    .iter()
+                    .any(|v| v.group.as_ref().is_some_and(|(_, n)| *n == g.name))
+            })
+            .map(|o| o.condition.text.as_str())
+            .collect()
+    };
+    let mut rows: Vec<(&GroupChange, Vec<&str>)> = list.iter().map(|g| (g, failed(g))).collect();
+    // Stable: each part keeps the diff's order.
+    rows.sort_by_key(|(_, failed)| failed.is_empty());
+    let noun = scope.noun();
+    let _ = writeln!(
+        out,
+        "\n**{}{}s** ({} of {}{})\n",
+        noun[..1].to_uppercase(),
+        &noun[1..],
+        rows.len().min(MD_GROUPS),
+        rows.len(),
+        match rows.iter().filter(|(_, f)| !f.is_empty()).count() {
+            0 => String::new(),
+            n => format!(", {n} failed"),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "| {noun} | calls | bytes | verdict |\n|---|---:|---:|---|"
+    );
+    for (g, failed) in rows.iter().take(MD_GROUPS) {
+        let verdict = if gated.is_empty() {
+            "not gated".to_string()
+        } else if failed.is_empty() {
+            "✅ held".to_string()
+        } else {
+            let conditions: Vec<String> = failed.iter().map(|c| code(c)).collect();
+            format!("❌ {}", conditions.join(", "))
+        };
+        let c = &g.change;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {verdict} |",
+            code(&g.name),
+            move_md(Weight::Calls, c.base.calls, c.new.calls),
+            move_md(Weight::Bytes, c.base.bytes, c.new.bytes),
+        );
+    }
+    if rows.len() > MD_GROUPS {
+        let _ = writeln!(
+            out,
+            "\n… and {} more {noun}s (all of them in `--format json`)",
+            rows.len() - MD_GROUPS
+        );
+    }
+}
 
 /// `text` for XML character data or an attribute: the five markup
 /// characters escaped, and characters XML 1.0 cannot carry at all (the

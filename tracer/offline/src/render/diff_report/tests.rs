@@ -166,6 +166,72 @@ fn markdown_has_the_verdict_the_totals_and_table_rows() {
     assert!(md.contains("- ✅ `calls>+50%` (totals): held"), "{md}");
 }
 
+/// With tests and groups, the markdown has a table of each, a row per
+/// test (group) with its verdict: the failed ones first, naming the
+/// conditions they failed; groups no condition gates are `not gated`.
+#[test]
+fn markdown_has_a_row_per_test_and_group_with_its_verdict() {
+    let named = |name: &str, b, n| GroupChange {
+        name: name.into(),
+        change: change(b, n),
+    };
+    let d = Diff {
+        tests: vec![
+            named("tests::steady", (1001, 16_000), (1001, 16_000)),
+            named("tests::grows", (5001, 80_000), (10_002, 160_001)),
+        ],
+        groups: vec![named("parser", (4000, 160_000), (4600, 184_000))],
+        ..grown()
+    };
+    let conds: Vec<_> = ["calls>+1%", "bytes>+1%"]
+        .iter()
+        .map(|c| parse_condition(c).unwrap())
+        .collect();
+    let o = judge(
+        &d,
+        &conds,
+        GateOptions {
+            per_test: true,
+            ..GateOptions::default()
+        },
+    );
+    let md = markdown(&report(&d, &o));
+    let table = |title: &str| -> Vec<&str> {
+        md.split(title)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {title} in\n{md}"))
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect()
+    };
+    assert_eq!(
+        table("**Tests** (2 of 2, 1 failed)\n"),
+        [
+            "| test | calls | bytes | verdict |",
+            "|---|---:|---:|---|",
+            "| `tests::grows` | 5001 → 10002 (+5001, +100.00%) | 78.1 KiB → 156.3 KiB (+78.1 KiB, +100.00%) | ❌ `calls>+1%`, `bytes>+1%` |",
+            "| `tests::steady` | 1001 → 1001 (+0, +0.00%) | 15.6 KiB → 15.6 KiB (+0 B, +0.00%) | ✅ held |",
+        ],
+        "{md}"
+    );
+    assert_eq!(
+        table("**Groups** (1 of 1)\n"),
+        [
+            "| group | calls | bytes | verdict |",
+            "|---|---:|---:|---|",
+            "| `parser` | 4000 → 4600 (+600, +15.00%) | 156.2 KiB → 179.7 KiB (+23.4 KiB, +15.00%) | not gated |",
+        ],
+        "{md}"
+    );
+    // Without tests or groups, no such table.
+    let plain = markdown(&report(&grown(), &[]));
+    assert!(
+        !plain.contains("**Tests**") && !plain.contains("**Groups**"),
+        "{plain}"
+    );
+}
+
 /// The XML read back with a strict reader: one test case per condition,
 /// the failing one with its regressions.
 #[test]
