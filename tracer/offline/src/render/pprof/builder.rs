@@ -4,12 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::proto;
 use crate::profile::{
     is_go_heap, short_path, FileMapping, Frame, Profile, StackEntry, ENTRY_POINT,
 };
 use crate::render::is_allocation;
-
-use super::proto;
 
 /// A count as a pprof value.
 pub(super) fn value(count: u64) -> i64 {
