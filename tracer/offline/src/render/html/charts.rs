@@ -13,7 +13,7 @@ use crate::render::{
 };
 
 /// A chart in its figure.
-pub(super) fn figure(out: &mut String, svg: &str) {
+fn figure(out: &mut String, svg: &str) {
     let _ = writeln!(out, "<figure class=\"plot\">{svg}</figure>");
 }
 

@@ -15,13 +15,13 @@ use crate::render::{
 
 /// What a flame graph can weigh: the form's value, its label, and the
 /// count of one stack.
-pub(super) type FlameWeight = (&'static str, &'static str, Weight, fn(&StackEntry) -> u64);
+type FlameWeight = (&'static str, &'static str, Weight, fn(&StackEntry) -> u64);
 
-pub(super) fn live_of(e: &StackEntry) -> Option<&LiveStats> {
+fn live_of(e: &StackEntry) -> Option<&LiveStats> {
     e.live.as_ref()
 }
 
-pub(super) fn flame_weights(live: bool) -> Vec<FlameWeight> {
+fn flame_weights(live: bool) -> Vec<FlameWeight> {
     let mut w: Vec<FlameWeight> = vec![
         ("calls", "allocation calls", Weight::Calls, |e| {
             e.counts.calls

@@ -12,12 +12,12 @@ use crate::render::{
 };
 
 /// A `<td>` sorted by `v`, showing `text`.
-pub(super) fn num_cell(out: &mut String, v: f64, text: &str) {
+fn num_cell(out: &mut String, v: f64, text: &str) {
     let _ = write!(out, "<td data-v=\"{v}\">{}</td>", esc(text));
 }
 
 /// The frames of a stack, innermost first, the first one as the summary.
-pub(super) fn stack_cell(out: &mut String, entry_frames: &[Arc<Frame>], truncated: bool) {
+fn stack_cell(out: &mut String, entry_frames: &[Arc<Frame>], truncated: bool) {
     let first = entry_frames
         .first()
         .map_or("[unknown]".to_string(), |f| f.describe());
@@ -132,7 +132,7 @@ pub(super) fn stacks(out: &mut String, profile: &Profile, rows: &[Row<'_>], hidd
     out.push_str("</tbody></table></section>\n");
 }
 
-pub(super) fn live_cells(out: &mut String, live: Option<&LiveStats>) {
+fn live_cells(out: &mut String, live: Option<&LiveStats>) {
     let Some(l) = live else {
         // Several entries merged into the row: their percentiles do not add.
         for _ in 0..8 {

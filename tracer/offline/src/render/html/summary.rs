@@ -25,7 +25,7 @@ pub(super) const LIVE_LOSSES: [&str; 10] = [
 /// Every field of a struct of loss counters, labelled by its name (a
 /// counter added to the profile shows without a change here), those
 /// above 0 marked; `only`, when given, picks the fields.
-pub(super) fn loss_counters<T: serde::Serialize>(
+fn loss_counters<T: serde::Serialize>(
     out: &mut String,
     value: &T,
     only: Option<&[&str]>,
@@ -50,7 +50,7 @@ pub(super) fn blocks(n: u64, size: u64) -> String {
 }
 
 /// The heap table of live mode: what [`LiveTotals`] holds but its losses.
-pub(super) fn live_heap(out: &mut String, live: &LiveTotals) {
+fn live_heap(out: &mut String, live: &LiveTotals) {
     out.push_str("<table class=\"kv\"><caption>live heap (as traced)</caption>\n");
     kv(
         out,
