@@ -25,11 +25,7 @@ pub(super) const LIVE_LOSSES: [&str; 10] = [
 /// Every field of a struct of loss counters, labelled by its name (a
 /// counter added to the profile shows without a change here), those
 /// above 0 marked; `only`, when given, picks the fields.
-fn loss_counters<T: serde::Serialize>(
-    out: &mut String,
-    value: &T,
-    only: Option<&[&str]>,
-) {
+fn loss_counters<T: serde::Serialize>(out: &mut String, value: &T, only: Option<&[&str]>) {
     if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(value) {
         for (name, v) in fields {
             if only.is_some_and(|o| !o.contains(&name.as_str())) {
