@@ -9,7 +9,7 @@ use tracer_offline::render::text::bytes;
 
 use crate::{
     artifacts::{report, s, trace_counts},
-    counts::{COUNTS_SITES, RECURSE_DEPTH},
+    support::counts::{COUNTS_SITES, RECURSE_DEPTH},
     support::{Fixture, Profile},
 };
 

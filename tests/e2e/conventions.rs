@@ -318,5 +318,5 @@ fn user_runs_the_command_as_that_user() {
     );
     let p = Profile::load(&profile);
     assert_eq!(p.pid(), pid);
-    crate::counts::check_counts_profile(&p);
+    crate::support::counts::check_counts_profile(&p);
 }

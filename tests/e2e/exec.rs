@@ -3,8 +3,8 @@
 //! with its own mappings; the profile joins them.
 
 use crate::{
-    counts::assert_counts_sites,
     live::check_live_fixture,
+    support::counts::assert_counts_sites,
     support::{run_profiled, trace_by_pid, Finished, Fixture, FixtureProc, Profile},
 };
 

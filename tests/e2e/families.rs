@@ -5,8 +5,8 @@
 //! it. (C++ operator new and Rust's __rust_alloc: tests/e2e/unwind.rs.)
 
 use crate::{
-    counts::assert_counts_sites,
     exec::trace_through_env,
+    support::counts::assert_counts_sites,
     support::{
         fixtures::{compile_c, fixtures_dir},
         run_profiled, trace_by_pid, Fixture, FixtureProc, Profile,

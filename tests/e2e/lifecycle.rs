@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::{
-    counts::check_counts_profile,
+    support::counts::check_counts_profile,
     support::{
         copy_executable,
         longrun::{sigkilled_mtrace_leaves_no_breakpoints_in, Longrun},

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::counts::check_counts_profile;
+use crate::support::counts::check_counts_profile;
 use crate::support::{run_profiled, Finished, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT};
 
 /// Live statistics summed over the stacks of `func` whose direct caller is

@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::{
-    counts::assert_counts_sites_times,
+    support::counts::assert_counts_sites_times,
     support::{
         cgroup::TestCgroup,
         longrun::{sigkilled_mtrace_leaves_no_breakpoints_in, Longrun},
@@ -216,7 +216,7 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
     }
     let counts = Fixture::Counts.path_str();
     let counts_static = Fixture::CountsStatic.path_str();
-    let cxx = crate::unwind::CXX.objects()[0].clone();
+    let cxx = crate::support::unwind::CXX.objects()[0].clone();
     let cxx = cxx.to_str().unwrap();
     // The oracle: each program traced alone from its first instruction.
     let alone = |program: &str| {

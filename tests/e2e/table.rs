@@ -8,8 +8,8 @@ use tracer_offline::render::text::bytes;
 
 use crate::{
     artifacts::{report, s, trace_counts},
-    counts::check_counts_profile,
     live::{run_live, u},
+    support::counts::check_counts_profile,
     support::{table::live_table, trace_fixture, validate_profile, Finished, Fixture, Profile},
 };
 

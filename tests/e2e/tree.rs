@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    counts::{assert_counts_sites, assert_counts_sites_times, COUNTS_SITES},
+    support::counts::{assert_counts_sites, assert_counts_sites_times, COUNTS_SITES},
     support::{
         diff::DiffOut, run_profiled, table::Processes, trace_by_pid, Finished, Fixture,
         FixtureProc, Profile,

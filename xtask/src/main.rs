@@ -20,6 +20,8 @@ use anyhow::{bail, Context, Result};
 
 mod bench;
 mod install;
+#[cfg(test)]
+mod layout;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]

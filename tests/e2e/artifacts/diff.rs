@@ -4,7 +4,7 @@ use std::{fs, path::Path};
 
 use super::{expected_sites, s, trace_counts};
 use crate::{
-    counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
     support::{
         copy_executable, diff::DiffOut, run_mtrace, validate_against, validate_profile, Finished,
         Fixture, Mtrace, Profile,

@@ -19,7 +19,7 @@ mod speedscope;
 use std::{collections::BTreeMap, fs, io::Read, path::Path};
 
 use crate::{
-    counts::COUNTS_SITES,
+    support::counts::COUNTS_SITES,
     support::{run_mtrace, Finished, Fixture, Mtrace},
 };
 

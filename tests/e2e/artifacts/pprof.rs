@@ -9,7 +9,7 @@ use std::{
 
 use super::{expected_sites, gunzip, s, trace_counts};
 use crate::{
-    counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS, RECURSE_DEPTH},
+    support::counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS, RECURSE_DEPTH},
     support::{validate_profile, Fixture},
 };
 

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{gunzip, report, s, trace_counts};
 use crate::{
-    counts::{check_counts_profile, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::counts::{check_counts_profile, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
     support::{table::live_table, validate_profile, Fixture, Profile},
 };
 

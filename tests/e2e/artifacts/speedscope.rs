@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{expected_sites, s, trace_counts};
 use crate::{
-    counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
     support::Fixture,
 };
 

@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod counts;
 pub mod diff;
 pub mod fixtures;
 pub mod gdb;
@@ -27,6 +28,7 @@ pub mod process;
 pub mod profile;
 pub mod prometheus;
 pub mod table;
+pub mod unwind;
 
 use std::{fs, os::unix::fs::PermissionsExt};
 

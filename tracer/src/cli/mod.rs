@@ -267,8 +267,8 @@ pub struct TraceArgs {
     /// probe per allocating function of each allocator file,
     /// in every process that maps it: every process on the host takes a
     /// uprobe trap per allocating call while it runs (about count mode's
-    /// cost: 1.3-1.5 us a call measured on a 2-CPU EPYC VM), and none after
-    /// it ends (kill -9 included). Count mode only; rows are per process.
+    /// cost; see docs/performance.md), and none after it ends (kill -9
+    /// included). Count mode only; rows are per process.
     #[arg(long, conflicts_with_all = ["pid", "cgroup", "command", "live", "sample_bytes",
           "sample_every", "count_frees", "python_objects", "children", "user", "no_follow"])]
     pub all: bool,
@@ -319,10 +319,9 @@ pub struct TraceArgs {
     /// allocator into its callers (Debian's python3.11) has each copy
     /// probed where it starts, and in live mode where its block is known
     /// and where copies of free start. Every object
-    /// allocation then takes a uprobe trap: a pure-Python loop making 1.75
-    /// million objects ran 0.06 s untraced, 5 s with this flag, 19 s with
-    /// it in live mode (memray --trace-python-allocators: 0.5 s) on a
-    /// 2-CPU EPYC VM.
+    /// allocation then takes a uprobe trap: a pure-Python loop runs many
+    /// times slower with this flag, and slower still in live mode (the
+    /// figures are in docs/python.md).
     #[arg(long)]
     pub python_objects: bool,
 

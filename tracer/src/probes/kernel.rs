@@ -58,8 +58,9 @@ pub fn vma_offsets() -> VmaOffsets {
     })
 }
 
-/// Starts working the offsets out on a thread of their own (~15 ms of
-/// lookups in the kernel's BTF), so that the first load finds them done.
+/// Starts working the offsets out on a thread of their own (lookups in
+/// the kernel's BTF, which take a noticeable part of the start), so that
+/// the first load finds them done.
 pub fn prepare() {
     std::thread::spawn(offsets);
 }

@@ -32,8 +32,10 @@ use std::{
 use super::Session;
 use crate::profile::WindowsInfo;
 
-/// One uprobe trap and return, as measured here (an empty bpftrace probe
-/// on malloc: 871 ns per malloc+free iteration against 33 untraced).
+/// The cost of one uprobe trap and return, in nanoseconds: a stated
+/// assumption, not measured by the agent where it runs. The figure it
+/// rests on, and why a fixed bound is used, are in
+/// docs/design/0001-agent-trap-cost.md.
 pub const TRAP_NS: u64 = 800;
 
 /// How much more a window is taken to cost than estimated.

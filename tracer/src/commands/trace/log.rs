@@ -1,0 +1,121 @@
+//! What a trace says about itself: the one `tracing ...` line, and the
+//! verbose lines (`-v`) on the verifier's work, the unwind rules, the
+//! probes and the programs' load times.
+
+use super::attach::Root;
+use crate::{
+    cli::config::{Target, TraceConfig},
+    probes::multi,
+    profile::Probe,
+    render::text::printable,
+    session::TracedProcess,
+    tracee::{self},
+};
+
+/// `mtrace: tracing pid 1234 (name): 8 probes in libc.so.6, ...`
+pub(super) fn tracing_line(config: &TraceConfig, root: &Root) -> String {
+    let pid = root.pid();
+    let placement = match root {
+        Root::Probed(root) => {
+            let mut placed = root.probes.placement();
+            if let Some(go) = &root.go {
+                placed.push_str(&format!(
+                    "; its Go heap ({}) read from its memory",
+                    go.version()
+                ));
+            }
+            placed
+        }
+        Root::Go { go, .. } => format!(
+            "no malloc, its Go heap ({}) read from its memory",
+            go.version()
+        ),
+    };
+    format!(
+        "mtrace: tracing pid {} ({}): {}{}{}",
+        pid,
+        printable(&tracee::comm(pid)),
+        placement,
+        match &config.target {
+            Target::Command(_) if config.follow => ", and every process it starts",
+            Target::Pid(_) if config.children => ", and its children, present and to come",
+            Target::Cgroup(_) => ", and every process of its cgroup, present and to come",
+            _ => "",
+        },
+        if config.schedule.duration.is_some() {
+            String::new()
+        } else {
+            ", Ctrl-C to stop".into()
+        }
+    )
+}
+
+/// The verifier's work on each program (`-v`).
+pub(super) fn log_verified(programs: &[multi::Program]) {
+    for prog in programs {
+        if let Ok(info) = prog.info() {
+            log::debug!(
+                "bpf program {}: {} instructions verified",
+                prog.name,
+                info.verified_instructions
+            );
+        }
+    }
+}
+
+/// The root's unwinder at work (`-v`).
+pub(super) fn log_unwind(root: &TracedProcess, config: &TraceConfig) {
+    let walks = root.unwind.walks();
+    let u = &walks.unwinder.stats;
+    log::debug!(
+        "unwind: {} walks finished by the tracer, {} rules from {} objects ({} of them learned in other processes of the run, given at the start; {} where code without call-frame information keeps a frame pointer; loading {:.1} ms, rules {:.1} ms, longest wait in the ring {:.1} ms, records of {:.1} KiB on average, {} with pages that could not be read); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
+        u.walks_finished,
+        u.rules,
+        u.objects,
+        u.seeded,
+        u.frame_pointer_rules,
+        u.load_time.as_secs_f64() * 1e3,
+        u.lookup_time.as_secs_f64() * 1e3,
+        u.max_wait.as_secs_f64() * 1e3,
+        u.record_bytes as f64 / 1024.0 / u.walks_finished.max(1) as f64,
+        u.copies_with_holes,
+        walks.rules_full,
+        // A hash-map entry here: key, rule and the table's overhead.
+        u.rules * 32 / 1024,
+        // The kernel's hash map, preallocated: key, value and ~64 bytes
+        // of element each.
+        config.sizes.unwind_rules as usize * 80 / 1024,
+        u.rules,
+        config.sizes.unwind_rules,
+        tracer_common::RULE_CACHE_SLOTS as usize * std::mem::size_of::<tracer_common::CachedRule>() / 1024,
+        config.sizes.unwind_ring / 1024,
+    );
+}
+
+pub(super) fn log_probes(probes: &[Probe]) {
+    for p in probes {
+        log::debug!(
+            "probe: {}+{} ({}{})",
+            p.function,
+            p.offset,
+            p.instruction,
+            if p.emulated { "" } else { ", single-stepped" }
+        );
+    }
+}
+
+/// Time spent inside each BPF program (`--bpf-stats`).
+pub(super) fn log_program_times(programs: &[multi::Program]) {
+    for prog in programs {
+        if let Ok(info) = prog.info() {
+            if info.runs > 0 {
+                log::debug!(
+                    "bpf program {}: {} runs, {:.1} ns per run",
+                    prog.name,
+                    info.runs,
+                    info.run_time_ns as f64 / info.runs as f64
+                );
+            }
+        }
+    }
+}
