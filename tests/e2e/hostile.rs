@@ -522,7 +522,8 @@ fn help_that_cannot_be_written_is_exit_74() {
     let help = run_mtrace(&["report", "--help"]);
     help.assert_exit(0);
     assert!(
-        help.stdout.contains("schema version as `mtrace --version`"),
+        help.stdout
+            .contains("an mtrace-profile file, schema version 2"),
         "{}",
         help.stdout
     );

@@ -42,6 +42,14 @@ pub struct TreeRow {
     mtrace_live_s: f64,
     /// The loop run on its own while `mtrace --all` traces the host.
     mtrace_all_s: f64,
+    /// The loop under `mtrace --file-wide --`.
+    file_wide_s: f64,
+    /// What mtrace costs a command of one exec (`true`): its start and its
+    /// end, whatever the tree; by mode, per-process and `--file-wide`.
+    start_s: f64,
+    file_wide_start_s: f64,
+    /// `true` untraced.
+    untraced_one_s: f64,
 }
 
 /// What a process pays while mtrace traces something: the benchmark loop
@@ -157,6 +165,8 @@ pub struct MakeRow {
     units: usize,
     untraced_s: f64,
     mtrace_s: f64,
+    /// Under `mtrace --file-wide`.
+    file_wide_s: f64,
     /// Processes the trace saw, and how many it traced.
     processes: u64,
     traced: u64,
@@ -244,14 +254,15 @@ fn make_project(dir: &Path) -> Result<()> {
 fn make_row(root: &Path, out_dir: &Path, runs: usize) -> Result<MakeRow> {
     let dir = out_dir.join("make-project");
     make_project(&dir)?;
-    let make = |mtrace: Option<&Path>| -> Result<f64> {
+    let make = |mtrace: Option<(&Path, &[&str], &str)>| -> Result<f64> {
         timed(Command::new("make").arg("-C").arg(&dir).arg("clean"))?;
         match mtrace {
             None => timed(Command::new("make").arg("-C").arg(&dir).arg("-j2")),
-            Some(m) => timed(
+            Some((m, extra, json)) => timed(
                 Command::new(m)
+                    .args(extra)
                     .args(["--top", "0", "-o"])
-                    .arg(out_dir.join("make.json"))
+                    .arg(out_dir.join(json))
                     .args(["--", "make", "-C"])
                     .arg(&dir)
                     .arg("-j2"),
@@ -260,7 +271,10 @@ fn make_row(root: &Path, out_dir: &Path, runs: usize) -> Result<MakeRow> {
     };
     let untraced_s = best(runs, || make(None))?;
     let mtrace = root.join("target/release/mtrace");
-    let mtrace_s = best(runs, || make(Some(&mtrace)))?;
+    let mtrace_s = best(runs, || make(Some((&mtrace, &[], "make.json"))))?;
+    let file_wide_s = best(runs, || {
+        make(Some((&mtrace, &["--file-wide"], "make-file-wide.json")))
+    })?;
     let json = std::fs::read_to_string(out_dir.join("make.json"))?;
     let processes = json.matches("\"traced\": ").count() as u64;
     let traced = json.matches("\"traced\": true").count() as u64;
@@ -268,6 +282,7 @@ fn make_row(root: &Path, out_dir: &Path, runs: usize) -> Result<MakeRow> {
         units: UNITS,
         untraced_s,
         mtrace_s,
+        file_wide_s,
         processes,
         traced,
     })
@@ -320,6 +335,19 @@ pub fn run(root: &Path, runs: usize) -> Result<TreeBench> {
         };
         let mtrace_s = traced(&[])?;
         let mtrace_live_s = traced(&["--live"])?;
+        let file_wide_s = traced(&["--file-wide"])?;
+        let once = |extra: &[&str]| {
+            best(runs, || {
+                timed(
+                    Command::new(&mtrace)
+                        .args(extra)
+                        .args(["-o", "/dev/null", "--", "true"]),
+                )
+            })
+        };
+        let untraced_one_s = best(runs, || timed(&mut Command::new("true")))?;
+        let start_s = once(&[])?;
+        let file_wide_start_s = once(&["--file-wide"])?;
         let mtrace_all_s = best(runs, || {
             let bg = Background::start(&mtrace, &["--all"])?;
             let t = timed(&mut sh());
@@ -338,6 +366,10 @@ pub fn run(root: &Path, runs: usize) -> Result<TreeBench> {
             mtrace_s,
             mtrace_live_s,
             mtrace_all_s,
+            file_wide_s,
+            start_s,
+            file_wide_start_s,
+            untraced_one_s,
         });
     }
     eprintln!();
@@ -517,8 +549,12 @@ pub fn render_table(bench: &TreeBench, out: &mut String) {
     let per_exec = |s: f64, base: f64| (s - base) * 1e3 / EXECS as f64;
     let _ = writeln!(
         out,
-        "\nprocess tree: a shell loop of {EXECS} runs, best of the runs; ms added per exec (mtrace --all: the loop run on its own while mtrace traces the host)\n\n| program | untraced s | heaptrack s | +ms/exec | mtrace s | +ms/exec | mtrace --live s | +ms/exec | mtrace --all s | +ms/exec |\n|---|---|---|---|---|---|---|---|---|---|"
+        "\nprocess tree: a shell loop of {EXECS} runs, best of the runs; ms added per exec (mtrace --all: the loop run on its own while mtrace traces the host; \"w/o start\": less what mtrace costs `true` alone, its start and end)\n\n| program | untraced s | heaptrack s | +ms/exec | mtrace s | +ms/exec | w/o start | mtrace --live s | +ms/exec | mtrace --all s | +ms/exec | --file-wide s | +ms/exec | w/o start |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
+    // Less the start and end: what a one-exec command (`true`) costs
+    // under the mode, beyond `true` untraced.
+    let per_exec_run =
+        |s: f64, base: f64, start: f64, one: f64| (s - base - (start - one)) * 1e3 / EXECS as f64;
     for r in rows {
         let (h, hx) = match r.heaptrack_s {
             Some(h) => (
@@ -529,22 +565,31 @@ pub fn render_table(bench: &TreeBench, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| {} | {:.2} | {h} | {hx} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {h} | {hx} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.program,
             r.untraced_s,
             r.mtrace_s,
             per_exec(r.mtrace_s, r.untraced_s),
+            per_exec_run(r.mtrace_s, r.untraced_s, r.start_s, r.untraced_one_s),
             r.mtrace_live_s,
             per_exec(r.mtrace_live_s, r.untraced_s),
             r.mtrace_all_s,
             per_exec(r.mtrace_all_s, r.untraced_s),
+            r.file_wide_s,
+            per_exec(r.file_wide_s, r.untraced_s),
+            per_exec_run(
+                r.file_wide_s,
+                r.untraced_s,
+                r.file_wide_start_s,
+                r.untraced_one_s
+            ),
         );
     }
     if let Some(m) = make {
         let _ = writeln!(
             out,
-            "\nmake -j2 of a C project of {} files, from clean, best of the runs\n\n| untraced s | mtrace s | processes seen | traced |\n|---|---|---|---|\n| {:.2} | {:.2} | {} | {} |",
-            m.units, m.untraced_s, m.mtrace_s, m.processes, m.traced
+            "\nmake -j2 of a C project of {} files, from clean, best of the runs\n\n| untraced s | mtrace s | mtrace --file-wide s | processes seen | traced |\n|---|---|---|---|---|\n| {:.2} | {:.2} | {:.2} | {} | {} |",
+            m.units, m.untraced_s, m.mtrace_s, m.file_wide_s, m.processes, m.traced
         );
     }
     let _ = writeln!(
@@ -592,13 +637,17 @@ pub fn render_json(bench: &TreeBench) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"program\": \"{}\", \"execs\": {EXECS}, \"untraced_s\": {:.4}, \"heaptrack_s\": {}, \"mtrace_s\": {:.4}, \"mtrace_live_s\": {:.4}, \"mtrace_all_s\": {:.4}}}",
+                "    {{\"program\": \"{}\", \"execs\": {EXECS}, \"untraced_s\": {:.4}, \"heaptrack_s\": {}, \"mtrace_s\": {:.4}, \"mtrace_live_s\": {:.4}, \"mtrace_all_s\": {:.4}, \"file_wide_s\": {:.4}, \"start_s\": {:.4}, \"file_wide_start_s\": {:.4}, \"untraced_one_s\": {:.4}}}",
                 r.program,
                 r.untraced_s,
                 num(r.heaptrack_s),
                 r.mtrace_s,
                 r.mtrace_live_s,
-                r.mtrace_all_s
+                r.mtrace_all_s,
+                r.file_wide_s,
+                r.start_s,
+                r.file_wide_start_s,
+                r.untraced_one_s
             )
         })
         .collect();
@@ -622,8 +671,8 @@ pub fn render_json(bench: &TreeBench) -> String {
         .collect();
     let make = make.map_or("null".to_string(), |m| {
         format!(
-            "{{\"units\": {}, \"untraced_s\": {:.4}, \"mtrace_s\": {:.4}, \"processes\": {}, \"traced\": {}}}",
-            m.units, m.untraced_s, m.mtrace_s, m.processes, m.traced
+            "{{\"units\": {}, \"untraced_s\": {:.4}, \"mtrace_s\": {:.4}, \"file_wide_s\": {:.4}, \"processes\": {}, \"traced\": {}}}",
+            m.units, m.untraced_s, m.mtrace_s, m.file_wide_s, m.processes, m.traced
         )
     });
     let outside: Vec<String> = bench
