@@ -126,6 +126,9 @@ pub struct WalkScratch {
     pub host_gen: u64,
     pub host_mm: u64,
     pub host_ra: u64,
+    /// The host scope's walk: the direct caller's frame, as the walk
+    /// began.
+    pub host_caller: u64,
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

@@ -225,6 +225,10 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// The host scope: `ra` as a [`crate::host_frame`] (its file and
     /// offset, as the kernel found them).
     pub ra_frame: u64,
+    /// The host scope: the direct caller as a [`crate::host_frame`] (its
+    /// row's place when the process is gone before the tracer reads its
+    /// mappings).
+    pub caller_frame: u64,
     /// The kernel's return-probe trampoline in this process, and each
     /// pending return probe's stack slot with the return address it hid
     /// there (`[0, 0]`: none): where `copy` holds the trampoline at such a

@@ -151,6 +151,7 @@ fn walk(
     w.host_gen = gen;
     w.host_mm = mm;
     w.host_ra = host_place(level_of(w), gen, ret);
+    w.host_caller = w.host_ra;
     bump_counter(counter::WALKS, 1);
     walk_frames(level_of(w));
     let why = w.stack.stop;

@@ -220,13 +220,10 @@ impl HostWalks {
                 self.give_rules(&[(ev.ra_frame, rule)]);
             }
             let frames: Vec<u64> = ev.frames[..(ev.n as usize).min(ev.frames.len())].to_vec();
-            let caller = match ev.n {
-                0 => self.value_of(ev.ra_frame),
-                _ => HostValue {
-                    place: PLACE_UNRESOLVED,
-                    ..HostValue::default()
-                },
-            };
+            let caller = self.value_of(match ev.n {
+                0 => ev.ra_frame,
+                _ => ev.caller_frame,
+            });
             self.count(ev, frames, stop::GONE, caller);
             return;
         }
