@@ -97,7 +97,6 @@ fn cgroup_present_and_to_come(extra: &[&str]) {
         ])
         .spawn()
         .unwrap();
-    let joiner_pid = joiner.id() as u64;
     // The joiner is in the cgroup before the member may finish: the
     // cgroup never empties, and the trace does not end, in between.
     wait_in(&cg, joiner.id());
@@ -144,17 +143,15 @@ fn cgroup_present_and_to_come(extra: &[&str]) {
         // its program's first runs taught: whole, every stack. (A first
         // run's walk that mtrace finishes after its process is gone is
         // cut, and said: `process_gone`.)
-        let joined: Vec<_> = p
-            .allocs()
-            .filter(|s| {
-                s.process
-                    .as_ref()
-                    .is_some_and(|r| r.pid as u64 == joiner_pid && r.name == "counts")
-            })
-            .collect();
-        assert!(!joined.is_empty(), "{d}");
-        for s in joined {
-            assert!(!s.truncated, "{:?}\n{d}", s.names());
+        let (out, alone) = crate::support::run_profiled(&["--", counts]);
+        out.assert_exit(0);
+        let alone = tally(&alone, &|_, _| true);
+        for pid in counted {
+            assert_same_as_alone(
+                &tally(&p, &move |p, n| p == pid && n == "counts"),
+                &alone,
+                &d,
+            );
         }
         // (A process gone before mtrace read its cgroup is not labelled.)
         return;
@@ -597,10 +594,38 @@ fn a_command_traced_file_wide_counts_its_tree_as_a_trace_of_it_alone() {
         .collect();
     assert_eq!(runs.len(), 2, "{}\n{d}", p.doc["meta"]["processes"]);
     for pid in runs {
-        assert_eq!(
-            tally(&p, &move |p, n| p == pid && n == "counts"),
-            alone,
-            "counts (pid {pid})\n{d}"
+        assert_same_as_alone(
+            &tally(&p, &move |p, n| p == pid && n == "counts"),
+            &alone,
+            &d,
+        );
+    }
+}
+
+/// A run traced file-wide against the same program traced alone: the
+/// same calls per function and direct caller, and every whole stack one
+/// the trace alone has, frame for frame. (A first run's walk that met a
+/// frame without a rule yet, its process gone before mtrace read its
+/// mappings, is cut short there, and said: `process_gone`.)
+fn assert_same_as_alone(
+    run: &BTreeMap<(String, String), u64>,
+    alone: &BTreeMap<(String, String), u64>,
+    d: &str,
+) {
+    let sites = |t: &BTreeMap<(String, String), u64>| {
+        let mut out: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for ((f, stack), calls) in t {
+            let caller = stack.split(" <- ").next().unwrap_or("");
+            let caller = caller.split(" cut:").next().unwrap_or("").to_string();
+            *out.entry((f.clone(), caller)).or_default() += calls;
+        }
+        out
+    };
+    assert_eq!(sites(run), sites(alone), "{d}");
+    for ((f, stack), _) in run.iter().filter(|((_, s), _)| s.ends_with("cut:false")) {
+        assert!(
+            alone.contains_key(&(f.clone(), stack.clone())),
+            "{f} {stack}: a whole stack the trace alone has not\n{d}"
         );
     }
 }
