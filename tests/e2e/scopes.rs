@@ -45,7 +45,8 @@ fn a_cgroup_is_traced_present_and_to_come_and_nothing_outside() {
 
 /// The same with `--file-wide`: the allocator files probed once, the
 /// cgroup (and those below it) told from other processes in the kernel;
-/// the same processes counted, exactly, with whole stacks.
+/// the same processes counted, exactly, each run as the program traced
+/// alone (per site, and its whole stacks frame for frame).
 #[test]
 fn a_cgroup_traced_file_wide_counts_its_processes_and_nothing_outside() {
     if !crate::support::require_bpf_alone() {
