@@ -46,7 +46,7 @@ use crate::{
     session::{
         drive::{drive, Controls, Engine},
         duty::Duty,
-        End, Signals,
+        End,
     },
     sinks::{Outcome, Report, Sink, Snapshots},
     tracee::{self, launch, RunAs},
@@ -496,13 +496,7 @@ pub fn run(
 ) -> Result<i32> {
     tracee::check_privileges()?;
     launch::raise_file_limit();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let signals = {
-        let _in_runtime = rt.enter();
-        Signals::new()?
-    };
+    let (rt, signals) = crate::session::runtime_with_signals()?;
     if crate::probes::kernel::vma_offsets().known == 0 {
         return Err(user_error!(
             "--all and --file-wide need the kernel's BTF (/sys/kernel/btf/vmlinux) to name the callers' files"

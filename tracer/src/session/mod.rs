@@ -407,3 +407,16 @@ pub fn kernel_release() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
+
+/// The trace's runtime (one thread) and its signal handlers, made in it:
+/// from here on a Ctrl-C ends the trace with a report, never kills mtrace.
+pub fn runtime_with_signals() -> Result<(tokio::runtime::Runtime, Signals)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let signals = {
+        let _in_runtime = rt.enter();
+        Signals::new()?
+    };
+    Ok((rt, signals))
+}

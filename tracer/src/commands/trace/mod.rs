@@ -117,13 +117,7 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
     launch::raise_file_limit();
     // Signal handlers before anything else: a Ctrl-C from here on ends the
     // trace with a report (once the probes are in), never kills mtrace.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let signals = {
-        let _in_runtime = rt.enter();
-        Signals::new()?
-    };
+    let (rt, signals) = crate::session::runtime_with_signals()?;
     // Before attaching: the target runs on once probes are in.
     let stats_fd = if config.bpf_stats {
         Some(
