@@ -1,0 +1,468 @@
+//! The host engine's trace from start to end: the scope made (every
+//! process, a command's tree or a cgroup), the probes enabled, the loop
+//! ([`drive`]) fed with the kernel's word of execs, and the profile and
+//! its sinks at the end.
+
+use std::{
+    cell::RefCell,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use tracer_common::{maps, HostExec, MAX_HOST_FUNCS};
+
+use super::{read, windows::switch, windows::HostWindows, Host, HostScope, FOLD_EVERY};
+use crate::{
+    cli::config::{Target, TraceConfig},
+    collect::Running,
+    profile::{Meta, Profile},
+    say,
+    session::{
+        drive::{drive, Controls, Engine},
+        duty::Duty,
+        End,
+    },
+    sinks::{Outcome, Report, Sink, Snapshots},
+    tracee::{self, launch, RunAs},
+    user_error,
+    watch::{self, StatusLine, Tick, Watcher},
+};
+
+/// `mtrace --all` / `mtrace top --all`, and `--file-wide` with a command
+/// or a cgroup (`run_as`: the command's user, `--user`).
+pub fn run(
+    config: TraceConfig,
+    top: bool,
+    server: Option<crate::agent::Server>,
+    run_as: Option<RunAs>,
+) -> Result<i32> {
+    tracee::check_privileges()?;
+    launch::raise_file_limit();
+    let (rt, signals) = crate::session::runtime_with_signals()?;
+    if crate::probes::kernel::vma_offsets().known == 0 {
+        return Err(user_error!(
+            "--all and --file-wide need the kernel's BTF (/sys/kernel/btf/vmlinux) to name the callers' files"
+        ));
+    }
+    let scope = match &config.target {
+        Target::Host => HostScope::All,
+        Target::Command(argv) => HostScope::Tree {
+            argv: argv.clone(),
+            run_as,
+        },
+        Target::Cgroup(path) => HostScope::Cgroup(tracee::cgroup::resolve(path)?),
+        Target::Pid(_) => {
+            return Err(user_error!(
+                "--file-wide traces a command or a cgroup; a pid is traced by its own probes"
+            ))
+        }
+    };
+    let started = Instant::now();
+    let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut host = Host::start(
+        &config.sizes,
+        config.mode.max_frames,
+        config.windows.is_some(),
+        &scope,
+    )?;
+    host.bounded = server.is_some();
+    if let HostScope::Cgroup(dir) = &scope {
+        let (id, level) = tracee::cgroup::id_and_level(dir)?;
+        host.probes.scope_cgroup(id, level)?;
+    }
+    if host.probes.links() == 0 {
+        return Err(user_error!(
+            "--all: no process on the host maps an allocator mtrace knows"
+        ));
+    }
+    host.probes.set_enabled(true)?;
+    let (described, exit) = match &scope {
+        HostScope::All => (
+            Described {
+                command: "every process on the host (--all)".into(),
+                pid: 0,
+                scope: scope.name(),
+            },
+            None,
+        ),
+        HostScope::Cgroup(dir) => (
+            Described {
+                command: format!("cgroup {}", dir.display()),
+                pid: 0,
+                scope: scope.name(),
+            },
+            None,
+        ),
+        HostScope::Tree { argv, run_as } => {
+            let (pid, exit) = launch::launch_held(argv, run_as.as_ref(), |pid| {
+                host.probes.scope_pid(pid)?;
+                host.probe_command(&argv[0]);
+                Ok(())
+            })?;
+            (
+                Described {
+                    command: argv.join(" "),
+                    pid,
+                    scope: scope.name(),
+                },
+                Some(exit),
+            )
+        }
+    };
+    let what = match &scope {
+        HostScope::All => "every process on the host (--all)".to_string(),
+        HostScope::Cgroup(dir) => format!("cgroup {} (--file-wide)", dir.display()),
+        HostScope::Tree { argv, .. } => format!(
+            "pid {} ({} and its descendants, --file-wide)",
+            described.pid,
+            crate::profile::short_path(&argv[0])
+        ),
+    };
+    say!(
+        "mtrace: tracing {what}: {} probes in {} files ({}), attached in {:.0} ms",
+        host.probes.funcs.len(),
+        host.probes.files.len(),
+        host.probes
+            .files
+            .iter()
+            .map(|f| crate::profile::short_path(&f.path).to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    // Tracing begins: its duration (and `--duration`) counts from here, as
+    // for every scope.
+    let started = Instant::now();
+
+    let execs = RingBuf::try_from(
+        host.probes
+            .ebpf
+            .take_map(maps::HOST_EXECS)
+            .context("BPF map HOST_EXECS missing")?,
+    )?;
+    let (mut watchers, stop) = host_watchers(top && server.is_none())?;
+    let wake = server
+        .map(|server| crate::agent::serve(server, &mut watchers))
+        .transpose()?;
+    // The windows policy (`mtrace agent --all`), measured against the
+    // host's busy CPU time: the processes of a host are what pays.
+    let mut duty = config.windows.map(Duty::new);
+    let mut host_windows = HostWindows::default();
+    if let Some(d) = duty.as_mut() {
+        d.begin(host_windows.begin(&host.probes));
+    }
+    let _in_runtime = rt.enter();
+    let mut run = HostRun {
+        host: RefCell::new(host),
+        execs,
+        poll: tokio::time::interval(POLL_EVERY),
+        next_fold: Instant::now() + FOLD_EVERY,
+        duty,
+        host_windows,
+        snapshots: Snapshots::named(
+            config.snapshot_dir.clone(),
+            match described.pid {
+                0 => "all".into(),
+                pid => pid.to_string(),
+            },
+        )
+        .grouped_as(&config.outputs),
+        started,
+        start_time,
+        described,
+        end: match (&scope, exit) {
+            (HostScope::Tree { .. }, Some(exit)) => ScopeEnd::Tree { exit, code: None },
+            (HostScope::Cgroup(dir), _) if !config.schedule.until_stopped => {
+                ScopeEnd::Cgroup(dir.clone())
+            }
+            _ => ScopeEnd::Never,
+        },
+        next_end_look: Instant::now(),
+    };
+    let controls = Controls {
+        signals,
+        stop,
+        wake,
+    };
+    let end = rt.block_on(drive(&mut run, &config.schedule, controls, &mut watchers))?;
+    let HostRun {
+        host: cell,
+        duty,
+        mut snapshots,
+        start_time,
+        described,
+        ..
+    } = run;
+    let meta = |elapsed: f64| host_meta(&described, &start_time, elapsed, duty.as_ref());
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut host = cell.into_inner();
+    host.probes.set_enabled(false)?;
+    drop(watchers);
+    say!(
+        "mtrace: tracing ended after {elapsed:.1} s: {}",
+        end.describe(config.schedule.duration)
+    );
+    if host.late > 0 {
+        say!(
+            "mtrace: {} processes had probes added after they started (see above)",
+            host.late
+        );
+    }
+    let mut profile = host.profile(meta(elapsed))?;
+    crate::profile::window::scale_windows(&mut profile);
+    if host.probes.unprobed > 0 {
+        say!(
+            "mtrace: {} allocator functions not probed: more than {MAX_HOST_FUNCS} functions or {} files",
+            host.probes.unprobed,
+            tracer_common::MAX_HOST_FILES
+        );
+    }
+    let (untagged, unnumbered) = read::walk_tables_full(&host.probes)?;
+    let untagged = untagged + host.walks.walks().untagged;
+    if untagged > 0 {
+        say!(
+            "mtrace: {untagged} frames in files beyond the table of {} files: kept as addresses (named only while their process ran)",
+            tracer_common::MAX_HOST_TAGS
+        );
+    }
+    if unnumbered > 0 {
+        say!("mtrace: {unnumbered} calls of processes beyond the table of processes: their mappings looked up at each walk");
+    }
+    let mut report = Report(config.outputs.clone());
+    let mut finished = Outcome::default();
+    finished.add(report.finish(&profile));
+    finished.add(snapshots.finish(&profile));
+    host.probes.detach();
+    finished.result()?;
+    Ok(match end {
+        End::TargetExited(code) => code.unwrap_or(0),
+        End::Interrupted(sig) if described.pid != 0 => 128 + sig,
+        _ => 0,
+    })
+}
+
+/// What a host engine's run traces, for its profile.
+struct Described {
+    command: String,
+    /// The command's pid (0: no command).
+    pid: u32,
+    scope: &'static str,
+}
+
+/// When the scope ends by itself.
+enum ScopeEnd {
+    /// `--all`, the agent: at a signal or the duration.
+    Never,
+    /// A command's tree: once the command exited (`code`) and no process
+    /// of its tree is left.
+    Tree {
+        exit: tokio::sync::oneshot::Receiver<i32>,
+        code: Option<i32>,
+    },
+    /// A cgroup: once no process is left in it or below it.
+    Cgroup(std::path::PathBuf),
+}
+
+/// `host::run`'s engine for the loop ([`drive`]): the host, and what
+/// tells of its processes.
+struct HostRun {
+    /// Borrowed by the watchers' profile, which the loop gives them behind
+    /// a shared reference.
+    host: RefCell<Host>,
+    /// The kernel's word of each exec.
+    execs: RingBuf<aya::maps::MapData>,
+    poll: tokio::time::Interval,
+    next_fold: Instant,
+    duty: Option<Duty>,
+    host_windows: HostWindows,
+    snapshots: Snapshots,
+    started: Instant,
+    start_time: String,
+    described: Described,
+    end: ScopeEnd,
+    next_end_look: Instant,
+}
+
+/// How often a scope that ends by itself is listed for what is left.
+const END_LOOKS: Duration = Duration::from_millis(20);
+
+/// How often the kernel's word of execs is read.
+const POLL_EVERY: Duration = Duration::from_millis(5);
+
+/// The profile's meta of the host scope, `elapsed` seconds in.
+fn host_meta(described: &Described, start_time: &str, elapsed: f64, duty: Option<&Duty>) -> Meta {
+    Meta {
+        mtrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: described.pid,
+        command: described.command.clone(),
+        start_time: start_time.to_string(),
+        duration_secs: elapsed,
+        kernel_release: crate::session::kernel_release(),
+        mode: "count".into(),
+        scope: described.scope.into(),
+        windows: duty.map(Duty::info),
+        ..Meta::default()
+    }
+}
+
+impl HostRun {
+    fn meta(&self) -> Meta {
+        host_meta(
+            &self.described,
+            &self.start_time,
+            self.started.elapsed().as_secs_f64(),
+            self.duty.as_ref(),
+        )
+    }
+}
+
+impl HostRun {
+    /// Whether the scope has ended by itself (looked at each poll; the
+    /// processes of a tree only once its command has exited).
+    fn scope_ended(&mut self) -> Option<End> {
+        match &mut self.end {
+            ScopeEnd::Never => None,
+            ScopeEnd::Tree { exit, code } => {
+                if code.is_none() {
+                    *code = match exit.try_recv() {
+                        Ok(c) => Some(c),
+                        Err(tokio::sync::oneshot::error::TryRecvError::Empty) => None,
+                        Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Some(1),
+                    };
+                }
+                let code = (*code)?;
+                if !self.look_for_end() {
+                    return None;
+                }
+                match self.host.get_mut().probes.scope_pids() {
+                    Ok(left) if !left.is_empty() => None,
+                    _ => Some(End::TargetExited(Some(code))),
+                }
+            }
+            ScopeEnd::Cgroup(dir) => {
+                let dir = dir.clone();
+                (self.look_for_end() && tracee::cgroup::members_below(&dir).is_empty())
+                    .then_some(End::CgroupEmpty)
+            }
+        }
+    }
+
+    /// Whether it is time to list what is left in the scope (every
+    /// [`END_LOOKS`]).
+    fn look_for_end(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next_end_look {
+            return false;
+        }
+        self.next_end_look = now + END_LOOKS;
+        true
+    }
+}
+
+impl Engine for HostRun {
+    type Work = ();
+
+    async fn work(&mut self) {
+        self.poll.tick().await;
+    }
+
+    async fn handle(&mut self, (): ()) -> Result<Option<End>> {
+        let mut host = self.host.borrow_mut();
+        while let Some(item) = self.execs.next() {
+            if item.len() >= std::mem::size_of::<HostExec>() {
+                // SAFETY: the programs write a `HostExec` per record.
+                let e = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostExec) };
+                host.on_exec(&e);
+            }
+        }
+        host.recheck();
+        if Instant::now() >= self.next_fold {
+            if let Err(e) = host.fold_gone() {
+                log::warn!("reading the processes gone: {e:#}");
+            }
+            self.next_fold = Instant::now() + FOLD_EVERY;
+        }
+        drop(host);
+        Ok(self.scope_ended())
+    }
+
+    fn tick(&mut self) -> Tick {
+        running_tick(&self.host.borrow(), self.started.elapsed().as_secs_f64())
+    }
+
+    fn profile(&self) -> Result<Profile> {
+        self.host.borrow_mut().profile(self.meta())
+    }
+
+    /// A snapshot that cannot be made is said, and tracing goes on.
+    fn snapshot(&mut self) -> Result<()> {
+        let made = self.profile().and_then(|mut p| {
+            crate::profile::window::scale_windows(&mut p);
+            self.snapshots.snapshot(&p)
+        });
+        if let Err(e) = made {
+            say!("mtrace: a snapshot: {e:#}");
+        }
+        Ok(())
+    }
+
+    fn duty_due(&self) -> Option<Instant> {
+        self.duty.as_ref().map(|d| d.due)
+    }
+
+    fn switch_duty(&mut self) {
+        if let Some(d) = self.duty.as_mut() {
+            switch(&mut self.host.get_mut().probes, d, &mut self.host_windows);
+        }
+    }
+
+    /// The host's view is best effort: a failed redraw is logged.
+    fn watcher_failed(&self, e: anyhow::Error) -> Result<()> {
+        log::debug!("watcher: {e:#}");
+        Ok(())
+    }
+}
+
+/// The status line, or the live view and the receiver of its `q`.
+fn host_watchers(top: bool) -> Result<crate::session::drive::Watchers> {
+    let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
+    let mut stop = None;
+    if top {
+        let (view, rx) = watch::top::TopView::start(
+            "mtrace top --all: every process on the host, count mode (p: per process or per stack)"
+                .into(),
+            false,
+            true,
+        )?;
+        watchers.push(Box::new(view));
+        stop = Some(rx);
+    } else if let Some(line) = StatusLine::new() {
+        watchers.push(Box::new(line));
+    }
+    Ok((watchers, stop))
+}
+
+/// The totals so far, for the status line.
+fn running_tick(host: &Host, elapsed: f64) -> Tick {
+    let probes = &host.probes;
+    let mut running = Running::default();
+    if let Some(Ok(totals)) = probes
+        .ebpf
+        .map(maps::HOST_TOTALS)
+        .map(PerCpuArray::<&MapData, u64>::try_from)
+    {
+        for f in 0..probes.funcs.len() as u32 {
+            running.calls += totals.get(&f, 0).map_or(0, |v| v.iter().sum());
+            running.bytes += totals
+                .get(&(MAX_HOST_FUNCS + f), 0)
+                .map_or(0, |v| v.iter().sum());
+        }
+    }
+    Tick {
+        elapsed,
+        running,
+        live_bytes: None,
+        processes: host.allocating,
+    }
+}
