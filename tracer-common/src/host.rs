@@ -166,6 +166,10 @@ pub struct VmaOffsets {
     /// `task_struct.tgid`: a forked task's process (the host scope's
     /// process tree), 0 when unknown.
     pub task_tgid: u32,
+    /// `mm_struct.start_code`: where the executable's code begins (a
+    /// walk finished after its process is gone finds the executable
+    /// there), 0 when unknown.
+    pub mm_start_code: u32,
 }
 
 /// Bytes of a `vm_area_struct` the programs copy (every offset of

@@ -51,4 +51,6 @@ mod pod {
     unsafe impl aya::Pod for HostExec {}
     unsafe impl aya::Pod for HostProcess {}
     unsafe impl aya::Pod for HostFileId {}
+    unsafe impl aya::Pod for HostVmaKey {}
+    unsafe impl aya::Pod for HostVma {}
 }

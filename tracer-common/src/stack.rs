@@ -129,6 +129,9 @@ pub struct WalkScratch {
     /// The host scope's walk: the direct caller's frame, as the walk
     /// began.
     pub host_caller: u64,
+    /// The host scope's walk handed to the tracer: an address in the
+    /// executable's code (`mm_struct.start_code`, 0: unknown).
+    pub host_exe: u64,
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

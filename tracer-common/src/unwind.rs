@@ -229,6 +229,14 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// row's place when the process is gone before the tracer reads its
     /// mappings).
     pub caller_frame: u64,
+    /// The host scope: the process's incarnation, the probed function's
+    /// address and an address in the executable's code (0: unknown). The
+    /// kernel remembers the mappings of these, of `ra` and of `caller` in
+    /// `HOST_VMAS` under the incarnation, so that a walk whose process is
+    /// gone is finished in the files those mappings name.
+    pub gen: u64,
+    pub ip: u64,
+    pub exe: u64,
     /// The kernel's return-probe trampoline in this process, and each
     /// pending return probe's stack slot with the return address it hid
     /// there (`[0, 0]`: none): where `copy` holds the trampoline at such a

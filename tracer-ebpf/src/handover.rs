@@ -192,6 +192,9 @@ fn send_copy<const N: usize>(
         (*ev).mm = w.host_mm;
         (*ev).ra_frame = w.host_ra;
         (*ev).caller_frame = w.host_caller;
+        (*ev).gen = w.host_gen;
+        (*ev).ip = w.ip;
+        (*ev).exe = w.host_exe;
         (*ev).trampoline = w.trampoline;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).hidden.as_mut_ptr() as *mut core::ffi::c_void,

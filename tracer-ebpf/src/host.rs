@@ -158,6 +158,15 @@ fn walk(
     if why != stop::MISS {
         return finish_hash(w, why);
     }
+    // The mappings of the probed function and of the executable's code,
+    // remembered under the incarnation like those of every frame walked:
+    // with them the tracer finishes the walk in the files alone should the
+    // process be gone by then.
+    w.host_exe = code_start(mm);
+    let _ = host_place(level_of(w), gen, ip);
+    if w.host_exe != 0 {
+        let _ = host_place(level_of(w), gen, w.host_exe);
+    }
     if send_miss(w, func, 0, ret, 1, size).is_some() {
         return HANDED_OVER;
     }
@@ -466,6 +475,17 @@ fn in_bodies(file: u32, offset: u64) -> bool {
         return false;
     };
     in_ranges(unsafe { &(*b).ranges }, unsafe { (*b).n } as usize, offset)
+}
+
+/// Where the executable's code begins in the process of address space
+/// `mm` (`mm_struct.start_code`), 0 when unknown.
+#[inline(always)]
+fn code_start(mm: u64) -> u64 {
+    let at = config_u32(&CONFIG.vma.mm_start_code) as u64;
+    if mm == 0 || at == 0 {
+        return 0;
+    }
+    unsafe { bpf_probe_read_kernel((mm + at) as *const u64) }.unwrap_or(0)
 }
 
 /// The current process's address space (`task_struct.mm`), 0 when the

@@ -50,6 +50,7 @@ pub(crate) static CONFIG: Config = Config {
         binprm_filename: 0,
         mm_start_stack: 0,
         task_tgid: 0,
+        mm_start_code: 0,
     },
     host_runs: 0,
     host_scope: SCOPE_ALL,

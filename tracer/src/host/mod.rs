@@ -221,6 +221,7 @@ impl Host {
     fn note_probed(&mut self) {
         for f in &self.probes.files {
             self.index.note_known(f.key, &f.path);
+            self.walks.note_path(f.key, &f.path);
         }
     }
 

@@ -219,7 +219,16 @@ pub fn run(
         );
     }
     let (untagged, unnumbered) = read::walk_tables_full(&host.probes)?;
-    let untagged = untagged + host.walks.walks().untagged;
+    let (untagged, gone, gone_whole) = {
+        let walks = host.walks.walks();
+        (untagged + walks.untagged, walks.gone, walks.gone_whole)
+    };
+    if gone > 0 {
+        say!(
+            "mtrace: {gone} walks were finished after their process was gone, in the files the kernel's walks had met: {gone_whole} whole, {} cut (process_gone)",
+            gone - gone_whole
+        );
+    }
     if untagged > 0 {
         say!(
             "mtrace: {untagged} frames in files beyond the table of {} files: kept as addresses (named only while their process ran)",

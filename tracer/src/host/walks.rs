@@ -25,8 +25,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
-    host_frame, host_frame_parts, maps, stop, HostFileId, HostKey, HostValue, MissEvent,
-    UnwindRule, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
+    host_frame, host_frame_parts, maps, stop, HostFileId, HostKey, HostValue, HostVma, HostVmaKey,
+    MissEvent, UnwindRule, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, MISS_HEADER_BYTES,
+    PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
 };
 
 use super::files::FileIndex;
@@ -43,6 +44,9 @@ struct Walked {
     space: AddressSpace,
     unwinder: Unwinder,
     used: Instant,
+    /// The process was gone when its mappings were to be read: `space`
+    /// holds what the kernel's walks met of them.
+    gone: bool,
 }
 
 /// Walks taken from the ring at once.
@@ -60,6 +64,9 @@ pub struct HostWalks {
     rules: BpfHashMap<MapData, u64, UnwindRule>,
     file_tags: BpfHashMap<MapData, HostFileId, u32>,
     tag_files: Array<MapData, HostFileId>,
+    /// The mappings the kernel's walks met, by process incarnation and
+    /// window: what is known of a process's address space once it is gone.
+    vmas: BpfHashMap<MapData, HostVmaKey, HostVma>,
     procs: HashMap<(u32, u64), Walked>,
     /// Each file's tag, as the kernel's table has it.
     tags: HashMap<HostFileId, u32>,
@@ -69,9 +76,12 @@ pub struct HostWalks {
     pub rows: HashMap<HostKey, HostValue>,
     /// The frames ([`host_frame`]s) and stop of each finished stack.
     pub stacks: HashMap<u64, (Vec<u64>, u32)>,
-    /// Walks finished, and of them those whose process was gone.
+    /// Walks finished, of them those whose process was gone, and of
+    /// those the ones finished whole in the files the kernel's walks had
+    /// met.
     pub finished: u64,
     pub gone: u64,
+    pub gone_whole: u64,
     /// Rules the kernel's map had no room for.
     pub rules_full: u64,
     /// Frames in a file no tag was left for (kept as addresses).
@@ -85,6 +95,26 @@ pub struct HostWalks {
     paths: Paths,
     /// Where the files processes map are found.
     index: FileIndex,
+    /// Walks of processes gone whose files could not be opened yet (an
+    /// executable's path comes with its exec, which the main loop reads),
+    /// since when, as the ring's records (the stack copy as long as it
+    /// is): taken up again at the next round, finished as they are after
+    /// [`DEFER_FOR`] or past [`DEFER_BYTES`].
+    deferred: std::collections::VecDeque<(Instant, Vec<u8>)>,
+    deferred_bytes: usize,
+}
+
+/// How long a walk waits for its process's files to be named.
+const DEFER_FOR: Duration = Duration::from_millis(500);
+
+/// The records of walks waiting, in bytes at most.
+const DEFER_BYTES: usize = 32 << 20;
+
+/// `ev` as the ring's record of it: the header and the copy's bytes.
+fn record_of(ev: &MissEvent) -> Vec<u8> {
+    let len = (MISS_HEADER_BYTES + ev.copied as usize).min(std::mem::size_of::<MissEvent>());
+    // SAFETY: MissEvent is plain data, `len` bytes of it.
+    unsafe { std::slice::from_raw_parts(ev as *const MissEvent as *const u8, len) }.to_vec()
 }
 
 /// Paths of files by identity, shared with the main loop.
@@ -117,6 +147,7 @@ impl HostWalks {
             rules: BpfHashMap::try_from(copy(maps::HOST_RULES)?)?,
             file_tags: BpfHashMap::try_from(copy(maps::HOST_FILE_TAGS)?)?,
             tag_files: Array::try_from(copy(maps::HOST_TAG_FILES)?)?,
+            vmas: BpfHashMap::try_from(copy(maps::HOST_VMAS)?)?,
             procs: HashMap::new(),
             tags: HashMap::new(),
             next_tag: MAX_HOST_TAGS - 1,
@@ -124,12 +155,15 @@ impl HostWalks {
             stacks: HashMap::new(),
             finished: 0,
             gone: 0,
+            gone_whole: 0,
             rules_full: 0,
             untagged: 0,
             max_frames: max_frames as usize,
             objects: HashMap::new(),
             paths,
             index: FileIndex::default(),
+            deferred: Default::default(),
+            deferred_bytes: 0,
         })
     }
 
@@ -148,6 +182,17 @@ impl HostWalks {
             return;
         };
         let mut new_rules = Vec::new();
+        let now = Instant::now();
+        self.deferred_bytes = 0;
+        for (since, record) in std::mem::take(&mut self.deferred) {
+            let Some(ev) = read_miss(&record) else {
+                continue;
+            };
+            let last = now.duration_since(since) >= DEFER_FOR;
+            if let Some(ev) = self.finish(ev, &mut new_rules, last) {
+                self.defer(since, &ev);
+            }
+        }
         loop {
             let mut batch: Vec<Box<MissEvent>> = Vec::new();
             while batch.len() < BATCH {
@@ -176,12 +221,22 @@ impl HostWalks {
             let (first, rest): (Vec<_>, Vec<_>) = batch
                 .into_iter()
                 .partition(|ev| firsts.insert((ev.tgid, ev.mm, ev.ra)));
-            for ev in first.iter().chain(&rest) {
-                self.finish(ev, &mut new_rules);
+            for ev in first.into_iter().chain(rest) {
+                let last = self.deferred_bytes >= DEFER_BYTES;
+                if let Some(ev) = self.finish(ev, &mut new_rules, last) {
+                    self.defer(Instant::now(), &ev);
+                }
             }
         }
         self.ring = Some(ring);
         self.forget_idle();
+    }
+
+    /// Keeps walk `ev` for the next round.
+    fn defer(&mut self, since: Instant, ev: &MissEvent) {
+        let record = record_of(ev);
+        self.deferred_bytes += record.len();
+        self.deferred.push_back((since, record));
     }
 
     /// What the walks of process `tgid` need: its mappings, read now.
@@ -194,59 +249,141 @@ impl HostWalks {
             space,
             unwinder,
             used: now,
+            gone: false,
         }
     }
 
-    fn finish(&mut self, ev: &MissEvent, new_rules: &mut Vec<(u64, UnwindRule)>) {
+    /// Finishes walk `ev`, or hands it back when its process is gone and
+    /// a file it maps could not be opened yet, unless this is the `last`
+    /// try.
+    fn finish(
+        &mut self,
+        ev: Box<MissEvent>,
+        new_rules: &mut Vec<(u64, UnwindRule)>,
+        last: bool,
+    ) -> Option<Box<MissEvent>> {
         let tgid = ev.tgid as u32;
         if tgid == 0 {
-            return;
+            return None;
         }
-        self.finished += 1;
         let now = Instant::now();
         let mut walked = match self.procs.remove(&(tgid, ev.mm)) {
             Some(w) => w,
             None => self.walked(tgid, now),
         };
         walked.used = now;
-        if walked.space.mapping(ev.caller).is_none() && !walked.space.refresh(tgid) {
-            // Gone, with its mappings: the call under its caller, as the
-            // kernel placed it, and no more; the rule the walk missed, from
-            // its file alone (the next walk through there goes a frame
-            // further).
-            self.gone += 1;
-            self.procs.insert((tgid, ev.mm), walked);
-            if let Some(rule) = self.rule_in_file(ev.ra_frame) {
-                self.give_rules(&[(ev.ra_frame, rule)]);
+        let alive = !walked.gone
+            && (walked.space.mapping(ev.caller).is_some() || walked.space.refresh(tgid));
+        walked.gone = !alive;
+        if !alive {
+            let (mapped, unopened) = self.add_known_mappings(&ev, &mut walked.space);
+            if unopened && !last {
+                self.procs.insert((tgid, ev.mm), walked);
+                return Some(ev);
             }
-            let frames: Vec<u64> = ev.frames[..(ev.n as usize).min(ev.frames.len())].to_vec();
-            let caller = self.value_of(match ev.n {
-                0 => ev.ra_frame,
-                _ => ev.caller_frame,
-            });
-            self.count(ev, frames, stop::GONE, caller);
-            return;
+            self.finished += 1;
+            self.gone += 1;
+            if !mapped {
+                // Gone, with its mappings, and none of them known: the call
+                // under its caller, as the kernel placed it, and no more;
+                // the rule the walk missed, from its file alone (the next
+                // walk through there goes a frame further).
+                self.procs.insert((tgid, ev.mm), walked);
+                if let Some(rule) = self.rule_in_file(ev.ra_frame) {
+                    self.give_rules(&[(ev.ra_frame, rule)]);
+                }
+                let frames: Vec<u64> = ev.frames[..(ev.n as usize).min(ev.frames.len())].to_vec();
+                let caller = self.value_of(match ev.n {
+                    0 => ev.ra_frame,
+                    _ => ev.caller_frame,
+                });
+                self.count(&ev, frames, stop::GONE, caller);
+                return None;
+            }
+        } else {
+            self.finished += 1;
         }
+        let space = &mut walked.space;
         new_rules.clear();
-        let done = walked.unwinder.finish(ev, &mut walked.space, new_rules);
+        let done = walked.unwinder.finish(&ev, space, new_rules);
         // The kernel's frames are file places already; the tracer's are
         // addresses in this process.
         let kernel_n = (ev.n as usize).min(done.frames.len());
         let mut frames = done.frames;
         for f in frames.iter_mut().skip(kernel_n) {
-            *f = self.place(&walked.space, *f).0;
+            *f = self.place(space, *f).0;
         }
         let mut rules = Vec::new();
         for (ra, rule) in new_rules.drain(..) {
-            let (frame, in_file) = self.place(&walked.space, ra);
+            let (frame, in_file) = self.place(space, ra);
             if in_file {
                 rules.push((frame, rule));
             }
         }
-        let caller = caller_value(&walked.space, ev.caller);
+        // A process gone: a walk that went beyond the files known of it
+        // ends there, cut because the process was gone.
+        let stop = match done.stop {
+            stop::END | stop::MAX_FRAMES => done.stop,
+            _ if !alive => stop::GONE,
+            other => other,
+        };
+        if !alive && stop == stop::END {
+            self.gone_whole += 1;
+        }
+        let caller = match space.mapping(ev.caller) {
+            Some(_) => caller_value(space, ev.caller),
+            None => self.value_of(match ev.n {
+                0 => ev.ra_frame,
+                _ => ev.caller_frame,
+            }),
+        };
         self.procs.insert((tgid, ev.mm), walked);
         self.give_rules(&rules);
-        self.count(ev, frames, done.stop, caller);
+        self.count(&ev, frames, stop, caller);
+        None
+    }
+
+    /// Adds to `space` what is known of the address space of `ev`'s
+    /// process, gone: the mappings the kernel remembered under its
+    /// incarnation (`HOST_VMAS`) for the walk's return address, its direct
+    /// caller, the probed function and the executable's code, each file
+    /// opened by identity. Whether `space` then maps the return address,
+    /// and whether a file could not be opened.
+    fn add_known_mappings(&mut self, ev: &MissEvent, space: &mut AddressSpace) -> (bool, bool) {
+        let mut unopened = false;
+        for addr in [ev.ra, ev.caller, ev.ip, ev.exe] {
+            if addr == 0 || space.mapping(addr).is_some() {
+                continue;
+            }
+            let key = HostVmaKey {
+                gen: ev.gen,
+                window: addr >> HOST_VMA_WINDOW_SHIFT,
+            };
+            let Ok(vma) = self.vmas.get(&key, 0) else {
+                continue;
+            };
+            if vma.tag == 0 || !(vma.start <= addr && addr < vma.end) {
+                continue;
+            }
+            let Some(file) = self.file_of(vma.tag) else {
+                continue;
+            };
+            let Some((opened, path)) = self.open_file(file) else {
+                unopened = true;
+                continue;
+            };
+            let mapping = Mapping {
+                start: vma.start,
+                end: vma.end,
+                perms: "r-xp".into(),
+                offset: vma.start - vma.bias,
+                dev: ((file.0 >> 20) as u64) << 32 | (file.0 & 0xfffff) as u64,
+                inode: file.1,
+                path,
+            };
+            space.add_mapped(mapping, opened);
+        }
+        (space.mapping(ev.ra).is_some(), unopened)
     }
 
     /// Counts the call of `ev` under its stack (`frames` above the
@@ -276,15 +413,7 @@ impl HostWalks {
         let obj = match self.objects.get(&key) {
             Some(o) => o.clone(),
             None => {
-                let known = lock_paths(&self.paths).get(&key).cloned();
-                let opened = match known.and_then(|p| open_if(&p, key)) {
-                    Some(f) => Some(f),
-                    None => {
-                        self.index.find(std::iter::once(key));
-                        self.index.open(key).map(|(f, _)| f)
-                    }
-                };
-                let loaded = opened.and_then(|f| {
+                let loaded = self.open_file(key).and_then(|(f, _)| {
                     let id = FileId::of_file(&f)?;
                     let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
                     ObjectCfi::shared(id, &fd_path, Path::new("/usr/lib/debug")).ok()
@@ -299,6 +428,17 @@ impl HostWalks {
         // The file offset as an address of a mapping at 0 from offset 0.
         let svma = obj.svma_for(0, 0, offset)?;
         Some(obj.rule_for_ra(svma))
+    }
+
+    /// File `key` (device, inode), opened, and its path: by a path a
+    /// process or an exec named it by.
+    fn open_file(&mut self, key: (u32, u64)) -> Option<(std::fs::File, String)> {
+        let known = lock_paths(&self.paths).get(&key).cloned();
+        if let Some(f) = known.as_deref().and_then(|p| open_if(p, key)) {
+            return Some((f, known?.to_string_lossy().into_owned()));
+        }
+        self.index.find(std::iter::once(key));
+        self.index.open(key)
     }
 
     /// The caller's place from its frame as the kernel found it.
@@ -475,8 +615,10 @@ impl HostWalker {
                             events: libc::POLLIN,
                             revents: 0,
                         };
-                        if unsafe { libc::poll(&mut pfd, 1, POLL_MS) } > 0 {
-                            lock(&walks).finish_all();
+                        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_MS) } > 0;
+                        let mut walks = lock(&walks);
+                        if ready || !walks.deferred.is_empty() {
+                            walks.finish_all();
                         }
                     }
                 })?

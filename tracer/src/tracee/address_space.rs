@@ -92,6 +92,13 @@ impl AddressSpace {
         true
     }
 
+    /// Adds mapping `m` of `file`, opened already: an address space made
+    /// of what is known of a process gone.
+    pub fn add_mapped(&mut self, m: Mapping, file: File) {
+        self.files.insert(m.path.clone(), file);
+        self.mappings.push(m);
+    }
+
     pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
         self.mappings.iter().rev().find(|m| m.contains(addr))
     }

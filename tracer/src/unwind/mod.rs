@@ -325,6 +325,11 @@ impl Unwinder {
         let started = Instant::now();
         let rule = self.compute(ra, space);
         self.stats.lookup_time += started.elapsed();
+        if space.mapping(ra).is_none() {
+            // Not kept: the address space may be known better at the next
+            // walk (what is known of a process gone grows walk by walk).
+            return (rule, false);
+        }
         self.rules.insert(ra, rule);
         // (Not a rule for code without call-frame information: a walk
         // may follow the frame pointer there, as each process finds.)
