@@ -1,0 +1,147 @@
+//! The lines under the rows: the totals and the calls per allocation
+//! function, the Go heaps' totals, the probes the kernel single-stepped,
+//! and the losses with a note on each one that is not zero.
+
+use crate::profile::{Losses, Profile};
+use crate::render::text::{bytes, count, wrap_list, Paint};
+use crate::render::FREE_FUNC;
+
+/// `go heap: N objects, B allocated, M objects, B in use (estimates)` and
+/// what could not be read, over every Go program read.
+pub(super) fn go_totals_lines(profile: &Profile) -> String {
+    if profile.go_heaps.is_empty() {
+        return String::new();
+    }
+    let mut allocated = crate::profile::Counts::default();
+    let mut in_use = crate::profile::Counts::default();
+    let (mut buckets, mut unreadable, mut inconsistent, mut cut) = (0, 0, 0, 0);
+    for g in &profile.go_heaps {
+        allocated.add(g.allocated);
+        in_use.add(g.in_use);
+        buckets += g.buckets;
+        unreadable += g.unreadable;
+        inconsistent += g.inconsistent;
+        cut += u64::from(g.cut);
+    }
+    format!(
+        "go heap: {} allocated, {}; {} in use, {} (estimates)\ngo heap: {} buckets read; lost: unreadable {unreadable}, caught mid-update {inconsistent}, walks cut {cut}\n",
+        count(allocated.calls, "object"),
+        bytes(allocated.bytes),
+        count(in_use.calls, "object"),
+        bytes(in_use.bytes),
+        buckets
+    )
+}
+
+/// The probed functions the kernel cannot emulate the first instruction
+/// of (it single-steps them, about 20 µs a call instead of 1), with the
+/// calls that paid it; nothing when no call did.
+pub(super) fn single_stepped_lines(profile: &Profile) -> String {
+    let mut paid: Vec<String> = Vec::new();
+    for p in profile.meta.probes.iter().filter(|p| !p.emulated) {
+        let calls = profile
+            .totals
+            .per_func
+            .get(&p.function)
+            .map_or(0, |c| c.calls);
+        let entry = format!("{} {calls}", p.function);
+        if calls > 0 && !paid.contains(&entry) {
+            paid.push(entry);
+        }
+    }
+    if paid.is_empty() {
+        return String::new();
+    }
+    wrap_list("single-stepped probes (20 us a call, not 1)", &paid, "")
+}
+
+/// `total: N allocation calls, B requested, F frees`, then `by function:`
+/// the allocation functions with calls, most first.
+pub(super) fn totals_lines(profile: &Profile, paint: Paint) -> String {
+    let totals = &profile.totals;
+    let mut out = format!(
+        "{} {} requested, {}\n",
+        paint.strong(&format!(
+            "total: {},",
+            count(totals.allocs.calls, "allocation call")
+        )),
+        bytes(totals.allocs.bytes),
+        if totals.frees_counted {
+            count(totals.frees, "free")
+        } else {
+            "frees not counted".to_string()
+        }
+    );
+    let mut funcs: Vec<(&str, u64)> = totals
+        .per_func
+        .iter()
+        .filter(|(name, counts)| name.as_str() != FREE_FUNC && counts.calls > 0)
+        .map(|(name, counts)| (name.as_str(), counts.calls))
+        .collect();
+    // Most calls first; per_func is sorted by name, which breaks ties.
+    funcs.sort_by_key(|&(_, calls)| std::cmp::Reverse(calls));
+    if !funcs.is_empty() {
+        let list: Vec<String> = funcs
+            .iter()
+            .map(|(name, calls)| format!("{name} {calls}"))
+            .collect();
+        out.push_str(&wrap_list("by function", &list, ""));
+    }
+    out
+}
+
+/// Printed in every report, even when nothing was lost; yellow when
+/// something was.
+pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
+    let items = [
+        ("map full", l.map_full),
+        ("stack walk failed", l.stack_walk_failed),
+        ("stack collisions", l.stack_collisions),
+        ("stack map full", l.stack_map_full),
+        ("caller unreadable", l.caller_unreadable),
+        ("thread names", l.thread_names_full),
+    ]
+    .map(|(what, n)| format!("{what} {n}"));
+    let text = wrap_list("lost", &items, "");
+    let any = [
+        l.map_full,
+        l.stack_walk_failed,
+        l.stack_collisions,
+        l.stack_map_full,
+        l.caller_unreadable,
+        l.thread_names_full,
+    ]
+    .iter()
+    .any(|&n| n > 0);
+    if !any {
+        return text;
+    }
+    text.lines()
+        .map(|line| {
+            let rest = line.strip_prefix("lost:").unwrap_or(line);
+            format!("{}{rest}\n", paint.warn("lost:"))
+        })
+        .collect()
+}
+
+/// What the nonzero losses mean and which option helps, one note each
+/// (each within 80 columns after `note: `).
+pub(super) fn losses_notes(l: &Losses) -> Vec<&'static str> {
+    let mut notes = Vec::new();
+    if l.map_full > 0 {
+        notes.push("map full: calls in the totals, in no stack (raise --count-map-size)");
+    }
+    if l.stack_walk_failed > 0 {
+        notes.push("stack walk failed: counted under the direct caller only");
+    }
+    if l.stack_collisions > 0 || l.stack_map_full > 0 {
+        notes.push("stack map full or collisions: direct caller only (raise --stack-map-size)");
+    }
+    if l.caller_unreadable > 0 {
+        notes.push("caller unreadable: the return address could not be read");
+    }
+    if l.thread_names_full > 0 {
+        notes.push("thread names: name map full, names read from /proc instead");
+    }
+    notes
+}
