@@ -6,7 +6,10 @@ use std::fmt::Write;
 use anyhow::Result;
 
 use crate::{
-    cli::{config, DiffArgs, DiffFormat},
+    cli::{
+        config,
+        diff::{DiffArgs, DiffFormat},
+    },
     diff::{self, gate},
     error::{UserError, EXIT_USAGE},
     profile::{file as profile_file, Profile},
