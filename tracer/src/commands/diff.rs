@@ -21,7 +21,11 @@ use crate::{
         text::{printable_profile, shown},
     },
     say,
-    sinks::{check_outputs, write_file, write_flamegraph, StdoutText},
+    sinks::{
+        check_outputs,
+        files::{write_file, write_flamegraph},
+        stdout::StdoutText,
+    },
 };
 
 pub fn run(args: DiffArgs) -> Result<i32> {

@@ -17,7 +17,7 @@ use crate::{
     render::text::printable,
     say,
     session::{self, End, Inputs, ProcSettings, Session, Signals},
-    sinks::{check_writable_dir, Outcome, Report, Sink, Snapshots},
+    sinks::{files::check_writable_dir, Outcome, Report, Sink, Snapshots},
     tracee::{self, launch, ExitHold, RunAs},
     watch::{self, StatusLine, Watcher},
 };
