@@ -62,7 +62,7 @@ const AGENT_RECORDS: usize = 1024;
 /// processes joining it and lets go of those leaving it.
 pub struct Scope {
     pub dir: std::path::PathBuf,
-    pub handover: std::sync::mpsc::Sender<crate::tracee::launch::Handover>,
+    pub handover: std::sync::mpsc::Sender<crate::tracee::ptrace::Handover>,
 }
 
 /// Everything needed to turn the kernel maps into a profile at any time.
