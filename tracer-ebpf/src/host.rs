@@ -12,20 +12,14 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
-        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user,
-        generated::{
-            bpf_find_vma, bpf_get_current_ancestor_cgroup_id, bpf_get_current_task,
-            bpf_get_current_task_btf,
-        },
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+        bpf_probe_read_user, generated::bpf_get_current_task,
     },
     programs::{ProbeContext, RawTracePointContext},
 };
 use tracer_common::{
-    counter, host_frame, stop, HostExec, HostFileId, HostKey, HostMark, HostProcess, HostValue,
-    HostVma, HostVmaKey, WalkScratch, HOST_NEXT_GEN, HOST_NEXT_TAG, HOST_VMA_WINDOW_SHIFT,
-    MAX_HOST_FUNCS, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED, SCOPE_CGROUP,
-    SCOPE_CGROUP_LEVELS, SCOPE_TREE, VMA_COPY,
+    counter, stop, HostExec, HostKey, HostMark, HostProcess, HostValue, WalkScratch, HOST_NEXT_GEN,
+    MAX_HOST_FUNCS,
 };
 
 use crate::{
@@ -35,12 +29,12 @@ use crate::{
     handover::send_miss,
     hidden::hidden_return,
     maps::{
-        config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FILE_TAGS,
-        HOST_FUNCS, HOST_GENS, HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SCOPE_CGROUPS,
-        HOST_SCOPE_PIDS, HOST_SELF, HOST_STACKS, HOST_TAG_FILES, HOST_TOTALS, HOST_VMAS,
-        HOST_VMA_COPY,
+        config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FUNCS, HOST_GENS,
+        HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SELF, HOST_STACKS, HOST_TOTALS,
     },
     nesting::in_ranges,
+    place::{caller_place, host_place, NO_GEN},
+    scope::{in_scope, leave},
     scratch::{give_back_scratch, level_of, take_scratch},
     walk::{finish_hash, start_walk, walk_frames},
 };
@@ -245,7 +239,7 @@ fn incarnation(tgid: u32) -> u64 {
 /// fetch-and-add that returns the old value). `None` when other programs
 /// took every number tried meanwhile.
 #[inline(always)]
-fn next_number(slot: u32) -> Option<u64> {
+pub(crate) fn next_number(slot: u32) -> Option<u64> {
     let next = HOST_NEXT.get_ptr_mut(slot)?;
     let mut tries = 0;
     while tries < 8 {
@@ -265,138 +259,6 @@ fn next_number(slot: u32) -> Option<u64> {
     None
 }
 
-/// The incarnation of a process the table had no room for: its mappings
-/// are never remembered.
-const NO_GEN: u64 = u64::MAX;
-
-/// Return address `addr` of the current process (incarnation `gen`) as a
-/// stack frame: its file's tag and its offset in the file
-/// ([`host_frame`]), else the address (in no file, or its mapping not
-/// found). The mapping is remembered per 64 KiB window of addresses.
-#[inline(always)]
-pub(crate) fn host_place(level: u64, gen: u64, addr: u64) -> u64 {
-    let key = HostVmaKey {
-        gen,
-        window: addr >> HOST_VMA_WINDOW_SHIFT,
-    };
-    if gen != NO_GEN {
-        if let Some(v) = unsafe { HOST_VMAS.get(&key) } {
-            if v.start <= addr && addr < v.end {
-                return if v.tag != 0 {
-                    host_frame(v.tag, addr - v.bias)
-                } else {
-                    addr
-                };
-            }
-        }
-    }
-    let Some(vma) = find_mapping(level, addr) else {
-        return addr;
-    };
-    if gen != NO_GEN {
-        let _ = HOST_VMAS.insert(&key, &vma, 0);
-    }
-    if vma.tag != 0 {
-        host_frame(vma.tag, addr - vma.bias)
-    } else {
-        addr
-    }
-}
-
-/// The mapping that holds `addr` in the current process, with its file's
-/// tag (0: no file); `None` when it cannot be looked up.
-#[inline(never)]
-fn find_mapping(level: u64, addr: u64) -> Option<HostVma> {
-    let o = &CONFIG.vma;
-    if config_u32(&o.known) == 0 {
-        return None;
-    }
-    let copy = HOST_VMA_COPY.get_ptr_mut(level as u32)?;
-    unsafe { (*copy).found = 0 };
-    let mut at = level;
-    let r = unsafe {
-        bpf_find_vma(
-            bpf_get_current_task_btf(),
-            addr,
-            copy_vma_to_map as *mut core::ffi::c_void,
-            &mut at as *mut u64 as *mut core::ffi::c_void,
-            0,
-        )
-    };
-    if r != 0 || unsafe { (*copy).found } == 0 {
-        return None;
-    }
-    let found = unsafe { &*copy };
-    let field = |at: u32| vma_field(&found.vma, at);
-    let start = field(config_u32(&o.vm_start));
-    let end = field(config_u32(&o.vm_start) + 8);
-    let pgoff = field(config_u32(&o.vm_pgoff));
-    let file = field(config_u32(&o.vm_file));
-    let mut vma = HostVma {
-        start,
-        end,
-        bias: start.wrapping_sub(pgoff << 12),
-        tag: 0,
-        _pad: 0,
-    };
-    if file != 0 {
-        let id = file_identity(file)?;
-        vma.tag = tag_of(&id);
-        if vma.tag == 0 {
-            return None;
-        }
-    }
-    Some(vma)
-}
-
-/// File `id`'s tag, given now if it has none (0: the table is full).
-#[inline(always)]
-fn tag_of(id: &HostFileId) -> u32 {
-    if let Some(t) = unsafe { HOST_FILE_TAGS.get(id) } {
-        return *t;
-    }
-    let Some(tag) = next_number(HOST_NEXT_TAG) else {
-        bump_counter(counter::HOST_NO_TAG, 1);
-        return 0;
-    };
-    if tag >= (MAX_HOST_TAGS / 2) as u64 {
-        bump_counter(counter::HOST_NO_TAG, 1);
-        return 0;
-    }
-    let tag = tag as u32;
-    // The tag's file first: a tag found in the table names its file.
-    if let Some(slot) = HOST_TAG_FILES.get_ptr_mut(tag) {
-        unsafe { *slot = *id };
-    }
-    match HOST_FILE_TAGS.insert(id, &tag, BPF_NOEXIST as u64) {
-        Ok(()) => tag,
-        Err(e) if e == -EEXIST => unsafe { HOST_FILE_TAGS.get(id) }.copied().unwrap_or(0),
-        Err(_) => {
-            bump_counter(counter::HOST_NO_TAG, 1);
-            0
-        }
-    }
-}
-
-/// `bpf_find_vma`'s callback for [`find_mapping`]: copies the start of
-/// the mapping's `vm_area_struct` into this CPU's `HOST_VMA_COPY` entry of
-/// the walk's scratch level (`ctx`; a callback's context must be on the
-/// stack, too small for the copy).
-#[inline(never)]
-extern "C" fn copy_vma_to_map(
-    _task: *mut core::ffi::c_void,
-    vma: *mut core::ffi::c_void,
-    ctx: *mut core::ffi::c_void,
-) -> i64 {
-    let level = unsafe { *(ctx as *const u64) };
-    if let Some(copy) = HOST_VMA_COPY.get_ptr_mut(level as u32) {
-        if unsafe { bpf_probe_read_kernel_buf(vma as *const u8, &mut (*copy).vma) }.is_ok() {
-            unsafe { (*copy).found = 1 };
-        }
-    }
-    0
-}
-
 /// A process ended (the `sched_process_exit` raw tracepoint, once per
 /// thread): with its main thread, its incarnation goes (a process that
 /// reuses its id gets a new one), and so does its place in a tree scope
@@ -408,9 +270,7 @@ pub(crate) fn exit() -> i32 {
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
     if tgid == pid {
         let _ = HOST_GENS.remove(&tgid);
-        if config_u32(&CONFIG.host_scope) == SCOPE_TREE {
-            let _ = HOST_SCOPE_PIDS.remove(&tgid);
-        }
+        leave(tgid);
     }
     0
 }
@@ -520,120 +380,10 @@ fn add_value(v: *mut HostValue, bytes: u64) {
     }
 }
 
-/// What the mapping callback fills in.
-#[repr(C)]
-struct VmaFound {
-    vma: [u8; VMA_COPY],
-    found: u64,
-}
-
-/// Puts where return address `ret` lies in `v`: its file and offset in
-/// it, or that it lies in no file, or that its mapping could not be
-/// looked up.
-#[inline(always)]
-fn caller_place(ret: u64, v: &mut HostValue) {
-    v.place = PLACE_UNRESOLVED;
-    let o = &CONFIG.vma;
-    if config_u32(&o.known) == 0 || ret == 0 {
-        return;
-    }
-    let mut found = VmaFound {
-        vma: [0; VMA_COPY],
-        found: 0,
-    };
-    let r = unsafe {
-        bpf_find_vma(
-            bpf_get_current_task_btf(),
-            ret,
-            copy_vma as *mut core::ffi::c_void,
-            &mut found as *mut VmaFound as *mut core::ffi::c_void,
-            0,
-        )
-    };
-    if r == -2 {
-        // -ENOENT: no mapping there.
-        v.place = PLACE_ANONYMOUS;
-        return;
-    }
-    if r != 0 || found.found == 0 {
-        return;
-    }
-    let field = |at: u32| vma_field(&found.vma, at);
-    let file = field(config_u32(&o.vm_file));
-    if file == 0 {
-        v.place = PLACE_ANONYMOUS;
-        return;
-    }
-    let Some(id) = file_identity(file) else {
-        return;
-    };
-    v.dev = id.dev;
-    v.ino = id.ino;
-    let start = field(config_u32(&o.vm_start));
-    let pgoff = field(config_u32(&o.vm_pgoff));
-    v.offset = ret.wrapping_sub(start).wrapping_add(pgoff << 12);
-    v.place = PLACE_FILE;
-}
-
-/// The word at byte `at` of a copy of a `vm_area_struct`.
-#[inline(always)]
-fn vma_field(vma: &[u8; VMA_COPY], at: u32) -> u64 {
-    let at = (at as usize) & (VMA_COPY - 8);
-    u64::from_ne_bytes([
-        vma[at],
-        vma[at + 1],
-        vma[at + 2],
-        vma[at + 3],
-        vma[at + 4],
-        vma[at + 5],
-        vma[at + 6],
-        vma[at + 7],
-    ])
-}
-
-/// The identity (device and inode) of the file of a mapping whose
-/// `vm_file` is `file`; `None` when it cannot be read.
-#[inline(always)]
-fn file_identity(file: u64) -> Option<HostFileId> {
-    let o = &CONFIG.vma;
-    let read = |a: u64| unsafe { bpf_probe_read_kernel(a as *const u64) }.unwrap_or(0);
-    let inode = read(file + config_u32(&o.file_inode) as u64);
-    if inode == 0 {
-        return None;
-    }
-    let sb = read(inode + config_u32(&o.inode_sb) as u64);
-    if sb == 0 {
-        return None;
-    }
-    Some(HostFileId {
-        dev: unsafe { bpf_probe_read_kernel((sb + config_u32(&o.sb_dev) as u64) as *const u32) }
-            .unwrap_or(0),
-        _pad: 0,
-        ino: read(inode + config_u32(&o.inode_ino) as u64),
-    })
-}
-
-/// `bpf_find_vma`'s callback: copies the start of the mapping's
-/// `vm_area_struct` (the offsets of [`VmaOffsets`](tracer_common::VmaOffsets)
-/// are read from the copy: the verifier allows no variable offset into the
-/// pointer it hands over).
-#[inline(never)]
-extern "C" fn copy_vma(
-    _task: *mut core::ffi::c_void,
-    vma: *mut core::ffi::c_void,
-    ctx: *mut core::ffi::c_void,
-) -> i64 {
-    let found = unsafe { &mut *(ctx as *mut VmaFound) };
-    if unsafe { bpf_probe_read_kernel_buf(vma as *const u8, &mut found.vma) }.is_ok() {
-        found.found = 1;
-    }
-    0
-}
-
 /// A process exec'd (the `sched_process_exec` raw tracepoint: no
-/// tracefs needed, which a host may not have mounted): handed to the tracer (its name and its files), and
-/// its threads' marks, which held the old program's places, are gone with
-/// it.
+/// tracefs needed, which a host may not have mounted): handed to the
+/// tracer (its name and its files), and its threads' marks, which held
+/// the old program's places, are gone with it.
 #[inline(always)]
 pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
     if let Some(m) = HOST_MARKS.current(false) {
@@ -667,68 +417,5 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
         }
     }
     entry.submit(0);
-    0
-}
-
-/// Whether process `tgid` (the current task's) is in the scope the host
-/// programs count: every process, those of the tree, or those of the
-/// scope's cgroups and their descendants.
-#[inline(always)]
-pub(crate) fn in_scope(tgid: u32) -> bool {
-    match config_u32(&CONFIG.host_scope) {
-        SCOPE_TREE => HOST_SCOPE_PIDS.get_ptr(&tgid).is_some(),
-        SCOPE_CGROUP => in_scope_cgroups(),
-        _ => true,
-    }
-}
-
-/// Whether the current task's cgroup is one of the scope's or lies below
-/// one: its ancestor at each level a scope cgroup lies at is looked up.
-#[inline(always)]
-fn in_scope_cgroups() -> bool {
-    let Some(levels) = (unsafe { HOST_SCOPE_CGROUPS.get(&0) }) else {
-        return false;
-    };
-    let levels = *levels;
-    let mut level = 0;
-    while level < SCOPE_CGROUP_LEVELS {
-        if levels & (1 << level) != 0 {
-            let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-            if id != 0 && HOST_SCOPE_CGROUPS.get_ptr(&id).is_some() {
-                return true;
-            }
-        }
-        level += 1;
-    }
-    false
-}
-
-/// A task forked (the `sched_process_fork` raw tracepoint, in the
-/// parent): in a tree scope, a child of a process in the tree joins it
-/// (a thread joins its own process: no change).
-#[inline(always)]
-pub(crate) fn fork(ctx: &RawTracePointContext) -> i32 {
-    if config_u32(&CONFIG.host_scope) != SCOPE_TREE {
-        return 0;
-    }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if HOST_SCOPE_PIDS.get_ptr(&tgid).is_none() {
-        return 0;
-    }
-    let at = config_u32(&CONFIG.vma.task_tgid) as u64;
-    // `sched_process_fork(parent, child)`.
-    let child: u64 = ctx.arg(1);
-    if at == 0 || child == 0 {
-        bump_counter(counter::SCOPE_FULL, 1);
-        return 0;
-    }
-    let Ok(child_tgid) = (unsafe { bpf_probe_read_kernel((child + at) as *const i32) }) else {
-        bump_counter(counter::SCOPE_FULL, 1);
-        return 0;
-    };
-    let child_tgid = child_tgid as u32;
-    if child_tgid != tgid && HOST_SCOPE_PIDS.insert(&child_tgid, &1, 0).is_err() {
-        bump_counter(counter::SCOPE_FULL, 1);
-    }
     0
 }

@@ -16,9 +16,11 @@
 //! [`sample`], [`scratch`] (the per-CPU scratch levels and who owns the
 //! CPU's counts), [`walk`] (the frame walk), [`memo`] (remembered walks),
 //! [`handover`] (walks the tracer finishes), [`hidden`] (return addresses
-//! a return probe hid), [`aggregate`] (the counts),
-//! [`live`] (live mode's pending calls and events) and [`args`] (cookies
-//! and arguments). Every map and the `CONFIG` global are in [`maps`].
+//! a return probe hid), [`aggregate`] (the counts), [`live`] (live mode's
+//! pending calls and events), [`args`] (cookies and arguments), and the
+//! host scope's [`host`] (its programs' work), [`place`] (where its
+//! addresses lie) and [`scope`] (which processes it counts). Every map and
+//! the `CONFIG` global are in [`maps`].
 #![no_std]
 #![no_main]
 // The intrinsics lower to the BPF atomic add and exchange instructions
@@ -50,9 +52,11 @@ mod live;
 mod maps;
 mod memo;
 mod nesting;
+mod place;
 mod python;
 mod record;
 mod sample;
+mod scope;
 mod scratch;
 mod walk;
 
@@ -130,7 +134,7 @@ pub fn host_exit(_ctx: RawTracePointContext) -> i32 {
 /// Host scope narrowed to a process tree: a task forked.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn host_fork(ctx: RawTracePointContext) -> i32 {
-    host::fork(&ctx)
+    scope::fork(&ctx)
 }
 
 /// The benchmark's floor: attached where the real probes go, does nothing.

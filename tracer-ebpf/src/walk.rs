@@ -12,9 +12,9 @@ use crate::{
     args::{cookie_or, NO_COOKIE},
     chunk::load_chunk,
     hidden::hidden_return,
-    host::host_place,
     maps::{config_u32, CONFIG, HOST_RULES, MEMO, MEMO_NOWHERE, RULE_CACHE, UNWIND_RULES},
     memo::{memo_claim, memo_note, memo_release},
+    place::host_place,
     scratch::{level_of, run_loop, scratch_at},
 };
 

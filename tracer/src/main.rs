@@ -110,7 +110,7 @@ fn usage_error(e: clap::Error) -> ! {
         // Help that could not be written (stdout full or closed) is an
         // output error as a report's would be, not a success.
         use std::io::Write;
-        let written = if sinks::stdout_closed() {
+        let written = if sinks::stdout::stdout_closed() {
             Err(std::io::Error::other("it is closed"))
         } else {
             e.print().and_then(|()| std::io::stdout().flush())

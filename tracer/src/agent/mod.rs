@@ -16,6 +16,7 @@
 mod http;
 mod metrics;
 mod pages;
+mod waiting;
 mod web;
 
 use std::{

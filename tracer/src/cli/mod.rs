@@ -1,12 +1,21 @@
 //! The command line: what clap parses ([`Cli`]), kept apart from what the
-//! arguments mean ([`config`]).
+//! arguments mean ([`config`]). A trace's arguments and the output's are
+//! here; `mtrace agent`'s own are in [`agent`], `mtrace diff`'s in
+//! [`diff`], and the value parsers they share in `parse`.
 
+pub mod agent;
 pub mod config;
+pub mod diff;
+mod parse;
 pub mod unknown;
 
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use agent::{AgentArgs, AGENT_EXAMPLES};
+use diff::{DiffArgs, DIFF_EXAMPLES};
+use parse::{parse_age, parse_bytes, parse_duration, parse_percent, parse_ring_size, parse_span};
 
 /// `--sort`: which count orders the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -60,18 +69,6 @@ fn profile_output_help() -> String {
     )
 }
 
-/// `mtrace diff --format`'s help: the JSON's schema version is the one
-/// [`crate::render::diff_report::json`] writes.
-fn diff_format_help() -> String {
-    format!(
-        "The report's form: text; json (every change and every condition's result, schema \
-         tracer/schema/diff.schema.json, version {}); markdown (for a pull request comment or \
-         $GITHUB_STEP_SUMMARY); junit (JUnit XML, a test case per --fail-if, or per --fail-if \
-         and test or group). Printed, or written to -o",
-        crate::render::diff_report::DIFF_SCHEMA_VERSION
-    )
-}
-
 /// Counts every malloc, calloc, realloc, ... of a process per call stack,
 /// from outside the process, with uprobes and in-kernel aggregation.
 #[derive(Parser, Debug)]
@@ -114,64 +111,6 @@ pub enum Sub {
     Generate(GenerateArgs),
 }
 
-/// `mtrace agent --policy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
-    Windows,
-    Always,
-}
-
-/// `mtrace agent`.
-#[derive(Args, Debug)]
-pub struct AgentArgs {
-    /// Address and port to serve on. Loopback by default; any other
-    /// address needs --web-config with TLS and an authentication, or
-    /// --insecure-listen.
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:7117")]
-    pub listen: std::net::SocketAddr,
-
-    /// A web configuration file as Prometheus exporters take it
-    /// (--web.config.file): tls_server_config (cert_file, key_file,
-    /// client_auth_type, client_ca_file) and basic_auth_users (user:
-    /// bcrypt hash). Read again when it or a file it names changes.
-    #[arg(long, value_name = "FILE", alias = "web.config.file")]
-    pub web_config: Option<PathBuf>,
-
-    /// Serve a --listen address that is not loopback without TLS and
-    /// authentication: any host that reaches it can read the profiles,
-    /// which name the traced processes' functions, files and commands.
-    #[arg(long)]
-    pub insecure_listen: bool,
-
-    /// How the traced processes pay: `windows` (the default in count
-    /// mode) puts the probes in for --window seconds, then takes them out
-    /// for as long as keeps the slowdown of the process that pays most
-    /// within --budget, and
-    /// scales the windows' exact counts to the whole time; `always` keeps
-    /// them in (exact counts, or sampled with --sample-bytes; needed by
-    /// --live), and every call pays a trap.
-    #[arg(long, value_enum)]
-    pub policy: Option<PolicyArg>,
-
-    /// Windows policy: seconds each window lasts.
-    #[arg(long, value_name = "SECS", default_value = "0.05", value_parser = parse_duration)]
-    pub window: f64,
-
-    /// Windows policy: the slowdown allowed, in percent (1.5 by default: a
-    /// tight allocation loop loses about all the time it is probed, and
-    /// the default keeps it under 2% with room for the machine's noise).
-    #[arg(long, value_name = "PCT", default_value = "1.5", value_parser = parse_percent)]
-    pub budget: f64,
-
-    /// Windows policy: a window every SECS seconds, whatever it costs
-    /// (instead of --budget).
-    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
-    pub every: Option<f64>,
-
-    #[command(flatten)]
-    pub trace: TraceArgs,
-}
-
 /// `mtrace generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -205,29 +144,6 @@ Examples:
 Keys: q quit (then the report), up/down select, enter show/hide the stack,
 c/b/l order by calls, bytes, live bytes, t last second or since the start.";
 
-const AGENT_EXAMPLES: &str = "\
-Examples:
-  sudo mtrace agent --pid 1234
-  sudo mtrace agent --cgroup system.slice/redis.service --sample-bytes 512KiB
-  sudo mtrace agent --live --listen 127.0.0.1:7117 --pid 1234
-  sudo mtrace agent --listen 10.0.0.5:7117 --web-config web.yml --pid 1234
-  go tool pprof -top http://127.0.0.1:7117/debug/pprof/allocs
-  go tool pprof -seconds 30 http://127.0.0.1:7117/debug/pprof/allocs
-
-Endpoints: /debug/pprof/allocs and /debug/pprof/heap (Go's heap profile
-format; ?seconds=N for what was allocated during the next N seconds, in-use
-values left a snapshot; ?pid=PID for one process), /metrics (Prometheus),
-/healthz. GET only. Beyond loopback, --web-config FILE gives TLS and basic
-auth in the Prometheus exporters' format (--web.config.file).
-
-Cost: by default (--policy windows) the probes are in for --window seconds,
-then out for as long as keeps the slowdown of the traced process that pays
-most within --budget (1.5%): a tight allocation loop is probed 1.5% of the
-time, a process whose calls cost it little all the time; counts are scaled to the whole time
-and labelled as estimates. --policy always keeps them in: exact counts, and
-every call pays a uprobe trap (about 0.4-1 us here). docs/agent.md has the
-measured cost of each.";
-
 const REPORT_EXAMPLES: &str = "\
 Examples:
   mtrace report run.json
@@ -236,15 +152,6 @@ Examples:
   mtrace report run.json --html run.html
   mtrace report run.json --tree --dot run.dot --weight bytes
   mtrace report live.json --flamegraph leaks.svg --weight leaked";
-
-const DIFF_EXAMPLES: &str = "\
-Examples:
-  mtrace diff base.json new.json
-  mtrace diff base.json new.json --fail-if 'calls>+5%' --fail-if 'bytes>+1MiB'
-  mtrace diff base.json new.json --per-stack --fail-if 'calls>+10%'
-  mtrace diff base.json new.json --flamegraph diff.svg
-
-Exit status: 0 no regression, 1 a --fail-if condition holds, 2 unreadable input.";
 
 /// Tracing a live process.
 #[derive(Args, Debug)]
@@ -524,70 +431,6 @@ pub struct ReportArgs {
     pub out: OutputArgs,
 }
 
-#[derive(Args, Debug)]
-pub struct DiffArgs {
-    #[arg(value_name = "BASE.json")]
-    pub base: PathBuf,
-
-    #[arg(value_name = "NEW.json")]
-    pub new: PathBuf,
-
-    /// Exit 1 when this holds, e.g. 'calls>+5%' or 'bytes>+1MiB' (on the
-    /// totals, or on every stack with --per-stack). May be repeated.
-    #[arg(long = "fail-if", value_name = "COND")]
-    pub fail_if: Vec<String>,
-
-    /// Apply --fail-if to every stack instead of the totals.
-    #[arg(long)]
-    pub per_stack: bool,
-
-    /// Apply --fail-if to every test (a Rust test binary's, pytest's,
-    /// GoogleTest's, found among the frames) instead of the totals.
-    #[arg(long)]
-    pub per_test: bool,
-
-    /// Apply --fail-if to every group (of --group, or else the groups the
-    /// profiles were saved with) instead of the totals.
-    #[arg(long)]
-    pub per_group: bool,
-
-    /// A group, as for a trace: NAME=PATTERN (a glob on frames'
-    /// functions) or NAME=thread:PATTERN. May be repeated.
-    #[arg(long = "group", value_name = "NAME=PATTERN", value_parser = crate::profile::groups::Rule::parse)]
-    pub groups: Vec<crate::profile::groups::Rule>,
-
-    /// With --per-stack (--per-test, --per-group): a stack (test, group)
-    /// whose calls moved by at most N (and its bytes by at most N calls of
-    /// twice its average size) is noise, never a regression. 0 gates every
-    /// change.
-    #[arg(long, value_name = "CALLS", default_value_t = crate::diff::gate::DEFAULT_NOISE_FLOOR)]
-    pub noise_floor: u64,
-
-    /// Show at most N changed stacks (0: all).
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    pub top: usize,
-
-    // Its help names the diff schema version the writer writes.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text", help = diff_format_help())]
-    pub format: DiffFormat,
-
-    /// Write the --format report to FILE; the text report is still printed.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: Option<PathBuf>,
-
-    #[command(flatten)]
-    pub stacks: StackFiles,
-}
-
-/// `mtrace diff --format`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DiffFormat {
-    Text,
-    Json,
-    Markdown,
-    Junit,
-}
-
 /// Folded stacks and flame graphs: of a profile, or (`mtrace diff`)
 /// differential ones.
 #[derive(Args, Debug, Clone)]
@@ -606,105 +449,6 @@ pub struct StackFiles {
     /// speedscope's opening view count (inuse and leaked: of a live profile).
     #[arg(long, value_enum, default_value_t = WeightArg::Calls)]
     pub weight: WeightArg,
-}
-
-/// The longest `--duration` and `--interval`: beyond any trace, and far
-/// from overflowing a deadline or a `Duration` made of it.
-const MAX_SECS: f64 = 1e9;
-
-/// The shortest: a millisecond, the resolution of mtrace's timers (a
-/// shorter period would be rounded to nothing).
-const MIN_SECS: f64 = 1e-3;
-
-fn parse_duration(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !(v.is_finite() && v > 0.0) {
-        Err(format!(
-            "duration must be a positive number of seconds, not {s}"
-        ))
-    } else if v < MIN_SECS {
-        Err(format!(
-            "duration must be at least {MIN_SECS} seconds, not {s}"
-        ))
-    } else if v > MAX_SECS {
-        Err(format!(
-            "duration must be at most {MAX_SECS:e} seconds, not {s}"
-        ))
-    } else {
-        Ok(v)
-    }
-}
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "kb" => 1000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        _ => {
-            return Err(format!(
-                "`{s}`: unknown unit (use B, KiB, MiB, GiB, KB, MB, GB)"
-            ))
-        }
-    };
-    match n.checked_mul(mult) {
-        Some(v) if v > 0 => Ok(v),
-        _ => Err(format!(
-            "`{s}` must be at least one byte and fit in 64 bits"
-        )),
-    }
-}
-
-fn parse_age(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(format!("age must be zero or more seconds, not {s}"))
-    }
-}
-
-fn parse_span(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration like 500us, 1ms or 2s: {e}"))
-}
-
-fn parse_ring_size(s: &str) -> Result<u32, String> {
-    let v: u32 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
-    if v >= 4096 && v.is_power_of_two() {
-        Ok(v)
-    } else {
-        Err(format!(
-            "the event buffer must be a power of two of at least 4096 bytes, not {s}"
-        ))
-    }
-}
-
-fn parse_percent(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim_end_matches('%')
-        .parse()
-        .map_err(|_| format!("`{s}` is not a percentage"))?;
-    if (0.0..=100.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("threshold must be between 0 and 100, not {s}"))
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,10 @@ use std::fmt::Write;
 use anyhow::Result;
 
 use crate::{
-    cli::{config, DiffArgs, DiffFormat},
+    cli::{
+        config,
+        diff::{DiffArgs, DiffFormat},
+    },
     diff::{self, gate},
     error::{UserError, EXIT_USAGE},
     profile::{file as profile_file, Profile},
@@ -18,7 +21,11 @@ use crate::{
         text::{printable_profile, shown},
     },
     say,
-    sinks::{check_outputs, write_file, write_flamegraph, StdoutText},
+    sinks::{
+        check_outputs,
+        files::{write_file, write_flamegraph},
+        stdout::StdoutText,
+    },
 };
 
 pub fn run(args: DiffArgs) -> Result<i32> {

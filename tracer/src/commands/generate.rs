@@ -19,7 +19,7 @@ use clap_mangen::{
 
 use crate::{
     cli::{Cli, Generate, GenerateArgs},
-    sinks::{check_output_path, write_file},
+    sinks::files::{check_output_path, write_file},
 };
 
 pub fn run(args: GenerateArgs) -> Result<i32> {

@@ -83,7 +83,7 @@ const HOST_MAPS_UNUSED: [(&str, u32); 15] = [
     (maps::HOST_SCOPE_CGROUPS, 1),
 ];
 
-/// Most cgroups a host scope narrowed to cgroups names.
+/// The most cgroups that a host scope narrowed to cgroups can name.
 pub const SCOPE_CGROUPS: u32 = 64;
 
 /// Loads the BPF object for `mode` and `sizes` (its programs are loaded
@@ -131,8 +131,8 @@ pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<p
     })
 }
 
-/// Processes the host scope keeps apart at once (names, runs,
-/// incarnations).
+/// The most processes whose names, runs and incarnations the host scope
+/// keeps at once.
 const HOST_PROCESSES: u32 = 65536;
 
 /// Mappings the host scope's walks remember (an LRU: a process's mappings
@@ -190,7 +190,8 @@ pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool, scope: u32) -> R
         .map_max_entries(maps::HOST_FILE_TAGS, tracer_common::MAX_HOST_TAGS)
         .map_max_entries(maps::HOST_TAG_FILES, tracer_common::MAX_HOST_TAGS)
         .map_max_entries(maps::HOST_GENS, HOST_PROCESSES)
-        // (The shared loader keeps sizes between loads: each is set.)
+        // The shared loader keeps every size from the previous load, so
+        // each map's size is set here, even where it does not change.
         .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_FUNCS, tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)

@@ -79,7 +79,9 @@ pub struct Mode {
 }
 
 pub struct Probes {
-    /// Dropped, they take every probe out; first (fields drop in order).
+    /// Every probe's link; dropping a link takes its probes out. This
+    /// field comes first because fields drop in order, so the probes are
+    /// out before the programs and the maps they use are dropped.
     links: Vec<multi::Link>,
     /// Its programs, loaded for `links`.
     pub programs: Vec<multi::Program>,
@@ -145,8 +147,10 @@ pub fn attach<T>(
         host_scope: tracer_common::SCOPE_ALL,
     });
     if let Some(Sampling::Every(n)) = mode.sampling {
-        // Over the exponential table's mean, which its cut-off tail puts
-        // 0.03% below 1: the gaps' mean is then N, not N less 0.03%.
+        // The table's exponential draws are cut off at their tail, so
+        // their mean is 0.03% below 1. The scale is divided by that mean,
+        // so the gaps between sampled calls average N calls, not 0.03%
+        // fewer.
         let table = &config.exp_table;
         let mean =
             table.iter().map(|&e| e as f64).sum::<f64>() / (table.len() as f64 * WEIGHT_ONE as f64);
@@ -245,9 +249,9 @@ pub fn attach<T>(
     };
     let (mut loaded, how) = match pool::take(made_for) {
         Some(loaded) => {
-            // The last spare taken: the next is verified meanwhile (a
-            // fork is often followed at once by an exec, which needs
-            // another).
+            // This was the last spare, so the next one is loaded and
+            // verified meanwhile: a fork is often followed at once by an
+            // exec, which needs another object.
             if pool::spares_wanted() && !pool::any_for(made_for) {
                 prepare_spare();
             }

@@ -45,15 +45,21 @@ pub struct Loaded {
 #[derive(Default)]
 pub struct Mapped(Vec<(String, memmap2::MmapMut)>);
 
-/// What needs no emptying when an object comes back: maps its process's
-/// last reading and its unwinder emptied themselves (each walk over a
-/// hash map's buckets costs the same, full or not), and the counters that
-/// are not zero (known from the last reading, when the process was gone).
+/// What the emptying of an object that comes back may skip, because its
+/// process's last reading and its unwinder already left it empty. The
+/// maps named in `maps` are skipped whole; this matters because clearing
+/// a hash map walks all of its buckets, and an empty map costs as much as
+/// a full one. For the `COUNTERS` array, `counters` lists the counters
+/// that were not zero at the last reading, and only those are zeroed:
+/// every other counter is zero already, and stays zero because no program
+/// of a gone process runs any more.
 #[derive(Debug, Default)]
 pub struct Emptied {
-    /// Maps left empty, by name.
+    /// The maps that are already empty, by name.
     pub maps: Vec<&'static str>,
-    /// The only counters (`COUNTERS` indices) that may not be zero.
+    /// The `COUNTERS` indices that were not zero at the last reading: the
+    /// only counters the emptying zeroes. `None` when no last reading
+    /// noted them, and then every counter is zeroed.
     pub counters: Option<Vec<u32>>,
 }
 

@@ -41,7 +41,8 @@ pub const TRAP_NS: u64 = 800;
 /// How much more a window is taken to cost than estimated.
 const LOSS_MARGIN: f64 = 1.5;
 
-/// Longest pause: a process is looked at again at least this often.
+/// The longest pause, so that a process is looked at again at least this
+/// often.
 const MAX_PAUSE: Duration = Duration::from_secs(3600);
 
 /// `--policy windows`: how long a window lasts, the budget, and a fixed
@@ -176,10 +177,11 @@ impl Duty {
 }
 
 impl Duty {
-    /// A window is due to end, with the readings at its end. False: the
-    /// processes pay so little that the probes stay in and the next window
-    /// begins now; true: counting is to stop and the probes to go out,
-    /// then [`Duty::went_out`].
+    /// A window is due to end, and `readings` are taken at its end.
+    /// Returns false when the processes pay so little that the probes stay
+    /// in and the next window begins now. Returns true when counting is to
+    /// stop and the probes are to go out; the caller then calls
+    /// [`Duty::went_out`].
     pub fn window_ends(&mut self, readings: Readings) -> bool {
         let now = Instant::now();
         let (all, calls) = self.at.all.slowdown(&readings.all, None);

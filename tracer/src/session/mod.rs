@@ -51,18 +51,22 @@ pub struct Options {
     pub bounded: bool,
 }
 
-/// `Options::bounded`: gone processes whose rows keep their pid, at most.
+/// With `Options::bounded`, how many gone processes may keep their own
+/// pid on their rows. When one more is gone, the rows of all the gone
+/// processes are joined per command (under pid 0) and the count starts
+/// again.
 const GONE_WITH_PID: u32 = 64;
 
-/// `Options::bounded`: process records kept, at most (the oldest gone
-/// one goes first).
+/// With `Options::bounded`, the most process records the tree keeps.
+/// Past it, the oldest record of a gone process is dropped and counted as
+/// unlisted; the root's record is never dropped.
 const AGENT_RECORDS: usize = 1024;
 
 /// By cgroup: its directory, and the channel to the hold that seizes the
 /// processes joining it and lets go of those leaving it.
 pub struct Scope {
     pub dir: std::path::PathBuf,
-    pub handover: std::sync::mpsc::Sender<crate::tracee::launch::Handover>,
+    pub handover: std::sync::mpsc::Sender<crate::tracee::ptrace::Handover>,
 }
 
 /// Everything needed to turn the kernel maps into a profile at any time.
@@ -87,11 +91,13 @@ pub struct Session {
     letting_go: Option<std::thread::JoinHandle<()>>,
     /// The windows policy at work.
     duty: Option<duty::Duty>,
-    /// Gone processes joined into `ended` under their pid since its pids
-    /// were last forgotten.
+    /// How many gone processes have been joined into `ended` under their
+    /// own pid since `ended` last joined its rows per command (see
+    /// [`GONE_WITH_PID`]).
     gone_with_pid: u32,
-    /// Programs that exec replaced, finished but still to be read
-    /// ([`Session::settle`]): after the new program's answer.
+    /// The programs that an exec replaced. Their counting has stopped;
+    /// each is read into its process once the new program has had its
+    /// answer ([`Session::settle`]).
     exec_replaced: Vec<TracedProcess>,
     /// Processes that are gone, still to be read ([`Session::settle`]),
     /// and since when the first has waited.

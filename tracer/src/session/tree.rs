@@ -14,9 +14,9 @@ use crate::{
     render::text::printable,
     say,
     tracee::{
-        self,
-        launch::{Handover, TreeEvent},
-        perf_map, AddressSpace, Mapping,
+        self, perf_map,
+        ptrace::{Handover, TreeEvent},
+        AddressSpace, Mapping,
     },
 };
 

@@ -33,10 +33,9 @@ use std::{
 
 use anyhow::Result;
 
-// The session and `commands::trace` name these as the launch's.
-pub use super::ptrace::{Handover, TreeEvent};
-
-use super::ptrace::{ptrace, wait_for_allocator, wait_tree, waitpid, Exited, HeldSignals};
+use super::ptrace::{
+    ptrace, wait_for_allocator, wait_tree, waitpid, Exited, HeldSignals, TreeEvent,
+};
 use crate::{
     error::{UserError, EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND},
     tracee::{run_as::RunAs, Mapping},

@@ -12,7 +12,7 @@ pub mod launch;
 mod linkmap;
 pub mod perf_map;
 pub mod proc;
-mod ptrace;
+pub mod ptrace;
 mod run_as;
 
 pub use address_space::AddressSpace;

@@ -19,7 +19,7 @@ use crate::{
     cli::config::{Target, TraceConfig},
     profile::Meta,
     session::{self, TracedProcess, TreeRequest},
-    tracee::{self, launch, launch::TreeEvent, AddressSpace, ExitHold, RunAs},
+    tracee::{self, launch, ptrace::TreeEvent, AddressSpace, ExitHold, RunAs},
     user_error,
     watch::{self},
 };
@@ -32,7 +32,7 @@ pub(super) enum TargetExit {
     Pidfd(OwnedFd),
     /// By cgroup: the cgroup is empty; and where to send the processes
     /// that join it or leave it for the hold to seize or let go.
-    Cgroup(PathBuf, std::sync::mpsc::Sender<tracee::launch::Handover>),
+    Cgroup(PathBuf, std::sync::mpsc::Sender<tracee::ptrace::Handover>),
 }
 
 /// The process a trace begins with: probed, or a Go program with no

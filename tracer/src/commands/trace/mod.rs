@@ -17,7 +17,7 @@ use crate::{
     render::text::printable,
     say,
     session::{self, End, Inputs, ProcSettings, Session, Signals},
-    sinks::{check_writable_dir, Outcome, Report, Sink, Snapshots},
+    sinks::{files::check_writable_dir, Outcome, Report, Sink, Snapshots},
     tracee::{self, launch, ExitHold, RunAs},
     watch::{self, StatusLine, Watcher},
 };
@@ -43,8 +43,8 @@ pub enum Front {
 const MIN_BUDGET_PCT: f64 = 0.01;
 
 /// `mtrace agent`: its policy checked, then a trace served over HTTP.
-pub fn run_agent(args: crate::cli::AgentArgs) -> Result<i32> {
-    use crate::cli::PolicyArg;
+pub fn run_agent(args: crate::cli::agent::AgentArgs) -> Result<i32> {
+    use crate::cli::agent::PolicyArg;
     let t = &args.trace;
     let always_needed = t.live || t.sample_bytes.is_some() || t.sample_every.is_some();
     let windows = match (args.policy, always_needed) {
