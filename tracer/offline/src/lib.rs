@@ -8,6 +8,8 @@
 //! - [`render`]: a profile (or a diff) to bytes: table, folded stacks,
 //!   flame graphs, pprof, speedscope, leak summary, the HTML report.
 //!   Renderers do no I/O.
+//! - [`golden`] (feature `golden`, tests only): golden files and
+//!   `MTRACE_BLESS`.
 //!
 //! This crate has no aya, tokio or clap in its dependency tree: `mtrace
 //! report` and `mtrace diff` work without root, and the compiler keeps it
@@ -15,5 +17,7 @@
 
 pub mod diff;
 pub mod error;
+#[cfg(feature = "golden")]
+pub mod golden;
 pub mod profile;
 pub mod render;

@@ -35,24 +35,9 @@ fn input() -> Profile {
     file::read(&data().join("profile.json")).expect("the golden profile reads")
 }
 
-/// Compares `actual` with `results/NAME`, or writes it there when
-/// `MTRACE_BLESS` is set; a difference fails with a unified diff.
+/// Compares `actual` with `results/NAME` (`MTRACE_BLESS` rewrites it).
 fn check(name: &str, actual: &str) {
-    let path = data().join("results").join(name);
-    if std::env::var_os("MTRACE_BLESS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (MTRACE_BLESS=1 writes it)", path.display()));
-    if expected != actual {
-        let diff = similar::TextDiff::from_lines(&expected, actual)
-            .unified_diff()
-            .header(&format!("results/{name}"), "actual")
-            .to_string();
-        panic!("{name} differs from its golden file (MTRACE_BLESS=1 to accept):\n{diff}");
-    }
+    tracer_offline::golden::check(&data().join("results"), name, actual);
 }
 
 fn options(sort: SortKey, per_thread: bool) -> ReportOptions {

@@ -60,10 +60,9 @@ impl StatusLine {
             self.rows = rows;
         }
         let dt = (tick.elapsed - self.last_t).max(1e-3);
-        let text = format_status(tick, self.last, dt);
+        let text = shown(tick, self.last, dt, terminal_cols().unwrap_or(80));
         self.last = tick.running;
         self.last_t = tick.elapsed;
-        let text = truncate(&text, terminal_cols().unwrap_or(80) as usize);
         self.write(&format!("\x1b7\x1b[{};1H\x1b[2K{text}\x1b8", self.rows));
     }
 
@@ -134,8 +133,13 @@ pub fn summary(tick: &Tick, calls_rate: f64, bytes_rate: f64) -> String {
     s
 }
 
-fn truncate(s: &str, cols: usize) -> String {
-    s.chars().take(cols.saturating_sub(1)).collect()
+/// The line as shown on a terminal `cols` wide: [`format_status`] cut
+/// to leave the last column empty, so that the cursor does not wrap.
+fn shown(tick: &Tick, last: Running, dt: f64, cols: u16) -> String {
+    let s = format_status(tick, last, dt);
+    s.chars()
+        .take(usize::from(cols).saturating_sub(1))
+        .collect()
 }
 
 fn winsize() -> Option<libc::winsize> {
@@ -155,28 +159,54 @@ fn terminal_cols() -> Option<u16> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
+    /// The line through a trace, at ticks a few seconds apart and on
+    /// terminals of a fixed width: the golden file
+    /// `golden/status-line.txt` (`MTRACE_BLESS=1` rewrites it).
     #[test]
     fn units_and_rates() {
-        let tick = Tick {
-            elapsed: 62.0,
+        let tick = |elapsed: f64, calls: u64, bytes: u64| Tick {
+            elapsed,
             running: Running {
-                calls: 2000,
-                bytes: 4096,
-                frees: 0,
-                lost: 3,
+                calls,
+                bytes,
+                ..Running::default()
             },
-            live_bytes: Some(2048),
-            processes: 2,
+            live_bytes: None,
+            processes: 1,
         };
-        let last = Running {
-            calls: 1000,
-            ..Running::default()
-        };
-        assert_eq!(
-            format_status(&tick, last, 2.0),
-            "mtrace 0:01:02  2,000 calls  500/s  4.0 KiB  2.0 KiB/s  live 2.0 KiB  2 processes  LOST 3"
-        );
+        let first = tick(1.0, 1, 16);
+        let mut busy = tick(62.0, 2000, 4096);
+        busy.running.lost = 3;
+        busy.live_bytes = Some(2048);
+        busy.processes = 2;
+        let long = tick(3725.0, 12_345_678, 5 << 30);
+        let cases = [
+            (
+                "the first call, 80 columns",
+                first,
+                Running::default(),
+                1.0,
+                80,
+            ),
+            (
+                "live, 2 processes and a loss, 120 columns",
+                busy,
+                first.running,
+                2.0,
+                120,
+            ),
+            ("the same, 40 columns", busy, first.running, 2.0, 40),
+            ("over an hour, 80 columns", long, busy.running, 1.0, 80),
+        ];
+        let mut out = String::new();
+        for (what, tick, last, dt, cols) in cases {
+            out += &format!("{what}:\n{}\n\n", shown(&tick, last, dt, cols));
+        }
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/watch/golden");
+        tracer_offline::golden::check(&dir, "status-line.txt", &out);
     }
 }
