@@ -8,8 +8,9 @@ use std::{collections::BTreeMap, fs};
 use tracer_offline::render::text::bytes;
 
 use crate::{
-    artifacts::{report, s, trace_counts},
     support::counts::{COUNTS_SITES, RECURSE_DEPTH},
+    support::mtrace::{report, trace_counts},
+    support::s,
     support::{Fixture, Profile},
 };
 

@@ -3,38 +3,17 @@
 //! with its own mappings; the profile joins them.
 
 use crate::{
-    live::check_live_fixture,
     support::counts::assert_counts_sites,
-    support::{run_profiled, trace_by_pid, Finished, Fixture, FixtureProc, Profile},
+    support::fixtures::JEMALLOC,
+    support::live::check_live_fixture,
+    support::mtrace::trace_through_env,
+    support::{trace_by_pid, Fixture, FixtureProc, Profile},
 };
-
-use crate::families::JEMALLOC;
 
 /// Every site of the counts fixture exact, and the family named.
 fn check_counts_sites_and_family(p: &Profile, d: &str, family: &str) {
     assert_counts_sites(p, d);
     assert_eq!(p.doc["meta"]["allocator_family"], family, "{d}");
-}
-
-/// `mtrace ARGS -- env [ASSIGNMENTS] FIXTURE`.
-pub fn trace_through_env(
-    args: &[&str],
-    assignments: &[&str],
-    fixture: Fixture,
-) -> (Finished, Profile) {
-    let mut all = args.to_vec();
-    all.extend(["--top", "0", "--", "env"]);
-    all.extend(assignments);
-    all.push(fixture.path_str());
-    let (out, p) = run_profiled(&all);
-    out.assert_exit(0);
-    let exec_line = format!("exec'd {}:", fixture.path_str());
-    assert!(
-        out.stderr.iter().any(|l| l.contains(&exec_line)),
-        "no `{exec_line}` line\n{}",
-        out.describe()
-    );
-    (out, p)
 }
 
 /// The case of issue 11: `env` runs on glibc, the program it execs on a

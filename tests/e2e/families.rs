@@ -5,16 +5,16 @@
 //! it. (C++ operator new and Rust's __rust_alloc: tests/e2e/unwind.rs.)
 
 use crate::{
-    exec::trace_through_env,
     support::counts::assert_counts_sites,
+    support::fixtures::JEMALLOC,
+    support::mtrace::trace_through_env,
     support::{
         fixtures::{compile_c, fixtures_dir},
         run_profiled, trace_by_pid, Fixture, FixtureProc, Profile,
     },
 };
 
-/// Debian's allocators (installed by `cargo xtask setup`).
-pub const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+/// Debian's other allocators (installed by `cargo xtask setup`).
 const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
 const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
 

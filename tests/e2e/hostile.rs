@@ -14,12 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    artifacts::s,
-    support::{
-        longrun::Longrun, mtrace::mtrace_command, mtrace_path, names_in, public_tempdir,
-        run_mtrace, Finished, Fixture, Mtrace, Proc, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
-    },
+use crate::support::{
+    longrun::Longrun, mtrace::mtrace_command, mtrace_path, names_in, public_tempdir, run_mtrace, s,
+    Finished, Fixture, Mtrace, Proc, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
 };
 
 /// A FIFO at `path`, as another user could plant one in a shared

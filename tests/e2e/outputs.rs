@@ -10,10 +10,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use crate::{
-    artifacts::{s, trace_counts},
-    support::{mtrace_path, run_mtrace, Fixture},
-};
+use crate::support::{mtrace::trace_counts, mtrace_path, run_mtrace, s, Fixture};
 
 /// Every option that writes a file of the profile.
 const OUTPUT_FLAGS: [&str; 6] = [

@@ -177,7 +177,7 @@ fn rust_tests_are_counted_exactly_and_gated_one_by_one() {
         );
     }
     let (cases, failures) =
-        crate::artifacts::diff::junit_cases(&std::fs::read_to_string(&junit).unwrap());
+        crate::support::diff::junit_cases(&std::fs::read_to_string(&junit).unwrap());
     assert_eq!(cases.len(), 6, "a case per test and condition: {cases:?}");
     assert!(cases.contains(&"tests::allocates_twenty_thousand_boxes (bytes>+1%)".to_string()));
     assert_eq!(failures.len(), 2, "{failures:?}");

@@ -7,9 +7,10 @@
 use tracer_offline::render::text::bytes;
 
 use crate::{
-    artifacts::{report, s, trace_counts},
-    live::{run_live, u},
     support::counts::check_counts_profile,
+    support::live::{run_live, u},
+    support::mtrace::{report, trace_counts},
+    support::s,
     support::{table::live_table, trace_fixture, validate_profile, Finished, Fixture, Profile},
 };
 

@@ -5,10 +5,10 @@
 
 use std::{collections::BTreeMap, fs, path::Path};
 
-use crate::{
-    artifacts::{report, s},
+use crate::support::{
     live::{site, u},
-    support::{run_mtrace, Fixture, Profile},
+    mtrace::report,
+    run_mtrace, s, Fixture, Profile,
 };
 
 /// (allocator function, direct caller) -> summed count of a folded file;

@@ -14,9 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{agent_fixture, tell};
 use crate::support::{
-    agent::Agent,
+    agent::{agent_fixture, tell, Agent},
     http::{http, try_http},
     process::FixtureProc,
 };

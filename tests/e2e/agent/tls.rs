@@ -12,10 +12,9 @@ use std::{
     time::Duration,
 };
 
-use super::{agent_fixture, tell};
 use crate::support::{
     self,
-    agent::Agent,
+    agent::{agent_fixture, tell, Agent},
     have,
     mtrace::run_mtrace,
     pprof::{at_site, pprof_fetch, pprof_raw_env},

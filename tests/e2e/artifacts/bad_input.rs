@@ -2,8 +2,10 @@
 
 use std::fs;
 
-use super::{report, s, trace_counts};
-use crate::support::{run_mtrace, validate_profile, Fixture};
+use crate::support::{
+    mtrace::{report, trace_counts},
+    run_mtrace, s, validate_profile, Fixture,
+};
 
 #[test]
 fn bad_profiles_exit_2() {

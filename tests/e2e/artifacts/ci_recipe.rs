@@ -10,8 +10,7 @@ use std::{
 
 use serde_json::Value;
 
-use super::diff::junit_cases;
-use crate::support::{mtrace::mtrace_path, Fixture};
+use crate::support::{diff::junit_cases, mtrace::mtrace_path, Fixture};
 
 /// The workflow file docs/profiles.md shows.
 fn workflow() -> (String, Value) {

@@ -2,12 +2,13 @@
 
 use std::{fs, path::Path};
 
-use super::{expected_sites, s, trace_counts};
 use crate::{
-    support::counts::{COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::counts::{expected_sites, COUNTS_SITES, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
     support::{
-        copy_executable, diff::DiffOut, run_mtrace, validate_against, validate_profile, Finished,
-        Fixture, Mtrace, Profile,
+        copy_executable,
+        diff::{junit_cases, DiffOut},
+        mtrace::trace_counts,
+        run_mtrace, s, validate_against, validate_profile, Finished, Fixture, Mtrace, Profile,
     },
 };
 
@@ -385,42 +386,6 @@ fn check_formats(base: &Path, new: &Path, dir: &Path) {
     ]);
     out.assert_exit(2);
     out.assert_error("given for two outputs");
-}
-
-/// The test cases' names and the failures' messages of a JUnit report,
-/// read by an XML parser that checks the document is well formed.
-pub(crate) fn junit_cases(xml: &str) -> (Vec<String>, Vec<String>) {
-    use quick_xml::events::Event;
-    let mut reader = quick_xml::Reader::from_str(xml);
-    reader.config_mut().check_end_names = true;
-    let (mut cases, mut failures) = (Vec::new(), Vec::new());
-    loop {
-        match reader
-            .read_event()
-            .unwrap_or_else(|e| panic!("bad XML: {e}\n{xml}"))
-        {
-            Event::Start(e) | Event::Empty(e) => {
-                let attr = |n: &str| {
-                    e.try_get_attribute(n)
-                        .unwrap()
-                        .map(|a| {
-                            a.normalized_value(quick_xml::XmlVersion::Explicit1_0)
-                                .unwrap()
-                                .into_owned()
-                        })
-                        .unwrap_or_default()
-                };
-                match e.name().as_ref() {
-                    b"testcase" => cases.push(attr("name")),
-                    b"failure" => failures.push(attr("message")),
-                    _ => {}
-                }
-            }
-            Event::Eof => break,
-            _ => {}
-        }
-    }
-    (cases, failures)
 }
 
 /// The same gate where the new build has the old one's file name in

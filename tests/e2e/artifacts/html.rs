@@ -13,8 +13,7 @@ use std::{
 use base64::Engine as _;
 use serde_json::json;
 
-use super::{report, s};
-use crate::{live::run_live, support::require};
+use crate::support::{live::run_live, mtrace::report, require, s};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 

@@ -9,8 +9,7 @@ use std::{fs, path::Path, time::Duration};
 
 use tracer_offline::profile::{file, synthetic, Profile};
 
-use super::s;
-use crate::support::{run_mtrace, Finished, Mtrace};
+use crate::support::{run_mtrace, s, Finished, Mtrace};
 
 /// The most a `report` or a `diff` may hold at its peak (resident), as
 /// docs/usage.md states it: 32 MiB and ten times the bytes of the

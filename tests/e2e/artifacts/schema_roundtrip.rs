@@ -4,10 +4,15 @@ use std::fs;
 
 use serde_json::Value;
 
-use super::{gunzip, report, s, trace_counts};
 use crate::{
     support::counts::{check_counts_profile, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
-    support::{table::live_table, validate_profile, Fixture, Profile},
+    support::{
+        gunzip,
+        mtrace::{report, trace_counts},
+        s,
+        table::live_table,
+        validate_profile, Fixture, Profile,
+    },
 };
 
 #[test]

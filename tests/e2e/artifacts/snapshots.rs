@@ -7,9 +7,8 @@ use std::{
 
 use serde_json::Value;
 
-use super::s;
 use crate::support::{
-    validate_profile, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
+    s, validate_profile, Fixture, FixtureProc, Mtrace, Profile, EXIT_TIMEOUT, LINE_TIMEOUT,
 };
 
 /// `mtrace-PID-NNNN.json` -> NNNN.

@@ -4,10 +4,9 @@ use std::{collections::BTreeMap, fs};
 
 use serde_json::Value;
 
-use super::{expected_sites, s, trace_counts};
 use crate::{
-    support::counts::{COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
-    support::Fixture,
+    support::counts::{expected_sites, COUNTS_TOTAL_BYTES, COUNTS_TOTAL_CALLS},
+    support::{mtrace::trace_counts, s, Fixture},
 };
 
 #[test]

@@ -1,10 +1,17 @@
 //! `mtrace agent` run by a test: started on a port the kernel chooses,
 //! reached on loopback.
 
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
+
 use super::{
+    fixtures::compile_c,
     http::http,
     mtrace::{mtrace_command, Mtrace},
-    process::LINE_TIMEOUT,
+    process::{FixtureProc, LINE_TIMEOUT},
 };
 
 /// A running agent and the address it serves on (`--listen 127.0.0.1:0`:
@@ -75,4 +82,25 @@ impl Agent {
     pub(crate) fn get(&self, path: &str) -> (u16, String) {
         http(&self.addr, "GET", path)
     }
+}
+
+/// The agent fixture (tests/fixtures/agent.c), compiled once.
+pub(crate) fn agent_fixture() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        compile_c(
+            "agent",
+            "agent",
+            &["-O2", "-fno-omit-frame-pointer", "-g"],
+            &[],
+        )
+    })
+}
+
+/// Tells the fixture `cmd` and waits until it has made the calls.
+pub(crate) fn tell(fx: &mut FixtureProc, cmd: &str) {
+    let stdin = fx.stdin.as_mut().expect("fixture stdin open");
+    writeln!(stdin, "{cmd}").unwrap();
+    stdin.flush().unwrap();
+    fx.stdout.wait_for(|l| l == "done", LINE_TIMEOUT);
 }

@@ -1,6 +1,8 @@
 //! The counts fixture's (tests/fixtures/counts.c) exact figures, and the
 //! checks of a profile against them that several test files share.
 
+use std::collections::BTreeMap;
+
 use super::Profile;
 
 /// (allocator function, direct caller, calls, bytes) of tests/fixtures/counts.c.
@@ -135,4 +137,13 @@ pub fn check_counts_profile(p: &Profile) {
             "{points:?}"
         );
     }
+}
+
+/// (allocator function, direct caller) -> [calls, bytes] of the counts
+/// fixture.
+pub fn expected_sites() -> BTreeMap<(String, String), [i64; 2]> {
+    COUNTS_SITES
+        .iter()
+        .map(|&(f, c, calls, bytes)| ((f.to_string(), c.to_string()), [calls as i64, bytes as i64]))
+        .collect()
 }

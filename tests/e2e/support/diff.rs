@@ -116,3 +116,39 @@ impl DiffOut {
         d
     }
 }
+
+/// The test cases' names and the failures' messages of a JUnit report,
+/// read by an XML parser that checks the document is well formed.
+pub(crate) fn junit_cases(xml: &str) -> (Vec<String>, Vec<String>) {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_str(xml);
+    reader.config_mut().check_end_names = true;
+    let (mut cases, mut failures) = (Vec::new(), Vec::new());
+    loop {
+        match reader
+            .read_event()
+            .unwrap_or_else(|e| panic!("bad XML: {e}\n{xml}"))
+        {
+            Event::Start(e) | Event::Empty(e) => {
+                let attr = |n: &str| {
+                    e.try_get_attribute(n)
+                        .unwrap()
+                        .map(|a| {
+                            a.normalized_value(quick_xml::XmlVersion::Explicit1_0)
+                                .unwrap()
+                                .into_owned()
+                        })
+                        .unwrap_or_default()
+                };
+                match e.name().as_ref() {
+                    b"testcase" => cases.push(attr("name")),
+                    b"failure" => failures.push(attr("message")),
+                    _ => {}
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    (cases, failures)
+}

@@ -143,3 +143,6 @@ pub fn copy_executable(src: &Path, dir: &Path, name: &str) -> PathBuf {
     fs::set_permissions(&dst, fs::Permissions::from_mode(0o755)).unwrap();
     dst
 }
+
+/// Debian's jemalloc (installed by `cargo xtask setup`).
+pub const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";

@@ -10,6 +10,11 @@
 //!   tests/e2e/table.rs);
 //! - [`diff`]: the parser of `mtrace diff`'s table;
 //! - [`longrun`]: the longrun fixture, to see probes come and go;
+//! - [`live`]: the live fixture in live mode;
+//! - [`python`]: the Python scripts and their frames in a profile;
+//! - [`scopes`]: stacks tallied per process, against a trace alone;
+//! - [`protoc`]: pprof files decoded by protoc;
+//! - [`symbols`]: stripped programs, their debug files, debuginfod;
 //! - [`cgroup`]: a cgroup of the test's own;
 //! - [`agent`], [`http`], [`pprof`], [`prometheus`]: `mtrace agent` and
 //!   the clients that read it.
@@ -21,16 +26,21 @@ pub mod diff;
 pub mod fixtures;
 pub mod gdb;
 pub mod http;
+pub mod live;
 pub mod longrun;
 pub mod mtrace;
 pub mod pprof;
 pub mod process;
 pub mod profile;
 pub mod prometheus;
+pub mod protoc;
+pub mod python;
+pub mod scopes;
+pub mod symbols;
 pub mod table;
 pub mod unwind;
 
-use std::{fs, os::unix::fs::PermissionsExt};
+use std::{fs, io::Read, os::unix::fs::PermissionsExt, path::Path};
 
 pub use fixtures::{copy_executable, Fixture};
 pub use mtrace::{
@@ -140,4 +150,19 @@ pub fn have(program: &str) -> bool {
         .stdout(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// `path` as &str (temp paths are UTF-8).
+pub fn s(path: &Path) -> &str {
+    path.to_str().expect("path not UTF-8")
+}
+
+/// The bytes of the gzip file at `path`.
+pub fn gunzip(path: &Path) -> Vec<u8> {
+    let file = fs::File::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("{} is not gzip: {e}", path.display()));
+    raw
 }

@@ -284,3 +284,46 @@ impl Finished {
         );
     }
 }
+
+/// A launch-mode trace of `fixture` (counts or counts-plus20) with `args`
+/// before `--`; asserts that mtrace exits 0.
+pub fn trace_counts(fixture: Fixture, args: &[&str]) -> Finished {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push("--");
+    all.push(fixture.path_str());
+    let mut m = Mtrace::start(&all);
+    m.wait_tracing();
+    let out = m.finish();
+    out.assert_exit(0);
+    out
+}
+
+/// `mtrace report ARGS` (no privilege needed): exit 0, and the table.
+pub fn report(args: &[&str]) -> Finished {
+    let mut all = vec!["report"];
+    all.extend_from_slice(args);
+    let out = run_mtrace(&all);
+    out.assert_exit(0);
+    out
+}
+
+/// `mtrace ARGS -- env [ASSIGNMENTS] FIXTURE`.
+pub fn trace_through_env(
+    args: &[&str],
+    assignments: &[&str],
+    fixture: Fixture,
+) -> (Finished, Profile) {
+    let mut all = args.to_vec();
+    all.extend(["--top", "0", "--", "env"]);
+    all.extend(assignments);
+    all.push(fixture.path_str());
+    let (out, p) = run_profiled(&all);
+    out.assert_exit(0);
+    let exec_line = format!("exec'd {}:", fixture.path_str());
+    assert!(
+        out.stderr.iter().any(|l| l.contains(&exec_line)),
+        "no `{exec_line}` line\n{}",
+        out.describe()
+    );
+    (out, p)
+}

@@ -279,3 +279,23 @@ impl Profile {
         s
     }
 }
+
+/// The processes the profile lists: (pid, ppid, name, traced, exit code).
+pub fn processes(p: &Profile) -> Vec<(u64, u64, String, bool, Option<i64>)> {
+    p.doc["meta"]["processes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    (
+                        e["pid"].as_u64().unwrap(),
+                        e["ppid"].as_u64().unwrap(),
+                        e["name"].as_str().unwrap().to_string(),
+                        e["traced"].as_bool().unwrap(),
+                        e["exit_code"].as_i64(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -7,16 +7,20 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{
-    built, caller, debuginfod, hundred, in_build_id_tree, named, symbols, trace, trace_to, Named,
-    Removed,
+use crate::support::{
+    mtrace::Finished,
+    require,
+    symbols::{
+        built, caller, debuginfod, hundred, in_build_id_tree, named, rand_suffix, symbols, trace,
+        trace_to, Named, Removed,
+    },
+    Mtrace, Profile,
 };
-use crate::support::{mtrace::Finished, require, Mtrace, Profile};
 
 /// `mtrace report SAVED -o OUT` with `args` and `env`: what it printed
 /// and the profile it wrote.
 fn report(saved: &Path, args: &[&str], env: &[(&str, &str)]) -> (Finished, Profile) {
-    let out = saved.with_extension(format!("r{}.json", super::rand_suffix()));
+    let out = saved.with_extension(format!("r{}.json", rand_suffix()));
     let mut all = vec![
         "report",
         saved.to_str().unwrap(),
