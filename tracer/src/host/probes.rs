@@ -438,7 +438,20 @@ fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, tracepoint: &str) -> Result
         .program_mut(program)
         .with_context(|| format!("the program {program}"))?
         .try_into()?;
-    p.load().with_context(|| format!("loading {program}"))?;
+    // Loaded again when a signal interrupted the verifier (see
+    // `multi::interrupted`).
+    let mut tries = 1;
+    loop {
+        match p.load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if crate::probes::multi::interrupted(&io_error)
+                    && tries < crate::probes::multi::LOAD_TRIES =>
+            {
+                tries += 1
+            }
+            done => break done.with_context(|| format!("loading {program}"))?,
+        }
+    }
     p.attach(tracepoint)
         .with_context(|| format!("attaching to {tracepoint}"))?;
     Ok(())

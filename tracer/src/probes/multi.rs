@@ -36,6 +36,14 @@ pub struct Program {
 #[derive(Debug)]
 pub struct Link(#[allow(dead_code)] OwnedFd);
 
+/// Loads of a program tried at most, each interrupted by a signal.
+pub(crate) const LOAD_TRIES: u32 = 8;
+
+/// Whether a load failed only because a signal came meanwhile.
+pub(crate) fn interrupted(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EAGAIN)
+}
+
 pub(super) fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<i64> {
     // SAFETY: `attr` is a valid bpf_attr for `cmd`, and every pointer in
     // it points at memory that outlives the call.
@@ -186,6 +194,18 @@ fn load_one(
             u.log_size = log.len() as u32;
         }
         sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
+    };
+    // The verifier gives up with EAGAIN when a signal comes for the
+    // loading thread (a child's SIGCHLD, a resized terminal's SIGWINCH,
+    // mtrace stopped and continued): the same load again, as libbpf does.
+    let attempt = |log: &mut Vec<u8>| {
+        let mut tries = 1;
+        loop {
+            match attempt(log) {
+                Err(e) if interrupted(&e) && tries < LOAD_TRIES => tries += 1,
+                done => return done,
+            }
+        }
     };
     let fd = match attempt(&mut Vec::new()) {
         Ok(fd) => fd,
