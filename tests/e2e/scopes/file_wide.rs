@@ -5,6 +5,7 @@
 
 use crate::support::{
     cgroup::TestCgroup,
+    copy_executable,
     longrun::sigkilled_mtrace_leaves_no_breakpoints_in,
     scopes::{assert_same_as_alone, tally},
     Fixture,
@@ -55,6 +56,83 @@ fn a_command_traced_file_wide_counts_its_tree_as_a_trace_of_it_alone() {
             &d,
         );
     }
+}
+
+/// A walk the kernel hands over whose process is gone before mtrace
+/// reads its mappings is finished in the files the kernel's walks met in
+/// that process (its executable and the C library): mtrace is stopped
+/// (SIGSTOP) while a fresh copy of the counts fixture (a file no rule is
+/// known for) runs in the tree and exits; once let go on, every walk of
+/// it is finished after its end, and its calls are counted as a trace of
+/// it alone counts them, per function and whole stack, frame for frame,
+/// none cut. Stderr says how many walks were finished so.
+#[test]
+fn a_walk_whose_process_is_gone_is_finished_whole_in_its_files() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let counts = copy_executable(Fixture::Counts.path(), dir.path(), "counts");
+    let counts = counts.to_str().unwrap();
+    let (out, p) = crate::support::run_profiled(&["--", counts]);
+    out.assert_exit(0);
+    let alone = tally(&p, &|_, _| true);
+    assert!(
+        alone.keys().all(|(_, s)| s.ends_with("cut:false")),
+        "{alone:#?}"
+    );
+
+    let go = dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.01; done; exec {counts} >/dev/null",
+        go.display()
+    );
+    let mut m = crate::support::Mtrace::start_profiled(&[
+        "--file-wide",
+        "--per-process",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let pid = m.wait_tracing();
+    m.proc.signal(libc::SIGSTOP);
+    std::fs::write(&go, "").unwrap();
+    // The fixture has run and exited (a zombie until mtrace, stopped,
+    // reaps it).
+    let stat = format!("/proc/{pid}/stat");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    m.proc.signal(libc::SIGCONT);
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    let run = tally(&p, &move |p, n| p == pid as u64 && n == "counts");
+    assert_eq!(run, alone, "{d}");
+    let said = out
+        .stderr
+        .iter()
+        .find_map(|l| l.split_once("walks were finished after their process was gone"))
+        .map(|(n, rest)| {
+            (
+                n.trim_start_matches("mtrace: ").trim().to_string(),
+                rest.to_string(),
+            )
+        })
+        .unwrap_or_else(|| panic!("no word of walks of a process gone\n{d}"));
+    let n: u64 = said.0.parse().unwrap();
+    assert!(n >= 1000, "{d}");
+    assert!(
+        said.1
+            .ends_with(&format!(": {n} whole, 0 cut (process_gone)")),
+        "{d}"
+    );
 }
 
 /// mtrace `--file-wide` killed with SIGKILL while it traces a cgroup
