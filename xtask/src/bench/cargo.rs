@@ -31,7 +31,7 @@ mod tests {
 }
 "#;
 
-const CARGO_TOML: &str = "[package]\nname = \"mtrace-bench-crate\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n";
+const CARGO_TOML: &str = "[workspace]\n\n[package]\nname = \"mtrace-bench-crate\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n";
 
 pub struct CargoRow {
     command: &'static str,
@@ -48,7 +48,8 @@ pub struct CargoRow {
     cut: String,
 }
 
-/// The crate, built once (so that each timed run is a no-op build).
+/// The crate, built once (so that each timed run is a no-op build); a
+/// workspace of its own, though it lies under mtrace's.
 fn make_crate(out_dir: &Path) -> Result<PathBuf> {
     let dir = out_dir.join("cargo-crate");
     std::fs::create_dir_all(dir.join("src"))?;
