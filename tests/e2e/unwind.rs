@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::support::{
     gdb::{stacks_in_profile, stacks_under_gdb, Stacks},
     run_profiled, trace_by_pid,
-    unwind::{Program, CHAINS, CXX, DLOPEN, JIT, MEMO, MIXED, NO_CFI, RUST},
+    unwind::{Program, CHAINS, CXX, DEEP, DLOPEN, JIT, MEMO, MIXED, NO_CFI, RUST},
     Finished, FixtureProc, Profile,
 };
 
@@ -103,6 +103,24 @@ fn remembered_walks_keep_stacks_that_differ_further_up() {
         assert!(
             (8..42).contains(&walked),
             "{mode:?}: {q}\n{}",
+            out.describe()
+        );
+    }
+}
+
+/// A stack deeper than 64 KiB at the allocation (deep.c: 60 frames of 2
+/// KiB): the first walk goes to the tracer with a copy of all of it, and
+/// every stack is gdb's, whole, in count and live mode.
+#[test]
+fn stack_deeper_than_64_kib_is_whole_from_its_first_walk() {
+    need_bpf!();
+    for mode in [&["-v"][..], &["-v", "--live"][..]] {
+        let (out, p) = check_launch_profiled(DEEP, mode);
+        let q = &p.doc["stack_quality"];
+        assert_eq!(q["calls"], 3, "{mode:?}: {q}\n{}", out.describe());
+        assert!(
+            q["finished_by_tracer"].as_u64().is_some_and(|n| n >= 1),
+            "{mode:?}: no walk went to the tracer: {q}\n{}",
             out.describe()
         );
     }

@@ -166,13 +166,14 @@ pub const fn is_miss_stack_id(stack: u64) -> bool {
     stack & 3 == 3
 }
 
-/// Bytes of the target's stack a [`MissEvent`] carries (from the frame
-/// where the rule was missing): a whole CPython stack at a malloc is 5 KiB
-/// typically, 12.5 KiB at the 99th percentile, and one of its frames alone
-/// holds a 16 KiB buffer. A deeper walk that runs out of copy is cut short
-/// once (`read_failed`); the rules it added let the next one go on in the
-/// kernel.
-pub const STACK_COPY: usize = 65536;
+/// Most bytes of the target's stack a [`MissEvent`] carries (from the
+/// frame where the rule was missing): a whole CPython stack at a malloc is
+/// 5 KiB typically, 12.5 KiB at the 99th percentile, and one of its frames
+/// alone holds a 16 KiB buffer; cargo's main thread allocates with up to
+/// 72 KiB of stack above it. A deeper walk that runs out of copy is cut
+/// short once (`read_failed`); the rules it added let the next one go on
+/// in the kernel. At most 64 pages, one bit each in `MissEvent::holes`.
+pub const STACK_COPY: usize = 256 * 1024;
 
 /// Most return addresses hidden by return probes (see `MissEvent::hidden`)
 /// a [`MissEvent`] carries.
@@ -208,9 +209,10 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// Where `sp - 8` is in `copy`: the copy starts at the beginning of its
     /// page, so that it can be read a page at a time.
     pub skip: u32,
+    pub _pad_holes: u32,
     /// Bit `i`: page `i` of the copy could not be read (a page of the stack
     /// never touched, under a large local buffer; zeroes in `copy`).
-    pub holes: u32,
+    pub holes: u64,
     /// The return address without a rule, the CFA of the frame below it
     /// (the stack pointer of `ra`'s frame) and rbp there.
     pub ra: u64,
@@ -257,8 +259,10 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
 
 /// The sizes of stack copy a [`MissEvent`] comes in: most stacks at a
 /// malloc fit in a few KiB, and a ring of 32 KiB records held ~120 walks
-/// a MiB.
-pub const MISS_COPY_SIZES: [usize; 5] = [4096, 8192, 16384, 32768, STACK_COPY];
+/// a MiB; the largest are for the few threads whose stacks are deeper.
+pub const MISS_COPY_SIZES: [usize; 7] = [4096, 8192, 16384, 32768, 65536, 131072, STACK_COPY];
+
+const _: () = assert!(STACK_COPY / 4096 <= 64);
 
 /// Bytes of a [`MissEvent`] before its copy.
 pub const MISS_HEADER_BYTES: usize = core::mem::offset_of!(MissEvent, copy);

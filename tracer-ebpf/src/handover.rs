@@ -106,6 +106,10 @@ pub extern "C" fn send_miss_at(
         send_copy::<{ MISS_COPY_SIZES[2] }>(w, head, base, total)
     } else if total <= MISS_COPY_SIZES[3] as u64 {
         send_copy::<{ MISS_COPY_SIZES[3] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[4] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[4] }>(w, head, base, total)
+    } else if total <= MISS_COPY_SIZES[5] as u64 {
+        send_copy::<{ MISS_COPY_SIZES[5] }>(w, head, base, total)
     } else {
         send_copy::<STACK_COPY>(w, head, base, total)
     };
@@ -220,6 +224,7 @@ fn send_copy<const N: usize>(
             N as u32
         };
         (*ev).copied = len;
+        (*ev)._pad_holes = 0;
         (*ev).holes = 0;
         if aya_ebpf::helpers::generated::bpf_probe_read_user(
             (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
@@ -228,7 +233,7 @@ fn send_copy<const N: usize>(
         ) != 0
         {
             // A page that cannot be read is zeroed by the helper.
-            let mut holes = 0u32;
+            let mut holes = 0u64;
             let mut page = 0usize;
             while page < N / 4096 {
                 let at = page * 4096;

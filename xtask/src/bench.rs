@@ -40,6 +40,7 @@ use anyhow::{bail, Context, Result};
 use crate::{compile_c, require_root};
 
 mod agent;
+mod cargo;
 mod python;
 mod tree;
 

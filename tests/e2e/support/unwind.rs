@@ -24,6 +24,7 @@ pub const MIXED: Program = Program("mixed");
 pub const DLOPEN: Program = Program("dlopen");
 pub const JIT: Program = Program("jit");
 pub const MEMO: Program = Program("memo");
+pub const DEEP: Program = Program("deep");
 
 const NO_FP: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
 
@@ -88,6 +89,7 @@ impl Program {
             ],
             JIT => vec![cc(&["-o", "jit", "jit.c"])],
             MEMO => vec![cc(&["-o", "memo", "memo.c"])],
+            DEEP => vec![cc(&["-o", "deep", "deep.c"])],
             DLOPEN => vec![
                 cc(&["-shared", "-fPIC", "-o", "plugin.so", "plugin.c"]),
                 cc(&["-o", "dlopen", "dlopen.c", "-ldl"]),

@@ -68,13 +68,16 @@ impl Walks {
         let Some(ring) = self.ring.as_mut() else {
             return;
         };
+        // One record's room for every walk of the batch: zeroed once, not
+        // once a walk (a walk reads no byte past what its record copied).
+        let mut ev = zeroed_miss();
         while let Some(item) = ring.next() {
-            let Some(ev) = read_miss(&item) else {
+            if !read_miss_into(&mut ev, &item) {
                 if let (Some(names), Some(words)) = (self.python.as_mut(), read_notice(&item)) {
                     names.learn(&words);
                 }
                 continue;
-            };
+            }
             self.unwinder.stats.record_bytes += item.len() as u64;
             drop(item);
             let done = self.unwinder.finish(&ev, &mut space, &mut new_rules);
@@ -137,21 +140,35 @@ impl Walks {
 /// size of copy ([`MISS_COPY_SIZES`]); `None` for a record too short to
 /// hold the header.
 pub(crate) fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
+    let mut ev = zeroed_miss();
+    read_miss_into(&mut ev, bytes).then_some(ev)
+}
+
+/// A [`MissEvent`] of zeroes, on the heap (it holds the largest copy).
+fn zeroed_miss() -> Box<MissEvent> {
+    // SAFETY: MissEvent is plain data (integers and arrays of them): every
+    // bit pattern is valid, zeroes included.
+    unsafe { Box::<MissEvent>::new_zeroed().assume_init() }
+}
+
+/// [`read_miss`] into `ev`, which may hold an earlier walk: its header is
+/// overwritten, and of its copy only the bytes this record copied are
+/// read afterwards (`copied`). False for a record too short to hold the
+/// header (`ev` then unchanged).
+pub(crate) fn read_miss_into(ev: &mut MissEvent, bytes: &[u8]) -> bool {
     if bytes.len() < MISS_HEADER_BYTES {
-        return None;
+        return false;
     }
     let len = bytes.len().min(std::mem::size_of::<MissEvent>());
-    let mut ev = Box::<MissEvent>::new_zeroed();
-    // SAFETY: MissEvent is plain data (integers and arrays of them): every
-    // bit pattern is valid, zeroes included, and `len` bytes fit in both.
-    let mut ev = unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), ev.as_mut_ptr() as *mut u8, len);
-        ev.assume_init()
-    };
+    // SAFETY: MissEvent is plain data: every bit pattern is valid, and
+    // `len` bytes fit in both.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), ev as *mut MissEvent as *mut u8, len);
+    }
     // What the record holds of the copy, whatever the header says.
     ev.copied = ev.copied.min((len - MISS_HEADER_BYTES) as u32);
-    reveal_hidden(&mut ev);
-    Some(ev)
+    reveal_hidden(ev);
+    true
 }
 
 /// Puts in `ev.copy` the return addresses that return probes hid where it

@@ -38,7 +38,7 @@ pub struct StackCopy<'a> {
     pub bytes: &'a [u8],
     /// Bit `i`: the page at `page_base + i * 4096` is a hole (zeroes in
     /// `bytes`).
-    pub holes: u32,
+    pub holes: u64,
     pub page_base: u64,
 }
 
@@ -55,7 +55,7 @@ impl<'a> From<&'a [u8]> for StackCopy<'a> {
 impl StackCopy<'_> {
     fn in_hole(&self, addr: u64) -> bool {
         let page = addr.wrapping_sub(self.page_base) >> 12;
-        page < 32 && self.holes >> page & 1 != 0
+        page < 64 && self.holes >> page & 1 != 0
     }
 }
 

@@ -65,6 +65,8 @@ pub struct TreeBench {
     make: Option<MakeRow>,
     detach: Vec<DetachRow>,
     outside: Vec<OutsideRow>,
+    /// A no-op `cargo build` and `cargo test` of a small crate.
+    cargo: Vec<super::cargo::CargoRow>,
 }
 
 /// mtrace started with `args`, tracing (its "mtrace: tracing" line out),
@@ -189,7 +191,7 @@ fn shell_loop(program: &str) -> String {
     format!("i=0; while [ $i -lt {EXECS} ]; do {program} >/dev/null; i=$((i+1)); done")
 }
 
-fn timed(cmd: &mut Command) -> Result<f64> {
+pub(super) fn timed(cmd: &mut Command) -> Result<f64> {
     let started = Instant::now();
     let status = cmd
         .stdin(Stdio::null())
@@ -205,7 +207,7 @@ fn timed(cmd: &mut Command) -> Result<f64> {
 
 /// The best of `runs` (a loop's time is its work plus the machine's
 /// business; the least is the closest to the work).
-fn best(runs: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
+pub(super) fn best(runs: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut best = f64::INFINITY;
     for _ in 0..runs {
         best = best.min(f()?);
@@ -397,11 +399,13 @@ pub fn run(root: &Path, runs: usize) -> Result<TreeBench> {
     }
     eprintln!();
     let outside = outside(&mtrace, &busy, runs)?;
+    let cargo = super::cargo::run(root, &out_dir, runs)?;
     Ok(TreeBench {
         rows,
         make: Some(make),
         detach,
         outside,
+        cargo,
     })
 }
 
@@ -628,6 +632,7 @@ pub fn render_table(bench: &TreeBench, out: &mut String) {
             v[v.len() / 2]
         );
     }
+    super::cargo::render_table(&bench.cargo, out);
 }
 
 pub fn render_json(bench: &TreeBench) -> String {
@@ -688,9 +693,10 @@ pub fn render_json(bench: &TreeBench) -> String {
         })
         .collect();
     format!(
-        "  \"process_tree\": [\n{}\n  ],\n  \"make\": {make},\n  \"ctrl_c\": [\n{}\n  ],\n  \"outside_the_trace\": [\n{}\n  ]",
+        "  \"process_tree\": [\n{}\n  ],\n  \"make\": {make},\n  \"ctrl_c\": [\n{}\n  ],\n  \"outside_the_trace\": [\n{}\n  ],\n{}",
         rows.join(",\n"),
         detach.join(",\n"),
-        outside.join(",\n")
+        outside.join(",\n"),
+        super::cargo::render_json(&bench.cargo)
     )
 }
