@@ -26,14 +26,17 @@ use aya::{
 };
 use tracer_common::{
     host_frame, host_frame_parts, maps, stop, HostFileId, HostKey, HostValue, HostVma, HostVmaKey,
-    MissEvent, UnwindRule, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, MISS_HEADER_BYTES,
-    PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
+    MissEvent, UnwindRule, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE,
+    PLACE_UNRESOLVED,
 };
 
 use super::files::FileIndex;
 use crate::{
     tracee::{AddressSpace, FileId, Mapping},
-    unwind::{service::read_miss, stack_key, ObjectCfi, Unwinder},
+    unwind::{
+        service::{read_miss_into, zeroed_miss},
+        stack_key, ObjectCfi, Unwinder,
+    },
 };
 
 /// `bpf_map_update_elem`'s flag: only where the key is not in the map.
@@ -110,13 +113,6 @@ const DEFER_FOR: Duration = Duration::from_millis(500);
 /// The records of walks waiting, in bytes at most.
 const DEFER_BYTES: usize = 32 << 20;
 
-/// `ev` as the ring's record of it: the header and the copy's bytes.
-fn record_of(ev: &MissEvent) -> Vec<u8> {
-    let len = (MISS_HEADER_BYTES + ev.copied as usize).min(std::mem::size_of::<MissEvent>());
-    // SAFETY: MissEvent is plain data, `len` bytes of it.
-    unsafe { std::slice::from_raw_parts(ev as *const MissEvent as *const u8, len) }.to_vec()
-}
-
 /// Paths of files by identity, shared with the main loop.
 pub type Paths = Arc<Mutex<HashMap<(u32, u64), PathBuf>>>;
 
@@ -182,24 +178,28 @@ impl HostWalks {
             return;
         };
         let mut new_rules = Vec::new();
+        // One event's room for every walk: zeroed once (a walk reads no
+        // byte of the copy past what its record copied).
+        let mut ev = zeroed_miss();
         let now = Instant::now();
         self.deferred_bytes = 0;
         for (since, record) in std::mem::take(&mut self.deferred) {
-            let Some(ev) = read_miss(&record) else {
+            if !read_miss_into(&mut ev, &record) {
                 continue;
-            };
+            }
             let last = now.duration_since(since) >= DEFER_FOR;
-            if let Some(ev) = self.finish(ev, &mut new_rules, last) {
-                self.defer(since, &ev);
+            if self.finish(&ev, &mut new_rules, last) {
+                self.defer(since, record);
             }
         }
         loop {
-            let mut batch: Vec<Box<MissEvent>> = Vec::new();
+            // The ring's records, each as long as its copy.
+            let mut batch: Vec<Vec<u8>> = Vec::new();
             while batch.len() < BATCH {
                 let Some(item) = ring.next() else {
                     break;
                 };
-                batch.extend(read_miss(&item));
+                batch.push(item.to_vec());
             }
             if batch.is_empty() {
                 break;
@@ -210,21 +210,29 @@ impl HostWalks {
             // frame (it gives the rule that spares the next walks through
             // there), then the rest.
             let now = Instant::now();
-            for ev in &batch {
+            let mut firsts = std::collections::HashSet::new();
+            let (mut first, mut rest) = (Vec::new(), Vec::new());
+            for record in batch {
+                if !read_miss_into(&mut ev, &record) {
+                    continue;
+                }
                 let key = (ev.tgid as u32, ev.mm);
                 if key.0 != 0 && !self.procs.contains_key(&key) {
                     let walked = self.walked(key.0, now);
                     self.procs.insert(key, walked);
                 }
+                match firsts.insert((ev.tgid, ev.mm, ev.ra)) {
+                    true => first.push(record),
+                    false => rest.push(record),
+                }
             }
-            let mut firsts = std::collections::HashSet::new();
-            let (first, rest): (Vec<_>, Vec<_>) = batch
-                .into_iter()
-                .partition(|ev| firsts.insert((ev.tgid, ev.mm, ev.ra)));
-            for ev in first.into_iter().chain(rest) {
+            for record in first.into_iter().chain(rest) {
+                if !read_miss_into(&mut ev, &record) {
+                    continue;
+                }
                 let last = self.deferred_bytes >= DEFER_BYTES;
-                if let Some(ev) = self.finish(ev, &mut new_rules, last) {
-                    self.defer(Instant::now(), &ev);
+                if self.finish(&ev, &mut new_rules, last) {
+                    self.defer(Instant::now(), record);
                 }
             }
         }
@@ -232,9 +240,8 @@ impl HostWalks {
         self.forget_idle();
     }
 
-    /// Keeps walk `ev` for the next round.
-    fn defer(&mut self, since: Instant, ev: &MissEvent) {
-        let record = record_of(ev);
+    /// Keeps a walk's ring record for the next round.
+    fn defer(&mut self, since: Instant, record: Vec<u8>) {
         self.deferred_bytes += record.len();
         self.deferred.push_back((since, record));
     }
@@ -253,18 +260,18 @@ impl HostWalks {
         }
     }
 
-    /// Finishes walk `ev`, or hands it back when its process is gone and
-    /// a file it maps could not be opened yet, unless this is the `last`
-    /// try.
+    /// Finishes walk `ev`; true, not finished, when its process is gone
+    /// and a file it maps could not be opened yet, unless this is the
+    /// `last` try.
     fn finish(
         &mut self,
-        ev: Box<MissEvent>,
+        ev: &MissEvent,
         new_rules: &mut Vec<(u64, UnwindRule)>,
         last: bool,
-    ) -> Option<Box<MissEvent>> {
+    ) -> bool {
         let tgid = ev.tgid as u32;
         if tgid == 0 {
-            return None;
+            return false;
         }
         let now = Instant::now();
         let mut walked = match self.procs.remove(&(tgid, ev.mm)) {
@@ -276,10 +283,10 @@ impl HostWalks {
             && (walked.space.mapping(ev.caller).is_some() || walked.space.refresh(tgid));
         walked.gone = !alive;
         if !alive {
-            let (mapped, unopened) = self.add_known_mappings(&ev, &mut walked.space);
+            let (mapped, unopened) = self.add_known_mappings(ev, &mut walked.space);
             if unopened && !last {
                 self.procs.insert((tgid, ev.mm), walked);
-                return Some(ev);
+                return true;
             }
             self.finished += 1;
             self.gone += 1;
@@ -297,15 +304,15 @@ impl HostWalks {
                     0 => ev.ra_frame,
                     _ => ev.caller_frame,
                 });
-                self.count(&ev, frames, stop::GONE, caller);
-                return None;
+                self.count(ev, frames, stop::GONE, caller);
+                return false;
             }
         } else {
             self.finished += 1;
         }
         let space = &mut walked.space;
         new_rules.clear();
-        let done = walked.unwinder.finish(&ev, space, new_rules);
+        let done = walked.unwinder.finish(ev, space, new_rules);
         // The kernel's frames are file places already; the tracer's are
         // addresses in this process.
         let kernel_n = (ev.n as usize).min(done.frames.len());
@@ -339,8 +346,8 @@ impl HostWalks {
         };
         self.procs.insert((tgid, ev.mm), walked);
         self.give_rules(&rules);
-        self.count(&ev, frames, stop, caller);
-        None
+        self.count(ev, frames, stop, caller);
+        false
     }
 
     /// Adds to `space` what is known of the address space of `ev`'s

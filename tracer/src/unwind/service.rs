@@ -136,22 +136,16 @@ impl Walks {
     }
 }
 
-/// A [`MissEvent`] out of its ring record (read unaligned), whatever its
-/// size of copy ([`MISS_COPY_SIZES`]); `None` for a record too short to
-/// hold the header.
-pub(crate) fn read_miss(bytes: &[u8]) -> Option<Box<MissEvent>> {
-    let mut ev = zeroed_miss();
-    read_miss_into(&mut ev, bytes).then_some(ev)
-}
-
 /// A [`MissEvent`] of zeroes, on the heap (it holds the largest copy).
-fn zeroed_miss() -> Box<MissEvent> {
+pub(crate) fn zeroed_miss() -> Box<MissEvent> {
     // SAFETY: MissEvent is plain data (integers and arrays of them): every
     // bit pattern is valid, zeroes included.
     unsafe { Box::<MissEvent>::new_zeroed().assume_init() }
 }
 
-/// [`read_miss`] into `ev`, which may hold an earlier walk: its header is
+/// A [`MissEvent`] out of its ring record (read unaligned), whatever its
+/// size of copy ([`MISS_COPY_SIZES`]), into `ev`, which may hold an
+/// earlier walk: its header is
 /// overwritten, and of its copy only the bytes this record copied are
 /// read afterwards (`copied`). False for a record too short to hold the
 /// header (`ev` then unchanged).
