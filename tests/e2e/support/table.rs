@@ -209,10 +209,11 @@ fn parse_row_header(line: &str) -> Result<Row, String> {
 }
 
 impl Report {
-    /// Parses mtrace's stdout. Lines before the `mtrace: pid` header (a
+    /// Parses mtrace's stdout. Lines before the `mtrace: pid` header
+    /// (`mtrace: the host,`, `mtrace: a cgroup,` for those scopes; a
     /// launched command's own output) are skipped.
     pub fn parse(text: &str) -> Result<Report, String> {
-        let mut lines = text.lines().skip_while(|l| !l.starts_with("mtrace: pid "));
+        let mut lines = text.lines().skip_while(|l| !is_header(l));
         let mut r = Report {
             header: lines.next().ok_or("no `mtrace: pid` header")?.to_string(),
             ..Report::default()
@@ -375,6 +376,15 @@ impl Finished {
         Report::parse(&self.stdout)
             .unwrap_or_else(|e| panic!("cannot parse the report: {e}\n{}", self.describe()))
     }
+}
+
+/// Whether `line` is the report's first: `mtrace: pid 1234, ...`, or for
+/// a scope of many processes `mtrace: the host, ...`, `mtrace: a cgroup,
+/// ...`.
+pub fn is_header(line: &str) -> bool {
+    ["mtrace: pid ", "mtrace: the host,", "mtrace: a cgroup,"]
+        .iter()
+        .any(|h| line.starts_with(h))
 }
 
 /// The table of a launch-mode run: stdout without the fixture's own

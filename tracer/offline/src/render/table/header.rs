@@ -71,13 +71,20 @@ fn by_process(profile: &Profile) -> String {
     out
 }
 
-/// `mtrace: pid 1234, 1.23 s`, then `command:`, `probes:`, the processes
+/// `mtrace: pid 1234, 1.23 s` (`the host`, `a cgroup` for those scopes),
+/// then `command:`, `probes:`, the processes
 /// of a tree and how it was sampled, each on lines of its own.
 pub(super) fn header(profile: &Profile, paint: Paint) -> String {
     let meta = &profile.meta;
+    // A scope of many processes has no pid of its own.
+    let what = match (meta.pid, meta.scope.as_str()) {
+        (0, "host") => "the host".to_string(),
+        (0, "cgroup") => "a cgroup".to_string(),
+        (pid, _) => format!("pid {pid}"),
+    };
     let mut out = format!(
         "{} {:.2} s\n",
-        paint.strong(&format!("mtrace: pid {},", meta.pid)),
+        paint.strong(&format!("mtrace: {what},")),
         meta.duration_secs
     );
     if !meta.command.is_empty() {

@@ -129,6 +129,19 @@ fn truncated_rows_are_marked() {
 }
 
 #[test]
+fn a_scope_of_many_processes_is_named_not_pid_0() {
+    for (scope, head) in [
+        ("host", "mtrace: the host, 0.00 s"),
+        ("cgroup", "mtrace: a cgroup, 0.00 s"),
+        ("tree", "mtrace: pid 0, 0.00 s"),
+    ] {
+        let mut p = Profile::default();
+        p.meta.scope = scope.into();
+        assert_eq!(lines(&render(&p, &all(false)))[0], head);
+    }
+}
+
+#[test]
 fn empty_profile_says_so_and_still_prints_losses() {
     let out = render(&Profile::default(), &all(false));
     let l = lines(&out);
