@@ -167,12 +167,12 @@ pub const fn is_miss_stack_id(stack: u64) -> bool {
 }
 
 /// Most bytes of the target's stack a [`MissEvent`] carries (from the
-/// frame where the rule was missing): a whole CPython stack at a malloc is
-/// 5 KiB typically, 12.5 KiB at the 99th percentile, and one of its frames
-/// alone holds a 16 KiB buffer; cargo's main thread allocates with up to
-/// 72 KiB of stack above it. A deeper walk that runs out of copy is cut
-/// short once (`read_failed`); the rules it added let the next one go on
-/// in the kernel. At most 64 pages, one bit each in `MissEvent::holes`.
+/// frame where the rule was missing): enough for the deep stacks of
+/// compilers and interpreters (the sizes measured are in
+/// docs/design/0017-deep-stack-copies.md). A deeper walk that runs out of
+/// copy is cut short once (`read_failed`); the rules it added let the next
+/// one go on in the kernel. At most 64 pages, one bit each in
+/// `MissEvent::holes`.
 pub const STACK_COPY: usize = 256 * 1024;
 
 /// Most return addresses hidden by return probes (see `MissEvent::hidden`)

@@ -16,6 +16,7 @@ mod probes;
 mod processes;
 mod read;
 mod run;
+mod walker;
 mod walks;
 mod windows;
 
@@ -89,7 +90,7 @@ const RECHECKS_MS: [u64; 3] = [5, 50, 500];
 struct Host {
     probes: HostProbes,
     /// The walks the tracer finishes.
-    walks: walks::HostWalker,
+    walks: walker::HostWalker,
     index: FileIndex,
     procs: Processes,
     /// The C library the dynamic linker's cache names (beside an
@@ -157,7 +158,7 @@ impl Host {
         scope: &HostScope,
     ) -> Result<Host> {
         let probes = HostProbes::load(sizes, max_frames, runs, scope.kind())?;
-        let walks = walks::HostWalker::start(&probes.ebpf, probes.max_frames)?;
+        let walks = walker::HostWalker::start(&probes.ebpf, probes.max_frames)?;
         let capacity = match probes.ebpf.map(maps::HOST_STACKS) {
             Some(aya::maps::Map::HashMap(m)) => m.info().map_or(0, |i| i.max_entries()),
             _ => 0,

@@ -5,21 +5,18 @@
 //! information, counts the call under its whole stack, and gives the
 //! kernel the rules the walk needed, by file and offset, so that the next
 //! walk through that code, in this process or any other that maps the
-//! file, stays in the kernel.
+//! file, stays in the kernel. A process gone before its mappings were
+//! read is walked in the mappings the kernel's walks met in it.
 
 use std::{
     collections::HashMap,
     os::fd::AsRawFd,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, MutexGuard,
-    },
-    thread::JoinHandle,
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, RingBuf},
     Ebpf,
@@ -63,7 +60,7 @@ const IDLE: Duration = Duration::from_secs(30);
 
 /// The walks the tracer finished and what it knows to finish them.
 pub struct HostWalks {
-    ring: Option<RingBuf<MapData>>,
+    pub(super) ring: Option<RingBuf<MapData>>,
     rules: BpfHashMap<MapData, u64, UnwindRule>,
     file_tags: BpfHashMap<MapData, HostFileId, u32>,
     tag_files: Array<MapData, HostFileId>,
@@ -103,7 +100,7 @@ pub struct HostWalks {
     /// since when, as the ring's records (the stack copy as long as it
     /// is): taken up again at the next round, finished as they are after
     /// [`DEFER_FOR`] or past [`DEFER_BYTES`].
-    deferred: std::collections::VecDeque<(Instant, Vec<u8>)>,
+    pub(super) deferred: std::collections::VecDeque<(Instant, Vec<u8>)>,
     deferred_bytes: usize,
 }
 
@@ -116,15 +113,12 @@ const DEFER_BYTES: usize = 32 << 20;
 /// Paths of files by identity, shared with the main loop.
 pub type Paths = Arc<Mutex<HashMap<(u32, u64), PathBuf>>>;
 
-fn lock_paths(paths: &Paths) -> MutexGuard<'_, HashMap<(u32, u64), PathBuf>> {
+pub(super) fn lock_paths(paths: &Paths) -> MutexGuard<'_, HashMap<(u32, u64), PathBuf>> {
     paths.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Files kept loaded for rules learned from a file alone.
 const OBJECTS_KEPT: usize = 4096;
-
-/// Executables' paths kept.
-const PATHS_KEPT: usize = 4096;
 
 /// `path`, opened, when it is the file `key` (device and inode).
 fn open_if(path: &Path, key: (u32, u64)) -> Option<std::fs::File> {
@@ -136,7 +130,7 @@ fn open_if(path: &Path, key: (u32, u64)) -> Option<std::fs::File> {
 
 impl HostWalks {
     /// Handles on the ring of walks and the maps the walks fill in.
-    fn new(ebpf: &Ebpf, max_frames: u32, paths: Paths) -> Result<HostWalks> {
+    pub(super) fn new(ebpf: &Ebpf, max_frames: u32, paths: Paths) -> Result<HostWalks> {
         let copy = |name| crate::probes::pool::map_copy(ebpf, name);
         Ok(HostWalks {
             ring: Some(RingBuf::try_from(copy(maps::UNWIND_MISSES)?)?),
@@ -585,89 +579,4 @@ fn caller_value(space: &AddressSpace, caller: u64) -> HostValue {
         None => v.place = PLACE_UNRESOLVED,
     }
     v
-}
-
-/// The thread that finishes the walks as they come (a walk waits in a
-/// ring that a burst of new code fills: the sooner the rules are in, the
-/// fewer walks are handed over).
-pub struct HostWalker {
-    walks: Arc<Mutex<HostWalks>>,
-    paths: Paths,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl HostWalker {
-    /// Starts the thread on the ring and maps of `ebpf` (loaded).
-    pub fn start(ebpf: &Ebpf, max_frames: u32) -> Result<HostWalker> {
-        let paths = Paths::default();
-        let walks = HostWalks::new(ebpf, max_frames, paths.clone())?;
-        let fd = walks
-            .ring
-            .as_ref()
-            .map(|r| r.as_raw_fd())
-            .context("the ring of walks")?;
-        let walks = Arc::new(Mutex::new(walks));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (walks, stop) = (walks.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("mtrace-walks".into())
-                .spawn(move || {
-                    crate::unwind::service::realtime_priority();
-                    // `fd` stays open: `walks` owns the ring.
-                    while !stop.load(Ordering::Relaxed) {
-                        let mut pfd = libc::pollfd {
-                            fd,
-                            events: libc::POLLIN,
-                            revents: 0,
-                        };
-                        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_MS) } > 0;
-                        let mut walks = lock(&walks);
-                        if ready || !walks.deferred.is_empty() {
-                            walks.finish_all();
-                        }
-                    }
-                })?
-        };
-        Ok(HostWalker {
-            walks,
-            paths,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Notes that file `key` is at `path` (an executable as exec'd): a
-    /// walk of a process gone learns its rules there.
-    pub fn note_path(&self, key: (u32, u64), path: &str) {
-        let mut paths = lock_paths(&self.paths);
-        if paths.len() >= PATHS_KEPT {
-            paths.clear();
-        }
-        paths.insert(key, PathBuf::from(path));
-    }
-
-    /// The walks finished so far, after finishing those still waiting.
-    pub fn walks(&self) -> MutexGuard<'_, HostWalks> {
-        let mut w = lock(&self.walks);
-        w.finish_all();
-        w
-    }
-}
-
-/// How long the thread sleeps between looks at its stop flag.
-const POLL_MS: i32 = 50;
-
-fn lock(walks: &Mutex<HostWalks>) -> MutexGuard<'_, HostWalks> {
-    walks.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Drop for HostWalker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
