@@ -298,7 +298,9 @@ fn agent_on_a_cgroup_follows_a_restarted_service() {
 /// served under its pid with exactly the calls a trace of it alone counts,
 /// per function (`--policy always`), while its rows are in the kernel's
 /// maps and after it has exited and they have moved out to make room
-/// (every 5 s); `?pid=` selects its heap profile.
+/// (every 5 s); `?pid=` selects its heap profile, which go tool pprof
+/// reads with whole stacks, from the allocator to the thread's first
+/// frame, frame for frame as the host walk found them.
 #[test]
 fn agent_all_serves_a_process_started_elsewhere_exactly() {
     if !support::require_bpf_alone() {
@@ -337,6 +339,37 @@ fn agent_all_serves_a_process_started_elsewhere_exactly() {
     assert_eq!(served(&text), alone, "moved out of the maps:\n{text}");
     let (code, body) = agent.get(&format!("/debug/pprof/allocs?pid={pid}"));
     assert_eq!(code, 200, "{body}");
+    // Whole stacks, as go tool pprof reads them: every sample from the
+    // allocator through main to the thread's first frame, the counts per
+    // function those of the trace alone.
+    let url = agent.url(&format!("/debug/pprof/allocs?pid={pid}"));
+    let (_, samples) = pprof_raw(dir.path(), &url, &[]);
+    let mut served: BTreeMap<String, u64> = BTreeMap::new();
+    for s in &samples {
+        assert!(
+            s.functions.last().is_some_and(|f| f == "_start")
+                && s.functions.iter().any(|f| f == "main"),
+            "a stack cut short: {:?}\n{samples:#?}",
+            s.functions
+        );
+        *served.entry(s.functions[0].clone()).or_default() += s.values[0] as u64;
+    }
+    assert_eq!(served, alone, "{samples:#?}");
+    let small = samples
+        .iter()
+        .find(|s| s.functions.get(1).is_some_and(|f| f == "alloc_small"))
+        .unwrap_or_else(|| panic!("no alloc_small sample: {samples:#?}"));
+    assert_eq!(
+        &small.functions[1..],
+        [
+            "alloc_small",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ],
+        "{samples:#?}"
+    );
     let mut mtrace = agent.mtrace;
     mtrace.proc.signal(libc::SIGINT);
     let finished = mtrace.finish();
