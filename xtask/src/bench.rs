@@ -41,6 +41,7 @@ use crate::{compile_c, require_root};
 
 mod agent;
 mod cargo;
+mod make;
 mod python;
 mod tree;
 
