@@ -276,13 +276,16 @@ impl HostWalks {
         let alive = !walked.gone
             && (walked.space.mapping(ev.caller).is_some() || walked.space.refresh(tgid));
         walked.gone = !alive;
+        let (mapped, unopened) = match alive {
+            true => (true, false),
+            false => self.add_known_mappings(ev, &mut walked.space),
+        };
+        if unopened && !last {
+            self.procs.insert((tgid, ev.mm), walked);
+            return true;
+        }
+        self.finished += 1;
         if !alive {
-            let (mapped, unopened) = self.add_known_mappings(ev, &mut walked.space);
-            if unopened && !last {
-                self.procs.insert((tgid, ev.mm), walked);
-                return true;
-            }
-            self.finished += 1;
             self.gone += 1;
             if !mapped {
                 // Gone, with its mappings, and none of them known: the call
@@ -294,15 +297,10 @@ impl HostWalks {
                     self.give_rules(&[(ev.ra_frame, rule)]);
                 }
                 let frames: Vec<u64> = ev.frames[..(ev.n as usize).min(ev.frames.len())].to_vec();
-                let caller = self.value_of(match ev.n {
-                    0 => ev.ra_frame,
-                    _ => ev.caller_frame,
-                });
+                let caller = self.kernel_caller(ev);
                 self.count(ev, frames, stop::GONE, caller);
                 return false;
             }
-        } else {
-            self.finished += 1;
         }
         let space = &mut walked.space;
         new_rules.clear();
@@ -333,10 +331,7 @@ impl HostWalks {
         }
         let caller = match space.mapping(ev.caller) {
             Some(_) => caller_value(space, ev.caller),
-            None => self.value_of(match ev.n {
-                0 => ev.ra_frame,
-                _ => ev.caller_frame,
-            }),
+            None => self.kernel_caller(ev),
         };
         self.procs.insert((tgid, ev.mm), walked);
         self.give_rules(&rules);
@@ -440,6 +435,15 @@ impl HostWalks {
         }
         self.index.find(std::iter::once(key));
         self.index.open(key)
+    }
+
+    /// The direct caller's place of walk `ev` as the kernel found it (`ra`
+    /// is the caller where no frame was walked).
+    fn kernel_caller(&self, ev: &MissEvent) -> HostValue {
+        self.value_of(match ev.n {
+            0 => ev.ra_frame,
+            _ => ev.caller_frame,
+        })
     }
 
     /// The caller's place from its frame as the kernel found it.
