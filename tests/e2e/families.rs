@@ -9,7 +9,7 @@ use crate::{
     support::fixtures::JEMALLOC,
     support::mtrace::trace_through_env,
     support::{
-        fixtures::{compile_c, fixtures_dir},
+        fixtures::{compile_c, rustjem},
         run_profiled, trace_by_pid, Fixture, FixtureProc, Profile,
     },
 };
@@ -119,26 +119,6 @@ fn a_prefixed_allocator_does_not_hide_libc() {
     let d = out.describe();
     assert_eq!(p.site("malloc", "c_site"), (7, 168), "{d}");
     assert_eq!(p.doc["meta"]["allocator_family"], "glibc", "{d}");
-}
-
-/// tests/fixtures/rustjem (a cargo project: tikv-jemallocator from
-/// crates.io, pinned by its Cargo.lock), built once in release mode with
-/// the cargo that runs the tests.
-fn rustjem() -> &'static std::path::Path {
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rustjem");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        crate::support::fixtures::build_fixture(
-            std::process::Command::new(cargo)
-                .args(["build", "--release", "--locked", "--manifest-path"])
-                .arg(fixtures_dir().join("rustjem/Cargo.toml"))
-                .arg("--target-dir")
-                .arg(&target),
-            "tests/fixtures/rustjem",
-        );
-        target.join("release/rustjem")
-    })
 }
 
 /// Calls and bytes of `func` whose stack passes through `site`.

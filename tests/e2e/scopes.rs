@@ -22,17 +22,6 @@ use crate::{
     },
 };
 
-/// Waits until process `pid` is in the cgroup.
-fn wait_in(cg: &TestCgroup, pid: u32) {
-    while !std::fs::read_to_string(cg.dir.join("cgroup.procs"))
-        .unwrap()
-        .lines()
-        .any(|l| l == pid.to_string())
-    {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Waits until `file` exists (the test's go), from a shell.
 fn wait_for(file: &Path) -> String {
     format!("while [ ! -e {} ]; do sleep 0.02; done", file.display())
@@ -79,7 +68,7 @@ fn cgroup_present_and_to_come(extra: &[&str]) {
         .spawn()
         .unwrap();
     // In the cgroup before mtrace looks.
-    wait_in(&cg, member.id());
+    cg.wait_in(member.id());
     let json = dir.path().join("p.json");
     let mut args = extra.to_vec();
     args.extend([
@@ -106,7 +95,7 @@ fn cgroup_present_and_to_come(extra: &[&str]) {
         .unwrap();
     // The joiner is in the cgroup before the member may finish: the
     // cgroup never empties, and the trace does not end, in between.
-    wait_in(&cg, joiner.id());
+    cg.wait_in(joiner.id());
     let outside = std::process::Command::new(counts)
         .stdout(std::process::Stdio::null())
         .spawn()

@@ -6,6 +6,7 @@
 use crate::support::{
     cgroup::TestCgroup,
     copy_executable,
+    fixtures::rustjem,
     longrun::sigkilled_mtrace_leaves_no_breakpoints_in,
     scopes::{assert_same_as_alone, tally},
     Fixture,
@@ -58,14 +59,85 @@ fn a_command_traced_file_wide_counts_its_tree_as_a_trace_of_it_alone() {
     }
 }
 
+/// `--file-wide -- CMD`: a program of the tree with an allocator of its
+/// own, in a file no process had mapped (a static C program; a Rust
+/// program with jemalloc linked in under `_rjem_` names), is held at its
+/// exec until its probes are in, so its first call is counted. The static
+/// counts fixture is counted as a trace of it alone counts it, per
+/// function and whole stack; the Rust program's three sites are exact
+/// under the jemalloc entries; no probe is said to have gone in late.
+#[test]
+fn a_program_with_an_allocator_of_its_own_is_counted_from_its_first_call() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let cs = copy_executable(Fixture::CountsStatic.path(), dir.path(), "counts-static");
+    let rj = copy_executable(rustjem(), dir.path(), "rustjem");
+    let (cs, rj) = (cs.to_str().unwrap(), rj.to_str().unwrap());
+    let (out, p) = crate::support::run_profiled(&["--", cs]);
+    out.assert_exit(0);
+    let alone = tally(&p, &|_, _| true);
+    assert!(alone.values().sum::<u64>() >= 1281, "{alone:?}");
+    let script = format!("{cs} >/dev/null; {rj} >/dev/null");
+    let (out, p) =
+        crate::support::run_profiled(&["--file-wide", "--per-process", "--", "sh", "-c", &script]);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert!(!out.stderr.iter().any(|l| l.contains("not counted")), "{d}");
+    assert_same_as_alone(&tally(&p, &|_, n| n == "counts-static"), &alone, &d);
+    for (func, site, want) in [
+        ("_rjem_malloc", "rustjem::box_site", (100, 4000)),
+        ("_rjem_malloc", "rustjem::vec_site", (50, 50_000)),
+        ("_rjem_calloc", "rustjem::zeroed_site", (20, 6000)),
+    ] {
+        let got = p
+            .allocs()
+            .filter(|s| s.function == func && s.names().contains(&site))
+            .fold((0, 0), |(c, b), s| (c + s.calls, b + s.bytes));
+        assert_eq!(got, want, "{func} through {site}\n{d}");
+    }
+}
+
+/// mtrace `--file-wide` killed with SIGKILL while it follows a command's
+/// tree: the tree runs on to its end, traced by no one.
+#[test]
+fn sigkilled_mtrace_file_wide_lets_its_tree_run_on() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let dir = crate::support::public_tempdir();
+    let (go, done) = (dir.path().join("go"), dir.path().join("done"));
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.01; done; ls / >/dev/null; echo $$ > {}",
+        go.display(),
+        done.display()
+    );
+    let mut m = crate::support::Mtrace::start(&["--file-wide", "--", "sh", "-c", &script]);
+    let pid = m.wait_tracing();
+    m.proc.signal(libc::SIGKILL);
+    std::fs::write(&go, "").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&done).is_ok_and(|s| s.trim() == pid.to_string()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tree of pid {pid} did not run on after mtrace was killed: {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A walk the kernel hands over whose process is gone before mtrace
 /// reads its mappings is finished in the files the kernel's walks met in
-/// that process (its executable and the C library): mtrace is stopped
-/// (SIGSTOP) while a fresh copy of the counts fixture (a file no rule is
-/// known for) runs in the tree and exits; once let go on, every walk of
-/// it is finished after its end, and its calls are counted as a trace of
-/// it alone counts them, per function and whole stack, frame for frame,
-/// none cut. Stderr says how many walks were finished so.
+/// that process (its executable and the C library): mtrace traces a
+/// cgroup file-wide and is stopped (SIGSTOP) while a fresh copy of the
+/// counts fixture (a file no rule is known for) runs in it and exits
+/// (in a command's tree the tree would wait for mtrace at its exec);
+/// once let go on, every walk of it is finished after its end, and its
+/// calls are counted as a trace of it alone counts them, per function and
+/// whole stack, frame for frame, none cut. Stderr says how many walks
+/// were finished so.
 #[test]
 fn a_walk_whose_process_is_gone_is_finished_whole_in_its_files() {
     if !crate::support::require_bpf_alone() {
@@ -82,34 +154,32 @@ fn a_walk_whose_process_is_gone_is_finished_whole_in_its_files() {
         "{alone:#?}"
     );
 
+    let cg = TestCgroup::new("gone-fw");
     let go = dir.path().join("go");
     let script = format!(
-        "while [ ! -e {} ]; do sleep 0.01; done; exec {counts} >/dev/null",
+        "{}; while [ ! -e {} ]; do sleep 0.01; done; exec {counts} >/dev/null",
+        cg.join(),
         go.display()
     );
+    let mut member = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .unwrap();
+    let pid = member.id();
+    cg.wait_in(pid);
     let mut m = crate::support::Mtrace::start_profiled(&[
         "--file-wide",
         "--per-process",
-        "--",
-        "sh",
-        "-c",
-        &script,
+        "--cgroup",
+        cg.path(),
     ]);
-    let pid = m.wait_tracing();
+    m.wait_tracing();
     m.proc.signal(libc::SIGSTOP);
     std::fs::write(&go, "").unwrap();
-    // The fixture has run and exited (a zombie until mtrace, stopped,
-    // reaps it).
-    let stat = format!("/proc/{pid}/stat");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pid {pid} never ended"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    // The fixture has run and exited.
+    assert!(member.wait().unwrap().success());
     m.proc.signal(libc::SIGCONT);
+
     let (out, p) = m.finish();
     out.assert_exit(0);
     let d = out.describe();

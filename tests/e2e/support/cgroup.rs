@@ -32,6 +32,17 @@ impl TestCgroup {
         format!("echo $$ > {}/cgroup.procs", self.dir.display())
     }
 
+    /// Waits until process `pid` is in the cgroup.
+    pub fn wait_in(&self, pid: u32) {
+        while !std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap()
+            .lines()
+            .any(|l| l == pid.to_string())
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn add(&self, pid: u32) {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
     }

@@ -146,3 +146,23 @@ pub fn copy_executable(src: &Path, dir: &Path, name: &str) -> PathBuf {
 
 /// Debian's jemalloc (installed by `cargo xtask setup`).
 pub const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+/// tests/fixtures/rustjem (a cargo project: tikv-jemallocator from
+/// crates.io, pinned by its Cargo.lock), built once in release mode with
+/// the cargo that runs the tests.
+pub fn rustjem() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rustjem");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        build_fixture(
+            std::process::Command::new(cargo)
+                .args(["build", "--release", "--locked", "--manifest-path"])
+                .arg(fixtures_dir().join("rustjem/Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target),
+            "tests/fixtures/rustjem",
+        );
+        target.join("release/rustjem")
+    })
+}

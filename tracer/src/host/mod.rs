@@ -12,6 +12,7 @@
 //! docs/counting.md).
 
 mod files;
+mod held;
 mod probes;
 mod processes;
 mod read;
@@ -102,6 +103,10 @@ struct Host {
     rechecks: VecDeque<(Instant, u32)>,
     /// Processes whose probes went in after they started.
     late: u64,
+    /// A tree followed under ptrace: each exec is held until its
+    /// executable is probed ([`held`]), asked for by the thread that
+    /// follows it rather than from the kernel's word of the exec.
+    held_execs: bool,
     /// The rows of processes gone, read out of the kernel's maps (which
     /// keep the processes alive only), and their records.
     ended: Merged,
@@ -172,6 +177,7 @@ impl Host {
             classified: HashSet::new(),
             rechecks: VecDeque::new(),
             late: 0,
+            held_execs: false,
             ended: Merged::default(),
             gone: VecDeque::new(),
             bounded: false,
@@ -247,17 +253,12 @@ impl Host {
         self.procs.note(e.tgid, e.mm, Some(&path));
         self.index.note_file(e.tgid, &path);
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
-            self.walks.note_path(key, &exe);
-            if self.classified.insert(key) {
-                let files: Vec<String> = std::iter::once(exe.clone())
-                    .chain(self.libc.clone())
-                    .collect();
-                match self.probes.add_files(&files) {
-                    Ok(n) => {
-                        self.added_late(n, format!("to {exe} after pid {} started it", e.tgid))
-                    }
-                    Err(err) => log::debug!("{exe}: {err:#}"),
-                }
+            if self.held_execs {
+                // The process waits at its exec for the thread that
+                // follows the tree, which asks for the probes it needs.
+                self.walks.note_path(key, &exe);
+            } else if let Some(n) = self.probe_executable(key, &exe) {
+                self.added_late(n, format!("to {exe} after pid {} started it", e.tgid));
             }
         }
         let now = Instant::now();
@@ -277,15 +278,42 @@ impl Host {
             return;
         };
         let exe = exe.to_string_lossy().into_owned();
-        self.walks.note_path(key, &exe);
-        if self.classified.insert(key) {
-            let files: Vec<String> = std::iter::once(exe.clone())
-                .chain(self.libc.clone())
-                .collect();
-            if let Err(e) = self.probes.add_files(&files) {
-                log::debug!("{exe}: {e:#}");
-            }
+        if self.probe_executable(key, &exe).is_some() {
             self.note_probed();
+        }
+    }
+
+    /// Probes an executable's allocator of its own, beside the C library
+    /// (once per file): the probes added, `None` when looked at before.
+    fn probe_executable(&mut self, key: files::FileKey, exe: &str) -> Option<usize> {
+        self.walks.note_path(key, exe);
+        if !self.classified.insert(key) {
+            return None;
+        }
+        let files: Vec<String> = std::iter::once(exe.to_string())
+            .chain(self.libc.clone())
+            .collect();
+        Some(self.probes.add_files(&files).unwrap_or_else(|e| {
+            log::debug!("{exe}: {e:#}");
+            0
+        }))
+    }
+
+    /// The tree's processes held at their exec ([`held`]), each with an
+    /// allocator of its own: probed, then let go.
+    fn answer_held(&mut self, asks: &std::sync::mpsc::Receiver<held::Ask>) {
+        for ask in asks.try_iter() {
+            if self
+                .probe_executable(ask.key, &ask.exe)
+                .is_some_and(|n| n > 0)
+            {
+                self.note_probed();
+                log::debug!(
+                    "{}: probed at its exec, before its first instruction",
+                    ask.exe
+                );
+            }
+            let _ = ask.done.send(());
         }
     }
 
@@ -301,6 +329,13 @@ impl Host {
         });
         due.dedup();
         for pid in due {
+            if self.held_execs && held::stopped_by_tracer(pid) {
+                // Held at its exec, its program not yet run: looked at
+                // once it runs.
+                self.rechecks
+                    .push_back((now + Duration::from_millis(RECHECKS_MS[0]), pid));
+                continue;
+            }
             let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
                 continue;
             };

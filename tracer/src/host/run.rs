@@ -77,6 +77,8 @@ pub fn run(
         ));
     }
     host.probes.set_enabled(true)?;
+    // A tree's processes held at their exec, asking for their probes.
+    let mut held = None;
     let (described, exit) = match &scope {
         HostScope::All => (
             Described {
@@ -95,11 +97,19 @@ pub fn run(
             None,
         ),
         HostScope::Tree { argv, run_as } => {
-            let (pid, exit) = launch::launch_held(argv, run_as.as_ref(), |pid| {
-                host.probes.scope_pid(pid)?;
-                host.probe_command(&argv[0]);
-                Ok(())
-            })?;
+            let (asks, on_exec) = super::held::exec_hold(host.libc.clone());
+            held = Some(asks);
+            host.held_execs = true;
+            let (pid, exit) = launch::launch_held(
+                argv,
+                run_as.as_ref(),
+                |pid| {
+                    host.probes.scope_pid(pid)?;
+                    host.probe_command(&argv[0]);
+                    Ok(())
+                },
+                Some(on_exec),
+            )?;
             (
                 Described {
                     command: argv.join(" "),
@@ -156,6 +166,7 @@ pub fn run(
     let mut run = HostRun {
         host: RefCell::new(host),
         execs,
+        held,
         poll: tokio::time::interval(POLL_EVERY),
         next_fold: Instant::now() + FOLD_EVERY,
         duty,
@@ -281,6 +292,8 @@ struct HostRun {
     host: RefCell<Host>,
     /// The kernel's word of each exec.
     execs: RingBuf<aya::maps::MapData>,
+    /// A tree's processes held at their exec ([`super::held`]).
+    held: Option<std::sync::mpsc::Receiver<super::held::Ask>>,
     poll: tokio::time::Interval,
     next_fold: Instant,
     duty: Option<Duty>,
@@ -378,6 +391,9 @@ impl Engine for HostRun {
 
     async fn handle(&mut self, (): ()) -> Result<Option<End>> {
         let mut host = self.host.borrow_mut();
+        if let Some(asks) = &self.held {
+            host.answer_held(asks);
+        }
         while let Some(item) = self.execs.next() {
             if item.len() >= std::mem::size_of::<HostExec>() {
                 // SAFETY: the programs write a `HostExec` per record.

@@ -118,6 +118,12 @@ impl From<TreeEvent<'_>> for OwnedTreeEvent {
                 pid,
                 maps: maps.to_vec(),
             },
+            // The session follows to the allocator (`AtExec::Allocator`):
+            // an exec stop reaches it with nothing mapped to look at.
+            TreeEvent::Execd { pid } => OwnedTreeEvent::Exec {
+                pid,
+                maps: Vec::new(),
+            },
             TreeEvent::Exiting { pid } => OwnedTreeEvent::Exiting { pid },
             TreeEvent::Gone { pid, code } => OwnedTreeEvent::Gone { pid, code },
         }

@@ -25,7 +25,8 @@ use std::{
 };
 
 use super::ptrace::{
-    seize_descendants, seize_process, seize_tree, wait_tree, Handover, TreeEvent, WITH_CHILDREN,
+    seize_descendants, seize_process, seize_tree, wait_tree, AtExec, Handover, TreeEvent,
+    WITH_CHILDREN,
 };
 
 pub struct ExitHold {
@@ -98,7 +99,14 @@ impl ExitHold {
                 // Until the session can hear of the tree; an end of the
                 // trace before then detaches at once.
                 let _ = wait_go.recv();
-                wait_tree(pid, group, Some(&flag), handover.as_ref(), &mut on_event);
+                wait_tree(
+                    pid,
+                    group,
+                    Some(&flag),
+                    handover.as_ref(),
+                    AtExec::Allocator,
+                    &mut on_event,
+                );
             })
             .ok();
         let descendants = found.recv().unwrap_or_default();

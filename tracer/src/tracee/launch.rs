@@ -34,7 +34,8 @@ use std::{
 use anyhow::Result;
 
 use super::ptrace::{
-    ptrace, wait_for_allocator, wait_tree, waitpid, Exited, HeldSignals, TreeEvent,
+    ptrace, seize_process, wait_for_allocator, wait_tree, waitpid, AtExec, Exited, HeldSignals,
+    TreeEvent,
 };
 use crate::{
     error::{UserError, EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND},
@@ -161,7 +162,8 @@ where
                 }
                 on_event(event)
             };
-            let code = wait_tree(pid, group, None, None, &mut on_event).unwrap_or(1);
+            let code =
+                wait_tree(pid, group, None, None, AtExec::Allocator, &mut on_event).unwrap_or(1);
             if let Some(tx) = exit_tx.take() {
                 let _ = tx.send(code);
             }
@@ -245,15 +247,20 @@ fn start_stopped(
     Ok(pid)
 }
 
-/// Starts `argv` (as `run_as`, if any) held before its exec, without
-/// ptrace: `hold` is called with its pid (the probes and the scope made
-/// ready for it), then it execs. Returns its pid and the receiver of its
-/// exit code (128 + signal when killed). If `hold` fails, the child
-/// exits without running the command.
+/// Starts `argv` (as `run_as`, if any) held before its exec: `hold` is
+/// called with its pid (the probes and the scope made ready for it), then
+/// it execs. Returns its pid and the receiver of its exit code (128 +
+/// signal when killed). If `hold` fails, the child exits without running
+/// the command. With `on_exec`, the command and every process it creates
+/// are followed under ptrace (seized before the command's exec, so none
+/// escapes): each exec stops the process before its new program's first
+/// instruction until `on_exec` has returned, and nothing else is asked of
+/// them; mtrace's end (or death) lets them go.
 pub fn launch_held(
     argv: &[String],
     run_as: Option<&RunAs>,
     hold: impl FnOnce(u32) -> Result<()>,
+    on_exec: Option<Box<dyn FnMut(u32) + Send>>,
 ) -> Result<(u32, tokio::sync::oneshot::Receiver<i32>)> {
     let (c_path, c_args, c_env) = exec_strings(argv, run_as)?;
     let mut gate = [0; 2];
@@ -269,7 +276,25 @@ pub fn launch_held(
             return Err(e);
         }
     };
-    let held = hold(pid);
+    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
+    // The child waits at the gate: seized there by the thread that waits
+    // for it, or waited for by a thread of its own.
+    let waiter = match on_exec {
+        Some(on_exec) => follow(pid, on_exec, exit_tx),
+        None => std::thread::Builder::new()
+            .name("mtrace-wait".into())
+            .spawn(move || {
+                let code = match waitpid(pid) {
+                    Ok(s) if libc::WIFSIGNALED(s) => 128 + libc::WTERMSIG(s),
+                    Ok(s) => libc::WEXITSTATUS(s),
+                    Err(_) => 1,
+                };
+                let _ = exit_tx.send(code);
+            })
+            .map(|_| ())
+            .map_err(Into::into),
+    };
+    let held = waiter.and_then(|()| hold(pid));
     // One byte lets the child exec; the pipe closed without it makes the
     // child exit.
     if held.is_ok() {
@@ -277,23 +302,59 @@ pub fn launch_held(
     }
     unsafe { libc::close(gate[1]) };
     if let Err(e) = held {
-        let _ = waitpid(pid);
         unsafe { libc::close(report) };
         return Err(e);
     }
     exec_report(pid, report, &c_path, run_as)?;
-    let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("mtrace-wait".into())
-        .spawn(move || {
-            let code = match waitpid(pid) {
-                Ok(s) if libc::WIFSIGNALED(s) => 128 + libc::WTERMSIG(s),
-                Ok(s) => libc::WEXITSTATUS(s),
-                Err(_) => 1,
-            };
-            let _ = exit_tx.send(code);
-        })?;
     Ok((pid, exit_rx))
+}
+
+/// What a followed tree is seized with: its forks, vforks, clones and
+/// execs (an exit needs no stop: its status says it).
+const FOLLOWED: i32 = libc::PTRACE_O_TRACEEXEC
+    | libc::PTRACE_O_TRACEFORK
+    | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACECLONE;
+
+/// Seizes `pid`, waiting at its gate, on a thread of its own that then
+/// follows its tree ([`launch_held`]); returns once it is seized.
+fn follow(
+    pid: u32,
+    mut on_exec: Box<dyn FnMut(u32) + Send>,
+    exit_tx: tokio::sync::oneshot::Sender<i32>,
+) -> Result<()> {
+    let (seized_tx, seized) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("mtrace-follow".into())
+        .spawn(move || {
+            let mut group = HashMap::new();
+            let ok = seize_process(pid, FOLLOWED, &mut group);
+            let _ = seized_tx.send(ok.then_some(()).ok_or_else(std::io::Error::last_os_error));
+            if !ok {
+                return;
+            }
+            let mut exit_tx = Some(exit_tx);
+            let mut on_event = |event: TreeEvent| {
+                match event {
+                    TreeEvent::Execd { pid } => on_exec(pid),
+                    TreeEvent::Gone { pid: gone, code } if gone == pid => {
+                        if let Some(tx) = exit_tx.take() {
+                            let _ = tx.send(code);
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(Some(()))
+            };
+            let code = wait_tree(pid, group, None, None, AtExec::Stop, &mut on_event).unwrap_or(1);
+            if let Some(tx) = exit_tx.take() {
+                let _ = tx.send(code);
+            }
+        })?;
+    seized
+        .recv()
+        .map_err(|_| user_error!("the thread that follows the command died"))?
+        .map_err(|e| user_error!("seizing the command (pid {pid}) before its exec: {e}"))
 }
 
 /// What `execve` is given for `argv`: the command's path (found as a

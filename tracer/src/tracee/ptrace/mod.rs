@@ -16,4 +16,4 @@ mod tree;
 pub(crate) use requests::{ptrace, waitpid, HeldSignals};
 pub(crate) use seize::{seize_descendants, seize_process, seize_tree, WITH_CHILDREN};
 pub(crate) use startup::{wait_for_allocator, Exited};
-pub use tree::{wait_tree, Handover, TreeEvent};
+pub use tree::{wait_tree, AtExec, Handover, TreeEvent};

@@ -31,6 +31,9 @@ pub enum TreeEvent<'a> {
     /// allocator is known; answer `Some` once it is probed, `None` to be
     /// asked again when more is mapped.
     Exec { pid: u32, maps: &'a [Mapping] },
+    /// `pid` exec'd and is stopped there ([`AtExec::Stop`]): its new
+    /// program has run no instruction yet. It runs on once answered.
+    Execd { pid: u32 },
     /// `pid`'s last thread is exiting: its memory and mappings are still
     /// there.
     Exiting { pid: u32 },
@@ -50,6 +53,16 @@ pub enum Handover {
     Release(u32),
 }
 
+/// Where a traced process's `exec` is told to the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtExec {
+    /// Run on to where the new program's allocator is known
+    /// ([`TreeEvent::Exec`]).
+    Allocator,
+    /// At the exec stop itself ([`TreeEvent::Execd`]).
+    Stop,
+}
+
 /// Follows the root process (and with `PTRACE_O_TRACEFORK` and its kin,
 /// every process and thread it creates, daemons that fork away from it
 /// included) until every one is gone, passing signals on and telling
@@ -60,12 +73,14 @@ pub enum Handover {
 /// is then detached and runs on, and `None` is returned. Otherwise,
 /// tracees still running when the trace ends are detached by the kernel
 /// when this thread ends. `handover` (by pid) hands over processes to
-/// seize or to let go while the tree runs ([`Handover`]).
+/// seize or to let go while the tree runs ([`Handover`]). `at_exec` says
+/// where each exec is told.
 pub fn wait_tree(
     root: u32,
     mut group: HashMap<u32, u32>,
     stop: Option<&AtomicBool>,
     handover: Option<&std::sync::mpsc::Receiver<Handover>>,
+    at_exec: AtExec,
     on_event: &mut impl FnMut(TreeEvent) -> Result<Option<()>>,
 ) -> Option<i32> {
     // New tracees whose first stop came before their creator's event.
@@ -179,6 +194,11 @@ pub fn wait_tree(
                 let pid = tgid;
                 group.retain(|t, g| *g != pid || *t == pid);
                 group.insert(pid, pid);
+                if at_exec == AtExec::Stop {
+                    let _ = on_event(TreeEvent::Execd { pid });
+                    cont(pid, 0);
+                    continue;
+                }
                 let mut on_exec =
                     |pid: u32, maps: &[Mapping]| on_event(TreeEvent::Exec { pid, maps });
                 if let Some(code) = follow_exec(pid, &mut on_exec) {
