@@ -43,6 +43,7 @@ mod agent;
 mod cargo;
 mod make;
 mod python;
+mod soak;
 mod tree;
 
 struct Mode {
@@ -286,6 +287,8 @@ pub enum Only {
     Tree,
     Python,
     Agent,
+    /// `agent --all` on a `make -j2` loop for this many minutes.
+    Soak(u64),
 }
 
 /// The agent's soak run, seconds.
@@ -308,6 +311,17 @@ pub fn run(
         python::render_table(&rows, python_runs, &mut table);
         println!("{table}");
         let json = python::render_json(&rows);
+        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
+            .with_context(|| format!("writing {}", json_path.display()))?;
+        eprintln!("xtask: wrote {}", json_path.display());
+        return Ok(());
+    }
+    if let Only::Soak(minutes) = only {
+        let soak = soak::run(root, minutes)?;
+        let mut table = String::new();
+        soak::render_table(&soak, &mut table);
+        println!("{table}");
+        let json = soak::render_json(&soak);
         std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
             .with_context(|| format!("writing {}", json_path.display()))?;
         eprintln!("xtask: wrote {}", json_path.display());
