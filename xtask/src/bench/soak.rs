@@ -261,8 +261,13 @@ pub fn run(root: &Path, minutes: u64) -> Result<HostSoak> {
     let started = Instant::now();
     let secs = minutes * 60;
     let (mut points, mut scrapes) = (Vec::new(), Vec::new());
-    for tick in 1..=minutes * 6 {
+    // A reading every 10 s until the time is up (a request the agent
+    // answers late delays the next).
+    for tick in 1.. {
         let next = Duration::from_secs(10 * tick);
+        if next > Duration::from_secs(secs) {
+            break;
+        }
         std::thread::sleep(next.saturating_sub(started.elapsed()));
         if let Some(status) = child.try_wait()? {
             bail!("the agent ended during the soak: {status}");
