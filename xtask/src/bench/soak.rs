@@ -265,7 +265,7 @@ pub fn run(root: &Path, minutes: u64) -> Result<HostSoak> {
     // answers late delays the next).
     for tick in 1.. {
         let next = Duration::from_secs(10 * tick);
-        if next > Duration::from_secs(secs) {
+        if next > Duration::from_secs(secs) || started.elapsed() >= Duration::from_secs(secs) {
             break;
         }
         std::thread::sleep(next.saturating_sub(started.elapsed()));
