@@ -359,7 +359,9 @@ fn losses_text(losses: &[(String, u64)]) -> String {
     l.join(", ")
 }
 
-pub fn render_table(s: &HostSoak, out: &mut String) {
+pub fn render_table(s: &HostSoak) -> String {
+    let mut out = String::new();
+    let out = &mut out;
     let _ = writeln!(
         out,
         "\nagent --all soak: {:.0} s, {} builds of `make -j2` ({} units, `make clean` between); /metrics every 10 s, /debug/pprof/allocs every 60 s\n\n| minute | RSS KiB | peak RSS KiB | processes held | processes seen | stacks served | pprof fetch s | builds | losses |\n|---|---|---|---|---|---|---|---|---|",
@@ -412,6 +414,7 @@ pub fn render_table(s: &HostSoak, out: &mut String) {
         s.uprobe_events_left
             .map_or("no tracefs mounted".into(), |n| n.to_string()),
     );
+    out.clone()
 }
 
 pub fn render_json(s: &HostSoak) -> String {
@@ -447,4 +450,13 @@ pub fn render_json(s: &HostSoak) -> String {
         s.uprobe_events_left
             .map_or("null".into(), |n| n.to_string()),
     )
+}
+
+/// One part's table on standard output and its JSON in `json_path`.
+pub(super) fn print_and_write(table: &str, json: &str, json_path: &Path) -> Result<()> {
+    println!("{table}");
+    std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    eprintln!("xtask: wrote {}", json_path.display());
+    Ok(())
 }
