@@ -43,6 +43,7 @@ mod agent;
 mod cargo;
 mod make;
 mod python;
+mod soak;
 mod tree;
 
 struct Mode {
@@ -286,6 +287,8 @@ pub enum Only {
     Tree,
     Python,
     Agent,
+    /// `agent --all` on a `make -j2` loop for this many minutes.
+    Soak(u64),
 }
 
 /// The agent's soak run, seconds.
@@ -306,35 +309,27 @@ pub fn run(
         let rows = python::run(root, python_runs)?;
         let mut table = String::new();
         python::render_table(&rows, python_runs, &mut table);
-        println!("{table}");
-        let json = python::render_json(&rows);
-        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
-            .with_context(|| format!("writing {}", json_path.display()))?;
-        eprintln!("xtask: wrote {}", json_path.display());
-        return Ok(());
+        return soak::print_and_write(&table, &python::render_json(&rows), json_path);
+    }
+    if let Only::Soak(minutes) = only {
+        let soak = soak::run(root, minutes)?;
+        return soak::print_and_write(
+            &soak::render_table(&soak),
+            &soak::render_json(&soak),
+            json_path,
+        );
     }
     if only == Only::Agent {
         let (rows, soak) = agent::run(root, runs, soak_secs)?;
         let mut table = String::new();
         agent::render_table(&rows, soak.as_ref(), runs, &mut table);
-        println!("{table}");
-        let json = agent::render_json(&rows, soak.as_ref());
-        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
-            .with_context(|| format!("writing {}", json_path.display()))?;
-        eprintln!("xtask: wrote {}", json_path.display());
-        return Ok(());
+        return soak::print_and_write(&table, &agent::render_json(&rows, soak.as_ref()), json_path);
     }
-    let tree_only = only == Only::Tree;
-    if tree_only {
+    if only == Only::Tree {
         let bench = tree::run(root, runs)?;
         let mut table = String::new();
         tree::render_table(&bench, &mut table);
-        println!("{table}");
-        let json = tree::render_json(&bench);
-        std::fs::write(json_path, format!("{{\n{json}\n}}\n"))
-            .with_context(|| format!("writing {}", json_path.display()))?;
-        eprintln!("xtask: wrote {}", json_path.display());
-        return Ok(());
+        return soak::print_and_write(&table, &tree::render_json(&bench), json_path);
     }
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;

@@ -74,6 +74,11 @@ enum Task {
         /// Seconds of the agent's soak run (0: none).
         #[arg(long, default_value_t = bench::SOAK_SECS)]
         soak_secs: u64,
+        /// Only `mtrace agent --all` for MINUTES on a loop of `make -j2`
+        /// builds, scraped every 10 s: its RSS, processes, stacks and
+        /// losses, and what it leaves after SIGTERM (never run by default).
+        #[arg(long, value_name = "MINUTES", conflicts_with_all = ["tree_only", "python_only", "agent_only"])]
+        soak: Option<u64>,
     },
     /// Set up, build, and install a stripped mtrace to PREFIX/bin (ahead of
     /// glibc's /usr/bin/mtrace on root's PATH), its man pages to
@@ -183,13 +188,15 @@ fn run(task: Task) -> Result<()> {
             python_only,
             agent_only,
             soak_secs,
+            soak,
         } => {
             setup()?;
             build()?;
-            let only = match (tree_only, python_only, agent_only) {
-                (true, _, _) => bench::Only::Tree,
-                (_, true, _) => bench::Only::Python,
-                (_, _, true) => bench::Only::Agent,
+            let only = match (soak, tree_only, python_only, agent_only) {
+                (Some(minutes), ..) => bench::Only::Soak(minutes),
+                (_, true, _, _) => bench::Only::Tree,
+                (_, _, true, _) => bench::Only::Python,
+                (_, _, _, true) => bench::Only::Agent,
                 _ => bench::Only::All,
             };
             bench::run(&root, iterations, runs, &json, only, soak_secs)

@@ -21,7 +21,10 @@ use blazesym::symbolize::{
 
 mod debuginfo;
 mod entry;
+mod parsed;
 mod saved;
+
+use parsed::with_symbolizer;
 
 pub use debuginfo::disable_servers as no_debuginfod;
 pub use saved::name_saved;
@@ -35,25 +38,6 @@ use crate::{
     python::{split, Names},
     tracee::{AddressSpace, FileId},
 };
-
-thread_local! {
-    /// One symbolizer for the whole trace, per thread (blazesym's is not
-    /// `Sync`). It keeps every file it parsed, keyed by device, inode,
-    /// size and modification time (not by path, so the same library
-    /// through each process's `/proc/self/fd/N` is parsed once, and a
-    /// reused descriptor number never finds another file's symbols): in a
-    /// tree of 63 short programs, inflating libc's compressed debug
-    /// sections again for each took a third of mtrace's time.
-    static SYMBOLIZER: Symbolizer = Symbolizer::builder()
-        .enable_code_info(true)
-        .enable_inlined_fns(true)
-        // Names are demangled here (`demangled`): blazesym's demangling
-        // takes a C function's name for a C++ type code when the unit's
-        // language is not C++ or Rust (`a` -> `signed char`, `d` ->
-        // `double`).
-        .enable_demangling(false)
-        .build();
-}
 
 thread_local! {
     /// What the symbolizer said of each (file, offset) asked about, with
@@ -124,7 +108,7 @@ pub fn symbolize(
             .collect()
     };
     let mut resolved: HashMap<u64, Vec<Arc<Frame>>> = HashMap::new();
-    SYMBOLIZER.with(|symbolizer| {
+    {
         let mut known = KNOWN.with(|k| k.take());
         for (path, mut addrs) in by_file {
             addrs.sort_unstable();
@@ -155,7 +139,7 @@ pub fn symbolize(
             }
             let offsets: Vec<u64> = todo.iter().map(|&(_, o)| o).collect();
             let mut results = match file {
-                Some(f) => frames_in_file(symbolizer, f, id, &offsets),
+                Some(f) => frames_in_file(f, id, &offsets),
                 None => Vec::new(),
             };
             for (i, &(addr, offset)) in todo.iter().enumerate() {
@@ -173,7 +157,7 @@ pub fn symbolize(
             }
         }
         KNOWN.with(|k| k.replace(known));
-    });
+    }
 
     let mut stacks = Vec::new();
     for st in &raw.stacks {
@@ -285,12 +269,10 @@ pub fn returns_in_file(file: &std::fs::File, module: &str, returns: &[u64]) -> V
         .collect();
     let mut fresh: HashMap<u64, Option<Vec<Frame>>> = HashMap::new();
     if !todo.is_empty() {
-        SYMBOLIZER.with(|symbolizer| {
-            let results = frames_in_file(symbolizer, file, id, &todo);
-            for (&o, found) in todo.iter().zip(results) {
-                fresh.insert(o, found);
-            }
-        });
+        let results = frames_in_file(file, id, &todo);
+        for (&o, found) in todo.iter().zip(results) {
+            fresh.insert(o, found);
+        }
     }
     let frames = offsets
         .iter()
@@ -320,22 +302,21 @@ pub fn returns_in_file(file: &std::fs::File, module: &str, returns: &[u64]) -> V
 /// its build id ([`debuginfo`]), where it has one; a program's entry
 /// point that nothing names there is `_start` ([`entry`]).
 fn frames_in_file(
-    symbolizer: &Symbolizer,
     file: &std::fs::File,
     id: Option<FileId>,
     offsets: &[u64],
 ) -> Vec<Option<Vec<Frame>>> {
-    let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
-    let mut found = symbolized(symbolizer, &src, Input::FileOffset(offsets));
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let src = Source::Elf(Elf::new(&path));
+    let mut found = with_symbolizer(path.as_ref(), |symbolizer| {
+        symbolized(symbolizer, &src, Input::FileOffset(offsets))
+    });
     if found.iter().all(Option::is_some) {
         return found;
     }
     if let Some(split) = debuginfo::split_for(file, id) {
         let addrs: Vec<u64> = offsets.iter().map(|&o| split.virtual_address(o)).collect();
-        for (f, more) in found
-            .iter_mut()
-            .zip(in_debug_file(symbolizer, &split.path, &addrs))
-        {
+        for (f, more) in found.iter_mut().zip(in_debug_file(&split.path, &addrs)) {
             if f.is_none() {
                 *f = more;
             }
@@ -379,13 +360,11 @@ fn symbolized(
 
 /// The frames at each of `addrs` (virtual addresses, as the file's
 /// program headers place its code) in the debug file `debug`.
-fn in_debug_file(
-    symbolizer: &Symbolizer,
-    debug: &std::path::Path,
-    addrs: &[u64],
-) -> Vec<Option<Vec<Frame>>> {
+fn in_debug_file(debug: &std::path::Path, addrs: &[u64]) -> Vec<Option<Vec<Frame>>> {
     let src = Source::Elf(Elf::new(debug));
-    symbolized(symbolizer, &src, Input::VirtOffset(addrs))
+    with_symbolizer(debug, |symbolizer| {
+        symbolized(symbolizer, &src, Input::VirtOffset(addrs))
+    })
 }
 
 /// What `make` finds for a file, made once per file identity `id` and

@@ -12,7 +12,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{debuginfo, in_debug_file, SYMBOLIZER};
+use super::{debuginfo, in_debug_file};
 use crate::profile::{short_path, FileMapping, Frame, Profile, StackEntry, SymbolsQuality};
 
 /// The page size of the machines mtrace traces (x86-64): a mapping of a
@@ -48,7 +48,7 @@ pub fn name_saved(profile: &mut Profile) {
             .iter()
             .filter_map(|f| place.address(f).map(|a| (f, a)))
             .unzip();
-        let found = SYMBOLIZER.with(|s| in_debug_file(s, &debug, &addrs));
+        let found = in_debug_file(&debug, &addrs);
         for (f, found) in asked.into_iter().zip(found) {
             let Some(new) = found else { continue };
             let located = new

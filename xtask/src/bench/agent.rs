@@ -205,7 +205,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The agent, started on `target` args; the address it serves on and
 /// the pid it traces first.
-fn agent(mtrace: &Path, policy: &[&str], target: &[&str]) -> Result<(Child, String, u32)> {
+pub(super) fn agent(
+    mtrace: &Path,
+    policy: &[&str],
+    target: &[&str],
+) -> Result<(Child, String, u32)> {
     agent_with_env(mtrace, policy, target, &[])
 }
 
@@ -247,7 +251,7 @@ fn agent_with_env(
     Ok((child, addr, traced))
 }
 
-fn get(addr: &str, path: &str) -> Result<String> {
+pub(super) fn get(addr: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
@@ -259,7 +263,7 @@ fn get(addr: &str, path: &str) -> Result<String> {
         .unwrap_or_default())
 }
 
-fn metric(text: &str, name: &str) -> Option<f64> {
+pub(super) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }

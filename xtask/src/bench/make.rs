@@ -25,7 +25,7 @@ pub(super) const UNITS: usize = 50;
 
 /// A C project of [`UNITS`] files, each a function that allocates, and a
 /// main that calls them all; its Makefile builds and runs it.
-fn make_project(dir: &Path) -> Result<()> {
+pub(super) fn make_project(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut main = String::from("#include <stdlib.h>\n");
     let mut objs = Vec::new();
