@@ -14,6 +14,7 @@
 mod files;
 mod probes;
 mod processes;
+mod python;
 mod read;
 mod run;
 mod walker;
@@ -102,6 +103,8 @@ struct Host {
     rechecks: VecDeque<(Instant, u32)>,
     /// Processes whose probes went in after they started.
     late: u64,
+    /// The CPython interpreter files read for the programs.
+    python: python::Interpreters,
     /// The rows of processes gone, read out of the kernel's maps (which
     /// keep the processes alive only), and their records.
     ended: Merged,
@@ -172,6 +175,7 @@ impl Host {
             classified: HashSet::new(),
             rechecks: VecDeque::new(),
             late: 0,
+            python: python::Interpreters::default(),
             ended: Merged::default(),
             gone: VecDeque::new(),
             bounded: false,
@@ -202,6 +206,7 @@ impl Host {
             }
             host.index.note(pid, &text);
             host.procs.note(pid, 0, None);
+            host.python.note_process(&mut host.probes.ebpf, pid, &text);
             if let Err(e) = host.probes.add_process(pid, &text) {
                 say!("mtrace: pid {pid}: {e:#}");
             }
@@ -248,6 +253,8 @@ impl Host {
         self.index.note_file(e.tgid, &path);
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
             self.walks.note_path(key, &exe);
+            self.python
+                .learn_executable(&mut self.probes.ebpf, key, &exe);
             if self.classified.insert(key) {
                 let files: Vec<String> = std::iter::once(exe.clone())
                     .chain(self.libc.clone())
@@ -278,6 +285,8 @@ impl Host {
         };
         let exe = exe.to_string_lossy().into_owned();
         self.walks.note_path(key, &exe);
+        self.python
+            .learn_executable(&mut self.probes.ebpf, key, &exe);
         if self.classified.insert(key) {
             let files: Vec<String> = std::iter::once(exe.clone())
                 .chain(self.libc.clone())
@@ -305,6 +314,7 @@ impl Host {
                 continue;
             };
             self.index.note(pid, &text);
+            self.python.note_process(&mut self.probes.ebpf, pid, &text);
             match self.probes.add_process(pid, &text) {
                 Ok(n) => self.added_late(
                     n,
@@ -363,6 +373,7 @@ impl Host {
             walked,
         )?;
         walks.prune_stacks();
+        walks.python.forget(&gone);
         drop(walks);
         let ebpf = &mut self.probes.ebpf;
         let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =
@@ -460,6 +471,7 @@ impl Host {
             })
             .collect::<Vec<_>>()
             .join(", ");
+        meta.python = self.python.said();
         let walks = self.walks.walks();
         let live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
         drop(walks);
