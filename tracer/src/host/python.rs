@@ -64,7 +64,7 @@ impl Interpreters {
         let known = match python::in_file(pid, path) {
             Found::Known(i) => {
                 let mut layout = i.layout;
-                layout.runtime = i.place.from_code_base();
+                layout.runtime = i.place.offset_from_code_base();
                 match files_map(ebpf).and_then(|mut m| Ok(m.insert(file_id(key), layout, 0)?)) {
                     Ok(()) => Some(Known {
                         from_code_base: layout.runtime,

@@ -213,7 +213,7 @@ impl Place {
     /// `_PyRuntime`'s address less the address where the file's offset 0
     /// lies as its code is mapped (a mapping's start less its offset):
     /// what the host scope adds that base to, in any process.
-    pub fn from_code_base(&self) -> u64 {
+    pub fn offset_from_code_base(&self) -> u64 {
         self.runtime.wrapping_sub(self.code_delta)
     }
 }
