@@ -7,13 +7,11 @@
 //!
 //! This file holds the chain across versions, by launch and by pid, and
 //! what is said of an interpreter whose frames cannot be read;
-//! `stacks` holds threads and a stack too deep to keep, `host` the host
-//! engine (`--file-wide`) against a trace alone, `objects`
+//! `stacks` holds threads and a stack too deep to keep, `objects`
 //! `--python-objects` and live mode, `oracles` memray and py-spy. The
 //! scripts are tests/fixtures/python/*.py; the helpers they share are
 //! support/python.rs.
 
-mod host;
 mod objects;
 mod oracles;
 mod stacks;
@@ -110,27 +108,20 @@ fn python_frames_from_launch_every_version() {
     }
 }
 
-/// Three kinds of interpreter: Debian's 3.11 (libpython linked in),
-/// pyenv's 3.12 (a shared libpython) and 3.9 (threads told apart by their
-/// fs base).
-fn three_kinds() -> Vec<(PathBuf, u8)> {
-    vec![
-        (PathBuf::from("/usr/bin/python3.11"), 11),
-        (
-            PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3"),
-            12,
-        ),
-        (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
-    ]
-}
-
 #[test]
 fn python_frames_by_pid() {
     let dir = bpf_tempdir!();
     let path = script(dir.path());
     let script = path.to_str().unwrap();
     let n = N.to_string();
-    for (python, minor) in available(three_kinds()) {
+    for (python, minor) in available(vec![
+        (PathBuf::from("/usr/bin/python3.11"), 11),
+        (
+            PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3"),
+            12,
+        ),
+        (PathBuf::from("/root/.pyenv/versions/3.9.18/bin/python3"), 9),
+    ]) {
         let mut fx = FixtureProc::start(&python, &[script, &n, "wait"]);
         let (out, p) = trace_by_pid(&mut fx, &[]);
         assert_chain(

@@ -87,22 +87,9 @@ pub const HOST_SCOPE_PIDS: &str = "HOST_SCOPE_PIDS";
 /// Host scope narrowed to cgroups ([`crate::SCOPE_CGROUP`]): the cgroup
 /// v2 ids in scope (value 1), each with its descendants.
 pub const HOST_SCOPE_CGROUPS: &str = "HOST_SCOPE_CGROUPS";
-/// Host scope: each CPython interpreter file's layout
-/// ([`crate::PythonLayout`], its `runtime` relative to the file's offset
-/// 0 as its code is mapped), by [`crate::HostFileId`].
-pub const HOST_PY_FILES: &str = "HOST_PY_FILES";
-/// Host scope: each Python process's interpreter ([`crate::HostPyProc`]),
-/// by process id.
-pub const HOST_PY_PROCS: &str = "HOST_PY_PROCS";
-/// Host scope: the calling process's interpreter layout, per CPU and walk
-/// scratch level, while its Python frames are read.
-pub const HOST_PY_NOW: &str = "HOST_PY_NOW";
-/// Host scope: new Python stacks' notices ([`crate::PyNotice`]), on a ring
-/// of their own, which the tracer reads before each walk it finishes.
-pub const HOST_PY_NOTICES: &str = "HOST_PY_NOTICES";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 39] = [
+pub const ALL_MAPS: [&str; 35] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -138,10 +125,6 @@ pub const ALL_MAPS: [&str; 39] = [
     HOST_NEXT,
     HOST_SCOPE_PIDS,
     HOST_SCOPE_CGROUPS,
-    HOST_PY_FILES,
-    HOST_PY_PROCS,
-    HOST_PY_NOW,
-    HOST_PY_NOTICES,
 ];
 
 /// The host scope's programs: every allocating entry point, file-wide,

@@ -18,18 +18,6 @@ pub const PY_MAX_FRAMES: usize = 48;
 /// has): it holds the code object's address.
 pub const PY_FRAME: u64 = 1 << 63;
 
-/// The first word of a Python frame has this bit set too: the host
-/// scope's frames (`crate::host_frame`) have [`PY_FRAME`]'s bit, never
-/// this one, so the two together tell a Python frame from a native one
-/// in a stack of either engine.
-pub const PY_WORD: u64 = 1 << 60;
-
-/// Whether `word` is the first word of a Python frame (or of a cut mark).
-#[inline(always)]
-pub const fn is_py_word(word: u64) -> bool {
-    word & (PY_FRAME | PY_WORD) == PY_FRAME | PY_WORD
-}
-
 /// The frame is the first its run of the eval loop executed (the last of
 /// the run, innermost first).
 pub const PY_ENTRY: u64 = 1 << 62;
@@ -53,7 +41,7 @@ pub const PY_CUT_MORE: u64 = 1 << 32;
 #[inline(always)]
 pub const fn py_cut_words(left: u32, more: bool) -> [u64; 2] {
     let m = if more { PY_CUT_MORE } else { 0 };
-    [PY_FRAME | PY_WORD | PY_CUT_MARK, m | left as u64]
+    [PY_FRAME | PY_CUT_MARK, m | left as u64]
 }
 
 /// A Python frame's two words: `PY_FRAME | entry | code` and
@@ -66,7 +54,7 @@ pub const fn py_cut_words(left: u32, more: bool) -> [u64; 2] {
 pub const fn py_frame_words(code: u64, entry: bool, instr: u32, check: u32) -> [u64; 2] {
     let e = if entry { PY_ENTRY } else { 0 };
     [
-        PY_FRAME | PY_WORD | e | (code & PY_CODE_MASK),
+        PY_FRAME | e | (code & PY_CODE_MASK),
         ((check as u64) << 32) | instr as u64,
     ]
 }
@@ -189,19 +177,6 @@ pub struct PythonLayout {
     /// `co_name` follows.
     pub code_firstlineno: u32,
     pub code_filename: u32,
-    /// The interpreter's minor version (3.X): how the tracer reads its
-    /// code objects.
-    pub minor: u32,
-}
-
-/// The host scope's Python process (`HOST_PY_PROCS`' value, by process
-/// id): where its interpreter's `_PyRuntime` is, and the file whose
-/// layout (`HOST_PY_FILES`) its threads are read by.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HostPyProc {
-    pub runtime: u64,
-    pub file: crate::HostFileId,
 }
 
 /// A Python stack's frames for the tracer to name while their code objects
@@ -212,7 +187,6 @@ pub struct HostPyProc {
 pub struct PyNotice {
     /// Words in `words` (two per frame).
     pub n: u32,
-    /// The process (the host scope's; 0 in a traced process's).
-    pub tgid: u32,
+    pub _pad: u32,
     pub words: [u64; 2 * PY_MAX_FRAMES],
 }

@@ -4,9 +4,8 @@
 //! counted under its process, its function and its direct caller's place
 //! in the caller's file (device, inode, offset, looked up with
 //! `bpf_find_vma`), so that a process gone before the tracer reads the
-//! counts is still symbolized, and under its whole stack: native frames
-//! walked by rules kept by file and offset, then in a Python process its
-//! Python frames, read as in a traced process.
+//! counts is still symbolized. No stack walk: unwind rules are per
+//! process, and this scope has no per-process state.
 
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
@@ -31,12 +30,10 @@ use crate::{
     hidden::hidden_return,
     maps::{
         config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FUNCS, HOST_GENS,
-        HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_PY_PROCS, HOST_RUNS, HOST_SELF, HOST_STACKS,
-        HOST_TOTALS,
+        HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SELF, HOST_STACKS, HOST_TOTALS,
     },
     nesting::in_ranges,
     place::{caller_place, host_place, NO_GEN},
-    python::{append_python, host_python, python_key, read_python, send_python_notice},
     scope::{in_scope, leave},
     scratch::{give_back_scratch, level_of, take_scratch},
     walk::{finish_hash, start_walk, walk_frames},
@@ -151,18 +148,9 @@ fn walk(
     w.host_caller = w.host_ra;
     bump_counter(counter::WALKS, 1);
     walk_frames(level_of(w));
-    // A Python process's Python frames, read now (a walk handed to the
-    // tracer takes them along); the key is the native walk's continued
-    // over them, as a traced process's.
-    if host_python(w, tgid) {
-        read_python(w);
-    } else {
-        w.py_n = 0;
-    }
     let why = w.stack.stop;
     if why != stop::MISS {
-        let native = finish_hash(w, why);
-        return python_key(w, native);
+        return finish_hash(w, why);
     }
     // The mappings of the probed function and of the executable's code,
     // remembered under the incarnation like those of every frame walked:
@@ -180,8 +168,7 @@ fn walk(
         stop::RULES_FULL => stop::RULES_FULL,
         _ => stop::COPY_LOST,
     };
-    let native = finish_hash(w, why);
-    python_key(w, native)
+    finish_hash(w, why)
 }
 
 /// Counts a call under `key`; a new key also stores its stack (from the
@@ -201,12 +188,9 @@ fn count_key(
     }
     if key.stack != 0 {
         if let Some(w) = scratch {
-            append_python(unsafe { &mut *w });
             match HOST_STACKS.insert(&key.stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
-                // A new stack: its Python frames' code objects to name.
-                Ok(()) => send_python_notice(unsafe { &*w }),
                 Err(e) if e != -EEXIST => bump_counter(counter::STACK_MAP_FULL, 1),
-                Err(_) => {}
+                _ => {}
             }
         }
     }
@@ -286,7 +270,6 @@ pub(crate) fn exit() -> i32 {
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
     if tgid == pid {
         let _ = HOST_GENS.remove(&tgid);
-        let _ = HOST_PY_PROCS.remove(&tgid);
         leave(tgid);
     }
     0
@@ -408,9 +391,8 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
         m.mm = 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // A new program: new mappings, and no interpreter yet.
+    // A new program: new mappings.
     let _ = HOST_GENS.remove(&tgid);
-    let _ = HOST_PY_PROCS.remove(&tgid);
     if !enabled() || !in_scope(tgid) {
         return 0;
     }

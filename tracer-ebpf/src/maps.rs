@@ -8,11 +8,11 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFileId,
-    HostFunc, HostKey, HostMark, HostProcess, HostPyProc, HostValue, HostVma, HostVmaKey,
-    KernelOffsets, LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, PythonLayout,
-    StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
-    MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS,
-    SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS, WEIGHT_TABLE_LEN,
+    HostFunc, HostKey, HostMark, HostProcess, HostValue, HostVma, HostVmaKey, KernelOffsets,
+    LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, StackFrames, UnwindRule, VmaOffsets,
+    WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS,
+    MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS,
+    WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -287,37 +287,6 @@ pub(crate) static HOST_SCOPE_PIDS: HashMap<u32, u32> =
 /// one bit per level.
 #[map]
 pub(crate) static HOST_SCOPE_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(64, 0);
-
-/// Host scope: each CPython interpreter file's layout, its `runtime`
-/// relative to the file's offset 0 as its code is mapped (filled by the
-/// tracer, which reads each interpreter file once).
-#[map]
-pub(crate) static HOST_PY_FILES: HashMap<HostFileId, PythonLayout> =
-    HashMap::with_max_entries(MAX_PY_FILES, 0);
-
-/// The most interpreter files the host scope reads frames of.
-pub(crate) const MAX_PY_FILES: u32 = 64;
-
-/// Host scope: each Python process's interpreter, by process id: put in
-/// by the walk that first meets the interpreter's code in the process (or
-/// by the tracer when it reads the process's mappings), taken out at its
-/// exec and at its end (size set by the tracer).
-#[map]
-pub(crate) static HOST_PY_PROCS: HashMap<u32, HostPyProc> =
-    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
-
-/// Host scope: the calling process's interpreter layout, its `runtime`
-/// the process's own, per walk scratch level, while its Python frames are
-/// read (a lookup the verifier inlines, at every frame).
-#[map]
-pub(crate) static HOST_PY_NOW: PerCpuArray<PythonLayout> =
-    PerCpuArray::with_max_entries(WALK_LEVELS, 0);
-
-/// Host scope: new Python stacks' notices, apart from the walks handed
-/// over (the tracer reads them first: a process's code objects are named
-/// only while it lives); sized by the tracer.
-#[map]
-pub(crate) static HOST_PY_NOTICES: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// Host scope: the next incarnation and the next tag
 /// (`tracer_common::HOST_NEXT_GEN`, `HOST_NEXT_TAG`).

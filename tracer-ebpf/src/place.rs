@@ -2,9 +2,7 @@
 //! with `bpf_find_vma` for the host scope: a walk's return addresses as
 //! their file's tag and offset (the mapping remembered per window of
 //! addresses and per process incarnation, the file's tag given once), and
-//! a new key's direct caller as its file's device, inode and offset. A
-//! mapping of a CPython interpreter's file looked up for a walk gives the
-//! process its interpreter (`python::note_interpreter`).
+//! a new key's direct caller as its file's device, inode and offset.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -22,7 +20,6 @@ use crate::{
     aggregate::{bump_counter, EEXIST},
     host::next_number,
     maps::{config_u32, CONFIG, HOST_FILE_TAGS, HOST_TAG_FILES, HOST_VMAS, HOST_VMA_COPY},
-    python::note_interpreter,
 };
 
 /// The incarnation of a process the table had no room for: its mappings
@@ -105,7 +102,6 @@ fn find_mapping(level: u64, addr: u64) -> Option<HostVma> {
         if vma.tag == 0 {
             return None;
         }
-        note_interpreter(&id, vma.bias);
     }
     Some(vma)
 }

@@ -4,87 +4,26 @@
 //! from the current one out, each stored as two words (see
 //! `tracer_common::py_frame_words`) behind the native frames.
 
-use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
-};
+use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user};
 use tracer_common::{
     counter, py_code_check, py_cut_words, py_entry, py_frame_words, python_key_finish,
-    stack_hash_step, stop, HostFileId, HostPyProc, PyNotice, PythonLayout, WalkScratch, MAX_FRAMES,
-    PY_CUT_MARK, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS, PY_OWNED_BY_CSTACK,
+    stack_hash_step, stop, PyNotice, PythonLayout, WalkScratch, MAX_FRAMES, PY_CUT_MARK, PY_ENTRY,
+    PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS, PY_OWNED_BY_CSTACK,
 };
 
 use crate::{
     aggregate::bump_counter,
-    maps::{
-        HOST_PY_FILES, HOST_PY_NOTICES, HOST_PY_NOW, HOST_PY_PROCS, PROCESS, PY_THREADS,
-        UNWIND_MISSES,
-    },
+    maps::{PROCESS, PY_THREADS, UNWIND_MISSES},
     scratch::{level_of, run_loop, scratch_at},
 };
 
-/// The traced process's interpreter layout, when it runs one the
-/// programs read.
+/// The process's interpreter layout, when it runs one the programs read.
 #[inline(always)]
 pub(crate) fn python_layout() -> Option<&'static PythonLayout> {
     PROCESS
         .get(0)
         .map(|p| &p.python)
         .filter(|l| unsafe { core::ptr::read_volatile(&l.runtime) } != 0)
-}
-
-/// The interpreter layout of the walk in `w`: the traced process's, or
-/// in the host scope the one [`host_python`] put at the walk's level.
-#[inline(always)]
-fn layout_of(w: &WalkScratch) -> Option<&'static PythonLayout> {
-    if unsafe { core::ptr::read_volatile(&w.host_gen) } == 0 {
-        return python_layout();
-    }
-    HOST_PY_NOW
-        .get(level_of(w) as u32)
-        .filter(|l| unsafe { core::ptr::read_volatile(&l.runtime) } != 0)
-}
-
-/// The host scope: whether process `tgid` runs an interpreter whose
-/// frames the programs read; if so its layout, with its own `_PyRuntime`,
-/// is put at the walk's level for [`read_python`].
-#[inline(always)]
-pub(crate) fn host_python(w: &WalkScratch, tgid: u32) -> bool {
-    let Some(now) = HOST_PY_NOW.get_ptr_mut(level_of(w) as u32) else {
-        return false;
-    };
-    unsafe { (*now).runtime = 0 };
-    let Some(p) = (unsafe { HOST_PY_PROCS.get(&tgid) }) else {
-        return false;
-    };
-    let Some(l) = (unsafe { HOST_PY_FILES.get(&p.file) }) else {
-        return false;
-    };
-    unsafe {
-        *now = *l;
-        (*now).runtime = p.runtime;
-    }
-    p.runtime != 0
-}
-
-/// The host scope: a walk's lookup of a mapping of file `id` (a new one
-/// for the process) found its offset 0 at `base`; when the file is an
-/// interpreter the programs read, the calling process (if it has none
-/// yet) gets it as its own, `_PyRuntime` where the file's layout says.
-#[inline(always)]
-pub(crate) fn note_interpreter(id: &HostFileId, base: u64) {
-    let Some(l) = (unsafe { HOST_PY_FILES.get(id) }) else {
-        return;
-    };
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if HOST_PY_PROCS.get_ptr(&tgid).is_some() {
-        return;
-    }
-    let p = HostPyProc {
-        runtime: base.wrapping_add(l.runtime),
-        file: *id,
-    };
-    let _ = HOST_PY_PROCS.insert(&tgid, &p, BPF_NOEXIST as u64);
 }
 
 #[inline(always)]
@@ -114,7 +53,7 @@ pub extern "C" fn python_read_at(level: u64) -> u64 {
 #[inline(always)]
 fn read_frames(w: &mut WalkScratch) {
     w.py_n = 0;
-    let Some(l) = layout_of(w) else {
+    let Some(l) = python_layout() else {
         return;
     };
     let interp = read_u64(l.runtime + l.interp_head as u64);
@@ -266,7 +205,7 @@ fn find_thread_state(w: &mut WalkScratch, l: &PythonLayout) {
 #[inline(never)]
 extern "C" fn find_thread(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
-    let Some(l) = layout_of(w) else {
+    let Some(l) = python_layout() else {
         return 1;
     };
     let ts = w.py_ts;
@@ -320,7 +259,7 @@ fn field_u64(w: &WalkScratch, off: u32) -> u64 {
 #[inline(never)]
 extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
-    let Some(l) = layout_of(w) else {
+    let Some(l) = python_layout() else {
         return 1;
     };
     let frame = w.py_frame;
@@ -485,27 +424,17 @@ extern "C" fn append_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// where a record shorter than a walk's is a notice).
 #[inline(always)]
 pub(crate) fn send_python_notice(w: &WalkScratch) {
-    if w.py_n == 0 || layout_of(w).is_none() {
+    if w.py_n == 0 || python_layout().is_none() {
         return;
     }
-    // The host scope's on a ring of their own.
-    let ring = if w.host_gen != 0 {
-        &HOST_PY_NOTICES
-    } else {
-        &UNWIND_MISSES
-    };
-    let Some(mut entry) = ring.reserve::<PyNotice>(0) else {
+    let Some(mut entry) = UNWIND_MISSES.reserve::<PyNotice>(0) else {
         bump_counter(counter::PY_NOTICES_LOST, 1);
         return;
     };
     let ev = entry.as_mut_ptr();
     unsafe {
         (*ev).n = w.py_n as u32;
-        (*ev).tgid = if w.host_gen != 0 {
-            (bpf_get_current_pid_tgid() >> 32) as u32
-        } else {
-            0
-        };
+        (*ev)._pad = 0;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).words.as_mut_ptr() as *mut core::ffi::c_void,
             (2 * PY_MAX_FRAMES * 8) as u32,

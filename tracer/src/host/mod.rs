@@ -15,7 +15,6 @@ mod files;
 mod held;
 mod probes;
 mod processes;
-mod python;
 mod read;
 mod run;
 mod walker;
@@ -108,8 +107,6 @@ struct Host {
     /// executable is probed ([`held`]), asked for by the thread that
     /// follows it rather than from the kernel's word of the exec.
     held_execs: bool,
-    /// The CPython interpreter files read for the programs.
-    python: python::Interpreters,
     /// The rows of processes gone, read out of the kernel's maps (which
     /// keep the processes alive only), and their records.
     ended: Merged,
@@ -181,7 +178,6 @@ impl Host {
             rechecks: VecDeque::new(),
             late: 0,
             held_execs: false,
-            python: python::Interpreters::default(),
             ended: Merged::default(),
             gone: VecDeque::new(),
             bounded: false,
@@ -212,7 +208,6 @@ impl Host {
             }
             host.index.note(pid, &text);
             host.procs.note(pid, 0, None);
-            host.python.note_process(&mut host.probes.ebpf, pid, &text);
             if let Err(e) = host.probes.add_process(pid, &text) {
                 say!("mtrace: pid {pid}: {e:#}");
             }
@@ -258,8 +253,6 @@ impl Host {
         self.procs.note(e.tgid, e.mm, Some(&path));
         self.index.note_file(e.tgid, &path);
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
-            self.python
-                .learn_executable(&mut self.probes.ebpf, key, &exe);
             if self.held_execs {
                 // The process waits at its exec for the thread that
                 // follows the tree, which asks for the probes it needs.
@@ -285,8 +278,6 @@ impl Host {
             return;
         };
         let exe = exe.to_string_lossy().into_owned();
-        self.python
-            .learn_executable(&mut self.probes.ebpf, key, &exe);
         if self.probe_executable(key, &exe).is_some() {
             self.note_probed();
         }
@@ -349,7 +340,6 @@ impl Host {
                 continue;
             };
             self.index.note(pid, &text);
-            self.python.note_process(&mut self.probes.ebpf, pid, &text);
             match self.probes.add_process(pid, &text) {
                 Ok(n) => self.added_late(
                     n,
@@ -408,7 +398,6 @@ impl Host {
             walked,
         )?;
         walks.prune_stacks();
-        walks.python.forget(&gone);
         drop(walks);
         let ebpf = &mut self.probes.ebpf;
         let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =
@@ -506,7 +495,6 @@ impl Host {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        meta.python = self.python.said();
         let walks = self.walks.walks();
         let live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
         drop(walks);

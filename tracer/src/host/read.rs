@@ -199,8 +199,7 @@ fn profile_of(
         }
     }
     for (frames, _) in stacks.values().flatten() {
-        let native = crate::python::split(frames).0;
-        for (tag, offset) in native.iter().filter_map(|f| host_frame_parts(*f)) {
+        for (tag, offset) in frames.iter().filter_map(|f| host_frame_parts(*f)) {
             if let Some(file) = file_of(tag) {
                 by_file.entry(file).or_default().push(offset);
             }
@@ -259,7 +258,6 @@ fn profile_of(
         let walked = stacks.get(&k.stack).and_then(|s| s.as_ref());
         let stop = match walked {
             Some((above, stop)) => {
-                let (above, py) = crate::python::split(above);
                 for &f in above {
                     match host_frame_parts(f).map(|(tag, o)| (file_of(tag), o)) {
                         Some((Some(file), o)) => match frames.get(&(file.0, file.1, o)) {
@@ -274,7 +272,6 @@ fn profile_of(
                         None => all.push(Arc::new(no_file(f, PLACE_ANONYMOUS))),
                     }
                 }
-                all = walks.python.splice(k.tgid, all, py);
                 Some(*stop)
             }
             None => None,
@@ -340,18 +337,6 @@ fn profile_of(
             (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
-        let python = crate::profile::PythonQuality {
-            with_frames: sum(counter::PY_WITH_FRAMES)?,
-            no_interpreter: sum(counter::PY_NO_INTERPRETER)?,
-            no_thread_state: sum(counter::PY_NO_THREAD_STATE)?,
-            no_code_running: sum(counter::PY_NO_CODE_RUNNING)?,
-            threads_beyond: sum(counter::PY_THREADS_BEYOND)?,
-            cut: sum(counter::PY_CUT)?,
-            unreadable: sum(counter::PY_READ_FAILED)?,
-            notices_lost: sum(counter::PY_NOTICES_LOST)?,
-            unnamed: walks.python.unnamed(),
-        };
-        quality.python = (python != Default::default()).then_some(python);
     }
     let losses = Losses {
         stack_map_full: sum(counter::STACK_MAP_FULL)?,

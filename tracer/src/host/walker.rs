@@ -39,7 +39,6 @@ impl HostWalker {
             .as_ref()
             .map(|r| r.as_raw_fd())
             .context("the ring of walks")?;
-        let notices = walks.python.ring.as_raw_fd();
         let walks = Arc::new(Mutex::new(walks));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -48,15 +47,14 @@ impl HostWalker {
                 .name("mtrace-walks".into())
                 .spawn(move || {
                     crate::unwind::service::realtime_priority();
-                    // The fds stay open: `walks` owns the rings (of walks,
-                    // and of Python stacks' notices).
+                    // `fd` stays open: `walks` owns the ring.
                     while !stop.load(Ordering::Relaxed) {
-                        let mut pfd = [fd, notices].map(|fd| libc::pollfd {
+                        let mut pfd = libc::pollfd {
                             fd,
                             events: libc::POLLIN,
                             revents: 0,
-                        });
-                        let ready = unsafe { libc::poll(pfd.as_mut_ptr(), 2, POLL_MS) } > 0;
+                        };
+                        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_MS) } > 0;
                         let mut walks = lock(&walks);
                         if ready || !walks.deferred.is_empty() {
                             walks.finish_all();

@@ -23,8 +23,8 @@ use aya::{
 };
 use tracer_common::{
     host_frame, host_frame_parts, maps, stop, HostFileId, HostKey, HostValue, HostVma, HostVmaKey,
-    MissEvent, UnwindRule, HOST_VMA_WINDOW_SHIFT, MAX_FRAMES, MAX_HOST_TAGS, PLACE_ANONYMOUS,
-    PLACE_FILE, PLACE_UNRESOLVED,
+    MissEvent, UnwindRule, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE,
+    PLACE_UNRESOLVED,
 };
 
 use super::files::FileIndex;
@@ -102,8 +102,6 @@ pub struct HostWalks {
     /// [`DEFER_FOR`] or past [`DEFER_BYTES`].
     pub(super) deferred: std::collections::VecDeque<(Instant, Vec<u8>)>,
     deferred_bytes: usize,
-    /// The code objects of Python processes' frames.
-    pub python: super::python::HostNames,
 }
 
 /// How long a walk waits for its process's files to be named.
@@ -156,7 +154,6 @@ impl HostWalks {
             index: FileIndex::default(),
             deferred: Default::default(),
             deferred_bytes: 0,
-            python: super::python::HostNames::new(ebpf)?,
         })
     }
 
@@ -171,7 +168,6 @@ impl HostWalks {
 
     /// Finishes every walk waiting in the ring.
     pub fn finish_all(&mut self) {
-        self.python.drain();
         let Some(mut ring) = self.ring.take() else {
             return;
         };
@@ -186,7 +182,7 @@ impl HostWalks {
                 continue;
             }
             let last = now.duration_since(since) >= DEFER_FOR;
-            if self.finish(&mut ev, &mut new_rules, last) {
+            if self.finish(&ev, &mut new_rules, last) {
                 self.defer(since, record);
             }
         }
@@ -229,7 +225,7 @@ impl HostWalks {
                     continue;
                 }
                 let last = self.deferred_bytes >= DEFER_BYTES;
-                if self.finish(&mut ev, &mut new_rules, last) {
+                if self.finish(&ev, &mut new_rules, last) {
                     self.defer(Instant::now(), record);
                 }
             }
@@ -263,7 +259,7 @@ impl HostWalks {
     /// `last` try.
     fn finish(
         &mut self,
-        ev: &mut MissEvent,
+        ev: &MissEvent,
         new_rules: &mut Vec<(u64, UnwindRule)>,
         last: bool,
     ) -> bool {
@@ -271,8 +267,6 @@ impl HostWalks {
         if tgid == 0 {
             return false;
         }
-        // Python stacks' code objects first: named only while they live.
-        self.python.drain();
         let now = Instant::now();
         let mut walked = match self.procs.remove(&(tgid, ev.mm)) {
             Some(w) => w,
@@ -310,10 +304,7 @@ impl HostWalks {
         }
         let space = &mut walked.space;
         new_rules.clear();
-        // The native frames alone: `count` puts the Python ones behind.
-        let py_n = std::mem::take(&mut ev.py_n);
         let done = walked.unwinder.finish(ev, space, new_rules);
-        ev.py_n = py_n;
         // The kernel's frames are file places already; the tracer's are
         // addresses in this process.
         let kernel_n = (ev.n as usize).min(done.frames.len());
@@ -391,19 +382,15 @@ impl HostWalks {
         (space.mapping(ev.ra).is_some(), unopened)
     }
 
-    /// Counts the call of `ev` under its stack (`frames` above the caller,
-    /// ended by `stop`, then its Python frames) and its caller's place.
-    fn count(&mut self, ev: &MissEvent, mut frames: Vec<u64>, stop: u32, caller: HostValue) {
-        let py = &ev.py[..(ev.py_n as usize).min(ev.py.len()) & !1];
-        let stack = tracer_common::python_stack_key(stack_key(&frames, stop), py);
-        crate::python::fit(&mut frames, stop == stop::END, py, MAX_FRAMES);
-        self.python.learn(ev.tgid as u32, py);
+    /// Counts the call of `ev` under its stack (`frames` above the
+    /// caller, ended by `stop`) and its caller's place.
+    fn count(&mut self, ev: &MissEvent, frames: Vec<u64>, stop: u32, caller: HostValue) {
         let key = HostKey {
             tgid: ev.tgid as u32,
             func: ev.func,
             mm: ev.mm,
             ret: ev.caller,
-            stack,
+            stack: stack_key(&frames, stop),
         };
         self.stacks
             .entry(key.stack)

@@ -65,7 +65,7 @@ fn configured(shared: &mut Option<SharedLoader>, config: Box<Config>) -> &mut Eb
 
 /// The host scope's maps at their smallest, for a traced process's
 /// object, whose programs never use them.
-const HOST_MAPS_UNUSED: [(&str, u32); 18] = [
+const HOST_MAPS_UNUSED: [(&str, u32); 15] = [
     (maps::HOST_COUNTS, 1),
     (maps::HOST_TOTALS, 1),
     (maps::HOST_FUNCS, 1),
@@ -81,9 +81,6 @@ const HOST_MAPS_UNUSED: [(&str, u32); 18] = [
     (maps::HOST_GENS, 1),
     (maps::HOST_SCOPE_PIDS, 1),
     (maps::HOST_SCOPE_CGROUPS, 1),
-    (maps::HOST_PY_FILES, 1),
-    (maps::HOST_PY_PROCS, 1),
-    (maps::HOST_PY_NOTICES, 4096),
 ];
 
 /// The most cgroups that a host scope narrowed to cgroups can name.
@@ -142,13 +139,6 @@ const HOST_PROCESSES: u32 = 65536;
 /// are looked up again once forgotten).
 const HOST_VMAS: u32 = 65536;
 
-/// The host scope's CPython interpreter files, at most.
-const HOST_PY_FILES: u32 = 64;
-
-/// Bytes of the host scope's ring of Python stacks' notices (776 bytes
-/// each: some 1,300 new stacks between two reads).
-const HOST_PY_NOTICES: u32 = 1 << 20;
-
 /// Distinct stacks the host scope keeps: every process's, shared where
 /// they are the same (a stack is its frames' files and offsets).
 fn host_stacks(sizes: &MapSizes) -> u32 {
@@ -200,9 +190,6 @@ pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool, scope: u32) -> R
         .map_max_entries(maps::HOST_FILE_TAGS, tracer_common::MAX_HOST_TAGS)
         .map_max_entries(maps::HOST_TAG_FILES, tracer_common::MAX_HOST_TAGS)
         .map_max_entries(maps::HOST_GENS, HOST_PROCESSES)
-        .map_max_entries(maps::HOST_PY_PROCS, HOST_PROCESSES)
-        .map_max_entries(maps::HOST_PY_FILES, HOST_PY_FILES)
-        .map_max_entries(maps::HOST_PY_NOTICES, HOST_PY_NOTICES)
         // The shared loader keeps every size from the previous load, so
         // each map's size is set here, even where it does not change.
         .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)

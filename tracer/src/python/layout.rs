@@ -13,11 +13,7 @@ pub struct Interpreter {
     /// The object that defines `_PyRuntime` (the executable, or libpython).
     pub path: String,
     pub minor: u8,
-    /// In a process, `runtime` is its `_PyRuntime`'s address; from
-    /// [`in_file`], 0.
     pub layout: PythonLayout,
-    /// Where `_PyRuntime` lies in the file.
-    pub place: Place,
     /// Its symbol table lacks `_PyObject_Malloc`: a stripped build, where
     /// link-time optimisation may have copied the object allocator into its
     /// callers (Debian's), out of reach of probes on its entry points.
@@ -172,7 +168,6 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
         .max()
         .unwrap_or(0);
     l.frame_read = last.min(PY_FRAME_READ as u32);
-    l.minor = minor as u32;
     Some(l)
 }
 
@@ -182,130 +177,90 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
 pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
     let mut seen: Vec<&str> = Vec::new();
     for m in maps.iter().filter(|m| m.is_file() && m.offset == 0) {
-        if seen.contains(&m.path.as_str()) {
+        let name = crate::profile::short_path(&m.path);
+        if !name.contains("python") || seen.contains(&m.path.as_str()) {
             continue;
         }
         seen.push(&m.path);
-        match in_file(pid, &m.path) {
-            Found::Known(mut i) => {
-                let bias = m.start.wrapping_sub(i.place.first_load & !0xfff);
-                i.layout.runtime = bias.wrapping_add(i.place.runtime);
-                return Found::Known(i);
+        // Mapped, not read: libpython is tens of MiB, and a test suite
+        // starts many interpreters.
+        let Ok(f) = std::fs::File::open(path_in_target(pid, &m.path)) else {
+            continue;
+        };
+        // SAFETY: a read-only mapping of a file the target maps, only read
+        // as bytes (see unwind::object_cfi for the caveat).
+        let Ok(data) = (unsafe { memmap2::Mmap::map(&f) }) else {
+            continue;
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        let symbol = |wanted: &str| {
+            file.dynamic_symbols()
+                .chain(file.symbols())
+                .find(|s| s.name() == Ok(wanted) && s.address() != 0)
+        };
+        let Some(runtime) = symbol("_PyRuntime") else {
+            continue;
+        };
+        let Some(first_load) = file.segments().map(|s| s.address()).min() else {
+            continue;
+        };
+        let bias = m.start.wrapping_sub(first_load & !0xfff);
+        let version = symbol("Py_Version")
+            .and_then(|s| read_u32_at(&file, &data, s.address()))
+            .map(|v| ((v >> 24) as u8, (v >> 16) as u8))
+            .or_else(|| version_in_name(name));
+        let Some((major, minor)) = version else {
+            return Found::Unknown(format!(
+                "a Python interpreter of unknown version in {}: native frames only",
+                m.path
+            ));
+        };
+        let Some(mut layout) = (major == 3).then(|| layout_of(minor)).flatten() else {
+            return Found::Unknown(format!(
+                "Python {major}.{minor} in {}, whose frames mtrace cannot read yet: native frames only",
+                m.path
+            ));
+        };
+        if minor >= 13 {
+            // 3.13 publishes its own offsets at the start of _PyRuntime:
+            // what they say must be what the table says (a free-threaded
+            // or otherwise configured build lays its structures out
+            // differently).
+            let offsets = read_bytes_at(&file, &data, runtime.address(), DEBUG_OFFSETS_LEN);
+            if let Err(why) = offsets
+                .ok_or("unreadable")
+                .and_then(|d| debug_offsets_agree(d, &layout))
+            {
+                return Found::Unknown(format!(
+                    "Python 3.{minor} in {}, whose own debug offsets ({why}) are not the ones mtrace knows: native frames only",
+                    m.path
+                ));
             }
-            Found::Unknown(why) => return Found::Unknown(why),
-            Found::None => {}
         }
+        layout.runtime = bias.wrapping_add(runtime.address());
+        if layout.tid_is_pthread != 0 {
+            match super::btf::task_fsbase_offset() {
+                Some(off) => layout.task_fsbase = off,
+                None => {
+                    return Found::Unknown(format!(
+                        "Python 3.{minor} in {}, whose threads only the kernel's BTF (/sys/kernel/btf/vmlinux) tells apart: native frames only",
+                        m.path
+                    ))
+                }
+            }
+        }
+        return Found::Known(Interpreter {
+            path: m.path.clone(),
+            minor,
+            layout,
+            allocator_hidden: symbol("_PyObject_Malloc").is_none(),
+            unnamed: without_symbols(pid, &m.path, &file),
+            debian: path_in_target(pid, "/etc/debian_version").exists(),
+        });
     }
     Found::None
-}
-
-/// Where an interpreter file's `_PyRuntime` lies: its virtual address,
-/// the file's first loaded address, and its code segment's address less
-/// its offset in the file.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Place {
-    pub runtime: u64,
-    pub first_load: u64,
-    pub code_delta: u64,
-}
-
-impl Place {
-    /// `_PyRuntime`'s address less the address where the file's offset 0
-    /// lies as its code is mapped (a mapping's start less its offset):
-    /// what the host scope adds that base to, in any process.
-    pub fn offset_from_code_base(&self) -> u64 {
-        self.runtime.wrapping_sub(self.code_delta)
-    }
-}
-
-/// Whether the file at `path` (in `pid`'s root) is a CPython interpreter
-/// (it defines `_PyRuntime`), and which; the layout's `runtime` is left
-/// 0 (see [`Interpreter::place`]).
-pub fn in_file(pid: u32, path: &str) -> Found {
-    let name = crate::profile::short_path(path);
-    if !name.contains("python") {
-        return Found::None;
-    }
-    // Mapped, not read: libpython is tens of MiB, and a test suite
-    // starts many interpreters.
-    let Ok(f) = std::fs::File::open(path_in_target(pid, path)) else {
-        return Found::None;
-    };
-    // SAFETY: a read-only mapping of a file the target maps, only read
-    // as bytes (see unwind::object_cfi for the caveat).
-    let Ok(data) = (unsafe { memmap2::Mmap::map(&f) }) else {
-        return Found::None;
-    };
-    let Ok(file) = object::File::parse(&*data) else {
-        return Found::None;
-    };
-    let symbol = |wanted: &str| {
-        file.dynamic_symbols()
-            .chain(file.symbols())
-            .find(|s| s.name() == Ok(wanted) && s.address() != 0)
-    };
-    let Some(runtime) = symbol("_PyRuntime") else {
-        return Found::None;
-    };
-    let Some(first_load) = file.segments().map(|s| s.address()).min() else {
-        return Found::None;
-    };
-    let code_delta = file
-        .segments()
-        .find(|s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
-        .map_or(first_load & !0xfff, |s| s.address().wrapping_sub(s.file_range().0));
-    let version = symbol("Py_Version")
-        .and_then(|s| read_u32_at(&file, &data, s.address()))
-        .map(|v| ((v >> 24) as u8, (v >> 16) as u8))
-        .or_else(|| version_in_name(name));
-    let Some((major, minor)) = version else {
-        return Found::Unknown(format!(
-            "a Python interpreter of unknown version in {path}: native frames only"
-        ));
-    };
-    let Some(mut layout) = (major == 3).then(|| layout_of(minor)).flatten() else {
-        return Found::Unknown(format!(
-            "Python {major}.{minor} in {path}, whose frames mtrace cannot read yet: native frames only"
-        ));
-    };
-    if minor >= 13 {
-        // 3.13 publishes its own offsets at the start of _PyRuntime:
-        // what they say must be what the table says (a free-threaded
-        // or otherwise configured build lays its structures out
-        // differently).
-        let offsets = read_bytes_at(&file, &data, runtime.address(), DEBUG_OFFSETS_LEN);
-        if let Err(why) = offsets
-            .ok_or("unreadable")
-            .and_then(|d| debug_offsets_agree(d, &layout))
-        {
-            return Found::Unknown(format!(
-                "Python 3.{minor} in {path}, whose own debug offsets ({why}) are not the ones mtrace knows: native frames only"
-            ));
-        }
-    }
-    if layout.tid_is_pthread != 0 {
-        match super::btf::task_fsbase_offset() {
-            Some(off) => layout.task_fsbase = off,
-            None => {
-                return Found::Unknown(format!(
-                    "Python 3.{minor} in {path}, whose threads only the kernel's BTF (/sys/kernel/btf/vmlinux) tells apart: native frames only"
-                ))
-            }
-        }
-    }
-    Found::Known(Interpreter {
-        path: path.to_string(),
-        minor,
-        layout,
-        place: Place {
-            runtime: runtime.address(),
-            first_load,
-            code_delta,
-        },
-        allocator_hidden: symbol("_PyObject_Malloc").is_none(),
-        unnamed: without_symbols(pid, path, &file),
-        debian: path_in_target(pid, "/etc/debian_version").exists(),
-    })
 }
 
 /// `(3, X)` from `libpython3.X.so…` or `python3.X`.

@@ -11,7 +11,7 @@ pub mod linetable;
 mod names;
 pub mod state;
 
-pub use layout::{detect, in_file, Found};
+pub use layout::{detect, Found};
 pub use names::{split, Names};
 
 use tracer_common::{py_cut_words, PY_CUT_MARK};

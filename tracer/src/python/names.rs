@@ -97,12 +97,11 @@ fn cut_frame(left: u32, more: bool) -> Frame {
 }
 
 /// Where a stack's Python frames begin: the first word marked
-/// [`PY_FRAME`] and [`tracer_common::PY_WORD`] (no return address, nor
-/// the host scope's place in a file, has both).
+/// [`PY_FRAME`] (no return address has the bit).
 pub fn split(addrs: &[u64]) -> (&[u64], &[u64]) {
     let at = addrs
         .iter()
-        .position(|&a| tracer_common::is_py_word(a))
+        .position(|&a| a & PY_FRAME != 0)
         .unwrap_or(addrs.len());
     addrs.split_at(at)
 }
@@ -123,19 +122,6 @@ impl Names {
             pending,
             unreadable: None,
         })
-    }
-
-    /// Names for a process whose code objects were never read: its
-    /// Python frames read `[python code 0x...]`.
-    pub fn unread() -> Names {
-        Names {
-            mem: None,
-            layout: CodeLayout::for_minor(11).expect("3.11's code layout"),
-            known: HashMap::new(),
-            unnamed: 0,
-            pending: None,
-            unreadable: None,
-        }
     }
 
     /// The line that says the interpreter's state could not be read, once

@@ -73,8 +73,7 @@ impl Walks {
         let mut ev = zeroed_miss();
         while let Some(item) = ring.next() {
             if !read_miss_into(&mut ev, &item) {
-                if let (Some(names), Some((_, words))) = (self.python.as_mut(), read_notice(&item))
-                {
+                if let (Some(names), Some(words)) = (self.python.as_mut(), read_notice(&item)) {
                     names.learn(&words);
                 }
                 continue;
@@ -189,16 +188,15 @@ fn reveal_hidden(ev: &mut MissEvent) {
     }
 }
 
-/// The process (the host scope's) and the Python words of a [`PyNotice`]
-/// record (shorter than any miss).
-pub(crate) fn read_notice(bytes: &[u8]) -> Option<(u32, Vec<u64>)> {
+/// The Python words of a [`PyNotice`] record (shorter than any miss).
+fn read_notice(bytes: &[u8]) -> Option<Vec<u64>> {
     if bytes.len() < std::mem::size_of::<PyNotice>() {
         return None;
     }
     // SAFETY: PyNotice is plain data; the record holds one whole.
     let ev: PyNotice = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const PyNotice) };
     let n = (ev.n as usize).min(ev.words.len());
-    Some((ev.tgid, ev.words[..n].to_vec()))
+    Some(ev.words[..n].to_vec())
 }
 
 /// Runs the calling thread at the lowest real-time priority: a walk waiting
