@@ -94,5 +94,15 @@ pub mod counter {
     /// Host scope narrowed to a process tree: children the tree's table
     /// had no room for (neither they nor their descendants are counted).
     pub const SCOPE_FULL: u32 = MAP_FULL + 30;
-    pub const N: u32 = MAP_FULL + 31;
+    /// Host scope: execs whose event found the exec ring full (the tracer
+    /// did not hear of the new program: its own allocator, if it has one,
+    /// is probed only when the tracer next looks at the process).
+    pub const HOST_EXECS_LOST: u32 = MAP_FULL + 31;
+    /// Host scope: rows made while the name table had no room for their
+    /// process (named from /proc while it lives, else left without one).
+    pub const HOST_NAMES_FULL: u32 = MAP_FULL + 32;
+    /// Host scope: processes the runs table had no room for (their runs
+    /// are not counted, so the windows policy sees fewer).
+    pub const HOST_RUNS_FULL: u32 = MAP_FULL + 33;
+    pub const N: u32 = MAP_FULL + 34;
 }

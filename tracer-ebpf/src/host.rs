@@ -113,7 +113,11 @@ fn name_process(tgid: u32, mm: u64) {
         return;
     }
     if let Some(comm) = current_comm() {
-        let _ = HOST_NAMES.insert(&process, &comm, BPF_NOEXIST as u64);
+        if let Err(e) = HOST_NAMES.insert(&process, &comm, BPF_NOEXIST as u64) {
+            if e != -EEXIST {
+                bump_counter(counter::HOST_NAMES_FULL, 1);
+            }
+        }
     }
 }
 
@@ -282,7 +286,11 @@ fn count_run(tgid: u32) {
     match HOST_RUNS.get_ptr_mut(&tgid) {
         Some(p) => add(Some(p), 1),
         None => {
-            let _ = HOST_RUNS.insert(&tgid, &1, BPF_NOEXIST as u64);
+            if let Err(e) = HOST_RUNS.insert(&tgid, &1, BPF_NOEXIST as u64) {
+                if e != -EEXIST {
+                    bump_counter(counter::HOST_RUNS_FULL, 1);
+                }
+            }
         }
     }
 }
@@ -397,6 +405,7 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
         return 0;
     }
     let Some(mut entry) = HOST_EXECS.reserve::<HostExec>(0) else {
+        bump_counter(counter::HOST_EXECS_LOST, 1);
         return 0;
     };
     let e = entry.as_mut_ptr();

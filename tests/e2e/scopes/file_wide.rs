@@ -219,3 +219,69 @@ fn sigkilled_mtrace_file_wide_leaves_no_breakpoints() {
         vec!["--file-wide".into(), "--cgroup".into(), path.clone()]
     });
 }
+
+/// `--file-wide -- CMD` with a process table smaller than the tree: the
+/// children the tree's table had no room for are not counted, and that is
+/// counted and shown (the JSON's host losses, the report's host line and
+/// a line on stderr), never silently missing; with the default table the
+/// same tree is counted whole and nothing is lost. A shell starts eight
+/// subshells at once, each of which sleeps and then runs the counts
+/// fixture: a table of 4 holds the shell and at most 3 of them.
+#[test]
+fn a_process_table_too_small_for_the_tree_is_counted_and_shown() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let script =
+        format!("for i in 1 2 3 4 5 6 7 8; do (sleep 0.3; {counts} >/dev/null) & done; wait");
+    let counted = |p: &crate::support::Profile| {
+        p.doc["meta"]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "counts")
+            .count()
+    };
+    let (out, p) = crate::support::run_profiled(&[
+        "--file-wide",
+        "--per-process",
+        "--process-table-size",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    out.assert_exit(0);
+    let d = out.describe();
+    let tree_full = p.losses["tree_full"];
+    assert!(tree_full >= 5, "{:?}\n{d}", p.losses);
+    assert!(counted(&p) <= 3, "{}\n{d}", p.doc["meta"]["processes"]);
+    assert!(
+        out.stdout.contains(&format!("tree full {tree_full}")),
+        "{d}"
+    );
+    assert!(
+        out.stderr
+            .iter()
+            .any(|l| l.contains(&format!("{tree_full} children beyond the tree's table"))),
+        "{d}"
+    );
+
+    let (out, p) =
+        crate::support::run_profiled(&["--file-wide", "--per-process", "--", "sh", "-c", &script]);
+    out.assert_exit(0);
+    let d = out.describe();
+    assert_eq!(counted(&p), 8, "{}\n{d}", p.doc["meta"]["processes"]);
+    for what in [
+        "exec_events_lost",
+        "process_names_full",
+        "process_runs_full",
+        "tree_full",
+        "frames_untagged",
+    ] {
+        assert_eq!(p.losses.get(what), Some(&0), "{what}: {:?}\n{d}", p.losses);
+    }
+    assert!(out.stdout.contains("tree full 0"), "{d}");
+}

@@ -283,6 +283,9 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
         ("caller_unreadable", l.caller_unreadable),
         ("thread_names_full", l.thread_names_full),
     ];
+    if let Some(h) = &l.host {
+        out.extend(h.named());
+    }
     if let Some(live) = &p.live {
         out.extend([
             ("live_events_lost", live.events_lost),

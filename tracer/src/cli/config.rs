@@ -100,6 +100,7 @@ impl TraceConfig {
                 unwind_rules: args.unwind_rules_size,
                 unwind_ring: UNWIND_RING_BYTES,
                 kept_aside: args.live_map_size.max(MIN_KEPT_ASIDE),
+                processes: args.process_table_size,
             },
             schedule: Schedule {
                 duration: args.duration.map(Duration::from_secs_f64),

@@ -327,6 +327,12 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..))]
     pub unwind_rules_size: u32,
 
+    /// Host engine (--all, --file-wide, --cgroup, agent --all): how many
+    /// processes the kernel keeps names, runs and tree membership of at
+    /// once; beyond that, each loss is counted in the report's host line.
+    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(4..))]
+    pub process_table_size: u32,
+
     /// Ask no debuginfod server (DEBUGINFOD_URLS) for a stripped file's
     /// debug information; /usr/lib/debug/.build-id and the debuginfod
     /// cache are still read.

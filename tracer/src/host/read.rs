@@ -15,7 +15,8 @@ use tracer_common::{
 
 use super::{files::FileIndex, probes::HostProbes, walks::HostWalks, Processes};
 use crate::profile::{
-    Counts, Frame, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry, StackQuality, Totals,
+    Counts, Frame, HostLosses, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry,
+    StackQuality, Totals,
 };
 
 /// Each key's counts summed over the CPUs, and its return address's place
@@ -108,16 +109,6 @@ fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)
         }
     }
     rows
-}
-
-/// Frames the kernel's walks kept as addresses for want of a file tag, and
-/// calls of processes the incarnation table had no room for.
-pub fn walk_tables_full(probes: &HostProbes) -> Result<(u64, u64)> {
-    let counters = counters(probes)?;
-    Ok((
-        counter_sum(&counters, counter::HOST_NO_TAG)?,
-        counter_sum(&counters, counter::HOST_NO_GEN)?,
-    ))
 }
 
 fn counters(probes: &HostProbes) -> Result<PerCpuArray<&MapData, u64>> {
@@ -343,6 +334,14 @@ fn profile_of(
         stack_walk_failed: sum(counter::STACK_WALK_FAILED)?,
         map_full: sum(counter::MAP_FULL)?,
         caller_unreadable: sum(counter::CALLER_READ_FAILED)?,
+        host: Some(HostLosses {
+            exec_events_lost: sum(counter::HOST_EXECS_LOST)?,
+            process_names_full: sum(counter::HOST_NAMES_FULL)?,
+            process_runs_full: sum(counter::HOST_RUNS_FULL)?,
+            tree_full: sum(counter::SCOPE_FULL)?,
+            frames_untagged: sum(counter::HOST_NO_TAG)? + walks.untagged,
+            processes_unnumbered: sum(counter::HOST_NO_GEN)?,
+        }),
         ..Losses::default()
     };
 

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use tracer_common::{maps, HostExec, MAX_HOST_FUNCS};
 
-use super::{read, windows::switch, windows::HostWindows, Host, HostScope, FOLD_EVERY};
+use super::{windows::switch, windows::HostWindows, Host, HostScope, FOLD_EVERY};
 use crate::{
     cli::config::{Target, TraceConfig},
     collect::Running,
@@ -229,10 +229,9 @@ pub fn run(
             tracer_common::MAX_HOST_FILES
         );
     }
-    let (untagged, unnumbered) = read::walk_tables_full(&host.probes)?;
-    let (untagged, gone, gone_whole) = {
+    let (gone, gone_whole) = {
         let walks = host.walks.walks();
-        (untagged + walks.untagged, walks.gone, walks.gone_whole)
+        (walks.gone, walks.gone_whole)
     };
     if gone > 0 {
         say!(
@@ -240,14 +239,8 @@ pub fn run(
             gone - gone_whole
         );
     }
-    if untagged > 0 {
-        say!(
-            "mtrace: {untagged} frames in files beyond the table of {} files: kept as addresses (named only while their process ran)",
-            tracer_common::MAX_HOST_TAGS
-        );
-    }
-    if unnumbered > 0 {
-        say!("mtrace: {unnumbered} calls of processes beyond the table of processes: their mappings looked up at each walk");
+    if let Some(l) = profile.losses.host {
+        say_host_losses(&l);
     }
     let mut report = Report(config.outputs.clone());
     let mut finished = Outcome::default();
@@ -489,5 +482,44 @@ fn running_tick(host: &Host, elapsed: f64) -> Tick {
         running,
         live_bytes: None,
         processes: host.allocating,
+    }
+}
+
+/// One line on stderr per host table or ring that had no room, with what
+/// it cost.
+fn say_host_losses(l: &crate::profile::HostLosses) {
+    let lines = [
+        (
+            l.frames_untagged,
+            format!(
+                "frames in files beyond the table of {} files: kept as addresses (named only while their process ran)",
+                tracer_common::MAX_HOST_TAGS
+            ),
+        ),
+        (
+            l.processes_unnumbered,
+            "calls of processes beyond the table of processes: their mappings looked up at each walk".into(),
+        ),
+        (
+            l.exec_events_lost,
+            "execs not heard of (the exec ring was full): a program's own allocator was probed only when next seen".into(),
+        ),
+        (
+            l.process_names_full,
+            "rows made while their process was beyond the table of names: named from /proc while it ran".into(),
+        ),
+        (
+            l.process_runs_full,
+            "processes beyond the table of runs: their runs not counted".into(),
+        ),
+        (
+            l.tree_full,
+            "children beyond the tree's table: neither they nor their descendants counted".into(),
+        ),
+    ];
+    for (n, what) in lines {
+        if n > 0 {
+            say!("mtrace: {n} {what}");
+        }
     }
 }

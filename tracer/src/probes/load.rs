@@ -131,10 +131,6 @@ pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<p
     })
 }
 
-/// The most processes whose names, runs and incarnations the host scope
-/// keeps at once.
-const HOST_PROCESSES: u32 = 65536;
-
 /// Mappings the host scope's walks remember (an LRU: a process's mappings
 /// are looked up again once forgotten).
 const HOST_VMAS: u32 = 65536;
@@ -189,15 +185,15 @@ pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool, scope: u32) -> R
         .map_max_entries(maps::HOST_VMAS, HOST_VMAS)
         .map_max_entries(maps::HOST_FILE_TAGS, tracer_common::MAX_HOST_TAGS)
         .map_max_entries(maps::HOST_TAG_FILES, tracer_common::MAX_HOST_TAGS)
-        .map_max_entries(maps::HOST_GENS, HOST_PROCESSES)
+        .map_max_entries(maps::HOST_GENS, sizes.processes)
         // The shared loader keeps every size from the previous load, so
         // each map's size is set here, even where it does not change.
         .map_max_entries(maps::HOST_TOTALS, 2 * tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_FUNCS, tracer_common::MAX_HOST_FUNCS)
         .map_max_entries(maps::HOST_BODIES, tracer_common::MAX_HOST_FILES)
-        .map_max_entries(maps::HOST_NAMES, HOST_PROCESSES)
-        .map_max_entries(maps::HOST_RUNS, HOST_PROCESSES)
-        .map_max_entries(maps::HOST_SCOPE_PIDS, HOST_PROCESSES)
+        .map_max_entries(maps::HOST_NAMES, sizes.processes)
+        .map_max_entries(maps::HOST_RUNS, sizes.processes)
+        .map_max_entries(maps::HOST_SCOPE_PIDS, sizes.processes)
         .map_max_entries(maps::HOST_SCOPE_CGROUPS, SCOPE_CGROUPS)
         .map_max_entries(maps::HOST_EXECS, 1 << 18)
         .load(&bpf_object()?)

@@ -58,6 +58,9 @@ pub struct MapSizes {
     /// least as many as blocks the tracker follows, so a burst that frees
     /// every followed block at once, or allocates as many, loses none.
     pub kept_aside: u32,
+    /// Host scope: processes whose names, runs, incarnations and tree
+    /// membership the kernel keeps at once.
+    pub processes: u32,
 }
 
 /// What to attach.

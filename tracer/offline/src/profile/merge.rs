@@ -167,6 +167,10 @@ impl Merged {
         out.totals.nested += part.totals.nested;
         add_fields!(out.losses, part.losses; map_full, stack_walk_failed, stack_collisions,
             stack_map_full, caller_unreadable, thread_names_full);
+        out.losses.host = match (out.losses.host, part.losses.host) {
+            (Some(a), Some(b)) => Some(a.plus(&b)),
+            (a, b) => a.or(b),
+        };
         out.stack_quality = match (out.stack_quality.take(), part.stack_quality) {
             (Some(a), Some(b)) => Some(add_quality(a, b)),
             (a, b) => a.or(b),

@@ -25,6 +25,75 @@ pub struct Losses {
     pub caller_unreadable: u64,
     /// Thread-name map full (names taken from /proc instead).
     pub thread_names_full: u64,
+    /// The host engine's own tables and rings (`--all`, `--file-wide`,
+    /// `--cgroup`, `agent --all`), beside the others in the JSON; absent
+    /// for a trace by process.
+    #[serde(flatten)]
+    pub host: Option<HostLosses>,
+}
+
+/// What the host engine's tables and rings had no room for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLosses {
+    /// Execs the tracer never heard of (the exec ring was full): a new
+    /// program's own allocator is probed only when the process is next
+    /// looked at.
+    pub exec_events_lost: u64,
+    /// Rows (process, function, stack) made while the name table had no
+    /// room for their process (named from /proc while it lived, else
+    /// unnamed).
+    pub process_names_full: u64,
+    /// Processes the runs table had no room for (runs the windows policy
+    /// did not see).
+    pub process_runs_full: u64,
+    /// Children of a traced tree the tree's table had no room for: neither
+    /// they nor their descendants were counted.
+    pub tree_full: u64,
+    /// Frames kept as addresses for want of a file tag (named only while
+    /// their process ran).
+    pub frames_untagged: u64,
+    /// Calls of processes the incarnation table had no room for: counted,
+    /// their mappings looked up afresh at each walk (a cost, not a loss).
+    pub processes_unnumbered: u64,
+}
+
+impl HostLosses {
+    /// Each counter by its stable name, in the order reports print them.
+    pub fn named(&self) -> [(&'static str, u64); 6] {
+        [
+            ("exec_events_lost", self.exec_events_lost),
+            ("process_names_full", self.process_names_full),
+            ("process_runs_full", self.process_runs_full),
+            ("tree_full", self.tree_full),
+            ("frames_untagged", self.frames_untagged),
+            ("processes_unnumbered", self.processes_unnumbered),
+        ]
+    }
+
+    /// Each counter of `later` less `earlier`'s.
+    pub fn since(&self, earlier: &HostLosses) -> HostLosses {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        HostLosses {
+            exec_events_lost: d(self.exec_events_lost, earlier.exec_events_lost),
+            process_names_full: d(self.process_names_full, earlier.process_names_full),
+            process_runs_full: d(self.process_runs_full, earlier.process_runs_full),
+            tree_full: d(self.tree_full, earlier.tree_full),
+            frames_untagged: d(self.frames_untagged, earlier.frames_untagged),
+            processes_unnumbered: d(self.processes_unnumbered, earlier.processes_unnumbered),
+        }
+    }
+
+    /// Both counters added.
+    pub fn plus(&self, other: &HostLosses) -> HostLosses {
+        HostLosses {
+            exec_events_lost: self.exec_events_lost + other.exec_events_lost,
+            process_names_full: self.process_names_full + other.process_names_full,
+            process_runs_full: self.process_runs_full + other.process_runs_full,
+            tree_full: self.tree_full + other.tree_full,
+            frames_untagged: self.frames_untagged + other.frames_untagged,
+            processes_unnumbered: self.processes_unnumbered + other.processes_unnumbered,
+        }
+    }
 }
 
 /// Exact totals, kept apart from the per-stack map.
@@ -173,4 +242,32 @@ impl Meta {
 
 pub(super) fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HostLosses, Losses};
+
+    /// A trace by process writes no host counters and reads back without
+    /// them; the host engine's sit beside the others in `losses` and read
+    /// back whole.
+    #[test]
+    fn host_losses_sit_beside_the_others_and_are_absent_for_a_process() {
+        let by_process = Losses::default();
+        let text = serde_json::to_string(&by_process).unwrap();
+        assert!(!text.contains("tree_full"), "{text}");
+        assert_eq!(serde_json::from_str::<Losses>(&text).unwrap(), by_process);
+        let host = Losses {
+            host: Some(HostLosses {
+                tree_full: 7,
+                process_names_full: 3,
+                ..HostLosses::default()
+            }),
+            ..Losses::default()
+        };
+        let value = serde_json::to_value(host).unwrap();
+        assert_eq!(value["tree_full"], 7);
+        assert_eq!(value["exec_events_lost"], 0);
+        assert_eq!(serde_json::from_value::<Losses>(value).unwrap(), host);
+    }
 }

@@ -26,7 +26,7 @@ mod stack;
 
 pub use frame::{short_path, FileMapping, Frame, FrameOrder, ENTRY_POINT};
 pub use live::{LiveStats, LiveTotals, Percentiles};
-pub use meta::{Losses, Meta, Probe, SamplingInfo, Totals, WindowsInfo};
+pub use meta::{HostLosses, Losses, Meta, Probe, SamplingInfo, Totals, WindowsInfo};
 pub use quality::{PerfMapQuality, PythonQuality, StackQuality, SymbolsQuality};
 pub use stack::{
     is_allocation, is_go_heap, Counts, ProcessMeta, ProcessRef, StackEntry, Thread, Weight,

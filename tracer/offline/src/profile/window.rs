@@ -210,6 +210,10 @@ fn losses_between(earlier: &Losses, later: &Losses) -> Losses {
         thread_names_full: later
             .thread_names_full
             .saturating_sub(earlier.thread_names_full),
+        host: match (later.host, earlier.host) {
+            (Some(l), Some(e)) => Some(l.since(&e)),
+            (l, _) => l,
+        },
     }
 }
 

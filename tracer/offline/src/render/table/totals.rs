@@ -102,8 +102,8 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
         ("thread names", l.thread_names_full),
     ]
     .map(|(what, n)| format!("{what} {n}"));
-    let text = wrap_list("lost", &items, "");
-    let any = [
+    let mut text = wrap_list("lost", &items, "");
+    let mut any = [
         l.map_full,
         l.stack_walk_failed,
         l.stack_collisions,
@@ -113,6 +113,17 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
     ]
     .iter()
     .any(|&n| n > 0);
+    if let Some(h) = &l.host {
+        // The last counter is a cost, not a loss: it does not make the
+        // line a warning.
+        any |= h.named()[..5].iter().any(|&(_, n)| n > 0);
+        let items: Vec<String> = h
+            .named()
+            .iter()
+            .map(|(what, n)| format!("{} {n}", what.replace('_', " ")))
+            .collect();
+        text.push_str(&wrap_list("lost", &items, ""));
+    }
     if !any {
         return text;
     }
@@ -142,6 +153,32 @@ pub(super) fn losses_notes(l: &Losses) -> Vec<&'static str> {
     }
     if l.thread_names_full > 0 {
         notes.push("thread names: name map full, names read from /proc instead");
+    }
+    if let Some(h) = &l.host {
+        let host_notes = [
+            (
+                h.exec_events_lost,
+                "exec events lost: the exec ring was full (see docs/agent.md)",
+            ),
+            (
+                h.process_names_full + h.process_runs_full,
+                "process names/runs full: raise --process-table-size",
+            ),
+            (
+                h.tree_full,
+                "tree full: children not counted (raise --process-table-size)",
+            ),
+            (
+                h.frames_untagged,
+                "frames untagged: files beyond the tag table, kept as addresses",
+            ),
+        ];
+        notes.extend(
+            host_notes
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(_, note)| *note),
+        );
     }
     notes
 }
