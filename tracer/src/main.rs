@@ -45,6 +45,14 @@ use tracer_offline::{diff, error, profile, render, say, user_error};
 
 use clap::Parser;
 
+/// mtrace allocates through jemalloc linked into its executable (under
+/// `_rjem_` names), never through the C library's malloc: the host
+/// engine's probes sit in the C library's file for every process on the
+/// host, mtrace included, and each of mtrace's own calls there would take
+/// the breakpoint's trap only to be turned away.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use crate::{
     cli::{Cli, Sub},
     error::{UserError, EXIT_FAILURE, EXIT_USAGE},
