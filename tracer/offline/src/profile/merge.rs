@@ -511,7 +511,7 @@ mod tests {
         m.add(a.clone());
         let read = m.with(b.clone());
         assert_eq!(read, merge(vec![a.clone(), b.clone()]));
-        assert_eq!(read.stacks.len(), 4);
+        assert_eq!(read.stacks.len(), 3);
         assert_eq!(m.get(), Some(&a));
         assert_eq!(Merged::default().with(b.clone()), b);
     }
