@@ -269,6 +269,16 @@ pub fn render(reading: &Reading) -> Vec<u8> {
         "File descriptors the agent holds.",
     );
     o.sample("mtrace_agent_open_fds", &[], me.fds);
+    o.family(
+        "mtrace_agent_reading_seconds",
+        "gauge",
+        "How long the agent took to make the reading these figures are of.",
+    );
+    o.sample(
+        "mtrace_agent_reading_seconds",
+        &[],
+        format!("{:.3}", reading.took.as_secs_f64()),
+    );
     o.0.into_bytes()
 }
 
@@ -282,6 +292,7 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
         ("stack_map_full", l.stack_map_full),
         ("caller_unreadable", l.caller_unreadable),
         ("thread_names_full", l.thread_names_full),
+        ("gone_stacks_beyond", l.gone_stacks_beyond),
     ];
     if let Some(h) = &l.host {
         out.extend(h.named());

@@ -41,6 +41,8 @@ pub struct Reading {
     pub number: u64,
     /// When it was made.
     pub at: Instant,
+    /// How long it took to make.
+    pub took: Duration,
     pub wall: std::time::SystemTime,
 }
 
@@ -165,7 +167,9 @@ impl Watcher for AgentWatcher {
         };
         // A reading that fails (a map unreadable) is said to the client;
         // the trace goes on.
+        let began = Instant::now();
         let made = profile();
+        let took = began.elapsed();
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         match made {
             Ok(profile) => {
@@ -178,6 +182,7 @@ impl Watcher for AgentWatcher {
                         tick: *tick,
                         number,
                         at: Instant::now(),
+                        took,
                         wall: std::time::SystemTime::now(),
                     })
                 });

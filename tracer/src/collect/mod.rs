@@ -232,7 +232,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         stack_map_full: sums[counter::STACK_MAP_FULL as usize],
         caller_unreadable: sums[counter::CALLER_READ_FAILED as usize],
         thread_names_full: sums[counter::THREAD_NAMES_FULL as usize],
-        host: None,
+        ..Losses::default()
     };
 
     // The last reading takes every stack out at once (one pass over the

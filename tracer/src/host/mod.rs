@@ -113,7 +113,9 @@ struct Host {
     gone: VecDeque<ProcessMeta>,
     /// `mtrace agent --all`: what is kept of gone processes is bounded
     /// (past [`GONE_WITH_PID`] their rows are joined per command, past
-    /// [`AGENT_RECORDS`] the oldest records are dropped, counted).
+    /// [`GONE_STACKS_KEPT`] rows their new stacks are joined per command,
+    /// past [`AGENT_RECORDS`] the oldest records are dropped; each
+    /// counted). Set by [`Host::bound`].
     bounded: bool,
     gone_with_pid: usize,
     unlisted: u64,
@@ -128,6 +130,11 @@ const GONE_WITH_PID: usize = 64;
 
 /// `Host::bounded`: records of gone processes kept, at most.
 const AGENT_RECORDS: usize = 1024;
+
+/// `Host::bounded`: rows of gone processes kept, at most; past it a gone
+/// process's stacks not kept are counted under its command's row of
+/// stacks beyond ([`Merged::keep_at_most`]).
+const GONE_STACKS_KEPT: usize = 32_768;
 
 /// How often the maps are looked at for processes gone.
 const FOLD_EVERY: Duration = Duration::from_secs(5);
@@ -221,6 +228,12 @@ impl Host {
         }
         host.note_probed();
         Ok(host)
+    }
+
+    /// Bounds what is kept of gone processes (`mtrace agent --all`).
+    fn bound(&mut self) {
+        self.bounded = true;
+        self.ended.keep_at_most(GONE_STACKS_KEPT);
     }
 
     /// The probed files are known files (their callers are symbolized
@@ -498,11 +511,13 @@ impl Host {
         let walks = self.walks.walks();
         let live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
         drop(walks);
-        let Some(ended) = self.ended.get() else {
+        if self.ended.get().is_none() {
             return Ok(live);
-        };
+        }
         let alive = live.meta.processes.clone();
-        let mut profile = crate::profile::merge::merge(vec![ended.clone(), live]);
+        // The rows of processes gone are kept symbolized and joined; a
+        // reading copies them and joins the live rows in.
+        let mut profile = self.ended.with(live);
         let mut records: Vec<ProcessMeta> = self.gone.iter().cloned().chain(alive).collect();
         let over = records.len().saturating_sub(Meta::MAX_PROCESS_RECORDS);
         records.drain(..over);

@@ -66,7 +66,9 @@ pub fn run(
         config.windows.is_some(),
         &scope,
     )?;
-    host.bounded = server.is_some();
+    if server.is_some() {
+        host.bound();
+    }
     if let HostScope::Cgroup(dir) = &scope {
         let (id, level) = tracee::cgroup::id_and_level(dir)?;
         host.probes.scope_cgroup(id, level)?;

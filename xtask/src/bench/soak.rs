@@ -41,6 +41,9 @@ struct Point {
     /// with a count above zero.
     losses: Vec<(String, u64)>,
     builds: u64,
+    /// How long the agent took to make the reading (its
+    /// `mtrace_agent_reading_seconds`).
+    reading_s: Option<f64>,
 }
 
 /// One `go tool pprof -raw` of `/debug/pprof/allocs`, every minute.
@@ -292,6 +295,7 @@ pub fn run(root: &Path, minutes: u64) -> Result<HostSoak> {
             processes_seen: metric(&text, "mtrace_processes_seen_total").unwrap_or(0.0) as u64,
             losses,
             builds: builds.load(Ordering::Relaxed),
+            reading_s: metric(&text, "mtrace_agent_reading_seconds"),
         });
         if tick % 6 == 0 {
             match pprof_stacks(&addr, &tmp) {
@@ -401,10 +405,15 @@ pub fn render_table(s: &HostSoak) -> String {
     let (links, progs) = s.bpf_held;
     let _ = writeln!(
         out,
-        "\nRSS every 10 s, KiB: {}\nSIGTERM: exit {} after {:.1} s, a report of {} lines; BPF links and programs held {links} + {progs}, left after exit {}; the agent's uprobe events left: {}",
+        "\nRSS every 10 s, KiB: {}\nThe reading's time every 10 s, s: {}\nSIGTERM: exit {} after {:.1} s, a report of {} lines; BPF links and programs held {links} + {progs}, left after exit {}; the agent's uprobe events left: {}",
         s.points
             .iter()
             .map(|p| p.rss_kib.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        s.points
+            .iter()
+            .map(|p| p.reading_s.map_or("-".into(), |r| format!("{r:.2}")))
             .collect::<Vec<_>>()
             .join(" "),
         s.exit.0.map_or("killed (no exit in 60 s)".into(), |c| c.to_string()),

@@ -20,9 +20,16 @@ macro_rules! add_fields {
 }
 
 /// What makes two stacks the same row: the allocator function, the thread,
-/// the process, every frame as symbolized ([`FrameKey`]) and the object
-/// size.
-pub(crate) type StackKey = (String, Option<u32>, Option<u32>, Vec<FrameKey>, Option<u64>);
+/// the process (its pid, and its command when the pid is forgotten, 0:
+/// [`Merged::forget_pids`]), every frame as symbolized ([`FrameKey`]) and
+/// the object size.
+pub(crate) type StackKey = (
+    String,
+    Option<u32>,
+    Option<(u32, Option<String>)>,
+    Vec<FrameKey>,
+    Option<u64>,
+);
 
 /// A frame as a row's key reads it: its function, file, line, object and
 /// whether it is inlined, compared and hashed by those alone. It shares
@@ -65,7 +72,9 @@ pub(crate) fn key(e: &StackEntry) -> StackKey {
     (
         e.func.clone(),
         e.thread.as_ref().map(|t| t.tid),
-        e.process.as_ref().map(|p| p.pid),
+        e.process
+            .as_ref()
+            .map(|p| (p.pid, (p.pid == 0).then(|| p.name.clone()))),
         e.frames.iter().cloned().map(FrameKey).collect(),
         e.object_size,
     )
@@ -90,12 +99,51 @@ pub fn merge(parts: Vec<Profile>) -> Profile {
 pub struct Merged {
     out: Option<Profile>,
     index: HashMap<StackKey, usize>,
+    /// Most rows kept ([`Merged::keep_at_most`]), and the frame that
+    /// stands for the stacks beyond them.
+    cap: Option<(usize, Arc<Frame>)>,
 }
 
 impl Merged {
     /// The profiles joined so far.
     pub fn get(&self) -> Option<&Profile> {
         self.out.as_ref()
+    }
+
+    /// From now on a row whose stack is not among the rows kept, once
+    /// `rows` are kept, is joined into its process's row of stacks beyond
+    /// (one per function, process and object size, its only frame saying
+    /// so), and its calls are counted in `losses.gone_stacks_beyond`. The
+    /// rows then grow with the processes' commands, not their stacks.
+    pub fn keep_at_most(&mut self, rows: usize) {
+        let marker = Frame {
+            function: format!("[stacks beyond the {rows} kept of processes gone]"),
+            ..Frame::default()
+        };
+        self.cap = Some((rows, Arc::new(marker)));
+    }
+
+    /// The profiles joined so far with `part` (newer than every one of
+    /// them) joined in, as [`Merged::add`] would, leaving these as they
+    /// are: a copy of the rows so far and a look-up of each of `part`'s,
+    /// not a new index of every row.
+    pub fn with(&self, part: Profile) -> Profile {
+        let Some(out) = &self.out else {
+            return part;
+        };
+        let mut out = out.clone();
+        let mut fresh: HashMap<StackKey, usize> = HashMap::default();
+        join_part(&mut out, part, |stacks, entry| {
+            let k = key(&entry);
+            match self.index.get(&k).or_else(|| fresh.get(&k)) {
+                Some(&i) => add_row(&mut stacks[i], entry),
+                None => {
+                    fresh.insert(k, stacks.len());
+                    stacks.push(entry);
+                }
+            }
+        });
+        out
     }
 
     pub fn into_profile(self) -> Profile {
@@ -122,7 +170,7 @@ impl Merged {
     }
 
     /// Joins `part` (newer than every part so far).
-    pub fn add(&mut self, mut part: Profile) {
+    pub fn add(&mut self, part: Profile) {
         let Some(out) = self.out.as_mut() else {
             self.index = part
                 .stacks
@@ -131,58 +179,107 @@ impl Merged {
                 .map(|(i, e)| (key(e), i))
                 .collect();
             self.out = Some(part);
+            self.apply_cap();
             return;
         };
-        // An exec frees the whole heap: the trace's peak is the highest
-        // of the parts' (the earliest of equal ones), and each stack's
-        // share of it is its share in that part.
-        let peak = |p: &Profile| p.live.as_ref().map_or(0, |l| l.peak_bytes);
-        let not_at_peak = if peak(&part) > peak(out) {
-            &mut out.stacks
-        } else {
-            &mut part.stacks
-        };
-        for live in not_at_peak.iter_mut().filter_map(|e| e.live.as_mut()) {
-            live.live_bytes_at_peak = 0;
-        }
         let index = &mut self.index;
-        for probe in &part.meta.probes {
-            if !out.meta.probes.contains(probe) {
-                out.meta.probes.push(probe.clone());
+        let cap = self.cap.as_ref();
+        let mut beyond = 0;
+        join_part(out, part, |stacks, mut entry| {
+            if let Some((rows, marker)) = cap {
+                if stacks.len() >= *rows && !index.contains_key(&key(&entry)) {
+                    beyond += entry.counts.calls;
+                    entry = beyond_row(entry, marker);
+                }
             }
-        }
-        out.meta = super::Meta {
-            probes: std::mem::take(&mut out.meta.probes),
-            ..part.meta
-        };
-        for entry in part.stacks {
-            join_row(&mut out.stacks, index, entry);
-        }
-        for (func, counts) in part.totals.per_func {
-            out.totals.per_func.entry(func).or_default().add(counts);
-        }
-        out.totals.allocs.add(part.totals.allocs);
-        out.totals.frees += part.totals.frees;
-        out.totals.frees_counted &= part.totals.frees_counted;
-        out.totals.nested += part.totals.nested;
-        add_fields!(out.losses, part.losses; map_full, stack_walk_failed, stack_collisions,
-            stack_map_full, caller_unreadable, thread_names_full);
-        out.losses.host = match (out.losses.host, part.losses.host) {
-            (Some(a), Some(b)) => Some(a.plus(&b)),
-            (a, b) => a.or(b),
-        };
-        out.stack_quality = match (out.stack_quality.take(), part.stack_quality) {
-            (Some(a), Some(b)) => Some(add_quality(a, b)),
-            (a, b) => a.or(b),
-        };
-        out.live = match (out.live.take(), part.live) {
-            (Some(a), Some(b)) => Some(add_live_totals(a, b)),
-            (a, b) => a.or(b),
-        };
-        out.snapshot = part.snapshot;
-        out.go_heaps.extend(part.go_heaps);
-        out.unseen.extend(part.unseen);
+            join_row(stacks, index, entry);
+        });
+        out.losses.gone_stacks_beyond += beyond;
     }
+
+    /// The rows past the cap of a first part, joined into their rows of
+    /// stacks beyond.
+    fn apply_cap(&mut self) {
+        let (Some(out), Some((rows, marker))) = (self.out.as_mut(), self.cap.as_ref()) else {
+            return;
+        };
+        if out.stacks.len() <= *rows {
+            return;
+        }
+        let over = out.stacks.split_off(*rows);
+        for e in &over {
+            self.index.remove(&key(e));
+        }
+        for entry in over {
+            out.losses.gone_stacks_beyond += entry.counts.calls;
+            join_row(&mut out.stacks, &mut self.index, beyond_row(entry, marker));
+        }
+    }
+}
+
+/// `entry` as a row of stacks beyond the rows kept: its only frame
+/// `marker`, cut.
+fn beyond_row(mut entry: StackEntry, marker: &Arc<Frame>) -> StackEntry {
+    entry.frames = vec![marker.clone()];
+    entry.truncated = true;
+    entry
+}
+
+/// Joins `part` (newer) into `out`: its rows by `join`, its metadata,
+/// totals, losses and the rest as [`merge`] says.
+fn join_part(
+    out: &mut Profile,
+    mut part: Profile,
+    mut join: impl FnMut(&mut Vec<StackEntry>, StackEntry),
+) {
+    // An exec frees the whole heap: the trace's peak is the highest
+    // of the parts' (the earliest of equal ones), and each stack's
+    // share of it is its share in that part.
+    let peak = |p: &Profile| p.live.as_ref().map_or(0, |l| l.peak_bytes);
+    let not_at_peak = if peak(&part) > peak(out) {
+        &mut out.stacks
+    } else {
+        &mut part.stacks
+    };
+    for live in not_at_peak.iter_mut().filter_map(|e| e.live.as_mut()) {
+        live.live_bytes_at_peak = 0;
+    }
+    for probe in &part.meta.probes {
+        if !out.meta.probes.contains(probe) {
+            out.meta.probes.push(probe.clone());
+        }
+    }
+    out.meta = super::Meta {
+        probes: std::mem::take(&mut out.meta.probes),
+        ..part.meta
+    };
+    for entry in part.stacks {
+        join(&mut out.stacks, entry);
+    }
+    for (func, counts) in part.totals.per_func {
+        out.totals.per_func.entry(func).or_default().add(counts);
+    }
+    out.totals.allocs.add(part.totals.allocs);
+    out.totals.frees += part.totals.frees;
+    out.totals.frees_counted &= part.totals.frees_counted;
+    out.totals.nested += part.totals.nested;
+    add_fields!(out.losses, part.losses; map_full, stack_walk_failed, stack_collisions,
+        stack_map_full, caller_unreadable, thread_names_full, gone_stacks_beyond);
+    out.losses.host = match (out.losses.host, part.losses.host) {
+        (Some(a), Some(b)) => Some(a.plus(&b)),
+        (a, b) => a.or(b),
+    };
+    out.stack_quality = match (out.stack_quality.take(), part.stack_quality) {
+        (Some(a), Some(b)) => Some(add_quality(a, b)),
+        (a, b) => a.or(b),
+    };
+    out.live = match (out.live.take(), part.live) {
+        (Some(a), Some(b)) => Some(add_live_totals(a, b)),
+        (a, b) => a.or(b),
+    };
+    out.snapshot = part.snapshot;
+    out.go_heaps.extend(part.go_heaps);
+    out.unseen.extend(part.unseen);
 }
 
 /// `entry` into `stacks` (indexed by `index`): added to the row that
@@ -191,21 +288,24 @@ impl Merged {
 fn join_row(stacks: &mut Vec<StackEntry>, index: &mut HashMap<StackKey, usize>, entry: StackEntry) {
     let k = key(&entry);
     match index.get(&k) {
-        Some(&i) => {
-            let row = &mut stacks[i];
-            row.counts.add(entry.counts);
-            row.truncated |= entry.truncated;
-            row.live = add_live(row.live.take(), entry.live);
-            if let Some(in_use) = entry.in_use {
-                row.in_use.get_or_insert_default().add(in_use);
-            }
-            row.frames = entry.frames;
-        }
+        Some(&i) => add_row(&mut stacks[i], entry),
         None => {
             index.insert(k, stacks.len());
             stacks.push(entry);
         }
     }
+}
+
+/// `entry` added to `row`, which reads the same; the row's frames become
+/// `entry`'s (the newest addresses).
+fn add_row(row: &mut StackEntry, entry: StackEntry) {
+    row.counts.add(entry.counts);
+    row.truncated |= entry.truncated;
+    row.live = add_live(row.live.take(), entry.live);
+    if let Some(in_use) = entry.in_use {
+        row.in_use.get_or_insert_default().add(in_use);
+    }
+    row.frames = entry.frames;
 }
 
 fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
@@ -348,11 +448,80 @@ mod tests {
         assert_eq!(m.get().unwrap().totals.allocs.calls, 12);
     }
 
-    /// `env` (libc) then the program it runs (jemalloc): the same stack
-    /// at other addresses is one row, the rest stay apart, totals add up,
-    /// the metadata is the program's with both images' probes.
+    /// Past the rows kept, a gone process's new stacks join its row of
+    /// stacks beyond (one per function and process), their calls counted
+    /// as lost to their stacks; stacks already kept still join their rows,
+    /// and no call leaves the totals.
     #[test]
-    fn images_of_one_process_join_by_symbolized_stacks() {
+    fn rows_beyond_the_cap_join_one_row_and_are_counted() {
+        let of = |pid: u32, name: &str, stacks: &[(&str, u64)]| {
+            let rows = stacks
+                .iter()
+                .map(|&(f, calls)| {
+                    let mut e = entry("malloc", &[(f, 0x1000)], calls);
+                    e.process = Some(crate::profile::ProcessRef {
+                        pid,
+                        name: name.into(),
+                    });
+                    e
+                })
+                .collect();
+            part(rows, "malloc", "libc.so.6")
+        };
+        let mut m = Merged::default();
+        m.keep_at_most(3);
+        m.add(of(0, "cc1", &[("a", 1), ("b", 2), ("c", 3), ("d", 4)]));
+        m.add(of(0, "cc1", &[("a", 10), ("e", 5), ("f", 6)]));
+        m.add(of(0, "as", &[("g", 7)]));
+        let p = m.get().unwrap();
+        let rows: Vec<(&str, &str, u64, bool)> = p
+            .stacks
+            .iter()
+            .map(|e| {
+                (
+                    e.process.as_ref().unwrap().name.as_str(),
+                    e.frames[0].function.as_str(),
+                    e.counts.calls,
+                    e.truncated,
+                )
+            })
+            .collect();
+        let beyond = "[stacks beyond the 3 kept of processes gone]";
+        assert_eq!(
+            rows,
+            [
+                ("cc1", "a", 11, false),
+                ("cc1", "b", 2, false),
+                ("cc1", "c", 3, false),
+                ("cc1", beyond, 15, true),
+                ("as", beyond, 7, true),
+            ]
+        );
+        assert_eq!(p.losses.gone_stacks_beyond, 4 + 5 + 6 + 7);
+        assert_eq!(p.totals.allocs.calls, 1 + 2 + 3 + 4 + 10 + 5 + 6 + 7);
+        // More of the same commands add no row.
+        m.add(of(0, "cc1", &[("h", 1), ("i", 1)]));
+        assert_eq!(m.get().unwrap().stacks.len(), 5);
+        assert_eq!(m.get().unwrap().losses.gone_stacks_beyond, 24);
+    }
+
+    /// A reading joins the newest part to the parts so far as `add` would,
+    /// and leaves them as they were.
+    #[test]
+    fn with_joins_as_add_does_and_keeps_the_parts() {
+        let (a, mut b) = images();
+        b.stacks.push(entry("calloc", &[("work", 0x7100)], 4));
+        let mut m = Merged::default();
+        m.add(a.clone());
+        let read = m.with(b.clone());
+        assert_eq!(read, merge(vec![a.clone(), b.clone()]));
+        assert_eq!(read.stacks.len(), 3);
+        assert_eq!(m.get(), Some(&a));
+        assert_eq!(Merged::default().with(b.clone()), b);
+    }
+
+    /// `env` (libc) and the program it runs (jemalloc).
+    fn images() -> (Profile, Profile) {
         let env = part(
             vec![
                 entry("malloc", &[("setlocale", 0x1000), ("main", 0x2000)], 3),
@@ -369,6 +538,15 @@ mod tests {
             "calloc",
             "libjemalloc.so.2",
         );
+        (env, prog)
+    }
+
+    /// `env` (libc) then the program it runs (jemalloc): the same stack
+    /// at other addresses is one row, the rest stay apart, totals add up,
+    /// the metadata is the program's with both images' probes.
+    #[test]
+    fn images_of_one_process_join_by_symbolized_stacks() {
+        let (env, prog) = images();
         let m = merge(vec![env, prog]);
         assert_eq!(m.stacks.len(), 3);
         assert_eq!(m.stacks[0].counts.calls, 8);

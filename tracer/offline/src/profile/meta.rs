@@ -25,6 +25,12 @@ pub struct Losses {
     pub caller_unreadable: u64,
     /// Thread-name map full (names taken from /proc instead).
     pub thread_names_full: u64,
+    /// Calls of processes gone whose stack was not among the stacks kept
+    /// of processes gone (`mtrace agent --all` keeps a fixed number of
+    /// them): counted under one row per command and function that says
+    /// so, in no stack of their own.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gone_stacks_beyond: u64,
     /// The host engine's own tables and rings (`--all`, `--file-wide`,
     /// `--cgroup`, `agent --all`), beside the others in the JSON; absent
     /// for a trace by process.

@@ -210,6 +210,9 @@ fn losses_between(earlier: &Losses, later: &Losses) -> Losses {
         thread_names_full: later
             .thread_names_full
             .saturating_sub(earlier.thread_names_full),
+        gone_stacks_beyond: later
+            .gone_stacks_beyond
+            .saturating_sub(earlier.gone_stacks_beyond),
         host: match (later.host, earlier.host) {
             (Some(l), Some(e)) => Some(l.since(&e)),
             (l, _) => l,

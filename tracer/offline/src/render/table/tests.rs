@@ -259,6 +259,7 @@ fn lines_fit_80_columns() {
         stack_map_full: 123_456,
         caller_unreadable: 123_456,
         thread_names_full: 123_456,
+        gone_stacks_beyond: 0,
         host: None,
     };
     p.stack_quality = Some(StackQuality {

@@ -102,6 +102,11 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
         ("thread names", l.thread_names_full),
     ]
     .map(|(what, n)| format!("{what} {n}"));
+    // Only `mtrace agent --all` can lose stacks of gone processes: said
+    // when it did.
+    let beyond =
+        (l.gone_stacks_beyond > 0).then(|| format!("gone stacks beyond {}", l.gone_stacks_beyond));
+    let items: Vec<String> = items.into_iter().chain(beyond).collect();
     let mut text = wrap_list("lost", &items, "");
     let mut any = [
         l.map_full,
@@ -110,6 +115,7 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
         l.stack_map_full,
         l.caller_unreadable,
         l.thread_names_full,
+        l.gone_stacks_beyond,
     ]
     .iter()
     .any(|&n| n > 0);
@@ -179,6 +185,9 @@ pub(super) fn losses_notes(l: &Losses) -> Vec<&'static str> {
                 .filter(|(n, _)| *n > 0)
                 .map(|(_, note)| *note),
         );
+    }
+    if l.gone_stacks_beyond > 0 {
+        notes.push("gone stacks beyond: gone processes' stacks past those kept, per command");
     }
     notes
 }
