@@ -78,26 +78,23 @@ impl HostLosses {
 
     /// Each counter of `later` less `earlier`'s.
     pub fn since(&self, earlier: &HostLosses) -> HostLosses {
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        HostLosses {
-            exec_events_lost: d(self.exec_events_lost, earlier.exec_events_lost),
-            process_names_full: d(self.process_names_full, earlier.process_names_full),
-            process_runs_full: d(self.process_runs_full, earlier.process_runs_full),
-            tree_full: d(self.tree_full, earlier.tree_full),
-            frames_untagged: d(self.frames_untagged, earlier.frames_untagged),
-            processes_unnumbered: d(self.processes_unnumbered, earlier.processes_unnumbered),
-        }
+        self.zip(earlier, u64::saturating_sub)
     }
 
     /// Both counters added.
     pub fn plus(&self, other: &HostLosses) -> HostLosses {
+        self.zip(other, |a, b| a + b)
+    }
+
+    /// Each counter `f` of this one's and `other`'s.
+    fn zip(&self, other: &HostLosses, f: impl Fn(u64, u64) -> u64) -> HostLosses {
         HostLosses {
-            exec_events_lost: self.exec_events_lost + other.exec_events_lost,
-            process_names_full: self.process_names_full + other.process_names_full,
-            process_runs_full: self.process_runs_full + other.process_runs_full,
-            tree_full: self.tree_full + other.tree_full,
-            frames_untagged: self.frames_untagged + other.frames_untagged,
-            processes_unnumbered: self.processes_unnumbered + other.processes_unnumbered,
+            exec_events_lost: f(self.exec_events_lost, other.exec_events_lost),
+            process_names_full: f(self.process_names_full, other.process_names_full),
+            process_runs_full: f(self.process_runs_full, other.process_runs_full),
+            tree_full: f(self.tree_full, other.tree_full),
+            frames_untagged: f(self.frames_untagged, other.frames_untagged),
+            processes_unnumbered: f(self.processes_unnumbered, other.processes_unnumbered),
         }
     }
 }
