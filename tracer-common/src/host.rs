@@ -45,9 +45,9 @@ pub struct HostProcess {
     pub mm: u64,
 }
 
-/// Where a return address lies, looked up once per key (when the program
-/// that makes the key runs; on other CPUs' copies of the value, `place` is
-/// [`PLACE_UNKNOWN`]).
+/// Where a return address lies, looked up once per key, by the program
+/// that makes the key; [`PLACE_UNKNOWN`] in a value made by the tracer
+/// that has not said.
 pub const PLACE_UNKNOWN: u32 = 0;
 /// In a file: `dev`, `ino` and `offset` say where.
 pub const PLACE_FILE: u32 = 1;
@@ -57,8 +57,8 @@ pub const PLACE_ANONYMOUS: u32 = 2;
 /// locked, or the kernel's layout is not known).
 pub const PLACE_UNRESOLVED: u32 = 3;
 
-/// Calls and requested bytes (added atomically: per CPU, but a uprobe
-/// program can be preempted by another thread's on the same CPU), and the
+/// Calls and requested bytes (added atomically: the CPUs share the entry,
+/// and a uprobe program can be preempted by another thread's), and the
 /// return address's place in its file, which stays meaningful after the
 /// process is gone.
 #[repr(C)]

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, Queue, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, Queue, RingBuf},
 };
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFileId,
@@ -198,10 +198,13 @@ pub(crate) static INLINE_PENDING: TaskStorage<Pending> = TaskStorage::new();
 pub(crate) static PY_THREADS: TaskStorage<PyThreadSeen> = TaskStorage::new();
 
 /// Host scope: per (process, function, caller's place in its file), calls
-/// and bytes. Per CPU; not preallocated (size set by the tracer).
+/// and bytes, shared by the CPUs and added to atomically (a per-CPU entry
+/// takes its values from the kernel's per-CPU allocator at each new key,
+/// which every new process makes). Not preallocated (size set by the
+/// tracer).
 #[map]
-pub(crate) static HOST_COUNTS: PerCpuHashMap<HostKey, HostValue> =
-    PerCpuHashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+pub(crate) static HOST_COUNTS: HashMap<HostKey, HostValue> =
+    HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Host scope: exact calls (`[f]`) and bytes (`[MAX_HOST_FUNCS + f]`) per
 /// function-table row, kept apart from `HOST_COUNTS` so that they stay

@@ -140,6 +140,9 @@ fn all_frees_the_stacks_of_processes_gone() {
     }
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
+    // Built before the trace: the compiler's own stacks would fill the
+    // small map.
+    let fixture = Fixture::ManyStacks.path();
     let mut m = Mtrace::start(&[
         "--all",
         "--per-process",
@@ -152,7 +155,7 @@ fn all_frees_the_stacks_of_processes_gone() {
     let mut pids = Vec::new();
     for i in 0..4 {
         let copy = dir.path().join(format!("manystacks-{i}"));
-        std::fs::copy(Fixture::ManyStacks.path(), &copy).unwrap();
+        std::fs::copy(fixture, &copy).unwrap();
         let mut child = std::process::Command::new(&copy)
             .arg("100")
             .spawn()

@@ -30,7 +30,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use tracer_common::{maps, Comm, HostExec, HostKey, HostProcess, HostValue, StackFrames};
 
 use self::{
@@ -413,8 +413,8 @@ impl Host {
         walks.prune_stacks();
         drop(walks);
         let ebpf = &mut self.probes.ebpf;
-        let mut counts: PerCpuHashMap<&mut MapData, HostKey, HostValue> =
-            PerCpuHashMap::try_from(ebpf.map_mut(maps::HOST_COUNTS).context("HOST_COUNTS map")?)?;
+        let mut counts: BpfHashMap<&mut MapData, HostKey, HostValue> =
+            BpfHashMap::try_from(ebpf.map_mut(maps::HOST_COUNTS).context("HOST_COUNTS map")?)?;
         for k in &keys {
             let _ = counts.remove(k);
         }

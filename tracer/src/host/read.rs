@@ -1,5 +1,5 @@
-//! Reading the host scope's maps into a profile: each key's counts summed
-//! over the CPUs, its caller symbolized in its file, its process named.
+//! Reading the host scope's maps into a profile: each key's counts, its
+//! caller symbolized in its file, its process named.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -7,10 +7,10 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tracer_common::{
     counter, host_frame_parts, maps, stop, Comm, HostKey, HostProcess, HostValue, StackFrames,
-    MAX_HOST_FUNCS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNKNOWN,
+    MAX_HOST_FUNCS, PLACE_ANONYMOUS, PLACE_FILE,
 };
 
 use super::{files::FileIndex, probes::HostProbes, walks::HostWalks, Processes};
@@ -19,25 +19,20 @@ use crate::profile::{
     StackQuality, Totals,
 };
 
-/// Each key's counts summed over the CPUs, and its return address's place
-/// (looked up by the CPU that made the key).
+/// Each key's counts, and its return address's place (looked up by the
+/// program that made the key).
 type Row = (HostKey, Counts, HostValue);
 
-fn row(key: HostKey, per_cpu: &[HostValue]) -> Option<Row> {
-    let mut c = Counts::default();
-    let mut place = HostValue::default();
-    for v in per_cpu {
-        c.calls += v.calls;
-        c.bytes += v.bytes;
-        if v.place != PLACE_UNKNOWN {
-            place = *v;
-        }
-    }
-    (c.calls > 0).then_some((key, c, place))
+fn row(key: HostKey, v: HostValue) -> Option<Row> {
+    let c = Counts {
+        calls: v.calls,
+        bytes: v.bytes,
+    };
+    (c.calls > 0).then_some((key, c, v))
 }
 
-fn counts_map(probes: &HostProbes) -> Result<PerCpuHashMap<&MapData, HostKey, HostValue>> {
-    Ok(PerCpuHashMap::try_from(
+fn counts_map(probes: &HostProbes) -> Result<BpfHashMap<&MapData, HostKey, HostValue>> {
+    Ok(BpfHashMap::try_from(
         probes
             .ebpf
             .map(maps::HOST_COUNTS)
@@ -56,8 +51,8 @@ pub fn profile(
 ) -> Result<Profile> {
     let mut rows = Vec::new();
     for entry in counts_map(probes)?.iter() {
-        let (key, per_cpu) = entry?;
-        rows.extend(row(key, &per_cpu));
+        let (key, value) = entry?;
+        rows.extend(row(key, value));
     }
     let rows = with_walked(rows, walks.rows.iter().map(|(k, v)| (*k, *v)));
     profile_of(probes, index, processes, walks, meta, rows)
@@ -76,8 +71,8 @@ pub fn gone_profile(
     let map = counts_map(probes)?;
     let mut rows = Vec::new();
     for k in keys {
-        if let Ok(per_cpu) = map.get(k, 0) {
-            rows.extend(row(*k, &per_cpu));
+        if let Ok(value) = map.get(k, 0) {
+            rows.extend(row(*k, value));
         }
     }
     let rows = with_walked(rows, walked.into_iter());

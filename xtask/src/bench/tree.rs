@@ -1,5 +1,6 @@
 //! The process-tree rows: what a tree of short programs pays under mtrace
-//! (a shell loop of 200 runs of `ls`, `true` and a small C program),
+//! (a shell loop of 200 runs of `ls`, `true`, a small C program and one
+//! with a thread making 3,200 calls),
 //! against untraced and heaptrack, in milliseconds added per exec, and
 //! the same loop run on its own while `mtrace --all` traces the host;
 //! how long mtrace takes to let go of a busy target by pid, from Ctrl-C
@@ -32,6 +33,25 @@ int main(void) {
         free(sink);
     }
     return 0;
+}
+"#;
+
+/// The threaded C program: one thread beside main making 3,200 calls
+/// (1,600 malloc and as many free), as a small service's worker would.
+const THREAD_C: &str = r#"#include <pthread.h>
+#include <stdlib.h>
+void *volatile sink;
+static void *work(void *arg) {
+    for (int i = 0; i < 1600; i++) {
+        sink = malloc(16 + i % 64);
+        free(sink);
+    }
+    return arg;
+}
+int main(void) {
+    pthread_t t;
+    if (pthread_create(&t, 0, work, 0)) return 1;
+    return pthread_join(t, 0);
 }
 "#;
 
@@ -211,10 +231,19 @@ pub fn run(root: &Path, runs: usize) -> Result<TreeBench> {
     std::fs::write(&src, SMALL_C)?;
     let small = out_dir.join("small");
     compile_c(&src, &small, &[])?;
+    let src = out_dir.join("thread3k.c");
+    std::fs::write(&src, THREAD_C)?;
+    let thread3k = out_dir.join("thread3k");
+    compile_c(&src, &thread3k, &["-pthread"])?;
     let mtrace = root.join("target/release/mtrace");
     let heaptrack = which("heaptrack");
     let mut rows = Vec::new();
-    for program in ["/bin/true", "ls /", &small.display().to_string()] {
+    for program in [
+        "/bin/true",
+        "ls /",
+        &small.display().to_string(),
+        &thread3k.display().to_string(),
+    ] {
         eprint!("\rxtask: bench process tree, {program:<40}");
         let script = shell_loop(program);
         let sh = || {
