@@ -116,6 +116,7 @@ pub(super) fn find_inlined(
                 probe_offset: placement.offset,
                 emulated: placement.emulated,
                 args,
+                multiplied: false,
                 instruction: placement.instruction,
                 prefix: None,
                 inlined: Vec::new(),

@@ -58,6 +58,9 @@ pub struct ProbeSite {
     /// Where the probe finds arguments the prologue moved (the cookie's
     /// argument bits, see [`placement::Placement::args`]).
     pub args: u64,
+    /// Probed past `reallocarray`'s multiply: served as `realloc` is
+    /// ([`placement::Placement::multiplied`]).
+    pub multiplied: bool,
     /// The probed instruction, for `--verbose` and the report's metadata.
     pub instruction: String,
     /// The prefix of an allocator API defined beside the C library's
@@ -378,6 +381,7 @@ fn find_among(pid: u32, objects: Vec<String>, python: bool) -> Result<Option<All
             probe_offset: placement.offset,
             emulated: placement.emulated,
             args: placement.args,
+            multiplied: placement.multiplied,
             instruction: placement.instruction,
             prefix: d.prefix,
             inlined: Vec::new(),

@@ -6,7 +6,10 @@
 //! entry point is probed at its first instruction when that is a push,
 //! jump, call or nop, else at the first such instruction reached after only
 //! flag-setting or scratch-register instructions, so every call still
-//! passes the probe with its arguments and return address untouched.
+//! passes the probe with its arguments and return address untouched (or,
+//! for `reallocarray`, with the product `n * size` its prologue made in
+//! place of the two: glibc's is `mov %rsi,%rax; mul %rdx; mov %rax,%rsi;
+//! jo`).
 
 use tracer_common::Role;
 
@@ -25,6 +28,10 @@ pub struct Placement {
     /// carries them (`tracer_common::COOKIE_ARGS_SHIFT`); 0 when every one
     /// is in its own register.
     pub args: u64,
+    /// A `reallocarray` probed past the multiply of its `n` and `size`:
+    /// the probe finds the product where `size` would be for `realloc`
+    /// (second argument, as `args` says), and serves as `realloc`'s role.
+    pub multiplied: bool,
 }
 
 /// The argument registers, in argument order.
@@ -41,13 +48,43 @@ fn arg_reg_code(reg: Register) -> Option<u64> {
 struct Holders {
     /// (the argument's own register, the registers holding it now).
     args: Vec<(Register, Vec<Register>)>,
+    /// `reallocarray`'s `n * size` (its `rsi` and `rdx`), once a `mul` of
+    /// one by the other made it: the registers holding it now. The two
+    /// arguments are then no longer needed.
+    product: Option<Vec<Register>>,
 }
 
 impl Holders {
     fn new(reads: &[Register]) -> Holders {
         Holders {
             args: reads.iter().map(|r| (*r, vec![*r])).collect(),
+            product: None,
         }
+    }
+
+    fn held(&self, own: Register) -> Option<&Vec<Register>> {
+        self.args.iter().find(|(r, _)| *r == own).map(|(_, h)| h)
+    }
+
+    /// `mul r64` of `rax` by `r` where one holds `n` (`rsi`) and the other
+    /// `size` (`rdx`), the arguments of a `reallocarray`: its low half, in
+    /// `rax`, is the size asked for (the high half, in `rdx`, is nonzero
+    /// only for a request that overflows, which fails).
+    fn multiplies_n_by_size(&self, insn: &Instruction) -> bool {
+        if insn.mnemonic() != Mnemonic::Mul
+            || insn.op_count() != 1
+            || insn.op0_kind() != OpKind::Register
+            || !insn.op0_register().is_gpr64()
+            || self.product.is_some()
+        {
+            return false;
+        }
+        let (Some(n), Some(size)) = (self.held(Register::RSI), self.held(Register::RDX)) else {
+            return false;
+        };
+        let by = insn.op0_register();
+        (n.contains(&Register::RAX) && size.contains(&by))
+            || (size.contains(&Register::RAX) && n.contains(&by))
     }
 
     /// Follows one instruction that writes `written` (full registers); a
@@ -61,7 +98,18 @@ impl Holders {
             && insn.op0_register().is_gpr64()
             && insn.op1_register().is_gpr64())
         .then(|| (insn.op1_register(), insn.op0_register()));
-        for (_, held) in &mut self.args {
+        if self.multiplies_n_by_size(insn) {
+            self.args
+                .retain(|(own, _)| *own != Register::RSI && *own != Register::RDX);
+            self.product = Some(vec![Register::RAX]);
+            return self.args.iter().all(|(_, held)| !held.is_empty());
+        }
+        for held in self
+            .args
+            .iter_mut()
+            .map(|(_, held)| held)
+            .chain(self.product.as_mut())
+        {
             let gains =
                 copy.is_some_and(|(src, dst)| held.contains(&src) && arg_reg_code(dst).is_some());
             held.retain(|r| !written.contains(r));
@@ -70,6 +118,7 @@ impl Holders {
             }
         }
         self.args.iter().all(|(_, held)| !held.is_empty())
+            && self.product.as_ref().is_none_or(|held| !held.is_empty())
     }
 
     /// The cookie's argument bits: for each argument no longer in its own
@@ -83,6 +132,14 @@ impl Holders {
             let n = ARGS.iter().position(|a| a == own).unwrap_or(0);
             if let Some(code) = held.iter().find_map(|r| arg_reg_code(*r)) {
                 bits |= code << (4 * n);
+            }
+        }
+        // The product, as `realloc`'s size: its second argument.
+        if let Some(held) = &self.product {
+            if !held.contains(&Register::RSI) {
+                if let Some(code) = held.iter().find_map(|r| arg_reg_code(*r)) {
+                    bits |= code << 4;
+                }
             }
         }
         bits
@@ -178,6 +235,7 @@ fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
                 emulated: true,
                 instruction: text,
                 args: holders.cookie_bits(),
+                multiplied: holders.product.is_some(),
             };
         }
         match harmless(&insn, &mut info) {
@@ -190,6 +248,7 @@ fn scan(code: &[u8], ip: u64, reads: &[Register]) -> Placement {
         emulated: false,
         instruction: first.unwrap_or_else(|| "?".into()),
         args: 0,
+        multiplied: false,
     }
 }
 
@@ -245,14 +304,40 @@ mod tests {
     }
 
     #[test]
-    fn argument_clobber_stops_the_scan() {
-        // mov %rsi,%rax; mul %rdx (writes rdx); mov %rax,%rsi; jo
+    fn glibc_reallocarray_is_probed_past_its_multiply() {
+        // mov %rsi,%rax; mul %rdx (writes rdx); mov %rax,%rsi; jo: at the
+        // jo, rsi holds n * size, where realloc's size is.
         let code = [
             0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6, 0x70, 0x05,
         ];
         let p = place_probe(&code, 0x9a7e0, reads(Role::ResizeArray));
-        assert_eq!(p.offset, 0);
-        assert!(!p.emulated);
+        assert_eq!(
+            (p.offset, p.emulated, p.multiplied, p.args),
+            (9, true, true, 0)
+        );
+        // Cut before the copy back to rsi: the product is read from rax.
+        let code = [0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x70, 0x05];
+        let p = place_probe(&code, 0x9a7e0, reads(Role::ResizeArray));
+        let rax = tracer_common::ARG_REGS
+            .iter()
+            .position(|a| *a == tracer_common::ArgReg::Rax)
+            .unwrap() as u64
+            + 1;
+        assert_eq!((p.offset, p.multiplied, p.args), (6, true, rax << 4));
+    }
+
+    #[test]
+    fn argument_clobber_stops_the_scan() {
+        // mov %rsi,%rax; mul %rcx (rcx holds no argument); jo: the size
+        // (rdx) is lost, and rax holds no product of the arguments.
+        let code = [0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe1, 0x70, 0x05];
+        let p = place_probe(&code, 0x9a7e0, reads(Role::ResizeArray));
+        assert_eq!((p.offset, p.emulated, p.multiplied), (0, false, false));
+        // In a function that is no reallocarray a multiply is scratch
+        // arithmetic: no product is taken for the size.
+        let code = [0x48, 0x89, 0xf8, 0x48, 0xf7, 0xe2, 0x70, 0x05];
+        let p = place_probe(&code, 0, reads(Role::Size));
+        assert_eq!((p.offset, p.multiplied, p.args), (6, false, 0));
     }
 
     #[test]

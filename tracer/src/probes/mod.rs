@@ -35,9 +35,15 @@ use crate::{
 };
 
 /// The cookie of a probe site: the function's index in the run's table,
-/// where its arguments are, and its role.
+/// where its arguments are, and its role (`realloc`'s for a
+/// `reallocarray` probed past its multiply: `(ptr, n * size)`).
 pub(crate) fn cookie(site: &ProbeSite, func: u32) -> u64 {
-    func as u64 | site.args << COOKIE_ARGS_SHIFT | (site.role() as u64) << COOKIE_ROLE_SHIFT
+    let role = if site.multiplied {
+        Role::Resize
+    } else {
+        site.role()
+    };
+    func as u64 | site.args << COOKIE_ARGS_SHIFT | (role as u64) << COOKIE_ROLE_SHIFT
 }
 
 /// Sizes of the kernel maps.
