@@ -67,15 +67,15 @@ pub struct HostWalks {
     /// The mappings the kernel's walks met, by process incarnation and
     /// window: what is known of a process's address space once it is gone.
     vmas: BpfHashMap<MapData, HostVmaKey, HostVma>,
-    procs: HashMap<(u32, u64), Walked>,
+    procs: FastMap<(u32, u64), Walked>,
     /// Each file's tag, as the kernel's table has it.
-    tags: HashMap<HostFileId, u32>,
+    tags: FastMap<HostFileId, u32>,
     /// The next tag the tracer gives (from the top of the table down).
     next_tag: u32,
     /// Calls counted under finished walks, with their callers' places.
-    pub rows: HashMap<HostKey, HostValue>,
+    pub rows: FastMap<HostKey, HostValue>,
     /// The frames ([`host_frame`]s) and stop of each finished stack.
-    pub stacks: HashMap<u64, (Vec<u64>, u32)>,
+    pub stacks: FastMap<u64, (Vec<u64>, u32)>,
     /// Walks finished, of them those whose process was gone, and of
     /// those the ones finished whole in the files the kernel's walks had
     /// met.
@@ -90,7 +90,7 @@ pub struct HostWalks {
     max_frames: usize,
     /// Files by identity, for rules learned from a file alone (`None`:
     /// it could not be opened or read).
-    objects: HashMap<(u32, u64), Option<Arc<ObjectCfi>>>,
+    objects: FastMap<(u32, u64), Option<Arc<ObjectCfi>>>,
     /// Paths of executables as exec'd (the main loop notes them).
     paths: Paths,
     /// Where the files processes map are found.
@@ -102,6 +102,13 @@ pub struct HostWalks {
     /// [`DEFER_FOR`] or past [`DEFER_BYTES`].
     pub(super) deferred: std::collections::VecDeque<(Instant, Vec<u8>)>,
     deferred_bytes: usize,
+    /// One event's room for every walk, zeroed once (a walk reads no byte
+    /// of the copy past what its record copied), and the records' buffers,
+    /// kept with their room: a walk's copy is up to 256 KiB, and a buffer
+    /// allocated and freed per walk had the allocator give it back to the
+    /// kernel each time (a quarter of this thread's time on cargo).
+    ev: Option<Box<MissEvent>>,
+    spare: Vec<Vec<u8>>,
 }
 
 /// How long a walk waits for its process's files to be named.
@@ -112,6 +119,12 @@ const DEFER_BYTES: usize = 32 << 20;
 
 /// Paths of files by identity, shared with the main loop.
 pub type Paths = Arc<Mutex<HashMap<(u32, u64), PathBuf>>>;
+
+/// The maps each finished walk looks up, several times a frame: hashed
+/// with foldhash, not SipHash (a sixth of this thread's time on cargo).
+/// Each map has its own random seed, which a target choosing its return
+/// addresses does not know.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 pub(super) fn lock_paths(paths: &Paths) -> MutexGuard<'_, HashMap<(u32, u64), PathBuf>> {
     paths.lock().unwrap_or_else(|e| e.into_inner())
@@ -138,22 +151,24 @@ impl HostWalks {
             file_tags: BpfHashMap::try_from(copy(maps::HOST_FILE_TAGS)?)?,
             tag_files: Array::try_from(copy(maps::HOST_TAG_FILES)?)?,
             vmas: BpfHashMap::try_from(copy(maps::HOST_VMAS)?)?,
-            procs: HashMap::new(),
-            tags: HashMap::new(),
+            procs: FastMap::default(),
+            tags: FastMap::default(),
             next_tag: MAX_HOST_TAGS - 1,
-            rows: HashMap::new(),
-            stacks: HashMap::new(),
+            rows: FastMap::default(),
+            stacks: FastMap::default(),
             finished: 0,
             gone: 0,
             gone_whole: 0,
             rules_full: 0,
             untagged: 0,
             max_frames: max_frames as usize,
-            objects: HashMap::new(),
+            objects: FastMap::default(),
             paths,
             index: FileIndex::default(),
             deferred: Default::default(),
             deferred_bytes: 0,
+            ev: None,
+            spare: Vec::new(),
         })
     }
 
@@ -172,9 +187,7 @@ impl HostWalks {
             return;
         };
         let mut new_rules = Vec::new();
-        // One event's room for every walk: zeroed once (a walk reads no
-        // byte of the copy past what its record copied).
-        let mut ev = zeroed_miss();
+        let mut ev = self.ev.take().unwrap_or_else(zeroed_miss);
         let now = Instant::now();
         self.deferred_bytes = 0;
         for (since, record) in std::mem::take(&mut self.deferred) {
@@ -184,6 +197,8 @@ impl HostWalks {
             let last = now.duration_since(since) >= DEFER_FOR;
             if self.finish(&ev, &mut new_rules, last) {
                 self.defer(since, record);
+            } else {
+                self.spare.push(record);
             }
         }
         loop {
@@ -193,7 +208,10 @@ impl HostWalks {
                 let Some(item) = ring.next() else {
                     break;
                 };
-                batch.push(item.to_vec());
+                let mut buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.extend_from_slice(&item);
+                batch.push(buf);
             }
             if batch.is_empty() {
                 break;
@@ -227,9 +245,14 @@ impl HostWalks {
                 let last = self.deferred_bytes >= DEFER_BYTES;
                 if self.finish(&ev, &mut new_rules, last) {
                     self.defer(Instant::now(), record);
+                } else {
+                    self.spare.push(record);
                 }
             }
         }
+        // Room for a batch kept, no more.
+        self.spare.truncate(BATCH);
+        self.ev = Some(ev);
         self.ring = Some(ring);
         self.forget_idle();
     }

@@ -46,6 +46,11 @@ pub use walk::{unwind_with_fp, StackCopy, Stop, FRAME_POINTER};
 
 use crate::tracee::{AddressSpace, FileId, Mapping, Mem};
 
+/// The unwinder's maps, looked up at every frame it walks: foldhash, not
+/// SipHash, each map with its own random seed, which a target choosing
+/// its return addresses does not know.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The stop code of a user-space walk (as the BPF walk records it).
 pub fn stop_code(stop: Stop) -> u32 {
     match stop {
@@ -147,15 +152,15 @@ fn is_call_site(ra: u64, space: &AddressSpace, pid: u32) -> bool {
 pub struct Unwinder {
     pid: u32,
     /// Per mapped path; `None` when the object could not be loaded.
-    objects: HashMap<String, Option<Arc<ObjectCfi>>>,
+    objects: FastMap<String, Option<Arc<ObjectCfi>>>,
     /// Every rule computed so far, by return address.
-    rules: HashMap<u64, Rule>,
+    rules: FastMap<u64, Rule>,
     pub stats: UnwindStats,
     /// Most frames a stack keeps above the direct caller (`--max-stack`),
     /// as the BPF walk does.
     pub max_frames: usize,
     /// The identity of each mapped file (for [`learned`]).
-    ids: HashMap<String, Option<FileId>>,
+    ids: FastMap<String, Option<FileId>>,
     /// Where separate debug files are looked for (the target's
     /// `/usr/lib/debug`, else ours), found at the first object loaded.
     debug_dir: Option<PathBuf>,
@@ -212,11 +217,11 @@ impl Unwinder {
     pub fn new(pid: u32) -> Self {
         Unwinder {
             pid,
-            objects: HashMap::new(),
-            rules: HashMap::new(),
+            objects: FastMap::default(),
+            rules: FastMap::default(),
             stats: UnwindStats::default(),
             max_frames: tracer_common::MAX_FRAMES,
-            ids: HashMap::new(),
+            ids: FastMap::default(),
             debug_dir: None,
             jit_frame_pointers: None,
         }
