@@ -19,16 +19,12 @@ use crate::profile::{
     StackQuality, Totals,
 };
 
-/// Each key's counts, and its return address's place (looked up by the
+/// Each key's counts and its return address's place (looked up by the
 /// program that made the key).
-type Row = (HostKey, Counts, HostValue);
+type Row = (HostKey, HostValue);
 
 fn row(key: HostKey, v: HostValue) -> Option<Row> {
-    let c = Counts {
-        calls: v.calls,
-        bytes: v.bytes,
-    };
-    (c.calls > 0).then_some((key, c, v))
+    (v.calls > 0).then_some((key, v))
 }
 
 fn counts_map(probes: &HostProbes) -> Result<BpfHashMap<&MapData, HostKey, HostValue>> {
@@ -95,11 +91,7 @@ fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)
             }
             None => {
                 at.insert(k, rows.len());
-                let c = Counts {
-                    calls: v.calls,
-                    bytes: v.bytes,
-                };
-                rows.push((k, c, v));
+                rows.push((k, v));
             }
         }
     }
@@ -140,7 +132,7 @@ fn profile_of(
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.
     let mut seen: BTreeMap<HostProcess, ProcessMeta> = BTreeMap::new();
-    for (k, _, _) in &rows {
+    for (k, _) in &rows {
         let p = HostProcess {
             tgid: k.tgid,
             _pad: 0,
@@ -157,7 +149,7 @@ fn profile_of(
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_STACKS).context("HOST_STACKS map")?)?;
     let mut stacks: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
-    for (k, _, _) in &rows {
+    for (k, _) in &rows {
         if k.stack == 0 {
             continue;
         }
@@ -179,7 +171,7 @@ fn profile_of(
 
     // Every caller and frame, symbolized once per (file, offset).
     let mut by_file: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
-    for (_, _, v) in &rows {
+    for (_, v) in &rows {
         if v.place == PLACE_FILE {
             by_file.entry((v.dev, v.ino)).or_default().push(v.offset);
         }
@@ -230,7 +222,11 @@ fn profile_of(
     let walking = probes.max_frames != 0;
     let mut quality = StackQuality::default();
     let mut out = Vec::with_capacity(rows.len());
-    for (k, c, v) in &rows {
+    for (k, v) in &rows {
+        let c = Counts {
+            calls: v.calls,
+            bytes: v.bytes,
+        };
         let p = HostProcess {
             tgid: k.tgid,
             _pad: 0,
@@ -292,7 +288,7 @@ fn profile_of(
             truncated: walking && stop != Some(stop::END),
             thread: None,
             process: Some(ProcessRef { pid: k.tgid, name }),
-            counts: *c,
+            counts: c,
             live: None,
             in_use: None,
             object_size: None,

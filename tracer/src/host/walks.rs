@@ -32,7 +32,7 @@ use crate::{
     tracee::{AddressSpace, FileId, Mapping},
     unwind::{
         service::{read_miss_into, zeroed_miss},
-        stack_key, ObjectCfi, Unwinder,
+        stack_key, FastMap, ObjectCfi, Unwinder,
     },
 };
 
@@ -117,14 +117,12 @@ const DEFER_FOR: Duration = Duration::from_millis(500);
 /// The records of walks waiting, in bytes at most.
 const DEFER_BYTES: usize = 32 << 20;
 
+/// The records' buffers kept for the next round, in bytes of room at most
+/// (the ring's size: one round never holds more at once in steady state).
+const SPARE_BYTES: usize = 16 << 20;
+
 /// Paths of files by identity, shared with the main loop.
 pub type Paths = Arc<Mutex<HashMap<(u32, u64), PathBuf>>>;
-
-/// The maps each finished walk looks up, several times a frame: hashed
-/// with foldhash, not SipHash (a sixth of this thread's time on cargo).
-/// Each map has its own random seed, which a target choosing its return
-/// addresses does not know.
-pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 pub(super) fn lock_paths(paths: &Paths) -> MutexGuard<'_, HashMap<(u32, u64), PathBuf>> {
     paths.lock().unwrap_or_else(|e| e.into_inner())
@@ -250,8 +248,12 @@ impl HostWalks {
                 }
             }
         }
-        // Room for a batch kept, no more.
-        self.spare.truncate(BATCH);
+        // Room for what the ring holds kept, no more.
+        let mut kept = 0;
+        self.spare.retain(|b| {
+            kept += b.capacity();
+            kept <= SPARE_BYTES
+        });
         self.ev = Some(ev);
         self.ring = Some(ring);
         self.forget_idle();

@@ -46,10 +46,12 @@ pub use walk::{unwind_with_fp, StackCopy, Stop, FRAME_POINTER};
 
 use crate::tracee::{AddressSpace, FileId, Mapping, Mem};
 
-/// The unwinder's maps, looked up at every frame it walks: foldhash, not
-/// SipHash, each map with its own random seed, which a target choosing
-/// its return addresses does not know.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// Maps looked up at every frame a walk finished in user space goes
+/// through (here and in the host scope's walker): foldhash, not SipHash
+/// (a sixth of the host walker's time on cargo), each map with its own
+/// random seed, which a target choosing its return addresses does not
+/// know.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The stop code of a user-space walk (as the BPF walk records it).
 pub fn stop_code(stop: Stop) -> u32 {

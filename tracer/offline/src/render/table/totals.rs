@@ -120,9 +120,12 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
     .iter()
     .any(|&n| n > 0);
     if let Some(h) = &l.host {
-        // The last counter is a cost, not a loss: it does not make the
-        // line a warning.
-        any |= h.named()[..5].iter().any(|&(_, n)| n > 0);
+        // Calls of processes unnumbered are a cost, not a loss: they do
+        // not make the line a warning.
+        any |= h
+            .named()
+            .iter()
+            .any(|&(what, n)| n > 0 && what != "processes_unnumbered");
         let items: Vec<String> = h
             .named()
             .iter()
