@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::support::{
     gdb::{stacks_in_profile, stacks_under_gdb, Stacks},
     run_profiled, trace_by_pid,
-    unwind::{Program, CHAINS, CXX, DEEP, DLOPEN, JIT, MEMO, MIXED, NO_CFI, RUST},
+    unwind::{Program, CHAINS, CXX, DEEP, DEEPER, DLOPEN, JIT, MEMO, MIXED, NO_CFI, RUST},
     Finished, FixtureProc, Profile,
 };
 
@@ -108,6 +108,19 @@ fn remembered_walks_keep_stacks_that_differ_further_up() {
     }
 }
 
+/// `program`'s three calls, each a stack gdb's, whole, the first of them
+/// walked by the tracer.
+fn whole_from_the_first_walk(program: Program, mode: &[&str]) {
+    let (out, p) = check_launch_profiled(program, mode);
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q["calls"], 3, "{mode:?}: {q}\n{}", out.describe());
+    assert!(
+        q["finished_by_tracer"].as_u64().is_some_and(|n| n >= 1),
+        "{mode:?}: no walk went to the tracer: {q}\n{}",
+        out.describe()
+    );
+}
+
 /// A stack deeper than 64 KiB at the allocation (deep.c: 60 frames of 2
 /// KiB): the first walk goes to the tracer with a copy of all of it, and
 /// every stack is gdb's, whole, in count and live mode.
@@ -115,15 +128,18 @@ fn remembered_walks_keep_stacks_that_differ_further_up() {
 fn stack_deeper_than_64_kib_is_whole_from_its_first_walk() {
     need_bpf!();
     for mode in [&["-v"][..], &["-v", "--live"][..]] {
-        let (out, p) = check_launch_profiled(DEEP, mode);
-        let q = &p.doc["stack_quality"];
-        assert_eq!(q["calls"], 3, "{mode:?}: {q}\n{}", out.describe());
-        assert!(
-            q["finished_by_tracer"].as_u64().is_some_and(|n| n >= 1),
-            "{mode:?}: no walk went to the tracer: {q}\n{}",
-            out.describe()
-        );
+        whole_from_the_first_walk(DEEP, mode);
     }
+}
+
+/// A stack deeper than the largest copy (256 KiB): a frame of 400 KiB
+/// under main, then 40 frames of 2 KiB. The first walk goes to the
+/// tracer with the stack's first and last bytes; the frames above the
+/// large one are read from the last, and every stack is gdb's, whole.
+#[test]
+fn stack_deeper_than_the_copy_is_whole_from_its_first_walk() {
+    need_bpf!();
+    whole_from_the_first_walk(DEEPER, &["-v"]);
 }
 
 #[test]

@@ -169,11 +169,18 @@ pub const fn is_miss_stack_id(stack: u64) -> bool {
 /// Most bytes of the target's stack a [`MissEvent`] carries (from the
 /// frame where the rule was missing): enough for the deep stacks of
 /// compilers and interpreters (the sizes measured are in
-/// docs/design/0017-deep-stack-copies.md). A deeper walk that runs out of
-/// copy is cut short once (`read_failed`); the rules it added let the next
-/// one go on in the kernel. At most 64 pages, one bit each in
-/// `MissEvent::holes`.
+/// docs/design/0017-deep-stack-copies.md). A stack deeper than that is
+/// copied in two parts: its first `STACK_COPY - STACK_COPY_TAIL` bytes
+/// and its last [`STACK_COPY_TAIL`] (the outermost frames), so that a
+/// walk whose frames only skip over what lies between (the inside of a
+/// large frame, as a compiler thread's) still ends whole. A walk that
+/// needs a word between runs out of copy (`read_failed`). At most 64
+/// pages, one bit each in `MissEvent::holes`.
 pub const STACK_COPY: usize = 256 * 1024;
+
+/// The bytes at the end of a [`STACK_COPY`] that hold the top of a stack
+/// deeper than the copy (a multiple of the page).
+pub const STACK_COPY_TAIL: usize = 128 * 1024;
 
 /// Most return addresses hidden by return probes (see `MissEvent::hidden`)
 /// a [`MissEvent`] carries.
@@ -209,10 +216,15 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// Where `sp - 8` is in `copy`: the copy starts at the beginning of its
     /// page, so that it can be read a page at a time.
     pub skip: u32,
-    pub _pad_holes: u32,
+    /// Bytes of `copy` read from the start of the page of `sp - 8`; the
+    /// rest of `copied` (a stack deeper than the copy: its last
+    /// [`STACK_COPY_TAIL`] bytes) from `tail_at`.
+    pub head: u32,
     /// Bit `i`: page `i` of the copy could not be read (a page of the stack
     /// never touched, under a large local buffer; zeroes in `copy`).
     pub holes: u64,
+    /// Where the copy's tail was read from (0: no tail).
+    pub tail_at: u64,
     /// The return address without a rule, the CFA of the frame below it
     /// (the stack pointer of `ra`'s frame) and rbp there.
     pub ra: u64,
@@ -257,12 +269,33 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     pub copy: [u8; N],
 }
 
+impl<const N: usize> MissEvent<N> {
+    /// Where the stack's word at `addr` is in `copy`; `None` when it was
+    /// not copied.
+    pub fn copy_offset(&self, addr: u64) -> Option<usize> {
+        let copied = (self.copied as usize).min(N) as u64;
+        let head = (self.head as u64).min(copied);
+        let base = self.sp.wrapping_sub(8) & !4095;
+        if let Some(d) = addr.checked_sub(base) {
+            if d < head && head - d >= 8 {
+                return Some(d as usize);
+            }
+        }
+        let tail = copied - head;
+        match addr.checked_sub(self.tail_at) {
+            Some(d) if self.tail_at != 0 && d < tail && tail - d >= 8 => Some((head + d) as usize),
+            _ => None,
+        }
+    }
+}
+
 /// The sizes of stack copy a [`MissEvent`] comes in: most stacks at a
 /// malloc fit in a few KiB, and a ring of 32 KiB records held ~120 walks
 /// a MiB; the largest are for the few threads whose stacks are deeper.
 pub const MISS_COPY_SIZES: [usize; 7] = [4096, 8192, 16384, 32768, 65536, 131072, STACK_COPY];
 
 const _: () = assert!(STACK_COPY / 4096 <= 64);
+const _: () = assert!(STACK_COPY_TAIL & 4095 == 0 && STACK_COPY_TAIL < STACK_COPY);
 
 /// Bytes of a [`MissEvent`] before its copy.
 pub const MISS_HEADER_BYTES: usize = core::mem::offset_of!(MissEvent, copy);

@@ -4,7 +4,7 @@
 use aya_ebpf::bindings::BPF_NOEXIST;
 use tracer_common::{
     counter, miss_stack_id, stop, MissEvent, WalkScratch, MAX_FRAMES, MISS_COPY_SIZES,
-    PY_MAX_FRAMES, STACK_COPY,
+    PY_MAX_FRAMES, STACK_COPY, STACK_COPY_TAIL,
 };
 
 use crate::{
@@ -161,10 +161,12 @@ extern "C" fn vma_end(
 }
 
 /// One [`MissEvent`] with `N` bytes of copy: the walk so far and the
-/// target's stack from `base` (a page boundary), `total` bytes of it (at
-/// most `N`) in one read; where that fails (a page never touched under a
-/// large local buffer), a page at a time, the pages that cannot be read
-/// marked as holes. False when the ring is full.
+/// target's stack from `base` (a page boundary), `total` bytes of it in
+/// one read; more than `N` (the largest copy), its first `N -
+/// STACK_COPY_TAIL` bytes and its last `STACK_COPY_TAIL` in two. Where
+/// that fails (a page never touched under a large local buffer), a page
+/// at a time, the pages that cannot be read marked as holes. False when
+/// the ring is full.
 #[inline(always)]
 fn send_copy<const N: usize>(
     w: &mut WalkScratch,
@@ -223,15 +225,41 @@ fn send_copy<const N: usize>(
         } else {
             N as u32
         };
+        // Deeper than the copy: a head and the stack's last bytes.
+        let split = total > N as u64 && N > STACK_COPY_TAIL;
+        let head = if split {
+            (N - STACK_COPY_TAIL) as u32
+        } else {
+            len
+        };
+        let tail_at = if split {
+            base + total - STACK_COPY_TAIL as u64
+        } else {
+            0
+        };
         (*ev).copied = len;
-        (*ev)._pad_holes = 0;
+        (*ev).head = head;
+        (*ev).tail_at = tail_at;
         (*ev).holes = 0;
-        if aya_ebpf::helpers::generated::bpf_probe_read_user(
-            (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
-            len,
-            base as *const core::ffi::c_void,
-        ) != 0
-        {
+        let whole = if split {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
+                (N - STACK_COPY_TAIL) as u32,
+                base as *const core::ffi::c_void,
+            ) == 0
+                && aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    (*ev).copy.as_mut_ptr().add(N - STACK_COPY_TAIL) as *mut core::ffi::c_void,
+                    STACK_COPY_TAIL as u32,
+                    tail_at as *const core::ffi::c_void,
+                ) == 0
+        } else {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                (*ev).copy.as_mut_ptr() as *mut core::ffi::c_void,
+                len,
+                base as *const core::ffi::c_void,
+            ) == 0
+        };
+        if !whole {
             // A page that cannot be read is zeroed by the helper.
             let mut holes = 0u64;
             let mut page = 0usize;
@@ -240,10 +268,15 @@ fn send_copy<const N: usize>(
                 if at as u32 >= len {
                     break;
                 }
+                let from = if (at as u32) < head {
+                    base + at as u64
+                } else {
+                    tail_at + (at as u64 - head as u64)
+                };
                 if aya_ebpf::helpers::generated::bpf_probe_read_user(
                     (*ev).copy.as_mut_ptr().add(at) as *mut core::ffi::c_void,
                     4096,
-                    (base + at as u64) as *const core::ffi::c_void,
+                    from as *const core::ffi::c_void,
                 ) != 0
                 {
                     holes |= 1 << page;

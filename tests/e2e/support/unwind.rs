@@ -25,6 +25,8 @@ pub const DLOPEN: Program = Program("dlopen");
 pub const JIT: Program = Program("jit");
 pub const MEMO: Program = Program("memo");
 pub const DEEP: Program = Program("deep");
+/// deep.c under a frame of 400 KiB: deeper than the largest stack copy.
+pub const DEEPER: Program = Program("deeper");
 
 const NO_FP: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
 
@@ -90,6 +92,7 @@ impl Program {
             JIT => vec![cc(&["-o", "jit", "jit.c"])],
             MEMO => vec![cc(&["-o", "memo", "memo.c"])],
             DEEP => vec![cc(&["-o", "deep", "deep.c"])],
+            DEEPER => vec![cc(&["-DTOP_FRAME=409600", "-o", "deeper", "deep.c"])],
             DLOPEN => vec![
                 cc(&["-shared", "-fPIC", "-o", "plugin.so", "plugin.c"]),
                 cc(&["-o", "dlopen", "dlopen.c", "-ldl"]),

@@ -404,10 +404,13 @@ impl Unwinder {
         if ev.holes != 0 {
             self.stats.copies_with_holes += 1;
         }
+        let head = (ev.head as usize).clamp(skip, copied);
         let stack = StackCopy {
-            bytes: &ev.copy[skip..copied],
+            bytes: &ev.copy[skip..head],
             holes: ev.holes,
             page_base: ev.sp.wrapping_sub(8).wrapping_sub(skip as u64),
+            tail: &ev.copy[head..copied],
+            tail_at: ev.tail_at,
         };
         let bp = (ev.bp_ok != 0).then_some(ev.bp);
         let jit_fp = self.jit_frame_pointers(space);
@@ -463,8 +466,10 @@ impl Unwinder {
         );
         if stop == stop::READ_FAILED {
             log::debug!(
-                "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}, holes {:#x}) after {} frames, at {:#x}",
+                "unwind: a walk finished here ran out of its stack copy ({copied} bytes from {:#x}, the last {} of them from {:#x}, holes {:#x}) after {} frames, at {:#x}",
                 ev.sp.wrapping_sub(8).wrapping_sub(skip as u64),
+                copied - head,
+                ev.tail_at,
                 ev.holes,
                 frames.len(),
                 frames.last().copied().unwrap_or(ev.ra)

@@ -171,14 +171,11 @@ fn reveal_hidden(ev: &mut MissEvent) {
     if ev.trampoline == 0 {
         return;
     }
-    // The copy starts at the page of `sp - 8`.
-    let base = ev.sp.wrapping_sub(8) & !4095;
-    let copied = (ev.copied as usize).min(ev.copy.len());
     for &[slot, real] in &ev.hidden {
-        let Some(at) = slot.checked_sub(base).map(|d| d as usize) else {
+        let Some(at) = ev.copy_offset(slot) else {
             continue;
         };
-        if slot == 0 || at + 8 > copied {
+        if slot == 0 {
             continue;
         }
         let word = &mut ev.copy[at..at + 8];
@@ -384,5 +381,38 @@ impl UnwindService {
 impl Drop for UnwindService {
     fn drop(&mut self) {
         self.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A return address a return probe hid is put back wherever the copy
+    /// holds the slot: in its first part, or in the tail of a stack deeper
+    /// than the copy; a slot between the two is not in the copy.
+    #[test]
+    fn hidden_returns_are_revealed_in_both_parts_of_a_copy() {
+        let mut ev = zeroed_miss();
+        let (tramp, sp) = (0x7fff_f000u64, 0x7000_0008u64);
+        ev.sp = sp;
+        ev.trampoline = tramp;
+        ev.copied = tracer_common::STACK_COPY as u32;
+        ev.head = (tracer_common::STACK_COPY - tracer_common::STACK_COPY_TAIL) as u32;
+        ev.tail_at = 0x7100_0000;
+        let head_slot = 0x7000_0100u64;
+        let tail_slot = ev.tail_at + 0x40;
+        let between = 0x7080_0000u64;
+        let tail_off = ev.head as usize + 0x40;
+        for at in [0x100, tail_off] {
+            ev.copy[at..at + 8].copy_from_slice(&tramp.to_ne_bytes());
+        }
+        ev.hidden[0] = [head_slot, 0x1111];
+        ev.hidden[1] = [tail_slot, 0x2222];
+        ev.hidden[2] = [between, 0x3333];
+        assert_eq!(ev.copy_offset(between), None);
+        reveal_hidden(&mut ev);
+        let at = |o: usize| u64::from_ne_bytes(ev.copy[o..o + 8].try_into().unwrap());
+        assert_eq!((at(0x100), at(tail_off)), (0x1111, 0x2222));
     }
 }

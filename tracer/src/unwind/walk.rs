@@ -33,13 +33,18 @@ pub enum Stop {
 
 /// A copy of the target's stack: its bytes, and the pages of them that
 /// could not be read (a page never touched, under a large local buffer).
+/// A stack deeper than the copy comes as its first bytes and its last
+/// (`tail`, copied from `tail_at`); what lies between is out of the copy.
 #[derive(Clone, Copy, Debug)]
 pub struct StackCopy<'a> {
     pub bytes: &'a [u8],
-    /// Bit `i`: the page at `page_base + i * 4096` is a hole (zeroes in
-    /// `bytes`).
+    /// Bit `i`: the copy's page `i` is a hole (zeroes in `bytes` or
+    /// `tail`); the copy begins at `page_base`, and its tail follows
+    /// `bytes` in it.
     pub holes: u64,
     pub page_base: u64,
+    pub tail: &'a [u8],
+    pub tail_at: u64,
 }
 
 impl<'a> From<&'a [u8]> for StackCopy<'a> {
@@ -48,28 +53,43 @@ impl<'a> From<&'a [u8]> for StackCopy<'a> {
             bytes,
             holes: 0,
             page_base: 0,
+            tail: &[],
+            tail_at: 0,
         }
     }
 }
 
 impl StackCopy<'_> {
-    fn in_hole(&self, addr: u64) -> bool {
-        let page = addr.wrapping_sub(self.page_base) >> 12;
+    /// Whether the copy's byte at `at` (counted from `page_base`) lies in
+    /// a hole.
+    fn in_hole(&self, at: u64) -> bool {
+        let page = at >> 12;
         page < 64 && self.holes >> page & 1 != 0
     }
 }
 
-/// Read the 8-byte word at `addr` from `stack`, which holds the bytes copied
-/// from address `base`. A word in a hole of the copy is out of it.
+/// Read the 8-byte word at `addr` from `stack`, whose `bytes` were copied
+/// from address `base`. A word in a hole of the copy, or in neither of its
+/// parts, is out of it.
 fn read(stack: StackCopy, base: u64, addr: u64) -> Result<u64, Stop> {
     if addr < base || !addr.is_multiple_of(8) {
         return Err(Stop::BadRead);
     }
-    if stack.in_hole(addr) {
-        return Err(Stop::OutOfCopy);
-    }
-    let off = usize::try_from(addr - base).map_err(|_| Stop::OutOfCopy)?;
-    match stack.bytes.get(off..off.saturating_add(8)) {
+    let head = base.wrapping_sub(stack.page_base);
+    let off = addr - base;
+    let (word, at) = if off < stack.bytes.len() as u64 {
+        (stack.bytes.get(off as usize..off as usize + 8), head + off)
+    } else {
+        match addr.checked_sub(stack.tail_at) {
+            Some(d) if !stack.tail.is_empty() && d < stack.tail.len() as u64 => (
+                stack.tail.get(d as usize..d as usize + 8),
+                head + stack.bytes.len() as u64 + d,
+            ),
+            _ => (None, 0),
+        }
+    };
+    match word {
+        Some(_) if stack.in_hole(at) => Err(Stop::OutOfCopy),
         Some(b) => Ok(u64::from_le_bytes(b.try_into().expect("8 bytes"))),
         None => Err(Stop::OutOfCopy),
     }
@@ -366,5 +386,45 @@ mod tests {
             FRAME_POINTER
         });
         assert_eq!(stop, Stop::BadRead);
+    }
+
+    /// A copy in two parts (a stack deeper than the copy): a frame whose
+    /// return address lies in the tail is walked through; one whose slot
+    /// lies between the parts, or in a hole of the tail, is out of the
+    /// copy.
+    #[test]
+    fn a_copy_in_two_parts_is_read_at_both() {
+        let rsp = 0x7000_0000u64;
+        let word = |v: u64| v.to_le_bytes();
+        // Head: 0x1000 at rsp; its frame is 1 MiB, so its caller 0x2000
+        // is at rsp + 1 MiB, in a tail of one page from there.
+        let mut head = vec![0u8; 4096];
+        head[..8].copy_from_slice(&word(0x1000));
+        let tail_at = rsp + (1 << 20);
+        let mut tail = vec![0u8; 4096];
+        tail[..8].copy_from_slice(&word(0x2000));
+        let rules = |cfa_off: i32| {
+            move |ra: u64| match ra {
+                0x1000 => rsp_rule(cfa_off),
+                _ => Rule::end(),
+            }
+        };
+        let copy = |holes: u64| StackCopy {
+            bytes: &head,
+            holes,
+            page_base: rsp,
+            tail: &tail,
+            tail_at,
+        };
+        let walk = |cfa_off: i32, holes: u64| {
+            let (frames, stop, _) =
+                unwind_with_fp(0x1000, rsp, None, copy(holes), rules(cfa_off), |_| false);
+            (frames, stop)
+        };
+        assert_eq!(walk(1 << 20, 0), (vec![0x1000, 0x2000], Stop::End));
+        // Between the parts.
+        assert_eq!(walk(1 << 19, 0), (vec![0x1000], Stop::OutOfCopy));
+        // The tail's page (the copy's second) a hole.
+        assert_eq!(walk(1 << 20, 0b10), (vec![0x1000], Stop::OutOfCopy));
     }
 }
