@@ -282,9 +282,10 @@ fn go_heap_by_pid_static_stripped_and_cgo() {
     }
 }
 
-/// From launch, at rate 1: read at the program's exit (held there),
-/// counted from its start, exactly; with cgo, its malloc calls exact
-/// beside its Go heap.
+/// From launch, at rate 1, on either engine (`--file-wide`: the host
+/// engine over the command's tree): read at the program's exit (held
+/// there), counted from its start, exactly; with cgo, its malloc calls
+/// exact beside its Go heap.
 #[test]
 fn go_heap_from_launch_static_and_cgo() {
     let dir = bpf_tempdir!();
@@ -292,78 +293,155 @@ fn go_heap_from_launch_static_and_cgo() {
         let Some(exe) = goheap(build) else {
             return;
         };
-        let oracle_path = dir.path().join(format!("{build:?}.launch.pb.gz"));
-        // Its stdin is mtrace's, at its end: it does not wait.
-        let saved = dir.path().join(format!("{build:?}.json"));
-        let out = support::run_mtrace(&[
-            "-o",
-            saved.to_str().unwrap(),
-            "--",
-            exe.to_str().unwrap(),
-            "known",
-            oracle_path.to_str().unwrap(),
-            "1",
-        ]);
-        out.assert_exit(0);
-        let p = Profile::load(&saved);
-        let describe = format!("{build:?}\n{}", out.describe());
-        let heap = &p.doc["go_heaps"][0];
-        assert_eq!(heap["since"], "start", "{describe}");
-        assert_eq!(heap["read_at"], "exit", "{describe}");
-        check_common(&p, &oracle(dir.path(), &oracle_path), &describe);
-        check_exact(&p, "start", &describe);
-        // The saved profile reads back: `mtrace report` shows its Go heap.
-        let report = support::run_mtrace(&["report", saved.to_str().unwrap()]);
-        report.assert_exit(0);
-        assert!(
-            report.stdout.contains("go heap: pid ") && report.stdout.contains("main.afterAttach"),
-            "{}",
-            report.describe()
-        );
-        if let Build::Cgo = build {
-            let (calls, bytes) = p.site("malloc", "c_alloc");
-            assert_eq!((calls, bytes), (1000, 100_000), "{describe}");
+        for engine in [None, Some("--file-wide")] {
+            let oracle_path = dir
+                .path()
+                .join(format!("{build:?}.{engine:?}.launch.pb.gz"));
+            // Its stdin is mtrace's, at its end: it does not wait.
+            let saved = dir.path().join(format!("{build:?}.{engine:?}.json"));
+            let mut args: Vec<&str> = engine.into_iter().collect();
+            args.extend([
+                "-o",
+                saved.to_str().unwrap(),
+                "--",
+                exe.to_str().unwrap(),
+                "known",
+                oracle_path.to_str().unwrap(),
+                "1",
+            ]);
+            let out = support::run_mtrace(&args);
+            out.assert_exit(0);
+            let p = Profile::load(&saved);
+            let describe = format!("{build:?} {engine:?}\n{}", out.describe());
+            let heap = &p.doc["go_heaps"][0];
+            assert_eq!(heap["since"], "start", "{describe}");
+            assert_eq!(heap["read_at"], "exit", "{describe}");
+            check_common(&p, &oracle(dir.path(), &oracle_path), &describe);
+            check_exact(&p, "start", &describe);
+            // The saved profile reads back: `mtrace report` shows its Go
+            // heap.
+            let report = support::run_mtrace(&["report", saved.to_str().unwrap()]);
+            report.assert_exit(0);
+            assert!(
+                report.stdout.contains("go heap: pid ")
+                    && report.stdout.contains("main.afterAttach"),
+                "{}",
+                report.describe()
+            );
+            if let Build::Cgo = build {
+                let (calls, bytes) = p.site("malloc", "c_alloc");
+                assert_eq!((calls, bytes), (1000, 100_000), "{describe}");
+            }
         }
     }
 }
 
-/// `mtrace agent` on a Go program (count mode): `go tool pprof` reads its
-/// Go heap profile, whose bytes in use are the program's own.
+/// `mtrace agent` on a Go program (count mode), by pid and over the
+/// whole host (`--all`, which finds it among every process; `?pid=` its
+/// samples): `go tool pprof` reads its Go heap profile, whose bytes in
+/// use are the program's own.
 #[test]
 fn go_tool_pprof_reads_the_agents_go_heap() {
     let dir = bpf_tempdir!();
     let Some(exe) = goheap(Build::Static) else {
         return;
     };
-    let oracle_path = dir.path().join("agent.pb.gz");
-    let mut fx = FixtureProc::start(exe, &["churn", oracle_path.to_str().unwrap(), "0"]);
-    fx.wait_ready();
-    let pid = fx.pid().to_string();
-    let agent = Agent::start(&["--pid", &pid]);
-    let served = in_use_by_function(dir.path(), &agent.url("/debug/pprof/heap"));
-    // Each sample is one record of the runtime, labelled with its objects'
-    // size once, as Go's own heap profile labels it: main.churn's 4 KiB
-    // blocks, once a collection has published some (within 30 s).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let churn = loop {
-        let (_, samples) = pprof_raw(dir.path(), &agent.url("/debug/pprof/allocs"), &[]);
-        let churn = samples
-            .into_iter()
-            .find(|s| s.functions[0] == "main.churn" && s.values[0] > 0);
-        match churn {
-            Some(s) => break s,
-            None if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(500))
+    for scope in ["--pid", "--all"] {
+        let oracle_path = dir.path().join(format!("agent{scope}.pb.gz"));
+        let mut fx = FixtureProc::start(exe, &["churn", oracle_path.to_str().unwrap(), "0"]);
+        fx.wait_ready();
+        let pid = fx.pid().to_string();
+        let (agent, query) = match scope {
+            "--pid" => (Agent::start(&["--pid", &pid]), String::new()),
+            _ => (Agent::start(&["--all"]), format!("?pid={pid}")),
+        };
+        let served =
+            in_use_by_function(dir.path(), &agent.url(&format!("/debug/pprof/heap{query}")));
+        // Each sample is one record of the runtime, labelled with its
+        // objects' size once, as Go's own heap profile labels it:
+        // main.churn's 4 KiB blocks, once a collection has published some
+        // (within 30 s).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let churn = loop {
+            let allocs = agent.url(&format!("/debug/pprof/allocs{query}"));
+            let (_, samples) = pprof_raw(dir.path(), &allocs, &[]);
+            let churn = samples
+                .into_iter()
+                .find(|s| s.functions[0] == "main.churn" && s.values[0] > 0);
+            match churn {
+                Some(s) => break s,
+                None if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(500))
+                }
+                None => panic!("{scope}: no allocation at main.churn served within 30 s"),
             }
-            None => panic!("no allocation at main.churn served within 30 s"),
+        };
+        assert!(churn.labels.contains("bytes:[4096]"), "{scope}: {churn:?}");
+        let o = oracle(dir.path(), &oracle_path);
+        for func in ["main.keepSmall", "main.keepLarge"] {
+            assert_eq!(
+                served.get(func),
+                o.in_use.get(func),
+                "{scope}: {func}: {served:?}"
+            );
         }
-    };
-    assert!(churn.labels.contains("bytes:[4096]"), "{churn:?}");
-    let o = oracle(dir.path(), &oracle_path);
-    for func in ["main.keepSmall", "main.keepLarge"] {
-        assert_eq!(served.get(func), o.in_use.get(func), "{func}: {served:?}");
+        drop(agent);
     }
-    drop(agent);
+}
+
+/// `--all`: a Go program that ends while the host is traced keeps its
+/// rows as last read (mtrace reads each Go heap every 5 s), said so; at
+/// rate 1, what it keeps is every object of its shapes, exactly.
+#[test]
+fn a_go_program_gone_during_a_host_trace_keeps_its_last_reading() {
+    let dir = bpf_tempdir!();
+    let Some(exe) = goheap(Build::Static) else {
+        return;
+    };
+    let oracle_path = dir.path().join("gone.pb.gz");
+    let mut fx = FixtureProc::start(exe, &["churn", oracle_path.to_str().unwrap(), "0", "1"]);
+    fx.wait_ready();
+    let pid = fx.pid();
+    let json = dir.path().join("all.json");
+    let mut m = support::mtrace::Mtrace::start(&["--all", "-o", json.to_str().unwrap()]);
+    m.wait_tracing();
+    // A look at the host for processes gone (every 5 s) reads it; the
+    // next finds it gone.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    fx.proc.signal(libc::SIGKILL);
+    fx.proc.wait_timeout(std::time::Duration::from_secs(10));
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    m.proc.signal(libc::SIGINT);
+    let out = m.finish();
+    out.assert_exit(0);
+    let describe = out.describe();
+    let p = Profile::load(&json);
+    let heap = p.doc["go_heaps"]
+        .as_array()
+        .and_then(|h| h.iter().find(|h| h["pid"] == pid))
+        .unwrap_or_else(|| panic!("no go heap of pid {pid}\n{describe}"));
+    assert_eq!(heap["since"], "attach", "{describe}");
+    assert_eq!(heap["read_at"], "last", "{describe}");
+    assert!(
+        out.stdout.contains("(read last before it ended)"),
+        "{describe}"
+    );
+    for (func, _, _, size, kept) in &SHAPES[..2] {
+        let in_use: Vec<(u64, u64)> = p.doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["process"]["pid"] == pid && s["object_size"] == *size)
+            .filter(|s| s["frames"][0]["function"] == *func)
+            .map(|s| {
+                (
+                    s["in_use"]["calls"].as_u64().unwrap(),
+                    s["in_use"]["bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(in_use, [(*kept, kept * size)], "{func}\n{describe}");
+    }
 }
 
 /// A Go program whose runtime samples nothing (`MemProfileRate` 0, set

@@ -349,7 +349,9 @@ fn servable(
         ));
     }
     if let Some(pid) = pid {
-        let known = profile.meta.pid == pid || profile.meta.processes.iter().any(|p| p.pid == pid);
+        let known = profile.meta.pid == pid
+            || profile.meta.processes.iter().any(|p| p.pid == pid)
+            || profile.go_heaps.iter().any(|g| g.pid == pid);
         if !known {
             return Err((404, format!("pid {pid} is not among the processes traced")));
         }

@@ -49,8 +49,11 @@ pub struct GoProcess {
     /// nothing (launched by mtrace).
     baseline: HashMap<u64, (u64, u64)>,
     names: Mutex<FrameCache>,
-    /// The reading made while it was held at its exit.
-    at_exit: Option<Reading>,
+    /// The reading made while it was held at its exit (`exit`), or the
+    /// last one made before it ended (`last`, see [`GoProcess::ended`]).
+    at_exit: Option<(Reading, &'static str)>,
+    /// The last reading made while it ran.
+    last: Mutex<Option<Reading>>,
 }
 
 /// One reading of the profile.
@@ -120,6 +123,7 @@ pub fn detect(pid: u32, maps: &[Mapping]) -> Found {
         baseline: HashMap::new(),
         names: Mutex::new(FrameCache::default()),
         at_exit: None,
+        last: Mutex::new(None),
     };
     if let Some(r) = go.read() {
         go.baseline = r
@@ -157,7 +161,35 @@ impl GoProcess {
     /// made now and stands for every later one.
     pub fn keep_exit_reading(&mut self) {
         if self.at_exit.is_none() {
-            self.at_exit = self.read();
+            self.at_exit = self.read().map(|r| (r, "exit"));
+        }
+    }
+
+    /// Reads the profile now and keeps it as the last reading (what
+    /// stands once it has ended, [`GoProcess::ended`]).
+    pub fn refresh(&self) {
+        if let Some(r) = self.read() {
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        }
+    }
+
+    /// It started after mtrace came: its rows count every allocation
+    /// since its start, none of them left out as counted before.
+    pub fn count_from_start(&mut self) {
+        self.baseline.clear();
+    }
+
+    /// It has ended, or exec'd another program (its memory is gone or
+    /// another's): the last reading made while it ran stands for every
+    /// later one.
+    pub fn ended(&mut self) {
+        if self.at_exit.is_none() {
+            self.at_exit = self
+                .last
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .map(|r| (r, "last"));
         }
     }
 
@@ -168,12 +200,16 @@ impl GoProcess {
     /// Its rows and record (or why it has none) added to `profile`.
     pub fn add_to(&self, profile: &mut Profile) {
         let (reading, read_at) = match &self.at_exit {
-            Some(r) => (Some(r.clone()), "exit"),
+            Some((r, at)) => (Some(r.clone()), *at),
             None => (self.read(), "running"),
         };
+        if let (Some(r), None) = (&reading, &self.at_exit) {
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.clone());
+        }
         let Some(reading) = reading else {
             profile.unseen.push(self.unseen(
-                "its memory could not be read (gone before it was held at its exit)".into(),
+                "its memory could not be read (gone before its heap was read at its exit or before)"
+                    .into(),
             ));
             return;
         };

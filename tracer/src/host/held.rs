@@ -2,23 +2,36 @@
 //! each exec: a program with an allocator of its own (a static program,
 //! Rust's allocator shims, its own `operator new`) is probed before its
 //! first instruction, so its first call is counted as under `--pid`.
-//! Every other exec runs on at once. The files of the tree's programs
-//! that no process mapped before are looked at once each.
+//! A Go program is made known before its first instruction, its heap
+//! read from its start, and held at its exit to be read once more, as
+//! from launch on the per-process engine. Every other exec runs on at
+//! once. The files of the tree's programs that no process mapped before
+//! are looked at once each.
 
 use std::{
     collections::HashMap,
-    sync::mpsc::{self, Receiver, SyncSender},
+    sync::mpsc::{self, Receiver, Sender, SyncSender},
     time::Duration,
 };
 
 use super::files::{key_of_path, FileKey};
+use crate::tracee::launch::Holds;
 
-/// One executable with an allocator of its own, for the trace's loop to
-/// probe while its process waits.
+/// What a process of the tree held by the thread that follows it waits
+/// for the trace's loop to do.
+pub enum Held {
+    /// Probe an executable with an allocator of its own.
+    Probe { key: FileKey, exe: String },
+    /// Read the heap of a Go program that exec'd (from its start).
+    GoStarted { pid: u32 },
+    /// Read a Go program's heap once more at its exit.
+    GoExiting { pid: u32 },
+}
+
+/// One thing to do while a process waits.
 pub struct Ask {
-    pub key: FileKey,
-    pub exe: String,
-    /// Answered once the probes are in.
+    pub what: Held,
+    /// Answered once it is done.
     pub done: SyncSender<()>,
 }
 
@@ -26,38 +39,59 @@ pub struct Ask {
 /// answers within one of its polls, unless it is ending.
 const WAIT_AT_MOST: Duration = Duration::from_secs(5);
 
+/// What an executable is, for the hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Kind {
+    own_allocator: bool,
+    go: bool,
+}
+
 /// The trace's end of the hold (its asks), and what the thread that
-/// follows the tree calls at each exec stop. `libc`: the C library a
-/// program with an allocator of its own may bind to beside it.
-pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Box<dyn FnMut(u32) + Send>) {
+/// follows the tree does at each exec stop and at the exit of a process
+/// it holds there. `libc`: the C library a program with an allocator of
+/// its own may bind to beside it. A Go program is held at its exit too,
+/// so that its heap is read with everything it allocated.
+pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
     let (tx, rx) = mpsc::channel();
-    // Whether each executable seen has an allocator of its own.
-    let mut own: HashMap<FileKey, bool> = HashMap::new();
-    let on_exec = move |pid: u32| {
-        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-            return;
-        };
-        let Some(key) = key_of_path(&exe) else {
-            return;
-        };
-        if own.get(&key) == Some(&false) {
-            return;
-        }
-        let exe = exe.to_string_lossy().into_owned();
-        let has_own = *own
-            .entry(key)
-            .or_insert_with(|| has_own_allocator(&exe, &libc));
-        if !has_own {
-            return;
-        }
+    let ask = |tx: &Sender<Ask>, what: Held| {
         let (done, answered) = mpsc::sync_channel(1);
-        if tx.send(Ask { key, exe, done }).is_ok() {
+        if tx.send(Ask { what, done }).is_ok() {
             // An answer that does not come (the trace ending) lets the
             // process go all the same.
             let _ = answered.recv_timeout(WAIT_AT_MOST);
         }
     };
-    (rx, Box::new(on_exec))
+    // What each executable seen is.
+    let mut kinds: HashMap<FileKey, Kind> = HashMap::new();
+    let exec_tx = tx.clone();
+    let on_exec = move |pid: u32| {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return false;
+        };
+        let Some(key) = key_of_path(&exe) else {
+            return false;
+        };
+        let exe = exe.to_string_lossy().into_owned();
+        let kind = *kinds.entry(key).or_insert_with(|| Kind {
+            own_allocator: has_own_allocator(&exe, &libc),
+            go: crate::golang::binary::is_go(std::path::Path::new(&exe)),
+        });
+        if kind.own_allocator {
+            ask(&exec_tx, Held::Probe { key, exe });
+        }
+        if kind.go {
+            ask(&exec_tx, Held::GoStarted { pid });
+        }
+        kind.go
+    };
+    let on_exit = move |pid: u32| ask(&tx, Held::GoExiting { pid });
+    (
+        rx,
+        Holds {
+            on_exec: Box::new(on_exec),
+            on_exit: Box::new(on_exit),
+        },
+    )
 }
 
 /// Whether `exe` defines an allocator entry point a program calls (beside

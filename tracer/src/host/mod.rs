@@ -24,7 +24,7 @@ mod windows;
 pub use self::run::run;
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     fs,
     time::{Duration, Instant},
 };
@@ -39,7 +39,8 @@ use self::{
     processes::Processes,
 };
 use crate::{
-    profile::{merge::Merged, Meta, ProcessMeta, Profile},
+    golang::GoProcess,
+    profile::{merge::Merged, Meta, ProcessMeta, ProcessRef, Profile, Unseen},
     render::text::printable,
     say,
     tracee::{self, launch, RunAs},
@@ -123,7 +124,22 @@ struct Host {
     /// gone (every [`FOLD_EVERY`]).
     allocating: usize,
     stack_prune: StackPrune,
+    /// Go programs in the scope: their own heap, read at each reading
+    /// (what they allocate passes through no allocator file).
+    go: BTreeMap<u32, Box<GoProcess>>,
+    /// Executables looked at for Go, by file: whether each is a Go
+    /// program.
+    go_exes: HashMap<files::FileKey, bool>,
+    /// Go programs made known at their exec stop, whose exec the kernel's
+    /// word has not told yet.
+    go_execd: HashSet<u32>,
+    /// Go programs whose heap cannot be read, one line each (at most
+    /// [`GO_UNSEEN_KEPT`]).
+    go_unseen: Vec<Unseen>,
 }
+
+/// Go programs whose heap cannot be read that are named, at most.
+const GO_UNSEEN_KEPT: usize = 64;
 
 /// `Host::bounded`: gone processes whose rows keep their pid, at most.
 const GONE_WITH_PID: usize = 64;
@@ -199,6 +215,10 @@ impl Host {
                 unreferred: HashSet::new(),
                 removed: 0,
             },
+            go: BTreeMap::new(),
+            go_exes: HashMap::new(),
+            go_execd: HashSet::new(),
+            go_unseen: Vec::new(),
         };
         let me = std::process::id();
         let present = match scope {
@@ -218,6 +238,7 @@ impl Host {
             if let Err(e) = host.probes.add_process(pid, &text) {
                 say!("mtrace: pid {pid}: {e:#}");
             }
+            host.look_for_go(pid, false);
         }
         let installed = installed_allocators();
         host.libc = installed.first().and_then(|set| set.first()).cloned();
@@ -265,6 +286,11 @@ impl Host {
         let path = String::from_utf8_lossy(&e.path[..end]).into_owned();
         self.procs.note(e.tgid, e.mm, Some(&path));
         self.index.note_file(e.tgid, &path);
+        // The Go program it ran before is gone with its memory (unless
+        // this exec's program is the one held at it and known already).
+        if !self.go_execd.remove(&e.tgid) {
+            self.go_ended(e.tgid);
+        }
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
             if self.held_execs {
                 // The process waits at its exec for the thread that
@@ -316,15 +342,25 @@ impl Host {
     /// allocator of its own: probed, then let go.
     fn answer_held(&mut self, asks: &std::sync::mpsc::Receiver<held::Ask>) {
         for ask in asks.try_iter() {
-            if self
-                .probe_executable(ask.key, &ask.exe)
-                .is_some_and(|n| n > 0)
-            {
-                self.note_probed();
-                log::debug!(
-                    "{}: probed at its exec, before its first instruction",
-                    ask.exe
-                );
+            match ask.what {
+                held::Held::Probe { key, exe } => {
+                    if self.probe_executable(key, &exe).is_some_and(|n| n > 0) {
+                        self.note_probed();
+                        log::debug!("{exe}: probed at its exec, before its first instruction");
+                    }
+                }
+                held::Held::GoStarted { pid } => {
+                    // The program it ran before is gone; the kernel's word
+                    // of this exec, which may come after, leaves this one.
+                    self.go_ended(pid);
+                    self.look_for_go(pid, true);
+                    self.go_execd.insert(pid);
+                }
+                held::Held::GoExiting { pid } => {
+                    if let Some(go) = self.go.get_mut(&pid) {
+                        go.keep_exit_reading();
+                    }
+                }
             }
             let _ = ask.done.send(());
         }
@@ -353,6 +389,7 @@ impl Host {
                 continue;
             };
             self.index.note(pid, &text);
+            self.look_for_go(pid, true);
             match self.probes.add_process(pid, &text) {
                 Ok(n) => self.added_late(
                     n,
@@ -366,6 +403,56 @@ impl Host {
         }
     }
 
+    /// Whether process `pid` is a Go program, whose own heap is then read
+    /// at each reading (`new`: it exec'd after mtrace came, and counts
+    /// from its start). Each executable is looked at once.
+    fn look_for_go(&mut self, pid: u32, new: bool) {
+        if self.go.contains_key(&pid) {
+            return;
+        }
+        let Some(key) = files::key_of_path(std::path::Path::new(&format!("/proc/{pid}/exe")))
+        else {
+            return;
+        };
+        if self.go_exes.get(&key) == Some(&false) {
+            return;
+        }
+        let Ok(maps) = tracee::read_maps(pid) else {
+            return;
+        };
+        match crate::golang::detect(pid, &maps) {
+            crate::golang::Found::None => {
+                self.go_exes.insert(key, false);
+            }
+            crate::golang::Found::Go(mut go) => {
+                self.go_exes.insert(key, true);
+                if new {
+                    go.count_from_start();
+                }
+                log::debug!("pid {pid}: {}, its own heap read", go.version());
+                self.go.insert(pid, go);
+            }
+            crate::golang::Found::Unreadable(u) => {
+                self.go_exes.insert(key, true);
+                if self.go_unseen.len() < GO_UNSEEN_KEPT {
+                    self.go_unseen.push(u);
+                }
+            }
+        }
+    }
+
+    /// Go program `pid` has ended or exec'd: its rows as last read join
+    /// those of processes gone.
+    fn go_ended(&mut self, pid: u32) {
+        let Some(mut go) = self.go.remove(&pid) else {
+            return;
+        };
+        go.ended();
+        let mut part = Profile::default();
+        add_go(&go, &mut part);
+        self.ended.add(part);
+    }
+
     /// Moves the rows of processes that are gone out of the kernel's
     /// maps (which then hold the processes alive, and have room for those
     /// to come) into `ended`. A process is gone when `/proc` no longer has
@@ -373,6 +460,17 @@ impl Host {
     /// Its count of program runs goes too.
     fn fold_gone(&mut self) -> Result<()> {
         let exists = |t: &u32| std::path::Path::new(&format!("/proc/{t}")).exists();
+        // Go programs: those gone keep their last reading; the others'
+        // is made now (a program that ends before the next look is
+        // shown as of this one, said `read last before it ended`).
+        let go_gone: Vec<u32> = self.go.keys().copied().filter(|t| !exists(t)).collect();
+        for pid in go_gone {
+            self.go_ended(pid);
+            self.go_execd.remove(&pid);
+        }
+        for go in self.go.values() {
+            go.refresh();
+        }
         let ran_gone: HashSet<u32> = self
             .probes
             .process_runs()
@@ -509,8 +607,12 @@ impl Host {
             .collect::<Vec<_>>()
             .join(", ");
         let walks = self.walks.walks();
-        let live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
+        let mut live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
         drop(walks);
+        for go in self.go.values() {
+            add_go(go, &mut live);
+        }
+        live.unseen.extend(self.go_unseen.iter().cloned());
         if self.ended.get().is_none() {
             return Ok(live);
         }
@@ -524,6 +626,20 @@ impl Host {
         profile.meta.processes = records;
         profile.meta.processes_unlisted = self.unlisted + over as u64;
         Ok(profile)
+    }
+}
+
+/// A Go program's rows, each under its process, and its record, added to
+/// `profile` (their calls are the runtime's samples, scaled: not in the
+/// totals of calls the probes counted).
+fn add_go(go: &GoProcess, profile: &mut Profile) {
+    let from = profile.stacks.len();
+    go.add_to(profile);
+    for st in &mut profile.stacks[from..] {
+        st.process = Some(ProcessRef {
+            pid: go.pid,
+            name: go.name.clone(),
+        });
     }
 }
 

@@ -260,7 +260,7 @@ pub fn launch_held(
     argv: &[String],
     run_as: Option<&RunAs>,
     hold: impl FnOnce(u32) -> Result<()>,
-    on_exec: Option<Box<dyn FnMut(u32) + Send>>,
+    on_exec: Option<Holds>,
 ) -> Result<(u32, tokio::sync::oneshot::Receiver<i32>)> {
     let (c_path, c_args, c_env) = exec_strings(argv, run_as)?;
     let mut gate = [0; 2];
@@ -310,19 +310,26 @@ pub fn launch_held(
 }
 
 /// What a followed tree is seized with: its forks, vforks, clones and
-/// execs (an exit needs no stop: its status says it).
+/// execs (an exit needs no stop: its status says it, unless
+/// [`Holds::on_exec`] asks for it).
 const FOLLOWED: i32 = libc::PTRACE_O_TRACEEXEC
     | libc::PTRACE_O_TRACEFORK
     | libc::PTRACE_O_TRACEVFORK
     | libc::PTRACE_O_TRACECLONE;
 
+/// What the thread that follows a launched tree ([`launch_held`]) does
+/// with its processes.
+pub struct Holds {
+    /// At each exec stop, the new program not yet run: whether to hold
+    /// the process at its exit too (until `on_exit` returns).
+    pub on_exec: Box<dyn FnMut(u32) -> bool + Send>,
+    /// At the exit stop of a process held so, its memory still there.
+    pub on_exit: Box<dyn FnMut(u32) + Send>,
+}
+
 /// Seizes `pid`, waiting at its gate, on a thread of its own that then
 /// follows its tree ([`launch_held`]); returns once it is seized.
-fn follow(
-    pid: u32,
-    mut on_exec: Box<dyn FnMut(u32) + Send>,
-    exit_tx: tokio::sync::oneshot::Sender<i32>,
-) -> Result<()> {
+fn follow(pid: u32, mut holds: Holds, exit_tx: tokio::sync::oneshot::Sender<i32>) -> Result<()> {
     let (seized_tx, seized) = mpsc::channel();
     std::thread::Builder::new()
         .name("mtrace-follow".into())
@@ -336,7 +343,17 @@ fn follow(
             let mut exit_tx = Some(exit_tx);
             let mut on_event = |event: TreeEvent| {
                 match event {
-                    TreeEvent::Execd { pid } => on_exec(pid),
+                    TreeEvent::Execd { pid } => {
+                        // Its forks inherit the options, and each exec
+                        // sets them again.
+                        let exit = if (holds.on_exec)(pid) {
+                            libc::PTRACE_O_TRACEEXIT
+                        } else {
+                            0
+                        };
+                        let _ = ptrace(libc::PTRACE_SETOPTIONS, pid, (FOLLOWED | exit) as usize);
+                    }
+                    TreeEvent::Exiting { pid } => (holds.on_exit)(pid),
                     TreeEvent::Gone { pid: gone, code } if gone == pid => {
                         if let Some(tx) = exit_tx.take() {
                             let _ = tx.send(code);

@@ -218,10 +218,10 @@ pub(super) fn header(profile: &Profile, paint: Paint) -> String {
             } else {
                 "since mtrace came"
             },
-            if g.read_at == "exit" {
-                " (read at its exit)"
-            } else {
-                ""
+            match g.read_at.as_str() {
+                "exit" => " (read at its exit)",
+                "last" => " (read last before it ended)",
+                _ => "",
             }
         );
     }
