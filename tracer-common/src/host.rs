@@ -34,6 +34,10 @@ pub struct HostKey {
     /// ([`crate::stack_hash_step`] over [`host_frame`]s, in
     /// `HOST_STACKS`), 0 when not walked.
     pub stack: u64,
+    /// The calling thread with `--per-thread` (named in `THREAD_NAMES`),
+    /// else 0.
+    pub tid: u32,
+    pub _pad: u32,
 }
 
 /// [`HostKey`]'s process: its id and address space.

@@ -23,7 +23,7 @@ use tracer_common::{
 };
 
 use crate::{
-    aggregate::{bump_counter, current_comm, EEXIST},
+    aggregate::{bump_counter, current_comm, name_thread, EEXIST},
     args::{attach_cookie, call_args},
     chunk::load_chunk,
     handover::send_miss,
@@ -73,6 +73,11 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         return 0;
     }
     let size = call_args(ctx, cookie).0;
+    let tid = if config_u32(&CONFIG.per_thread) != 0 {
+        bpf_get_current_pid_tgid() as u32
+    } else {
+        0
+    };
     add(HOST_TOTALS.get_ptr_mut(func), 1);
     add(HOST_TOTALS.get_ptr_mut(MAX_HOST_FUNCS + func), size);
     let walks = ret != 0 && config_u32(&CONFIG.max_frames) != 0;
@@ -82,7 +87,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     }
     let stack = match scratch {
         Some(w) => {
-            let stack = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size);
+            let stack = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
             if stack == HANDED_OVER {
                 give_back_scratch(scratch);
                 name_process(tgid, mm);
@@ -98,6 +103,8 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         mm,
         ret,
         stack,
+        tid,
+        _pad: 0,
     };
     let counted = count_key(&key, size, tgid, mm, ret, scratch);
     give_back_scratch(scratch);
@@ -139,6 +146,7 @@ fn walk(
     func: u32,
     ret: u64,
     size: u64,
+    tid: u32,
 ) -> u64 {
     let (sp, bp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip) };
     if !load_chunk(w, sp) {
@@ -165,7 +173,7 @@ fn walk(
     if w.host_exe != 0 {
         let _ = host_place(level_of(w), gen, w.host_exe);
     }
-    if send_miss(w, func, 0, ret, 1, size).is_some() {
+    if send_miss(w, func, tid, ret, 1, size).is_some() {
         return HANDED_OVER;
     }
     let why = match w.stack.stop {
@@ -206,7 +214,12 @@ fn count_key(
     };
     caller_place(ret, &mut first);
     match HOST_COUNTS.insert(key, &first, BPF_NOEXIST as u64) {
-        Ok(()) => name_process(tgid, mm),
+        Ok(()) => {
+            name_process(tgid, mm);
+            if key.tid != 0 {
+                name_thread(key.tid);
+            }
+        }
         Err(e) if e == -EEXIST => match HOST_COUNTS.get_ptr_mut(key) {
             Some(v) => add_value(v, size),
             None => bump_counter(counter::MAP_FULL, 1),

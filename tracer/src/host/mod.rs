@@ -183,9 +183,10 @@ impl Host {
         sizes: &crate::probes::MapSizes,
         max_frames: u32,
         runs: bool,
+        per_thread: bool,
         scope: &HostScope,
     ) -> Result<Host> {
-        let probes = HostProbes::load(sizes, max_frames, runs, scope.kind())?;
+        let probes = HostProbes::load(sizes, max_frames, runs, per_thread, scope.kind())?;
         let walks = walker::HostWalker::start(&probes.ebpf, probes.max_frames)?;
         let capacity = match probes.ebpf.map(maps::HOST_STACKS) {
             Some(aya::maps::Map::HashMap(m)) => m.info().map_or(0, |i| i.max_entries()),
@@ -500,6 +501,12 @@ impl Host {
             keys.into_iter().partition(|k| gone.contains(&k.tgid));
         keys = ended_keys;
         let walked = walks.take_rows_of(&gone);
+        let tids: HashSet<u32> = keys
+            .iter()
+            .chain(walked.iter().map(|(k, _)| k))
+            .map(|k| k.tid)
+            .filter(|&t| t != 0)
+            .collect();
         let mut part = read::gone_profile(
             &self.probes,
             &mut self.index,
@@ -525,6 +532,16 @@ impl Host {
             .collect();
         for p in &named {
             let _ = names.remove(p);
+        }
+        // `--per-thread`: the names of their threads, read with their rows.
+        if !tids.is_empty() {
+            let mut threads: BpfHashMap<&mut MapData, u32, Comm> = BpfHashMap::try_from(
+                ebpf.map_mut(maps::THREAD_NAMES)
+                    .context("THREAD_NAMES map")?,
+            )?;
+            for t in &tids {
+                let _ = threads.remove(t);
+            }
         }
         self.procs.forget(&gone);
         self.stack_prune.left += keys.iter().map(|k| k.stack).collect::<HashSet<_>>().len();

@@ -83,9 +83,10 @@ impl HostProbes {
         sizes: &probes::MapSizes,
         max_frames: u32,
         runs: bool,
+        per_thread: bool,
         scope: u32,
     ) -> Result<HostProbes> {
-        let mut ebpf = probes::load_host(sizes, max_frames, runs, scope)?;
+        let mut ebpf = probes::load_host(sizes, max_frames, runs, per_thread, scope)?;
         let object = probes::bpf_object()?;
         let mut programs = multi::load(&object, &ebpf, &[maps::HOST_ALLOC])?;
         let program = programs.pop().context("the host program")?;

@@ -16,7 +16,7 @@ use tracer_common::{
 use super::{files::FileIndex, probes::HostProbes, walks::HostWalks, Processes};
 use crate::profile::{
     Counts, Frame, HostLosses, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry,
-    StackQuality, Totals,
+    StackQuality, Thread, Totals,
 };
 
 /// Each key's counts and its return address's place (looked up by the
@@ -142,6 +142,22 @@ fn profile_of(
             let comm = names.get(&p, 0).map(|c| comm_text(&c)).unwrap_or_default();
             processes.meta(p, &comm)
         });
+    }
+
+    // `--per-thread`: the threads' names, as each was at its first key.
+    let mut threads: HashMap<u32, String> = HashMap::new();
+    if rows.iter().any(|(k, _)| k.tid != 0) {
+        let map: BpfHashMap<&MapData, u32, Comm> =
+            BpfHashMap::try_from(ebpf.map(maps::THREAD_NAMES).context("THREAD_NAMES map")?)?;
+        for (k, _) in &rows {
+            if k.tid != 0 && !threads.contains_key(&k.tid) {
+                let name = map
+                    .get(&k.tid, 0)
+                    .map(|c| comm_text(&c))
+                    .unwrap_or_default();
+                threads.insert(k.tid, name);
+            }
+        }
     }
 
     // Each row's stack above its caller: the kernel's walk, or the
@@ -286,7 +302,10 @@ fn profile_of(
             func: func_name(k.func),
             frames: all,
             truncated: walking && stop != Some(stop::END),
-            thread: None,
+            thread: (k.tid != 0).then(|| Thread {
+                tid: k.tid,
+                name: threads.get(&k.tid).cloned().unwrap_or_default(),
+            }),
             process: Some(ProcessRef { pid: k.tgid, name }),
             counts: c,
             live: None,
@@ -325,6 +344,7 @@ fn profile_of(
         stack_walk_failed: sum(counter::STACK_WALK_FAILED)?,
         map_full: sum(counter::MAP_FULL)?,
         caller_unreadable: sum(counter::CALLER_READ_FAILED)?,
+        thread_names_full: sum(counter::THREAD_NAMES_FULL)?,
         host: Some(HostLosses {
             exec_events_lost: sum(counter::HOST_EXECS_LOST)?,
             process_names_full: sum(counter::HOST_NAMES_FULL)?,

@@ -64,6 +64,7 @@ pub fn run(
         &config.sizes,
         config.mode.max_frames,
         config.windows.is_some(),
+        config.outputs.table.per_thread,
         &scope,
     )?;
     if server.is_some() {

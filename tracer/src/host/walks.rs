@@ -416,6 +416,8 @@ impl HostWalks {
             mm: ev.mm,
             ret: ev.caller,
             stack: stack_key(&frames, stop),
+            tid: ev.tid,
+            _pad: 0,
         };
         self.stacks
             .entry(key.stack)

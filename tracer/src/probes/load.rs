@@ -151,9 +151,15 @@ fn host_rules(sizes: &MapSizes) -> u32 {
 /// direct caller only, `host_counts` keys, each process's runs counted
 /// when `runs` (the windows policy); the maps of the per-process programs
 /// at their smallest.
-pub fn load_host(sizes: &MapSizes, max_frames: u32, runs: bool, scope: u32) -> Result<Ebpf> {
+pub fn load_host(
+    sizes: &MapSizes,
+    max_frames: u32,
+    runs: bool,
+    per_thread: bool,
+    scope: u32,
+) -> Result<Ebpf> {
     let config = Box::new(Config {
-        per_thread: 0,
+        per_thread: per_thread as u32,
         live: 0,
         sample_mode: SAMPLE_NONE,
         max_frames: max_frames.min(tracer_common::MAX_FRAMES as u32),

@@ -105,12 +105,6 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
         _ => None,
     };
     if config.target == Target::Host || args.file_wide {
-        if config.outputs.table.per_thread {
-            return Err(anyhow::Error::new(UserError::with_code(
-                "--all and --file-wide count per process, not per thread",
-                EXIT_USAGE,
-            )));
-        }
         return crate::host::run(config, top, server, run_as);
     }
     tracee::check_privileges()?;
