@@ -173,6 +173,11 @@ impl GoProcess {
         }
     }
 
+    /// Whether a reading stands for it once it has ended.
+    pub fn has_reading(&self) -> bool {
+        self.at_exit.is_some()
+    }
+
     /// It started after mtrace came: its rows count every allocation
     /// since its start, none of them left out as counted before.
     pub fn count_from_start(&mut self) {

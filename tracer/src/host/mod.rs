@@ -130,6 +130,8 @@ struct Host {
     /// Executables looked at for Go, by file: whether each is a Go
     /// program.
     go_exes: HashMap<files::FileKey, bool>,
+    /// Go programs gone before their heap was read.
+    go_unread: GoUnread,
     /// Go programs made known at their exec stop, whose exec the kernel's
     /// word has not told yet.
     go_execd: HashSet<u32>,
@@ -140,6 +142,36 @@ struct Host {
 
 /// Go programs whose heap cannot be read that are named, at most.
 const GO_UNSEEN_KEPT: usize = 64;
+
+/// Go programs of the scope gone before their heap was read: how many,
+/// and the last one.
+#[derive(Default)]
+struct GoUnread {
+    n: u64,
+    last: Option<(u32, String)>,
+}
+
+impl GoUnread {
+    fn push(&mut self, pid: u32, name: &str) {
+        self.n += 1;
+        self.last = Some((pid, name.to_string()));
+    }
+
+    /// Their one line: the last one's, with how many more.
+    fn line(&self) -> Option<Unseen> {
+        let (pid, name) = self.last.clone()?;
+        let name = match self.n {
+            1 => name,
+            n => format!("{name} and {} more Go programs", n - 1),
+        };
+        Some(Unseen {
+            pid,
+            name,
+            heap: "go heap".into(),
+            why: "gone before mtrace read its heap (it reads each every 5 s, and at a followed tree's exits)".into(),
+        })
+    }
+}
 
 /// `Host::bounded`: gone processes whose rows keep their pid, at most.
 const GONE_WITH_PID: usize = 64;
@@ -219,6 +251,7 @@ impl Host {
             go: BTreeMap::new(),
             go_exes: HashMap::new(),
             go_execd: HashSet::new(),
+            go_unread: GoUnread::default(),
             go_unseen: Vec::new(),
         };
         let me = std::process::id();
@@ -449,6 +482,12 @@ impl Host {
             return;
         };
         go.ended();
+        if !go.has_reading() {
+            // Gone before any reading (it lived less than the 5 s
+            // between them): one line for all such.
+            self.go_unread.push(go.pid, &go.name);
+            return;
+        }
         let mut part = Profile::default();
         add_go(&go, &mut part);
         self.ended.add(part);
@@ -630,6 +669,7 @@ impl Host {
             add_go(go, &mut live);
         }
         live.unseen.extend(self.go_unseen.iter().cloned());
+        live.unseen.extend(self.go_unread.line());
         if self.ended.get().is_none() {
             return Ok(live);
         }
