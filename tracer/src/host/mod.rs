@@ -130,7 +130,8 @@ struct Host {
     /// Executables looked at for Go, by file: whether each is a Go
     /// program.
     go_exes: HashMap<files::FileKey, bool>,
-    /// Go programs gone before their heap was read.
+    /// Go programs gone without rows (before their heap was read, or
+    /// sampling nothing), by why.
     go_unread: GoUnread,
     /// Go programs made known at their exec stop, whose exec the kernel's
     /// word has not told yet.
@@ -143,32 +144,29 @@ struct Host {
 /// Go programs whose heap cannot be read that are named, at most.
 const GO_UNSEEN_KEPT: usize = 64;
 
-/// Go programs of the scope gone before their heap was read: how many,
-/// and the last one.
-#[derive(Default)]
+/// Go programs of the scope gone without rows, by why (a handful of
+/// reasons: bounded whatever the number of programs): how many, and the
+/// last one.
+#[derive(Clone, Default)]
 struct GoUnread {
-    n: u64,
-    last: Option<(u32, String)>,
+    by_why: BTreeMap<String, (u64, Unseen)>,
 }
 
 impl GoUnread {
-    fn push(&mut self, pid: u32, name: &str) {
-        self.n += 1;
-        self.last = Some((pid, name.to_string()));
+    fn push(&mut self, u: Unseen) {
+        let entry = self.by_why.entry(u.why.clone()).or_insert((0, u.clone()));
+        entry.0 += 1;
+        entry.1 = u;
     }
 
-    /// Their one line: the last one's, with how many more.
-    fn line(&self) -> Option<Unseen> {
-        let (pid, name) = self.last.clone()?;
-        let name = match self.n {
-            1 => name,
-            n => format!("{name} and {} more Go programs", n - 1),
-        };
-        Some(Unseen {
-            pid,
-            name,
-            heap: "go heap".into(),
-            why: "gone before mtrace read its heap (it reads each every 5 s, and at a followed tree's exits)".into(),
+    /// A line per why: the last one's, with how many more.
+    fn lines(&self) -> impl Iterator<Item = Unseen> + '_ {
+        self.by_why.values().map(|(n, u)| Unseen {
+            name: match n {
+                1 => u.name.clone(),
+                n => format!("{} and {} more Go programs", u.name, n - 1),
+            },
+            ..u.clone()
         })
     }
 }
@@ -482,14 +480,26 @@ impl Host {
             return;
         };
         go.ended();
-        if !go.has_reading() {
+        let mut part = Profile::default();
+        if go.has_reading() {
+            add_go(&go, &mut part);
+        } else {
             // Gone before any reading (it lived less than the 5 s
-            // between them): one line for all such.
-            self.go_unread.push(go.pid, &go.name);
+            // between them).
+            part.unseen.push(Unseen {
+                pid: go.pid,
+                name: go.name.clone(),
+                heap: "go heap".into(),
+                why: "gone before mtrace read its heap (it reads each every 5 s, and at a followed tree's exits)".into(),
+            });
+        }
+        if part.stacks.is_empty() && part.go_heaps.is_empty() {
+            // Nothing but why it has no rows: one line for all such.
+            for u in part.unseen {
+                self.go_unread.push(u);
+            }
             return;
         }
-        let mut part = Profile::default();
-        add_go(&go, &mut part);
         self.ended.add(part);
     }
 
@@ -665,11 +675,24 @@ impl Host {
         let walks = self.walks.walks();
         let mut live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
         drop(walks);
+        // Those ended (held at their exit) without rows join the lines of
+        // those gone so.
+        let mut unread = self.go_unread.clone();
         for go in self.go.values() {
-            add_go(go, &mut live);
+            let mut part = Profile::default();
+            add_go(go, &mut part);
+            if go.has_reading() && part.stacks.is_empty() && part.go_heaps.is_empty() {
+                for u in part.unseen {
+                    unread.push(u);
+                }
+                continue;
+            }
+            live.stacks.extend(part.stacks);
+            live.go_heaps.extend(part.go_heaps);
+            live.unseen.extend(part.unseen);
         }
         live.unseen.extend(self.go_unseen.iter().cloned());
-        live.unseen.extend(self.go_unread.line());
+        live.unseen.extend(unread.lines());
         if self.ended.get().is_none() {
             return Ok(live);
         }
