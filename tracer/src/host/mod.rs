@@ -12,6 +12,7 @@
 //! docs/counting.md).
 
 mod files;
+mod go;
 mod held;
 mod probes;
 mod processes;
@@ -24,7 +25,7 @@ mod windows;
 pub use self::run::run;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{HashSet, VecDeque},
     fs,
     time::{Duration, Instant},
 };
@@ -39,8 +40,7 @@ use self::{
     processes::Processes,
 };
 use crate::{
-    golang::GoProcess,
-    profile::{merge::Merged, Meta, ProcessMeta, ProcessRef, Profile, Unseen},
+    profile::{merge::Merged, Meta, ProcessMeta, Profile},
     render::text::printable,
     say,
     tracee::{self, launch, RunAs},
@@ -124,51 +124,8 @@ struct Host {
     /// gone (every [`FOLD_EVERY`]).
     allocating: usize,
     stack_prune: StackPrune,
-    /// Go programs in the scope: their own heap, read at each reading
-    /// (what they allocate passes through no allocator file).
-    go: BTreeMap<u32, Box<GoProcess>>,
-    /// Executables looked at for Go, by file: whether each is a Go
-    /// program.
-    go_exes: HashMap<files::FileKey, bool>,
-    /// Go programs gone without rows (before their heap was read, or
-    /// sampling nothing), by why.
-    go_unread: GoUnread,
-    /// Go programs made known at their exec stop, whose exec the kernel's
-    /// word has not told yet.
-    go_execd: HashSet<u32>,
-    /// Go programs whose heap cannot be read, one line each (at most
-    /// [`GO_UNSEEN_KEPT`]).
-    go_unseen: Vec<Unseen>,
-}
-
-/// Go programs whose heap cannot be read that are named, at most.
-const GO_UNSEEN_KEPT: usize = 64;
-
-/// Go programs of the scope gone without rows, by why (a handful of
-/// reasons: bounded whatever the number of programs): how many, and the
-/// last one.
-#[derive(Clone, Default)]
-struct GoUnread {
-    by_why: BTreeMap<String, (u64, Unseen)>,
-}
-
-impl GoUnread {
-    fn push(&mut self, u: Unseen) {
-        let entry = self.by_why.entry(u.why.clone()).or_insert((0, u.clone()));
-        entry.0 += 1;
-        entry.1 = u;
-    }
-
-    /// A line per why: the last one's, with how many more.
-    fn lines(&self) -> impl Iterator<Item = Unseen> + '_ {
-        self.by_why.values().map(|(n, u)| Unseen {
-            name: match n {
-                1 => u.name.clone(),
-                n => format!("{} and {} more Go programs", u.name, n - 1),
-            },
-            ..u.clone()
-        })
-    }
+    /// The scope's Go programs: their own heaps.
+    go: go::GoHeaps,
 }
 
 /// `Host::bounded`: gone processes whose rows keep their pid, at most.
@@ -246,11 +203,7 @@ impl Host {
                 unreferred: HashSet::new(),
                 removed: 0,
             },
-            go: BTreeMap::new(),
-            go_exes: HashMap::new(),
-            go_execd: HashSet::new(),
-            go_unread: GoUnread::default(),
-            go_unseen: Vec::new(),
+            go: go::GoHeaps::default(),
         };
         let me = std::process::id();
         let present = match scope {
@@ -270,7 +223,7 @@ impl Host {
             if let Err(e) = host.probes.add_process(pid, &text) {
                 say!("mtrace: pid {pid}: {e:#}");
             }
-            host.look_for_go(pid, false);
+            host.go.look(pid, false);
         }
         let installed = installed_allocators();
         host.libc = installed.first().and_then(|set| set.first()).cloned();
@@ -318,10 +271,9 @@ impl Host {
         let path = String::from_utf8_lossy(&e.path[..end]).into_owned();
         self.procs.note(e.tgid, e.mm, Some(&path));
         self.index.note_file(e.tgid, &path);
-        // The Go program it ran before is gone with its memory (unless
-        // this exec's program is the one held at it and known already).
-        if !self.go_execd.remove(&e.tgid) {
-            self.go_ended(e.tgid);
+        // The Go program it ran before is gone with its memory.
+        if let Some(part) = self.go.execd(e.tgid) {
+            self.ended.add(part);
         }
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
             if self.held_execs {
@@ -382,17 +334,11 @@ impl Host {
                     }
                 }
                 held::Held::GoStarted { pid } => {
-                    // The program it ran before is gone; the kernel's word
-                    // of this exec, which may come after, leaves this one.
-                    self.go_ended(pid);
-                    self.look_for_go(pid, true);
-                    self.go_execd.insert(pid);
-                }
-                held::Held::GoExiting { pid } => {
-                    if let Some(go) = self.go.get_mut(&pid) {
-                        go.keep_exit_reading();
+                    if let Some(part) = self.go.started_at_exec(pid) {
+                        self.ended.add(part);
                     }
                 }
+                held::Held::GoExiting { pid } => self.go.exiting(pid),
             }
             let _ = ask.done.send(());
         }
@@ -421,7 +367,7 @@ impl Host {
                 continue;
             };
             self.index.note(pid, &text);
-            self.look_for_go(pid, true);
+            self.go.look(pid, true);
             match self.probes.add_process(pid, &text) {
                 Ok(n) => self.added_late(
                     n,
@@ -435,74 +381,6 @@ impl Host {
         }
     }
 
-    /// Whether process `pid` is a Go program, whose own heap is then read
-    /// at each reading (`new`: it exec'd after mtrace came, and counts
-    /// from its start). Each executable is looked at once.
-    fn look_for_go(&mut self, pid: u32, new: bool) {
-        if self.go.contains_key(&pid) {
-            return;
-        }
-        let Some(key) = files::key_of_path(std::path::Path::new(&format!("/proc/{pid}/exe")))
-        else {
-            return;
-        };
-        if self.go_exes.get(&key) == Some(&false) {
-            return;
-        }
-        let Ok(maps) = tracee::read_maps(pid) else {
-            return;
-        };
-        match crate::golang::detect(pid, &maps) {
-            crate::golang::Found::None => {
-                self.go_exes.insert(key, false);
-            }
-            crate::golang::Found::Go(mut go) => {
-                self.go_exes.insert(key, true);
-                if new {
-                    go.count_from_start();
-                }
-                log::debug!("pid {pid}: {}, its own heap read", go.version());
-                self.go.insert(pid, go);
-            }
-            crate::golang::Found::Unreadable(u) => {
-                self.go_exes.insert(key, true);
-                if self.go_unseen.len() < GO_UNSEEN_KEPT {
-                    self.go_unseen.push(u);
-                }
-            }
-        }
-    }
-
-    /// Go program `pid` has ended or exec'd: its rows as last read join
-    /// those of processes gone.
-    fn go_ended(&mut self, pid: u32) {
-        let Some(mut go) = self.go.remove(&pid) else {
-            return;
-        };
-        go.ended();
-        let mut part = Profile::default();
-        if go.has_reading() {
-            add_go(&go, &mut part);
-        } else {
-            // Gone before any reading (it lived less than the 5 s
-            // between them).
-            part.unseen.push(Unseen {
-                pid: go.pid,
-                name: go.name.clone(),
-                heap: "go heap".into(),
-                why: "gone before mtrace read its heap (it reads each every 5 s, and at a followed tree's exits)".into(),
-            });
-        }
-        if part.stacks.is_empty() && part.go_heaps.is_empty() {
-            // Nothing but why it has no rows: one line for all such.
-            for u in part.unseen {
-                self.go_unread.push(u);
-            }
-            return;
-        }
-        self.ended.add(part);
-    }
-
     /// Moves the rows of processes that are gone out of the kernel's
     /// maps (which then hold the processes alive, and have room for those
     /// to come) into `ended`. A process is gone when `/proc` no longer has
@@ -510,16 +388,8 @@ impl Host {
     /// Its count of program runs goes too.
     fn fold_gone(&mut self) -> Result<()> {
         let exists = |t: &u32| std::path::Path::new(&format!("/proc/{t}")).exists();
-        // Go programs: those gone keep their last reading; the others'
-        // is made now (a program that ends before the next look is
-        // shown as of this one, said `read last before it ended`).
-        let go_gone: Vec<u32> = self.go.keys().copied().filter(|t| !exists(t)).collect();
-        for pid in go_gone {
-            self.go_ended(pid);
-            self.go_execd.remove(&pid);
-        }
-        for go in self.go.values() {
-            go.refresh();
+        for part in self.go.fold() {
+            self.ended.add(part);
         }
         let ran_gone: HashSet<u32> = self
             .probes
@@ -675,24 +545,7 @@ impl Host {
         let walks = self.walks.walks();
         let mut live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
         drop(walks);
-        // Those ended (held at their exit) without rows join the lines of
-        // those gone so.
-        let mut unread = self.go_unread.clone();
-        for go in self.go.values() {
-            let mut part = Profile::default();
-            add_go(go, &mut part);
-            if go.has_reading() && part.stacks.is_empty() && part.go_heaps.is_empty() {
-                for u in part.unseen {
-                    unread.push(u);
-                }
-                continue;
-            }
-            live.stacks.extend(part.stacks);
-            live.go_heaps.extend(part.go_heaps);
-            live.unseen.extend(part.unseen);
-        }
-        live.unseen.extend(self.go_unseen.iter().cloned());
-        live.unseen.extend(unread.lines());
+        self.go.add_to(&mut live);
         if self.ended.get().is_none() {
             return Ok(live);
         }
@@ -706,20 +559,6 @@ impl Host {
         profile.meta.processes = records;
         profile.meta.processes_unlisted = self.unlisted + over as u64;
         Ok(profile)
-    }
-}
-
-/// A Go program's rows, each under its process, and its record, added to
-/// `profile` (their calls are the runtime's samples, scaled: not in the
-/// totals of calls the probes counted).
-fn add_go(go: &GoProcess, profile: &mut Profile) {
-    let from = profile.stacks.len();
-    go.add_to(profile);
-    for st in &mut profile.stacks[from..] {
-        st.process = Some(ProcessRef {
-            pid: go.pid,
-            name: go.name.clone(),
-        });
     }
 }
 
