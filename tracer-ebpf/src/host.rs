@@ -45,7 +45,8 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     if !enabled() {
         return 0;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
     if HOST_SELF.get(0).is_some_and(|me| *me == tgid) || !in_scope(tgid) {
         return 0;
     }
@@ -74,7 +75,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     }
     let size = call_args(ctx, cookie).0;
     let tid = if config_u32(&CONFIG.per_thread) != 0 {
-        bpf_get_current_pid_tgid() as u32
+        pid_tgid as u32
     } else {
         0
     };

@@ -103,12 +103,11 @@ impl GoHeaps {
     /// the next look is shown as of this one, said `read last before it
     /// ended`).
     pub fn fold(&mut self) -> Vec<Profile> {
-        let exists = |t: &u32| std::path::Path::new(&format!("/proc/{t}")).exists();
         let gone: Vec<u32> = self
             .running
             .keys()
             .copied()
-            .filter(|t| !exists(t))
+            .filter(|&t| !tracee::cgroup::is_alive(t))
             .collect();
         let parts = gone
             .iter()

@@ -387,7 +387,7 @@ impl Host {
     /// it; its keys are read, then deleted: no call of it can come after.
     /// Its count of program runs goes too.
     fn fold_gone(&mut self) -> Result<()> {
-        let exists = |t: &u32| std::path::Path::new(&format!("/proc/{t}")).exists();
+        let exists = |&t: &u32| tracee::cgroup::is_alive(t);
         for part in self.go.fold() {
             self.ended.add(part);
         }

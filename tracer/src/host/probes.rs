@@ -139,7 +139,7 @@ impl HostProbes {
         let listed: Vec<u32> = pids.keys().filter_map(|k| k.ok()).collect();
         let (alive, gone): (Vec<u32>, Vec<u32>) = listed
             .into_iter()
-            .partition(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+            .partition(|&p| crate::tracee::cgroup::is_alive(p));
         for p in gone {
             let _ = pids.remove(&p);
         }

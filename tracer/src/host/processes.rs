@@ -92,9 +92,7 @@ impl Processes {
         self.metas
             .keys()
             .map(|p| p.tgid)
-            .filter(|t| {
-                !counted.contains(t) && !std::path::Path::new(&format!("/proc/{t}")).exists()
-            })
+            .filter(|t| !counted.contains(t) && !crate::tracee::cgroup::is_alive(*t))
             .collect()
     }
 
