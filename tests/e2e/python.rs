@@ -8,10 +8,12 @@
 //! This file holds the chain across versions, by launch and by pid, and
 //! what is said of an interpreter whose frames cannot be read;
 //! `stacks` holds threads and a stack too deep to keep, `objects`
-//! `--python-objects` and live mode, `oracles` memray and py-spy. The
+//! `--python-objects` and live mode, `oracles` memray and py-spy, `host`
+//! the host engine (`--file-wide --`, `--all`). The
 //! scripts are tests/fixtures/python/*.py; the helpers they share are
 //! support/python.rs.
 
+mod host;
 mod objects;
 mod oracles;
 mod stacks;

@@ -104,5 +104,8 @@ pub mod counter {
     /// Host scope: processes the runs table had no room for (their runs
     /// are not counted, so the windows policy sees fewer).
     pub const HOST_RUNS_FULL: u32 = MAP_FULL + 33;
-    pub const N: u32 = MAP_FULL + 34;
+    /// Host scope: Python processes the table of interpreter layouts had
+    /// no room for (their stacks have native frames only).
+    pub const HOST_PYTHON_FULL: u32 = MAP_FULL + 34;
+    pub const N: u32 = MAP_FULL + 35;
 }

@@ -180,13 +180,21 @@ pub struct VmaOffsets {
 /// [`VmaOffsets`] into it lies below this).
 pub const VMA_COPY: usize = 256;
 
-/// A frame of the host scope's stacks in a file: bit 63 set, the file's
-/// tag (`HOST_FILE_TAGS`) in bits 40-62 and the return address's offset in
+/// A frame of the host scope's stacks in a file: bit 60 set, the file's
+/// tag (`HOST_FILE_TAGS`) in bits 40-55 and the return address's offset in
 /// the file below: the same in every process that maps the file, and
-/// meaningful once they are gone. A frame without bit 63 is the return
+/// meaningful once they are gone. A frame without bit 60 is the return
 /// address itself (code in no file, or whose mapping could not be looked
-/// up).
-pub const HOST_FRAME_IN_FILE: u64 = 1 << 63;
+/// up). Bit 60 is clear in a Python frame's first word, whose bit 63
+/// ([`crate::PY_FRAME`]) no native frame has.
+pub const HOST_FRAME_IN_FILE: u64 = 1 << 60;
+
+const _: () = assert!(
+    HOST_FRAME_IN_FILE
+        & (crate::PY_FRAME | crate::PY_ENTRY | crate::PY_CUT_MARK | crate::PY_CODE_MASK)
+        == 0
+        && ((MAX_HOST_TAGS as u64 - 1) << HOST_TAG_SHIFT) < HOST_FRAME_IN_FILE
+);
 
 /// Where a [`HOST_FRAME_IN_FILE`] frame's tag starts.
 pub const HOST_TAG_SHIFT: u32 = 40;
@@ -251,6 +259,11 @@ pub struct HostVma {
     pub tag: u32,
     pub _pad: u32,
 }
+
+/// The incarnation of a process the table (`HOST_GENS`) had no room for:
+/// its mappings are never remembered, and whether it exec'd since a walk
+/// cannot be told.
+pub const HOST_GEN_NONE: u64 = u64::MAX;
 
 /// `HOST_NEXT`'s slots: the next process incarnation and the next tag.
 pub const HOST_NEXT_GEN: u32 = 0;

@@ -88,8 +88,17 @@ pub const HOST_SCOPE_PIDS: &str = "HOST_SCOPE_PIDS";
 /// v2 ids in scope (value 1), each with its descendants.
 pub const HOST_SCOPE_CGROUPS: &str = "HOST_SCOPE_CGROUPS";
 
+/// Host scope: the interpreter layout of each process running CPython
+/// (by process id), put in by the tracer once it has learned it.
+pub const HOST_PYTHON: &str = "HOST_PYTHON";
+/// Host scope: the interpreter layout each file tagged (`HOST_FILE_TAGS`)
+/// holds, its `runtime` from the file's code mapping's base: the first
+/// walk of a process whose direct caller is in such a file puts the
+/// process's layout into `HOST_PYTHON` itself.
+pub const HOST_PY_FILES: &str = "HOST_PY_FILES";
+
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 35] = [
+pub const ALL_MAPS: [&str; 37] = [
     COUNTS,
     STACKS,
     COUNTERS,
@@ -125,6 +134,8 @@ pub const ALL_MAPS: [&str; 35] = [
     HOST_NEXT,
     HOST_SCOPE_PIDS,
     HOST_SCOPE_CGROUPS,
+    HOST_PYTHON,
+    HOST_PY_FILES,
 ];
 
 /// The host scope's programs: every allocating entry point, file-wide,

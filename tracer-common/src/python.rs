@@ -187,6 +187,9 @@ pub struct PythonLayout {
 pub struct PyNotice {
     /// Words in `words` (two per frame).
     pub n: u32,
-    pub _pad: u32,
+    /// The host scope's: the process and its address space, whose code
+    /// objects these are (0 on a traced process's own ring).
+    pub tgid: u32,
+    pub mm: u64,
     pub words: [u64; 2 * PY_MAX_FRAMES],
 }

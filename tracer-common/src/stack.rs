@@ -132,6 +132,9 @@ pub struct WalkScratch {
     /// The host scope's walk handed to the tracer: an address in the
     /// executable's code (`mm_struct.start_code`, 0: unknown).
     pub host_exe: u64,
+    /// The host scope's walk of a process running CPython: its layout,
+    /// copied from `HOST_PYTHON` (`runtime` 0: none, no Python frames).
+    pub host_py: crate::PythonLayout,
 }
 
 /// Walks each CPU remembers ([`WalkMemo`]), direct-mapped by direct caller

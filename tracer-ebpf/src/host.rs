@@ -4,8 +4,11 @@
 //! counted under its process, its function and its direct caller's place
 //! in the caller's file (device, inode, offset, looked up with
 //! `bpf_find_vma`), so that a process gone before the tracer reads the
-//! counts is still symbolized. No stack walk: unwind rules are per
-//! process, and this scope has no per-process state.
+//! counts is still symbolized, and under its stack, walked by rules kept
+//! by file and offset (shared by every process that maps the file; a walk
+//! that meets an offset without one is handed to the tracer). A process
+//! the tracer knows runs CPython (`HOST_PYTHON`) has its Python frames read
+//! after the native walk, as a traced process's are.
 
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
@@ -18,8 +21,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext},
 };
 use tracer_common::{
-    counter, stop, HostExec, HostKey, HostMark, HostProcess, HostValue, WalkScratch, HOST_NEXT_GEN,
-    MAX_HOST_FUNCS,
+    counter, host_frame_parts, stop, HostExec, HostKey, HostMark, HostProcess, HostValue,
+    PythonLayout, WalkScratch, HOST_NEXT_GEN, MAX_HOST_FUNCS,
 };
 
 use crate::{
@@ -30,10 +33,12 @@ use crate::{
     hidden::hidden_return,
     maps::{
         config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FUNCS, HOST_GENS,
-        HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_RUNS, HOST_SELF, HOST_STACKS, HOST_TOTALS,
+        HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_PYTHON, HOST_PY_FILES, HOST_RUNS, HOST_SELF,
+        HOST_STACKS, HOST_TOTALS,
     },
     nesting::in_ranges,
     place::{caller_place, host_place, NO_GEN},
+    python::{append_python, python_key, read_python, send_python_notice},
     scope::{in_scope, leave},
     scratch::{give_back_scratch, level_of, take_scratch},
     walk::{finish_hash, start_walk, walk_frames},
@@ -159,11 +164,20 @@ fn walk(
     w.host_mm = mm;
     w.host_ra = host_place(level_of(w), gen, ret);
     w.host_caller = w.host_ra;
+    python_of(w, tgid, ret);
     bump_counter(counter::WALKS, 1);
     walk_frames(level_of(w));
+    // A process running CPython: its Python frames, read now (a walk
+    // handed to the tracer takes them along), follow the native ones.
+    if w.host_py.runtime != 0 {
+        read_python(w);
+    } else {
+        w.py_n = 0;
+    }
     let why = w.stack.stop;
     if why != stop::MISS {
-        return finish_hash(w, why);
+        let native = finish_hash(w, why);
+        return python_key(w, native);
     }
     // The mappings of the probed function and of the executable's code,
     // remembered under the incarnation like those of every frame walked:
@@ -181,7 +195,54 @@ fn walk(
         stop::RULES_FULL => stop::RULES_FULL,
         _ => stop::COPY_LOST,
     };
-    finish_hash(w, why)
+    let native = finish_hash(w, why);
+    python_key(w, native)
+}
+
+/// Copies process `tgid`'s interpreter layout into the walk's scratch
+/// (`runtime` 0 where none is known). A process not known yet whose direct
+/// caller (`ret`, at file frame `w.host_caller`) is in a file the tracer
+/// knows holds an interpreter (`HOST_PY_FILES`) runs it: its layout, with
+/// `_PyRuntime` where that file's code mapping puts it, becomes the
+/// process's (an interpreter's first allocations come from its own code,
+/// before any Python frame).
+#[inline(always)]
+fn python_of(w: &mut WalkScratch, tgid: u32, ret: u64) {
+    w.host_py.runtime = 0;
+    if let Some(l) = HOST_PYTHON.get_ptr(&tgid) {
+        copy_layout(w, l);
+        return;
+    }
+    let Some((tag, offset)) = host_frame_parts(w.host_caller) else {
+        return;
+    };
+    let Some(l) = HOST_PY_FILES.get_ptr(&tag) else {
+        return;
+    };
+    copy_layout(w, l);
+    if w.host_py.runtime == 0 {
+        return;
+    }
+    w.host_py.runtime = w.host_py.runtime.wrapping_add(ret.wrapping_sub(offset));
+    if let Err(e) = HOST_PYTHON.insert(&tgid, &w.host_py, BPF_NOEXIST as u64) {
+        if e != -EEXIST {
+            bump_counter(counter::HOST_PYTHON_FULL, 1);
+        }
+    }
+}
+
+#[inline(always)]
+fn copy_layout(w: &mut WalkScratch, l: *const PythonLayout) {
+    let copied = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            (&raw mut w.host_py) as *mut core::ffi::c_void,
+            core::mem::size_of::<PythonLayout>() as u32,
+            l as *const core::ffi::c_void,
+        )
+    };
+    if copied != 0 {
+        w.host_py.runtime = 0;
+    }
 }
 
 /// Counts a call under `key`; a new key also stores its stack (from the
@@ -201,9 +262,12 @@ fn count_key(
     }
     if key.stack != 0 {
         if let Some(w) = scratch {
+            append_python(unsafe { &mut *w });
             match HOST_STACKS.insert(&key.stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
+                // A new stack: its Python frames' code objects to name.
+                Ok(()) => send_python_notice(unsafe { &*w }),
                 Err(e) if e != -EEXIST => bump_counter(counter::STACK_MAP_FULL, 1),
-                _ => {}
+                Err(_) => {}
             }
         }
     }
@@ -288,6 +352,7 @@ pub(crate) fn exit() -> i32 {
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
     if tgid == pid {
         let _ = HOST_GENS.remove(&tgid);
+        let _ = HOST_PYTHON.remove(&tgid);
         leave(tgid);
     }
     0
@@ -413,8 +478,10 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
         m.mm = 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // A new program: new mappings.
+    // A new program: new mappings, and no interpreter until the tracer
+    // learns it runs one.
     let _ = HOST_GENS.remove(&tgid);
+    let _ = HOST_PYTHON.remove(&tgid);
     if !enabled() || !in_scope(tgid) {
         return 0;
     }

@@ -9,10 +9,10 @@ use aya_ebpf::{
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFileId,
     HostFunc, HostKey, HostMark, HostProcess, HostValue, HostVma, HostVmaKey, KernelOffsets,
-    LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, StackFrames, UnwindRule, VmaOffsets,
-    WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS,
-    MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS,
-    WEIGHT_TABLE_LEN,
+    LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, PythonLayout, StackFrames,
+    UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES,
+    MAX_HOST_FILES, MAX_HOST_FUNCS, MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE,
+    SCOPE_ALL, VMA_COPY, WALK_LEVELS, WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -290,6 +290,18 @@ pub(crate) static HOST_SCOPE_PIDS: HashMap<u32, u32> =
 /// one bit per level.
 #[map]
 pub(crate) static HOST_SCOPE_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(64, 0);
+
+/// Host scope: the interpreter layout of each process that runs CPython,
+/// by process id (put in by the tracer; an exec or the process's end
+/// takes it out).
+#[map]
+pub(crate) static HOST_PYTHON: HashMap<u32, PythonLayout> =
+    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// Host scope: the interpreter layout each tagged file holds, `runtime`
+/// from the file's code mapping's base (put in by the tracer).
+#[map]
+pub(crate) static HOST_PY_FILES: HashMap<u32, PythonLayout> = HashMap::with_max_entries(256, 0);
 
 /// Host scope: the next incarnation and the next tag
 /// (`tracer_common::HOST_NEXT_GEN`, `HOST_NEXT_TAG`).

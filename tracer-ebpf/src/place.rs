@@ -24,7 +24,7 @@ use crate::{
 
 /// The incarnation of a process the table had no room for: its mappings
 /// are never remembered.
-pub(crate) const NO_GEN: u64 = u64::MAX;
+pub(crate) const NO_GEN: u64 = tracer_common::HOST_GEN_NONE;
 
 /// Return address `addr` of the current process (incarnation `gen`) as a
 /// stack frame: its file's tag and its offset in the file

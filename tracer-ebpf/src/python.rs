@@ -26,6 +26,18 @@ pub(crate) fn python_layout() -> Option<&'static PythonLayout> {
         .filter(|l| unsafe { core::ptr::read_volatile(&l.runtime) } != 0)
 }
 
+/// The layout the walk in `w` reads Python frames by: on the host scope,
+/// its process's (copied into the scratch), else the traced process's.
+#[inline(always)]
+fn layout(w: *const WalkScratch) -> Option<&'static PythonLayout> {
+    if unsafe { core::ptr::read_volatile(&(*w).host_gen) } == 0 {
+        return python_layout();
+    }
+    // SAFETY: the scratch is a map value, alive for the whole program.
+    let l = unsafe { &(*w).host_py };
+    (unsafe { core::ptr::read_volatile(&l.runtime) } != 0).then_some(l)
+}
+
 #[inline(always)]
 fn read_u64(addr: u64) -> u64 {
     unsafe { bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
@@ -53,7 +65,7 @@ pub extern "C" fn python_read_at(level: u64) -> u64 {
 #[inline(always)]
 fn read_frames(w: &mut WalkScratch) {
     w.py_n = 0;
-    let Some(l) = python_layout() else {
+    let Some(l) = layout(w) else {
         return;
     };
     let interp = read_u64(l.runtime + l.interp_head as u64);
@@ -205,7 +217,7 @@ fn find_thread_state(w: &mut WalkScratch, l: &PythonLayout) {
 #[inline(never)]
 extern "C" fn find_thread(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
-    let Some(l) = python_layout() else {
+    let Some(l) = layout(w) else {
         return 1;
     };
     let ts = w.py_ts;
@@ -259,7 +271,7 @@ fn field_u64(w: &WalkScratch, off: u32) -> u64 {
 #[inline(never)]
 extern "C" fn python_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let w = unsafe { &mut **(ctx as *mut *mut WalkScratch) };
-    let Some(l) = python_layout() else {
+    let Some(l) = layout(w) else {
         return 1;
     };
     let frame = w.py_frame;
@@ -424,7 +436,7 @@ extern "C" fn append_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// where a record shorter than a walk's is a notice).
 #[inline(always)]
 pub(crate) fn send_python_notice(w: &WalkScratch) {
-    if w.py_n == 0 || python_layout().is_none() {
+    if w.py_n == 0 || layout(w).is_none() {
         return;
     }
     let Some(mut entry) = UNWIND_MISSES.reserve::<PyNotice>(0) else {
@@ -434,7 +446,13 @@ pub(crate) fn send_python_notice(w: &WalkScratch) {
     let ev = entry.as_mut_ptr();
     unsafe {
         (*ev).n = w.py_n as u32;
-        (*ev)._pad = 0;
+        if w.host_gen != 0 {
+            (*ev).tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            (*ev).mm = w.host_mm;
+        } else {
+            (*ev).tgid = 0;
+            (*ev).mm = 0;
+        }
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).words.as_mut_ptr() as *mut core::ffi::c_void,
             (2 * PY_MAX_FRAMES * 8) as u32,

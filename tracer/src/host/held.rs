@@ -4,7 +4,9 @@
 //! first instruction, so its first call is counted as under `--pid`.
 //! A Go program is made known before its first instruction, its heap
 //! read from its start, and held at its exit to be read once more, as
-//! from launch on the per-process engine. Every other exec runs on at
+//! from launch on the per-process engine. A program named like a Python
+//! interpreter has its layout learned before its first instruction where
+//! libpython is linked in. Every other exec runs on at
 //! once. The files of the tree's programs that no process mapped before
 //! are looked at once each.
 
@@ -26,6 +28,9 @@ pub enum Held {
     GoStarted { pid: u32 },
     /// Read a Go program's heap once more at its exit.
     GoExiting { pid: u32 },
+    /// Look for the interpreter of a program that may run CPython (its
+    /// layout in before its first Python frame).
+    Python { pid: u32 },
 }
 
 /// One thing to do while a process waits.
@@ -44,6 +49,7 @@ const WAIT_AT_MOST: Duration = Duration::from_secs(5);
 struct Kind {
     own_allocator: bool,
     go: bool,
+    python: bool,
 }
 
 /// The trace's end of the hold (its asks), and what the thread that
@@ -75,12 +81,16 @@ pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
         let kind = *kinds.entry(key).or_insert_with(|| Kind {
             own_allocator: has_own_allocator(&exe, &libc),
             go: crate::golang::binary::is_go(std::path::Path::new(&exe)),
+            python: exe.rsplit('/').next().is_some_and(|n| n.contains("python")),
         });
         if kind.own_allocator {
             ask(&exec_tx, Held::Probe { key, exe });
         }
         if kind.go {
             ask(&exec_tx, Held::GoStarted { pid });
+        }
+        if kind.python {
+            ask(&exec_tx, Held::Python { pid });
         }
         kind.go
     };

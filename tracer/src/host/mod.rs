@@ -16,6 +16,7 @@ mod go;
 mod held;
 mod probes;
 mod processes;
+mod python;
 mod read;
 mod run;
 mod walker;
@@ -224,6 +225,7 @@ impl Host {
                 say!("mtrace: pid {pid}: {e:#}");
             }
             host.go.look(pid, false);
+            host.walks.lock().look_for_python(pid, 0, &text);
         }
         let installed = installed_allocators();
         host.libc = installed.first().and_then(|set| set.first()).cloned();
@@ -275,6 +277,7 @@ impl Host {
         if let Some(part) = self.go.execd(e.tgid) {
             self.ended.add(part);
         }
+        self.look_for_python(e.tgid, e.mm);
         if let Some((key, exe)) = executable_file(e.tgid, &path) {
             if self.held_execs {
                 // The process waits at its exec for the thread that
@@ -288,6 +291,36 @@ impl Host {
         for ms in RECHECKS_MS {
             self.rechecks
                 .push_back((now + Duration::from_millis(ms), e.tgid));
+        }
+    }
+
+    /// Looks at process `pid` (address space `mm`, 0: not known) for an
+    /// interpreter whose Python frames to read, now that it exec'd: an
+    /// executable with libpython linked in has it mapped already; the
+    /// libpython one needs is put in the kernel's table of interpreter
+    /// files before the dynamic linker maps it (the process's first walk
+    /// from it then knows the process runs it).
+    fn look_for_python(&mut self, pid: u32, mm: u64) {
+        let mut walks = self.walks.lock();
+        if mm != 0 {
+            walks.python.execd(pid);
+        }
+        if walks.python.known(pid) {
+            return;
+        }
+        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) {
+            walks.look_for_python(pid, mm, &text);
+        }
+        if walks.python.known(pid) {
+            return;
+        }
+        let exe = tracee::executable(pid);
+        let named = exe.rsplit('/').next().is_some_and(|n| n.contains("python"));
+        if let Some(lib) = named
+            .then(|| crate::python::files::needed_libpython(pid, &exe))
+            .flatten()
+        {
+            walks.python_file(pid, &lib);
         }
     }
 
@@ -339,6 +372,7 @@ impl Host {
                     }
                 }
                 held::Held::GoExiting { pid } => self.go.exiting(pid),
+                held::Held::Python { pid } => self.look_for_python(pid, 0),
             }
             let _ = ask.done.send(());
         }
@@ -368,6 +402,7 @@ impl Host {
             };
             self.index.note(pid, &text);
             self.go.look(pid, true);
+            self.walks.lock().look_for_python(pid, 0, &text);
             match self.probes.add_process(pid, &text) {
                 Ok(n) => self.added_late(
                     n,
@@ -430,11 +465,13 @@ impl Host {
             &self.probes,
             &mut self.index,
             &mut self.procs,
-            &walks,
+            &mut walks,
             &keys,
             walked,
         )?;
         walks.prune_stacks();
+        walks.python.forget(&gone);
+        walks.python.forget(&idle);
         drop(walks);
         let ebpf = &mut self.probes.ebpf;
         let mut counts: BpfHashMap<&mut MapData, HostKey, HostValue> =
@@ -542,8 +579,14 @@ impl Host {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let walks = self.walks.walks();
-        let mut live = read::profile(&self.probes, &mut self.index, &mut self.procs, &walks, meta)?;
+        let mut walks = self.walks.walks();
+        let mut live = read::profile(
+            &self.probes,
+            &mut self.index,
+            &mut self.procs,
+            &mut walks,
+            meta,
+        )?;
         drop(walks);
         self.go.add_to(&mut live);
         if self.ended.get().is_none() {

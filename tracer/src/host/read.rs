@@ -15,9 +15,10 @@ use tracer_common::{
 
 use super::{files::FileIndex, probes::HostProbes, walks::HostWalks, Processes};
 use crate::profile::{
-    Counts, Frame, HostLosses, Losses, Meta, ProcessMeta, ProcessRef, Profile, StackEntry,
-    StackQuality, Thread, Totals,
+    Counts, Frame, HostLosses, Losses, Meta, ProcessMeta, ProcessRef, Profile, PythonQuality,
+    StackEntry, StackQuality, Thread, Totals,
 };
+use crate::python::split;
 
 /// Each key's counts and its return address's place (looked up by the
 /// program that made the key).
@@ -42,7 +43,7 @@ pub fn profile(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
-    walks: &HostWalks,
+    walks: &mut HostWalks,
     meta: Meta,
 ) -> Result<Profile> {
     let mut rows = Vec::new();
@@ -60,7 +61,7 @@ pub fn gone_profile(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
-    walks: &HostWalks,
+    walks: &mut HostWalks,
     keys: &[HostKey],
     walked: Vec<(HostKey, HostValue)>,
 ) -> Result<Profile> {
@@ -123,7 +124,7 @@ fn profile_of(
     probes: &HostProbes,
     index: &mut FileIndex,
     processes: &mut Processes,
-    walks: &HostWalks,
+    walks: &mut HostWalks,
     mut meta: Meta,
     rows: Vec<Row>,
 ) -> Result<Profile> {
@@ -179,11 +180,15 @@ fn profile_of(
                 }),
             });
     }
-    // The files the stacks' frames lie in, by tag.
+    // The files the stacks' frames lie in, by tag (a stack's Python
+    // frames follow its native ones).
     let mut files_of: HashMap<u32, Option<(u32, u64)>> = HashMap::new();
-    let mut file_of = |tag: u32| -> Option<(u32, u64)> {
-        *files_of.entry(tag).or_insert_with(|| walks.file_of(tag))
-    };
+    for (frames, _) in stacks.values().flatten() {
+        for (tag, _) in split(frames).0.iter().filter_map(|f| host_frame_parts(*f)) {
+            files_of.entry(tag).or_insert_with(|| walks.file_of(tag));
+        }
+    }
+    let file_of = |tag: u32| -> Option<(u32, u64)> { files_of.get(&tag).copied().flatten() };
 
     // Every caller and frame, symbolized once per (file, offset).
     let mut by_file: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
@@ -193,7 +198,7 @@ fn profile_of(
         }
     }
     for (frames, _) in stacks.values().flatten() {
-        for (tag, offset) in frames.iter().filter_map(|f| host_frame_parts(*f)) {
+        for (tag, offset) in split(frames).0.iter().filter_map(|f| host_frame_parts(*f)) {
             if let Some(file) = file_of(tag) {
                 by_file.entry(file).or_default().push(offset);
             }
@@ -256,6 +261,7 @@ fn profile_of(
         let walked = stacks.get(&k.stack).and_then(|s| s.as_ref());
         let stop = match walked {
             Some((above, stop)) => {
+                let (above, py) = split(above);
                 for &f in above {
                     match host_frame_parts(f).map(|(tag, o)| (file_of(tag), o)) {
                         Some((Some(file), o)) => match frames.get(&(file.0, file.1, o)) {
@@ -269,6 +275,9 @@ fn profile_of(
                         })),
                         None => all.push(Arc::new(no_file(f, PLACE_ANONYMOUS))),
                     }
+                }
+                if !py.is_empty() {
+                    all = walks.python.splice(k.tgid, k.mm, all, py);
                 }
                 Some(*stop)
             }
@@ -338,6 +347,19 @@ fn profile_of(
             (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
+        let python = PythonQuality {
+            with_frames: sum(counter::PY_WITH_FRAMES)?,
+            no_interpreter: sum(counter::PY_NO_INTERPRETER)?,
+            no_thread_state: sum(counter::PY_NO_THREAD_STATE)?,
+            no_code_running: sum(counter::PY_NO_CODE_RUNNING)?,
+            threads_beyond: sum(counter::PY_THREADS_BEYOND)?,
+            cut: sum(counter::PY_CUT)?,
+            unreadable: sum(counter::PY_READ_FAILED)?,
+            notices_lost: sum(counter::PY_NOTICES_LOST)?,
+            unnamed: walks.python.unnamed(),
+        };
+        quality.python = (python != PythonQuality::default()).then_some(python);
+        meta.python = walks.python.said.join("; ");
     }
     let losses = Losses {
         stack_map_full: sum(counter::STACK_MAP_FULL)?,
@@ -352,6 +374,7 @@ fn profile_of(
             tree_full: sum(counter::SCOPE_FULL)?,
             frames_untagged: sum(counter::HOST_NO_TAG)? + walks.untagged,
             processes_unnumbered: sum(counter::HOST_NO_GEN)?,
+            python_full: sum(counter::HOST_PYTHON_FULL)? + walks.python.full,
         }),
         ..Losses::default()
     };

@@ -500,6 +500,10 @@ fn say_host_losses(l: &crate::profile::HostLosses) {
             ),
         ),
         (
+            l.python_full,
+            "Python processes beyond the table of interpreters: native frames only".into(),
+        ),
+        (
             l.processes_unnumbered,
             "calls of processes beyond the table of processes: their mappings looked up at each walk".into(),
         ),

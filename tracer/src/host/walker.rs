@@ -80,6 +80,12 @@ impl HostWalker {
         paths.insert(key, PathBuf::from(path));
     }
 
+    /// The walks as they are (the Python processes' table, say), without
+    /// finishing those waiting.
+    pub fn lock(&self) -> MutexGuard<'_, HostWalks> {
+        lock(&self.walks)
+    }
+
     /// The walks finished so far, after finishing those still waiting.
     pub fn walks(&self) -> MutexGuard<'_, HostWalks> {
         let mut w = lock(&self.walks);

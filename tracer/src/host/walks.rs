@@ -22,12 +22,12 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
-    host_frame, host_frame_parts, maps, stop, HostFileId, HostKey, HostValue, HostVma, HostVmaKey,
-    MissEvent, UnwindRule, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE,
-    PLACE_UNRESOLVED,
+    host_frame, host_frame_parts, maps, python_stack_key, stop, HostFileId, HostKey, HostValue,
+    HostVma, HostVmaKey, MissEvent, UnwindRule, HOST_GEN_NONE, HOST_VMA_WINDOW_SHIFT,
+    MAX_HOST_TAGS, MISS_HEADER_BYTES, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
 };
 
-use super::files::FileIndex;
+use super::{files::FileIndex, python::HostPython};
 use crate::{
     tracee::{AddressSpace, FileId, Mapping},
     unwind::{
@@ -67,6 +67,8 @@ pub struct HostWalks {
     /// The mappings the kernel's walks met, by process incarnation and
     /// window: what is known of a process's address space once it is gone.
     vmas: BpfHashMap<MapData, HostVmaKey, HostVma>,
+    /// Each process's incarnation (gone at its exec and its end).
+    gens: BpfHashMap<MapData, u32, u64>,
     procs: FastMap<(u32, u64), Walked>,
     /// Each file's tag, as the kernel's table has it.
     tags: FastMap<HostFileId, u32>,
@@ -109,6 +111,8 @@ pub struct HostWalks {
     /// kernel each time (a quarter of this thread's time on cargo).
     ev: Option<Box<MissEvent>>,
     spare: Vec<Vec<u8>>,
+    /// The processes that run CPython, and their code objects.
+    pub python: HostPython,
 }
 
 /// How long a walk waits for its process's files to be named.
@@ -149,6 +153,7 @@ impl HostWalks {
             file_tags: BpfHashMap::try_from(copy(maps::HOST_FILE_TAGS)?)?,
             tag_files: Array::try_from(copy(maps::HOST_TAG_FILES)?)?,
             vmas: BpfHashMap::try_from(copy(maps::HOST_VMAS)?)?,
+            gens: BpfHashMap::try_from(copy(maps::HOST_GENS)?)?,
             procs: FastMap::default(),
             tags: FastMap::default(),
             next_tag: MAX_HOST_TAGS - 1,
@@ -167,6 +172,7 @@ impl HostWalks {
             deferred_bytes: 0,
             ev: None,
             spare: Vec::new(),
+            python: HostPython::new(ebpf, max_frames != 0)?,
         })
     }
 
@@ -223,6 +229,12 @@ impl HostWalks {
             let mut firsts = std::collections::HashSet::new();
             let (mut first, mut rest) = (Vec::new(), Vec::new());
             for record in batch {
+                if record.len() < MISS_HEADER_BYTES {
+                    // A new stack's Python frames, to name.
+                    self.python.notice(&record);
+                    self.spare.push(record);
+                    continue;
+                }
                 if !read_miss_into(&mut ev, &record) {
                     continue;
                 }
@@ -271,6 +283,8 @@ impl HostWalks {
         space.refresh(tgid);
         let mut unwinder = Unwinder::new(tgid);
         unwinder.max_frames = self.max_frames;
+        // Python frames go in once the native ones are file places.
+        unwinder.with_python = false;
         Walked {
             space,
             unwinder,
@@ -298,7 +312,11 @@ impl HostWalks {
             None => self.walked(tgid, now),
         };
         walked.used = now;
+        // The process runs the program that walked (not one it exec'd
+        // since, whose mappings `/proc` would show).
+        let same = ev.gen == HOST_GEN_NONE || self.gens.get(&tgid, 0).ok() == Some(ev.gen);
         let alive = !walked.gone
+            && same
             && (walked.space.mapping(ev.caller).is_some() || walked.space.refresh(tgid));
         walked.gone = !alive;
         let (mapped, unopened) = match alive {
@@ -409,16 +427,28 @@ impl HostWalks {
 
     /// Counts the call of `ev` under its stack (`frames` above the
     /// caller, ended by `stop`) and its caller's place.
-    fn count(&mut self, ev: &MissEvent, frames: Vec<u64>, stop: u32, caller: HostValue) {
+    /// The thread's Python frames read with the walk follow: in the key,
+    /// all of them; in the frames, as the kernel puts them.
+    fn count(&mut self, ev: &MissEvent, mut frames: Vec<u64>, stop: u32, caller: HostValue) {
+        let py = &ev.py[..(ev.py_n as usize).min(ev.py.len()) & !1];
         let key = HostKey {
             tgid: ev.tgid as u32,
             func: ev.func,
             mm: ev.mm,
             ret: ev.caller,
-            stack: stack_key(&frames, stop),
+            stack: python_stack_key(stack_key(&frames, stop), py),
             tid: ev.tid,
             _pad: 0,
         };
+        if !py.is_empty() {
+            crate::python::fit(
+                &mut frames,
+                stop == stop::END,
+                py,
+                tracer_common::MAX_FRAMES,
+            );
+            self.python.learn(key.tgid, key.mm, py);
+        }
         self.stacks
             .entry(key.stack)
             .or_insert_with(|| (frames, stop));
@@ -506,6 +536,38 @@ impl HostWalks {
         }
     }
 
+    /// Looks at process `pid` for an interpreter ([`HostPython::look`];
+    /// `maps`: its `/proc/PID/maps`), and puts its file in the kernel's
+    /// table of interpreter files.
+    pub fn look_for_python(&mut self, pid: u32, mm: u64, maps: &str) {
+        if let Some((id, layout)) = self.python.look(pid, mm, maps) {
+            if let Some(tag) = self.tag_of(id) {
+                self.python.add_file(id, tag, layout);
+            }
+        }
+    }
+
+    /// Puts the interpreter file `path` holds (as process `pid` sees it)
+    /// in the kernel's table of interpreter files, before any process has
+    /// mapped it: the process that will is known to run it from its first
+    /// walk on.
+    pub fn python_file(&mut self, pid: u32, path: &str) {
+        let Some((dev, ino)) = super::files::key_of_path(&crate::tracee::path_in_target(pid, path))
+        else {
+            return;
+        };
+        let id = HostFileId { dev, _pad: 0, ino };
+        if self.python.has_file(&id) {
+            return;
+        }
+        let Some(i) = crate::python::files::in_file(pid, path) else {
+            return;
+        };
+        if let Some(tag) = self.tag_of(id) {
+            self.python.add_file(id, tag, i.layout);
+        }
+    }
+
     /// The tag of file `id`: the kernel's, else one the tracer
     /// gives it now (`None`: the table is full).
     fn tag_of(&mut self, id: HostFileId) -> Option<u32> {
@@ -587,7 +649,7 @@ impl HostWalks {
 }
 
 /// A mapping's file as the kernel names it (`s_dev`: major << 20 | minor).
-fn file_id(m: &Mapping) -> HostFileId {
+pub(super) fn file_id(m: &Mapping) -> HostFileId {
     HostFileId {
         dev: (((m.dev >> 32) as u32) << 20) | (m.dev as u32 & 0xfffff),
         _pad: 0,

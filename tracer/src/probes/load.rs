@@ -65,7 +65,7 @@ fn configured(shared: &mut Option<SharedLoader>, config: Box<Config>) -> &mut Eb
 
 /// The host scope's maps at their smallest, for a traced process's
 /// object, whose programs never use them.
-const HOST_MAPS_UNUSED: [(&str, u32); 15] = [
+const HOST_MAPS_UNUSED: [(&str, u32); 17] = [
     (maps::HOST_COUNTS, 1),
     (maps::HOST_TOTALS, 1),
     (maps::HOST_FUNCS, 1),
@@ -81,6 +81,8 @@ const HOST_MAPS_UNUSED: [(&str, u32); 15] = [
     (maps::HOST_GENS, 1),
     (maps::HOST_SCOPE_PIDS, 1),
     (maps::HOST_SCOPE_CGROUPS, 1),
+    (maps::HOST_PYTHON, 1),
+    (maps::HOST_PY_FILES, 1),
 ];
 
 /// The most cgroups that a host scope narrowed to cgroups can name.

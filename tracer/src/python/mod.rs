@@ -6,12 +6,13 @@
 
 mod btf;
 pub mod code;
+pub mod files;
 mod layout;
 pub mod linetable;
 mod names;
 pub mod state;
 
-pub use layout::{detect, Found};
+pub use layout::{detect, Found, Interpreter};
 pub use names::{split, Names};
 
 use tracer_common::{py_cut_words, PY_CUT_MARK};

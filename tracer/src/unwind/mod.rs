@@ -169,6 +169,10 @@ pub struct Unwinder {
     /// Whether the target is a JVM whose compiled code keeps frame
     /// pointers ([`jit`]), found at the first walk through JIT code.
     jit_frame_pointers: Option<bool>,
+    /// The walk's Python frames go behind its native ones, in its key
+    /// and its frames (false: the caller puts them, as the host scope
+    /// does once its frames are file places).
+    pub with_python: bool,
 }
 
 /// The rules learned in every process of the run, by file and the file
@@ -226,6 +230,7 @@ impl Unwinder {
             ids: FastMap::default(),
             debug_dir: None,
             jit_frame_pointers: None,
+            with_python: true,
         }
     }
 
@@ -454,6 +459,13 @@ impl Unwinder {
             stop = stop::MAX_FRAMES;
         }
         let native = stack_key(&frames, stop);
+        if !self.with_python {
+            return Finished {
+                frames,
+                stop,
+                key: native,
+            };
+        }
         // The thread's Python frames follow: in the key, all of them; in
         // the frames, as the BPF side puts them.
         let py = &ev.py[..(ev.py_n as usize).min(ev.py.len()) & !1];

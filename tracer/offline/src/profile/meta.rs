@@ -61,11 +61,15 @@ pub struct HostLosses {
     /// Calls of processes the incarnation table had no room for: counted,
     /// their mappings looked up afresh at each walk (a cost, not a loss).
     pub processes_unnumbered: u64,
+    /// Python processes beyond the table of interpreter layouts: their
+    /// stacks have native frames only.
+    #[serde(default)]
+    pub python_full: u64,
 }
 
 impl HostLosses {
     /// Each counter by its stable name, in the order reports print them.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
+    pub fn named(&self) -> [(&'static str, u64); 7] {
         [
             ("exec_events_lost", self.exec_events_lost),
             ("process_names_full", self.process_names_full),
@@ -73,6 +77,7 @@ impl HostLosses {
             ("tree_full", self.tree_full),
             ("frames_untagged", self.frames_untagged),
             ("processes_unnumbered", self.processes_unnumbered),
+            ("python_full", self.python_full),
         ]
     }
 
@@ -95,6 +100,7 @@ impl HostLosses {
             tree_full: f(self.tree_full, other.tree_full),
             frames_untagged: f(self.frames_untagged, other.frames_untagged),
             processes_unnumbered: f(self.processes_unnumbered, other.processes_unnumbered),
+            python_full: f(self.python_full, other.python_full),
         }
     }
 }

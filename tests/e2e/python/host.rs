@@ -1,0 +1,152 @@
+//! Python frames on the host engine: a command's tree followed
+//! file-wide (`--file-wide --`) and every process on the host (`--all`)
+//! read the same Python frames a trace of the process alone reads, from
+//! the interpreter's first allocation: its layout learned from its
+//! mappings, or from its libpython found before the dynamic linker maps
+//! it.
+
+use std::path::PathBuf;
+
+use crate::support::{
+    python::{available, run_named, script},
+    scopes::tally,
+    FixtureProc, Mtrace, Profile,
+};
+
+use super::{assert_chain, interpreters};
+
+/// The stack through `leaf` in `script`: every frame's name, native and
+/// Python, innermost first.
+fn leaf_stack(p: &Profile, script: &str) -> Vec<String> {
+    let stacks: Vec<Vec<String>> = p
+        .allocs()
+        .filter(|s| {
+            s.frames
+                .iter()
+                .any(|f| f.function == "leaf" && f.file.as_deref() == Some(script))
+        })
+        .map(|s| s.names().iter().map(|n| n.to_string()).collect())
+        .collect();
+    assert_eq!(stacks.len(), 1, "{stacks:#?}");
+    stacks[0].clone()
+}
+
+/// Every interpreter this machine has, launched through `env` (a program
+/// that execs the interpreter at once): on the host engine the chain is
+/// exact, its stack frame for frame the one a trace from launch on the
+/// per-process engine gives (native frames and Python frames, to the
+/// thread's first), as many calls carry Python frames (a libpython's
+/// interpreter known before the dynamic linker maps it), and `env`'s own
+/// stacks, walked by the tracer after
+/// the process became the interpreter, are those it had (its program's
+/// mappings, not the interpreter's).
+#[test]
+fn python_frames_on_the_host_engine_as_from_launch() {
+    let dir = bpf_tempdir!();
+    let path = script(dir.path());
+    let script = path.to_str().unwrap();
+    let n = super::N.to_string();
+    for (python, minor) in available(interpreters()) {
+        let py = python.to_str().unwrap();
+        let argv = ["env", "PYTHONHASHSEED=0", py, script, &n];
+        let traced = |engine: &[&str]| {
+            let mut args = engine.to_vec();
+            args.push("--");
+            args.extend(argv);
+            let (out, p) = run_named(&args);
+            out.assert_exit(0);
+            (out, p)
+        };
+        let (out, host) = traced(&["--file-wide"]);
+        let what = format!("{py} --file-wide\n{}", out.describe());
+        assert_chain(&host, script, minor, &what);
+        assert_eq!(host.doc["meta"]["scope"], "tree", "{what}");
+        let (out, alone) = traced(&[]);
+        let what_alone = format!("{py} from launch\n{}", out.describe());
+        assert_chain(&alone, script, minor, &what_alone);
+        assert_eq!(
+            leaf_stack(&host, script),
+            leaf_stack(&alone, script),
+            "{what}\n{what_alone}"
+        );
+        // (The stripped `env`'s frames are its file and offset.)
+        // Every call read the same way from the interpreter's first one
+        // (its layout learned late, the first calls would have none).
+        let py = |p: &Profile| {
+            let q = &p.doc["stack_quality"]["python"];
+            [
+                "with_frames",
+                "no_interpreter",
+                "no_thread_state",
+                "no_code_running",
+            ]
+            .map(|k| q[k].as_u64())
+        };
+        assert_eq!(py(&host), py(&alone), "{what}\n{what_alone}");
+        let env = |p: &Profile| {
+            let all = tally(p, &|_, _| true);
+            all.into_iter()
+                .filter(|((_, stack), _)| stack.contains("env+0x"))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert!(!env(&alone).is_empty(), "{what_alone}");
+        assert_eq!(env(&host), env(&alone), "env's stacks\n{what}");
+    }
+}
+
+/// `--all`: a Python process running before mtrace started (pyenv's
+/// 3.12, libpython shared), one started after it (Debian's python3.11,
+/// libpython linked in) and one more of the first one's interpreter
+/// started after it, not waiting (known from its libpython's file at its
+/// first walk): each one's chain exact, under its own pid, with its
+/// Python frames.
+#[test]
+fn all_reads_the_python_frames_of_every_interpreter() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let shared = PathBuf::from("/root/.pyenv/versions/3.12.1/bin/python3");
+    let linked = PathBuf::from("/usr/bin/python3.11");
+    if available(vec![(shared.clone(), 12), (linked.clone(), 11)]).len() < 2 {
+        return;
+    }
+    let n = super::N.to_string();
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let scripts: Vec<String> = dirs
+        .iter()
+        .map(|d| script(d.path()).to_str().unwrap().to_string())
+        .collect();
+    let mut before = FixtureProc::start(&shared, &[&scripts[0], &n, "wait"]);
+    before.wait_ready();
+
+    let out_dir = tempfile::tempdir().unwrap();
+    let json = out_dir.path().join("p.json");
+    let mut m = Mtrace::start(&["--all", "-o", json.to_str().unwrap()]);
+    m.wait_tracing();
+    let mut after = FixtureProc::start(&linked, &[&scripts[1], &n, "wait"]);
+    after.wait_ready();
+    for fx in [&mut before, &mut after] {
+        fx.release();
+        assert!(fx.proc.wait_timeout(crate::support::EXIT_TIMEOUT).success());
+    }
+    let status = std::process::Command::new(&shared)
+        .args([&scripts[2], &n])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    m.proc.signal(libc::SIGINT);
+    let out = m.finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    let p = Profile::load(&json);
+    for (script, minor) in scripts.iter().zip([12, 11, 12]) {
+        assert_chain(&p, script, minor, &format!("{script}\n{d}"));
+    }
+    let said = p.doc["meta"]["python"].as_str().unwrap_or("");
+    assert!(
+        said.contains("CPython 3.12 in ") && said.contains("CPython 3.11 in /usr/bin/python3.11"),
+        "{said}\n{d}"
+    );
+}

@@ -1,0 +1,243 @@
+//! The host scope's Python processes: which processes run a CPython
+//! interpreter mtrace reads (learned from their mappings when they are
+//! first seen and again after an exec, once the dynamic linker has mapped
+//! libpython), their layout put in the kernel's table (`HOST_PYTHON`) for
+//! the walks to read Python frames by, and their code objects named while
+//! they live (told by the kernel's notices and by the walks the tracer
+//! finishes), for the stacks to show Python frames in place of the eval
+//! loop's, as a traced process's do.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::Result;
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData},
+    Ebpf,
+};
+use tracer_common::{maps, HostFileId, PyNotice, PythonLayout, PY_MAX_FRAMES};
+
+use crate::{
+    profile::Frame,
+    python::{self, state::State, Found, Interpreter, Names},
+};
+
+/// The host scope's Python processes.
+pub struct HostPython {
+    map: BpfHashMap<MapData, u32, PythonLayout>,
+    /// The kernel's table of interpreter files, by tag.
+    files: BpfHashMap<MapData, u32, PythonLayout>,
+    /// Files put in it, by identity.
+    files_known: HashSet<HostFileId>,
+    /// Processes whose interpreter was found since their exec (read, or
+    /// said to be unreadable), by process id.
+    seen: HashSet<u32>,
+    /// Processes looked at when their first Python frames came (once).
+    late: HashSet<u32>,
+    /// Each process's code objects, by process id and address space
+    /// (0: learned before the kernel named its address space; taken by
+    /// the first notice or walk that names it).
+    names: HashMap<(u32, u64), Names>,
+    /// What the report says of the interpreters found, one line each.
+    pub said: Vec<String>,
+    /// Python processes the kernel's table had no room for (their stacks
+    /// have native frames only).
+    pub full: u64,
+    /// Stacks are walked (no Python frames without a walk).
+    walking: bool,
+}
+
+/// Lines of [`HostPython::said`] kept.
+const SAID_KEPT: usize = 16;
+
+impl HostPython {
+    pub fn new(ebpf: &Ebpf, walking: bool) -> Result<HostPython> {
+        let map = crate::probes::pool::map_copy(ebpf, maps::HOST_PYTHON)?;
+        let files = crate::probes::pool::map_copy(ebpf, maps::HOST_PY_FILES)?;
+        Ok(HostPython {
+            map: BpfHashMap::try_from(map)?,
+            files: BpfHashMap::try_from(files)?,
+            files_known: HashSet::new(),
+            seen: HashSet::new(),
+            late: HashSet::new(),
+            names: HashMap::new(),
+            said: Vec::new(),
+            full: 0,
+            walking,
+        })
+    }
+
+    /// Whether process `pid` needs a look (not looked at with an
+    /// interpreter found since its exec).
+    pub fn known(&self, pid: u32) -> bool {
+        self.seen.contains(&pid)
+    }
+
+    /// Looks at process `pid`'s mappings (`maps`, its `/proc/PID/maps`)
+    /// for an interpreter mtrace reads: its layout goes into the kernel's
+    /// table, from which the process's next walk reads its Python frames.
+    /// `mm`: its address space when known (0 at the start's scan). A
+    /// process without one is looked at again at its next look. The
+    /// interpreter's file and its layout from the file's code mapping,
+    /// when it is one not seen before (for [`HostPython::add_file`]).
+    pub fn look(&mut self, pid: u32, mm: u64, maps: &str) -> Option<(HostFileId, PythonLayout)> {
+        if !self.walking || self.known(pid) || !maps.contains("python") {
+            return None;
+        }
+        let mappings = crate::tracee::parse_maps(maps);
+        let found = self.look_in(pid, mm, &mappings)?;
+        let (code, runtime) = python::files::from_code_mapping(&found, &mappings)?;
+        let id = super::walks::file_id(code);
+        let layout = PythonLayout {
+            runtime,
+            ..found.layout
+        };
+        (!self.files_known.contains(&id)).then_some((id, layout))
+    }
+
+    /// Puts file `id`'s interpreter (its layout from its code mapping)
+    /// under its tag `tag` in the kernel's table: a process whose direct
+    /// caller is in it is known to run it from its first walk on.
+    pub fn add_file(&mut self, id: HostFileId, tag: u32, layout: PythonLayout) {
+        if self.files_known.insert(id) && self.files.insert(tag, layout, 0).is_err() {
+            log::debug!(
+                "interpreter file {}:{}: no room in the kernel's table",
+                id.dev,
+                id.ino
+            );
+        }
+    }
+
+    /// Whether file `id` is in the kernel's table of interpreter files.
+    pub fn has_file(&self, id: &HostFileId) -> bool {
+        self.files_known.contains(id)
+    }
+
+    fn look_in(
+        &mut self,
+        pid: u32,
+        mm: u64,
+        mappings: &[crate::tracee::Mapping],
+    ) -> Option<Interpreter> {
+        let interpreter = match python::detect(pid, mappings) {
+            Found::Known(i) => i,
+            Found::Unknown(why) => {
+                python::say_once(&why);
+                self.say(why);
+                self.seen.insert(pid);
+                return None;
+            }
+            Found::None => return None,
+        };
+        let pending = match python::state::settled_in(pid, &interpreter.layout) {
+            State::Unreadable(why) => {
+                let line = python::state::unreadable_line(&interpreter.name(), &why);
+                python::say_once(&line);
+                self.say(line);
+                self.seen.insert(pid);
+                return None;
+            }
+            State::Readable => None,
+            State::NotYet => Some((interpreter.layout, interpreter.name())),
+        };
+        let names = Names::new(pid, interpreter.minor, pending)?;
+        if let Err(e) = self.map.insert(pid, interpreter.layout, 0) {
+            log::debug!("pid {pid}: its interpreter's layout not kept: {e}");
+            self.full += 1;
+            self.seen.insert(pid);
+            return None;
+        }
+        self.say(interpreter.describe());
+        self.names.insert((pid, mm), names);
+        self.seen.insert(pid);
+        Some(interpreter)
+    }
+
+    fn say(&mut self, line: String) {
+        if self.said.len() < SAID_KEPT && !self.said.contains(&line) {
+            self.said.push(line);
+        }
+    }
+
+    /// Process `pid` exec'd: its interpreter is looked for again (the
+    /// kernel took its layout out). The old program's code objects stay
+    /// named under its address space.
+    pub fn execd(&mut self, pid: u32) {
+        self.seen.remove(&pid);
+        self.late.remove(&pid);
+        self.names.remove(&(pid, 0));
+    }
+
+    /// The names of process `pid`'s code objects in address space `mm`.
+    fn names_of(&mut self, pid: u32, mm: u64) -> Option<&mut Names> {
+        if !self.names.contains_key(&(pid, mm)) {
+            let names = self.names.remove(&(pid, 0))?;
+            self.names.insert((pid, mm), names);
+        }
+        self.names.get_mut(&(pid, mm))
+    }
+
+    /// Reads the code objects a stack's Python words (`words`) of process
+    /// `pid` (address space `mm`) hold, while it lives.
+    pub fn learn(&mut self, pid: u32, mm: u64, words: &[u64]) {
+        if words.is_empty() {
+            return;
+        }
+        if !self.seen.contains(&pid) && self.late.insert(pid) {
+            // The kernel found the interpreter (by its file) before the
+            // tracer looked: looked at now, while its code objects live.
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                let _ = self.look(pid, mm, &text);
+            }
+        }
+        if let Some(names) = self.names_of(pid, mm) {
+            names.learn(words);
+        }
+    }
+
+    /// A notice of a new stack's Python frames (a ring record shorter
+    /// than a walk's).
+    pub fn notice(&mut self, record: &[u8]) {
+        if record.len() < std::mem::size_of::<PyNotice>() {
+            return;
+        }
+        // SAFETY: `PyNotice` is plain data, and the record is as long.
+        let n: PyNotice = unsafe { std::ptr::read_unaligned(record.as_ptr() as *const PyNotice) };
+        let len = (n.n as usize).min(2 * PY_MAX_FRAMES) & !1;
+        self.learn(n.tgid, n.mm, &n.words[..len]);
+    }
+
+    /// `native` (a stack's frames, symbolized) with its Python frames
+    /// (`words`) in place of the eval loop's.
+    pub fn splice(
+        &mut self,
+        pid: u32,
+        mm: u64,
+        native: Vec<std::sync::Arc<Frame>>,
+        words: &[u64],
+    ) -> Vec<std::sync::Arc<Frame>> {
+        match self.names_of(pid, mm) {
+            Some(names) => {
+                // Code objects no notice told of, while the process lives.
+                names.learn(words);
+                names.splice(native, words)
+            }
+            None => native,
+        }
+    }
+
+    /// Code objects that could not be named, over every process.
+    pub fn unnamed(&self) -> u64 {
+        self.names.values().map(|n| n.unnamed).sum()
+    }
+
+    /// Forgets processes `gone` (their rows are read out for good; the
+    /// kernel took their layouts out at their end).
+    pub fn forget(&mut self, gone: &HashSet<u32>) {
+        self.seen.retain(|p| !gone.contains(p));
+        self.late.retain(|p| !gone.contains(p));
+        self.names.retain(|(p, _), _| !gone.contains(p));
+        for &pid in gone {
+            let _ = self.map.remove(&pid);
+        }
+    }
+}
