@@ -21,42 +21,47 @@ fn escape_sequences_from_the_target_are_printed_escaped() {
     // A title-setting sequence in the executable's name (its comm).
     let program = copy_executable(&built, dir.path(), "n\x1b]0;pwned\x07");
     let program = program.to_str().unwrap();
-    let (out, p) = run_profiled(&[
-        "--per-thread",
-        "--top",
-        "0",
-        "--",
-        program,
-        "\x1b[2J\rclear",
-    ]);
-    out.assert_exit(0);
-    let d = out.describe();
-    let stderr = out.stderr.join("\n");
-    for c in ACTIVE {
-        assert!(!out.stdout.contains(c), "{c:?} on stdout\n{d}");
-        assert!(!stderr.contains(c), "{c:?} on stderr\n{d}");
+    // Both engines: the process's own probes, and the host engine's.
+    for engine in [&[][..], &["--file-wide"][..]] {
+        let mut args = engine.to_vec();
+        args.extend([
+            "--per-thread",
+            "--top",
+            "0",
+            "--",
+            program,
+            "\x1b[2J\rclear",
+        ]);
+        let (out, p) = run_profiled(&args);
+        out.assert_exit(0);
+        let d = format!("{engine:?}\n{}", out.describe());
+        let stderr = out.stderr.join("\n");
+        for c in ACTIVE {
+            assert!(!out.stdout.contains(c), "{c:?} on stdout\n{d}");
+            assert!(!stderr.contains(c), "{c:?} on stderr\n{d}");
+        }
+        // What the terminal shows instead: the escapes, legibly.
+        assert!(
+            out.stdout.contains(r"\u{1b}]0;t\u{7}\u{d}"),
+            "the thread's name, escaped\n{d}"
+        );
+        assert!(
+            out.stdout.contains(r"\u{1b}[2J\u{d}clear"),
+            "the argument, escaped\n{d}"
+        );
+        assert!(
+            stderr.contains(r"(n\u{1b}]0;pwned\u{7}"),
+            "the command name on the tracing line, escaped\n{d}"
+        );
+        // The profile keeps the names as the target set them, counts exact.
+        assert_eq!(p.site("malloc", "thread_site"), (7, 7 * 48), "{d}");
+        assert_eq!(p.site("malloc", "main_site"), (5, 5 * 40), "{d}");
+        let thread = p.stacks_at("malloc", "thread_site")[0]
+            .thread
+            .clone()
+            .expect("per thread");
+        assert_eq!(thread.name, "\x1b]0;t\x07\r", "{d}");
     }
-    // What the terminal shows instead: the escapes, legibly.
-    assert!(
-        out.stdout.contains(r"\u{1b}]0;t\u{7}\u{d}"),
-        "the thread's name, escaped\n{d}"
-    );
-    assert!(
-        out.stdout.contains(r"\u{1b}[2J\u{d}clear"),
-        "the argument, escaped\n{d}"
-    );
-    assert!(
-        stderr.contains(r"(n\u{1b}]0;pwned\u{7})"),
-        "the command name on the tracing line, escaped\n{d}"
-    );
-    // The profile keeps the names as the target set them, counts exact.
-    assert_eq!(p.site("malloc", "thread_site"), (7, 7 * 48), "{d}");
-    assert_eq!(p.site("malloc", "main_site"), (5, 5 * 40), "{d}");
-    let thread = p.stacks_at("malloc", "thread_site")[0]
-        .thread
-        .clone()
-        .expect("per thread");
-    assert_eq!(thread.name, "\x1b]0;t\x07\r", "{d}");
 }
 
 /// A program run through a symbolic link beside it (as Debian's

@@ -224,9 +224,9 @@ fn unknown_python_version_says_so_and_keeps_native_stacks() {
 /// A program that defines `_PyRuntime` and `Py_Version` (3.11) but is no
 /// Python: what its `_PyRuntime` holds is not an interpreter's state
 /// (bytes of 0x41 from launch, written after mtrace attached; its own
-/// address in every word by pid, written before). One line says so, the
-/// report's header says the same, no stack is counted as "not a Python
-/// thread", and the calls are counted exactly, natively.
+/// address in every word by pid, written before), on both engines. One
+/// line says so, the report's header says the same, no stack is counted
+/// as "not a Python thread", and the calls are counted exactly, natively.
 #[test]
 fn a_python_runtime_that_cannot_be_read_is_said_once() {
     let dir = bpf_tempdir!();
@@ -267,6 +267,10 @@ fn a_python_runtime_that_cannot_be_read_is_said_once() {
     let (out, p) = run_profiled(&["--", fake.to_str().unwrap(), "junk"]);
     out.assert_exit(0);
     check(&out, &p, "from launch, 0x41 throughout");
+    // The host engine: judged while the program is held at its exit.
+    let (out, p) = run_profiled(&["--file-wide", "--", fake.to_str().unwrap(), "junk"]);
+    out.assert_exit(0);
+    check(&out, &p, "--file-wide from launch, 0x41 throughout");
     let mut fx = FixtureProc::start(&fake, &["self", "wait"]);
     let (out, p) = trace_by_pid(&mut fx, &[]);
     check(&out, &p, "by pid, its own address throughout");

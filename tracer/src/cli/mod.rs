@@ -187,7 +187,8 @@ pub struct TraceArgs {
     /// it): no BPF object, probe or thread per process, so a tree of many
     /// short programs pays far less per exec. Every process on the host
     /// takes the probes' trap while it calls the allocator, in scope or
-    /// not. Count mode only; rows are per process; no Python frames.
+    /// not. Count mode only; rows are per process; Python frames as by
+    /// pid.
     #[arg(long, conflicts_with_all = ["pid", "all", "live", "sample_bytes",
           "sample_every", "count_frees", "python_objects", "children", "no_follow"])]
     pub file_wide: bool,

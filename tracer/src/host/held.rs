@@ -6,8 +6,9 @@
 //! read from its start, and held at its exit to be read once more, as
 //! from launch on the per-process engine. A program named like a Python
 //! interpreter has its layout learned before its first instruction where
-//! libpython is linked in. Every other exec runs on at
-//! once. The files of the tree's programs that no process mapped before
+//! libpython is linked in, and is held at its exit for its interpreter's
+//! state to be judged (as the per-process engine's exit hold does).
+//! Every other exec runs on at once. The files of the tree's programs that no process mapped before
 //! are looked at once each.
 
 use std::{
@@ -26,8 +27,9 @@ pub enum Held {
     Probe { key: FileKey, exe: String },
     /// Read the heap of a Go program that exec'd (from its start).
     GoStarted { pid: u32 },
-    /// Read a Go program's heap once more at its exit.
-    GoExiting { pid: u32 },
+    /// A Go program's heap read once more at its exit; a Python
+    /// program's interpreter judged readable or not, while it still is.
+    Exiting { pid: u32 },
     /// Look for the interpreter of a program that may run CPython (its
     /// layout in before its first Python frame).
     Python { pid: u32 },
@@ -92,9 +94,9 @@ pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
         if kind.python {
             ask(&exec_tx, Held::Python { pid });
         }
-        kind.go
+        kind.go || kind.python
     };
-    let on_exit = move |pid: u32| ask(&tx, Held::GoExiting { pid });
+    let on_exit = move |pid: u32| ask(&tx, Held::Exiting { pid });
     (
         rx,
         Holds {

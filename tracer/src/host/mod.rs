@@ -222,7 +222,7 @@ impl Host {
             host.index.note(pid, &text);
             host.procs.note(pid, 0, None);
             if let Err(e) = host.probes.add_process(pid, &text) {
-                say!("mtrace: pid {pid}: {e:#}");
+                say!("mtrace: pid {pid}: {}", printable(&format!("{e:#}")));
             }
             host.go.look(pid, false);
             host.walks.lock().look_for_python(pid, 0, &text);
@@ -261,7 +261,10 @@ impl Host {
         }
         self.late += 1;
         self.note_probed();
-        say!("mtrace: {n} probes added {what}: its calls before then are not counted");
+        say!(
+            "mtrace: {n} probes added {}: its calls before then are not counted",
+            printable(&what)
+        );
     }
 
     /// A process exec'd: its record, its executable's own allocator (a
@@ -371,7 +374,10 @@ impl Host {
                         self.ended.add(part);
                     }
                 }
-                held::Held::GoExiting { pid } => self.go.exiting(pid),
+                held::Held::Exiting { pid } => {
+                    self.go.exiting(pid);
+                    self.walks.lock().python.judge(pid);
+                }
                 held::Held::Python { pid } => self.look_for_python(pid, 0),
             }
             let _ = ask.done.send(());
@@ -411,7 +417,7 @@ impl Host {
                         printable(&tracee::comm(pid))
                     ),
                 ),
-                Err(e) => say!("mtrace: pid {pid}: {e:#}"),
+                Err(e) => say!("mtrace: pid {pid}: {}", printable(&format!("{e:#}"))),
             }
         }
     }

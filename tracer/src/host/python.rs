@@ -33,6 +33,8 @@ pub struct HostPython {
     seen: HashSet<u32>,
     /// Processes looked at when their first Python frames came (once).
     late: HashSet<u32>,
+    /// Processes whose interpreter state was judged unreadable.
+    unreadable: HashSet<u32>,
     /// Each process's code objects, by process id and address space
     /// (0: learned before the kernel named its address space; taken by
     /// the first notice or walk that names it).
@@ -59,6 +61,7 @@ impl HostPython {
             files_known: HashSet::new(),
             seen: HashSet::new(),
             late: HashSet::new(),
+            unreadable: HashSet::new(),
             names: HashMap::new(),
             said: Vec::new(),
             full: 0,
@@ -158,6 +161,41 @@ impl HostPython {
         }
     }
 
+    /// Judges the interpreter state of process `pid` where it was not
+    /// yet (it had no thread when first looked at): one that cannot be
+    /// read is said once, and read no more.
+    pub fn judge(&mut self, pid: u32) {
+        let mut lines = Vec::new();
+        for ((p, _), names) in self.names.iter_mut() {
+            if *p == pid {
+                lines.extend(names.judge().map(str::to_string));
+            }
+        }
+        for line in lines {
+            python::say_once(&line);
+            let _ = self.map.remove(&pid);
+            self.unreadable.insert(pid);
+            // In place of what was said of the interpreter.
+            let who = line.split(": its interpreter state").next().unwrap_or("");
+            self.said.retain(|l| !l.starts_with(who));
+            self.say(line);
+        }
+    }
+
+    /// Judges every process's interpreter not judged yet (at a reading).
+    pub fn judge_all(&mut self) {
+        let pids: HashSet<u32> = self.names.keys().map(|(p, _)| *p).collect();
+        for pid in pids {
+            self.judge(pid);
+        }
+    }
+
+    /// Whether every interpreter found was judged unreadable (then no
+    /// Python figures are reported: its frames were never read).
+    pub fn none_readable(&self) -> bool {
+        !self.names.is_empty() && self.names.keys().all(|(p, _)| self.unreadable.contains(p))
+    }
+
     /// Process `pid` exec'd: its interpreter is looked for again (the
     /// kernel took its layout out). The old program's code objects stay
     /// named under its address space.
@@ -215,6 +253,10 @@ impl HostPython {
         native: Vec<std::sync::Arc<Frame>>,
         words: &[u64],
     ) -> Vec<std::sync::Arc<Frame>> {
+        if self.unreadable.contains(&pid) {
+            // What was read of it is left out.
+            return native;
+        }
         match self.names_of(pid, mm) {
             Some(names) => {
                 // Code objects no notice told of, while the process lives.
@@ -235,6 +277,7 @@ impl HostPython {
     pub fn forget(&mut self, gone: &HashSet<u32>) {
         self.seen.retain(|p| !gone.contains(p));
         self.late.retain(|p| !gone.contains(p));
+        self.unreadable.retain(|p| !gone.contains(p));
         self.names.retain(|(p, _), _| !gone.contains(p));
         for &pid in gone {
             let _ = self.map.remove(&pid);

@@ -129,6 +129,9 @@ fn profile_of(
     rows: Vec<Row>,
 ) -> Result<Profile> {
     let ebpf = &probes.ebpf;
+    // Interpreters whose state could not be judged before: judged now,
+    // before their frames are put in.
+    walks.python.judge_all();
     let names: BpfHashMap<&MapData, HostProcess, Comm> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.
@@ -358,7 +361,8 @@ fn profile_of(
             notices_lost: sum(counter::PY_NOTICES_LOST)?,
             unnamed: walks.python.unnamed(),
         };
-        quality.python = (python != PythonQuality::default()).then_some(python);
+        quality.python =
+            (python != PythonQuality::default() && !walks.python.none_readable()).then_some(python);
         meta.python = walks.python.said.join("; ");
     }
     let losses = Losses {

@@ -125,11 +125,14 @@ pub fn run(
     };
     let what = match &scope {
         HostScope::All => "every process on the host (--all)".to_string(),
-        HostScope::Cgroup(dir) => format!("cgroup {} (--file-wide)", dir.display()),
+        HostScope::Cgroup(dir) => format!(
+            "cgroup {} (--file-wide)",
+            crate::render::text::printable(&dir.to_string_lossy())
+        ),
         HostScope::Tree { argv, .. } => format!(
             "pid {} ({} and its descendants, --file-wide)",
             described.pid,
-            crate::profile::short_path(&argv[0])
+            crate::render::text::printable(crate::profile::short_path(&argv[0]))
         ),
     };
     say!(

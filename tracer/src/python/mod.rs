@@ -54,7 +54,8 @@ pub fn say_once(line: &str) {
     static SAID: std::sync::Mutex<std::collections::BTreeSet<String>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     if SAID.lock().unwrap().insert(line.to_string()) {
-        crate::say!("mtrace: {line}");
+        // (A path in it is the target's to choose.)
+        crate::say!("mtrace: {}", crate::render::text::printable(line));
     }
 }
 
