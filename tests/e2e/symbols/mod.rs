@@ -91,6 +91,47 @@ fn a_stripped_program_is_named_through_debuginfod() {
     assert_eq!(symbols(&p, "local"), 1, "{d}");
 }
 
+/// The host engine (`--file-wide`) names a stripped program's frames from
+/// the same places, and counts them the same way: its debug file in the
+/// build-id tree, then fetched from a real debuginfod server.
+#[test]
+fn the_host_engine_names_a_stripped_program_from_its_debug_file() {
+    let dir = bpf_tempdir!();
+    if !require(
+        Path::new("/usr/bin/debuginfod").exists(),
+        "debuginfod is missing (cargo xtask setup installs it)",
+    ) {
+        return;
+    }
+    let (strip, debug, id) = stripped(dir.path());
+    {
+        let _placed = in_build_id_tree(&debug, &id);
+        let (d, p) = trace(&strip, &["--file-wide", "--no-debuginfod"], &[], dir.path());
+        assert_eq!(caller(&p), "alpha_site", "{d}");
+        assert_eq!(symbols(&p, "local"), 1, "{d}");
+    }
+    let served = dir.path().join("served");
+    std::fs::create_dir(&served).unwrap();
+    std::fs::rename(&debug, served.join("s.debug")).unwrap();
+    let cache = dir.path().join("cache");
+    let server = debuginfod(&served, &id, &dir.path().join("db.sqlite"));
+    let (d, p) = trace(
+        &strip,
+        &["--file-wide"],
+        &[
+            ("DEBUGINFOD_URLS", &server.url),
+            ("DEBUGINFOD_CACHE_PATH", cache.to_str().unwrap()),
+        ],
+        dir.path(),
+    );
+    assert_eq!(caller(&p), "alpha_site", "{d}");
+    assert_eq!(symbols(&p, "fetched"), 1, "{d}");
+    assert!(
+        d.contains("symbols: stripped files 1, debug info found here 0, fetched 1, missing 0,"),
+        "{d}"
+    );
+}
+
 /// A server that accepts and never answers: the trace ends a timeout
 /// later, the frames stay offsets, the build id is counted as not
 /// fetched, and the server is said once.
@@ -193,78 +234,83 @@ fn pprof_mappings_let_a_backend_name_a_stripped_program() {
     }
     assert!(places[..2].concat() == ["alpha_site", "main"], "{d}");
 
-    let pb = dir.path().join("strip.pb.gz");
-    let (d, _) = trace(
-        &strip,
-        &["--no-debuginfod", "--pprof", pb.to_str().unwrap()],
-        &[],
-        dir.path(),
-    );
-    let pprof = Pprof::decode(&pb);
-    let loads = loads(&strip);
-    let (locations, _) = pprof
-        .samples
-        .iter()
-        .find(|(_, v)| v[0] == 100)
-        .unwrap_or_else(|| panic!("no sample of 100 calls\n{d}"));
-    let mut named_by_addr2line = Vec::new();
-    // Location 0 is the allocator's; then one location per place.
-    for (place, loc) in locations.iter().skip(1).enumerate() {
-        let (mapping_id, address) = pprof.places[loc];
-        let m = &pprof.mappings[&mapping_id];
-        if m.memory_limit == 0 && m.filename.ends_with("libc.so.6") {
-            continue; // The allocator's own mapping, named.
-        }
-        assert!(
-            m.memory_start <= address && address < m.memory_limit,
-            "location {loc} at {address:#x} outside its mapping {m:?}\n{d}"
-        );
-        if !m.filename.ends_with("/s_strip") {
-            continue;
-        }
-        assert_eq!(m.build_id, id, "{d}");
-        let offset = address - m.memory_start + m.file_offset;
-        let &(p_offset, p_vaddr, p_filesz) = loads
+    // Both engines: the process's own probes, and the host engine's
+    // (no address of the process known: the mapping is the segment's
+    // pages where their file offsets are).
+    for engine in [&[][..], &["--file-wide"][..]] {
+        let pb = dir.path().join("strip.pb.gz");
+        let mut args = engine.to_vec();
+        args.extend(["--no-debuginfod", "--pprof", pb.to_str().unwrap()]);
+        let (d, _) = trace(&strip, &args, &[], dir.path());
+        let d = format!("{engine:?}\n{d}");
+        let pprof = Pprof::decode(&pb);
+        let loads = loads(&strip);
+        let (locations, _) = pprof
+            .samples
             .iter()
-            .find(|(o, _, size)| offset >= *o && offset < o + size)
-            .unwrap_or_else(|| panic!("offset {offset:#x} in no PT_LOAD: {loads:x?}\n{d}"));
-        // The mapping is the pages of that segment of the file.
-        assert_eq!(m.file_offset, p_offset & !0xfff, "{m:?} {loads:x?}");
-        assert!(
-            m.file_offset + (m.memory_limit - m.memory_start) >= p_offset + p_filesz,
-            "{m:?} {loads:x?}"
-        );
-        assert!(
-            !m.has_functions && !m.has_filenames && !m.has_line_numbers,
-            "{m:?}"
-        );
-        let names = pprof.location_names(*loc);
-        if !names.iter().all(|n| n.starts_with("s_strip+0x")) {
-            continue;
+            .find(|(_, v)| v[0] == 100)
+            .unwrap_or_else(|| panic!("no sample of 100 calls\n{d}"));
+        let mut named_by_addr2line = Vec::new();
+        // Location 0 is the allocator's; then one location per place.
+        for (place, loc) in locations.iter().skip(1).enumerate() {
+            let (mapping_id, address) = pprof.places[loc];
+            let m = &pprof.mappings[&mapping_id];
+            if m.memory_limit == 0 && m.filename.ends_with("libc.so.6") {
+                continue; // The allocator's own mapping, named.
+            }
+            assert!(
+                m.memory_start <= address && address < m.memory_limit,
+                "location {loc} at {address:#x} outside its mapping {m:?}\n{d}"
+            );
+            if !m.filename.ends_with("/s_strip") {
+                continue;
+            }
+            assert_eq!(m.build_id, id, "{d}");
+            let offset = address - m.memory_start + m.file_offset;
+            let &(p_offset, p_vaddr, p_filesz) = loads
+                .iter()
+                .find(|(o, _, size)| offset >= *o && offset < o + size)
+                .unwrap_or_else(|| panic!("offset {offset:#x} in no PT_LOAD: {loads:x?}\n{d}"));
+            // The mapping is the pages of that segment of the file.
+            assert_eq!(m.file_offset, p_offset & !0xfff, "{m:?} {loads:x?}");
+            assert!(
+                m.file_offset + (m.memory_limit - m.memory_start) >= p_offset + p_filesz,
+                "{m:?} {loads:x?}"
+            );
+            assert!(
+                !m.has_functions && !m.has_filenames && !m.has_line_numbers,
+                "{m:?}"
+            );
+            let names = pprof.location_names(*loc);
+            if !names.iter().all(|n| n.starts_with("s_strip+0x")) {
+                continue;
+            }
+            let vaddr = offset - p_offset + p_vaddr;
+            let name = addr2line(&debug, vaddr - 1);
+            assert!(
+                places[place].contains(&name),
+                "location {loc} ({names:?}): addr2line names {name} at {vaddr:#x}, \
+                 the unstripped trace {:?}\n{d}",
+                places[place]
+            );
+            named_by_addr2line.push(name);
         }
-        let vaddr = offset - p_offset + p_vaddr;
-        let name = addr2line(&debug, vaddr - 1);
         assert!(
-            places[place].contains(&name),
-            "location {loc} ({names:?}): addr2line names {name} at {vaddr:#x}, \
-             the unstripped trace {:?}\n{d}",
-            places[place]
+            named_by_addr2line.starts_with(&["alpha_site".to_string(), "main".to_string()]),
+            "{named_by_addr2line:?}\n{d}"
         );
-        named_by_addr2line.push(name);
+        // libc, named, says so.
+        assert!(
+            pprof
+                .mappings
+                .values()
+                .any(|m| m.filename.ends_with("libc.so.6")
+                    && m.memory_limit > 0
+                    && m.has_functions),
+            "{:?}",
+            pprof.mappings
+        );
     }
-    assert!(
-        named_by_addr2line.starts_with(&["alpha_site".to_string(), "main".to_string()]),
-        "{named_by_addr2line:?}\n{d}"
-    );
-    // libc, named, says so.
-    assert!(
-        pprof
-            .mappings
-            .values()
-            .any(|m| m.filename.ends_with("libc.so.6") && m.memory_limit > 0 && m.has_functions),
-        "{:?}",
-        pprof.mappings
-    );
 }
 
 /// A stripped program's entry point, which no symbol names, is `_start`

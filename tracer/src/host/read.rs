@@ -230,8 +230,15 @@ fn profile_of(
             continue;
         };
         let found = crate::symbolize::returns_in_file(&f, &path, &offsets);
+        let (build_id, loads) = (crate::tracee::build_id(&f), loaded_segments(&f));
         for (o, f) in offsets.iter().zip(found) {
-            let named: Vec<Arc<Frame>> = f.into_iter().map(Arc::new).collect();
+            let named: Vec<Arc<Frame>> = f
+                .into_iter()
+                .map(|mut frame| {
+                    locate_in_file(&mut frame, *o, &build_id, &loads);
+                    Arc::new(frame)
+                })
+                .collect();
             index.keep_symbols((file.0, file.1, *o), named.clone());
             frames.insert((file.0, file.1, *o), named);
         }
@@ -350,6 +357,7 @@ fn profile_of(
             (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
+        quality.symbols = crate::symbolize::symbols_quality();
         let python = PythonQuality {
             with_frames: sum(counter::PY_WITH_FRAMES)?,
             no_interpreter: sum(counter::PY_NO_INTERPRETER)?,
@@ -399,6 +407,38 @@ fn profile_of(
         tests: Vec::new(),
         groups: Vec::new(),
     })
+}
+
+/// The file's loaded segments (`PT_LOAD`): each one's file offset and
+/// size in the file.
+fn loaded_segments(f: &std::fs::File) -> Vec<(u64, u64)> {
+    use object::{Object, ObjectSegment};
+    let cache = object::read::ReadCache::new(f);
+    let Ok(obj) = object::File::parse(&cache) else {
+        return Vec::new();
+    };
+    obj.segments().map(|s| s.file_range()).collect()
+}
+
+/// Where frame `frame`, at return offset `offset` of its file, lies, for
+/// a backend that symbolizes by build id (pprof's mappings): the file's
+/// build id, and as its mapping the pages of the loaded segment that
+/// holds it, put where their file offsets are (no process's addresses
+/// are known on the host engine; the frame's address is its offset, so
+/// `address - start + offset` is the offset in the file, as in a
+/// process's own mapping).
+fn locate_in_file(frame: &mut Frame, offset: u64, build_id: &Option<String>, loads: &[(u64, u64)]) {
+    frame.file_offset = Some(offset);
+    frame.build_id.clone_from(build_id);
+    let at = offset.saturating_sub(1);
+    if let Some(&(start, size)) = loads.iter().find(|(o, size)| at >= *o && at < o + size) {
+        let first = start & !0xfff;
+        frame.mapping = Some(crate::profile::FileMapping {
+            start: first,
+            limit: (start + size + 0xfff) & !0xfff,
+            offset: first,
+        });
+    }
 }
 
 /// A caller in a file no process maps any more under a path mtrace could

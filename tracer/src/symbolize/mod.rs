@@ -20,6 +20,12 @@ use blazesym::symbolize::{
 };
 
 mod debuginfo;
+
+/// Debug information found for the run's stripped files so far (`None`
+/// when no stripped file was met).
+pub fn symbols_quality() -> Option<crate::profile::SymbolsQuality> {
+    debuginfo::quality()
+}
 mod entry;
 mod parsed;
 mod saved;

@@ -221,7 +221,7 @@ fn open_mapped(pid: u32, m: &Mapping) -> Option<Opened> {
 }
 
 /// The GNU build id of an ELF file, read lazily (only the note is read).
-fn build_id(file: &File) -> Option<String> {
+pub fn build_id(file: &File) -> Option<String> {
     use object::Object;
     let cache = object::read::ReadCache::new(file);
     let obj = object::File::parse(&cache).ok()?;

@@ -15,7 +15,7 @@ pub mod proc;
 pub mod ptrace;
 mod run_as;
 
-pub use address_space::AddressSpace;
+pub use address_space::{build_id, AddressSpace};
 pub use exit_hold::ExitHold;
 pub use linkmap::{is_dynamic_linker, DynamicLinker, Mem, RT_CONSISTENT};
 pub use proc::*;
