@@ -44,50 +44,56 @@ fn node_jit_frames_are_named_from_its_perf_map() {
     fs::write(&path, SCRIPT).unwrap();
     let script = path.to_str().unwrap();
     let log = format!("--logfile={}", dir.path().join("v8.log").display());
-    let (out, p) = run_profiled(&[
-        "--",
-        node,
-        "--perf-basic-prof",
-        "--interpreted-frames-native-stack",
-        // (Its log, which the perf map turns on, goes with the script.)
-        "--no-logfile-per-isolate",
-        &log,
-        script,
-    ]);
-    // node leaves its map in /tmp.
-    let _map = Removed(format!("/tmp/perf-{}.map", p.pid()));
-    out.assert_exit(0);
-    let buffers: Vec<_> = p
-        .allocs()
-        .filter(|s| s.calls * 100_000 <= s.bytes && s.bytes <= s.calls * 100_001)
-        .collect();
-    let calls: u64 = buffers.iter().map(|s| s.calls).sum();
-    assert_eq!(calls, 5000, "{}", out.describe());
-    // Every JIT frame on their stacks has its name (the walk may stop
-    // short at V8's interpreter trampoline before the script's code is
-    // compiled, how often depending on when V8 tiers up: it compiles on
-    // another thread).
-    for s in &buffers {
-        let names = s.names();
+    // Both engines: the process's own probes, and the host engine's
+    // (its perf map read from its first walk through JIT code).
+    for engine in [&[][..], &["--file-wide"][..]] {
+        let mut args = engine.to_vec();
+        args.extend([
+            "--",
+            node,
+            "--perf-basic-prof",
+            "--interpreted-frames-native-stack",
+            // (Its log, which the perf map turns on, goes with the script.)
+            "--no-logfile-per-isolate",
+            &log,
+            script,
+        ]);
+        let (out, p) = run_profiled(&args);
+        // node leaves its map in /tmp.
+        let _map = Removed(format!("/tmp/perf-{}.map", p.pid()));
+        out.assert_exit(0);
+        let buffers: Vec<_> = p
+            .allocs()
+            .filter(|s| s.calls * 100_000 <= s.bytes && s.bytes <= s.calls * 100_001)
+            .collect();
+        let calls: u64 = buffers.iter().map(|s| s.calls).sum();
+        assert_eq!(calls, 5000, "{}", out.describe());
+        // Every JIT frame on their stacks has its name (the walk may stop
+        // short at V8's interpreter trampoline before the script's code is
+        // compiled, how often depending on when V8 tiers up: it compiles on
+        // another thread).
+        for s in &buffers {
+            let names = s.names();
+            assert!(
+                !names.iter().any(|n| n.starts_with("[anonymous code")),
+                "an unnamed JIT frame: {names:?}"
+            );
+        }
+        let named: u64 = buffers
+            .iter()
+            .filter(|s| {
+                s.names()
+                    .iter()
+                    .any(|n| n.starts_with("JS:") && n.contains(script))
+            })
+            .map(|s| s.calls)
+            .sum();
         assert!(
-            !names.iter().any(|n| n.starts_with("[anonymous code")),
-            "an unnamed JIT frame: {names:?}"
+            named * 10 >= calls,
+            "{named} of {calls} buffers under a named script frame\n{}",
+            out.describe()
         );
     }
-    let named: u64 = buffers
-        .iter()
-        .filter(|s| {
-            s.names()
-                .iter()
-                .any(|n| n.starts_with("JS:") && n.contains(script))
-        })
-        .map(|s| s.calls)
-        .sum();
-    assert!(
-        named * 10 >= calls,
-        "{named} of {calls} buffers under a named script frame\n{}",
-        out.describe()
-    );
 }
 
 /// tests/fixtures/perfmap.c, compiled once.

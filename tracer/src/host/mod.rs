@@ -14,6 +14,7 @@
 mod files;
 mod go;
 mod held;
+mod jit;
 mod probes;
 mod processes;
 mod python;
@@ -478,6 +479,7 @@ impl Host {
         walks.prune_stacks();
         walks.python.forget(&gone);
         walks.python.forget(&idle);
+        walks.jit.forget(&gone);
         drop(walks);
         let ebpf = &mut self.probes.ebpf;
         let mut counts: BpfHashMap<&mut MapData, HostKey, HostValue> =

@@ -130,8 +130,10 @@ fn profile_of(
 ) -> Result<Profile> {
     let ebpf = &probes.ebpf;
     // Interpreters whose state could not be judged before: judged now,
-    // before their frames are put in.
+    // before their frames are put in; JIT code's names read to where
+    // their maps are.
     walks.python.judge_all();
+    walks.jit.catch_up();
     let names: BpfHashMap<&MapData, HostProcess, Comm> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.
@@ -264,9 +266,10 @@ fn profile_of(
             mm: k.mm,
         };
         let name = seen.get(&p).map(|m| m.name.clone()).unwrap_or_default();
+        let jit = |addr: u64| walks.jit.name(k.tgid, addr);
         let mut all = match frames.get(&(v.dev, v.ino, v.offset)) {
             Some(f) if v.place == PLACE_FILE => f.clone(),
-            _ => vec![Arc::new(no_file(k.ret, v.place))],
+            _ => vec![Arc::new(no_file(k.ret, v.place, jit(k.ret)))],
         };
         let walked = stacks.get(&k.stack).and_then(|s| s.as_ref());
         let stop = match walked {
@@ -283,7 +286,7 @@ fn profile_of(
                             addr: o,
                             ..Frame::default()
                         })),
-                        None => all.push(Arc::new(no_file(f, PLACE_ANONYMOUS))),
+                        None => all.push(Arc::new(no_file(f, PLACE_ANONYMOUS, jit(f)))),
                     }
                 }
                 if !py.is_empty() {
@@ -358,6 +361,7 @@ fn profile_of(
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
         quality.symbols = crate::symbolize::symbols_quality();
+        quality.perf_map = walks.jit.quality();
         let python = PythonQuality {
             with_frames: sum(counter::PY_WITH_FRAMES)?,
             no_interpreter: sum(counter::PY_NO_INTERPRETER)?,
@@ -456,14 +460,14 @@ fn unopened(file: (u32, u64), offset: u64) -> Frame {
     }
 }
 
-/// A caller in no file (a JIT's code), or whose mapping could not be
-/// looked up.
-fn no_file(ret: u64, place: u32) -> Frame {
+/// A caller in no file (a JIT's code: named by its perf map, `jit`), or
+/// whose mapping could not be looked up.
+fn no_file(ret: u64, place: u32, jit: Option<String>) -> Frame {
     Frame {
-        function: if place == PLACE_ANONYMOUS {
-            format!("[anonymous code {ret:#x}]")
-        } else {
-            format!("[caller {ret:#x}, its mapping not looked up]")
+        function: match jit {
+            Some(name) => name,
+            None if place == PLACE_ANONYMOUS => format!("[anonymous code {ret:#x}]"),
+            None => format!("[caller {ret:#x}, its mapping not looked up]"),
         },
         addr: ret,
         ..Frame::default()

@@ -113,6 +113,8 @@ pub struct HostWalks {
     spare: Vec<Vec<u8>>,
     /// The processes that run CPython, and their code objects.
     pub python: HostPython,
+    /// The processes with JIT code, and their perf maps.
+    pub jit: super::jit::HostJit,
 }
 
 /// How long a walk waits for its process's files to be named.
@@ -173,6 +175,7 @@ impl HostWalks {
             ev: None,
             spare: Vec::new(),
             python: HostPython::new(ebpf, max_frames != 0)?,
+            jit: Default::default(),
         })
     }
 
@@ -319,6 +322,10 @@ impl HostWalks {
             && same
             && (walked.space.mapping(ev.caller).is_some() || walked.space.refresh(tgid));
         walked.gone = !alive;
+        if alive && walked.space.has_jit_code() {
+            // Its JIT code's names, read while it lives.
+            self.jit.adopt(tgid, walked.space.perf_map());
+        }
         let (mapped, unopened) = match alive {
             true => (true, false),
             false => self.add_known_mappings(ev, &mut walked.space),
@@ -538,8 +545,10 @@ impl HostWalks {
 
     /// Looks at process `pid` for an interpreter ([`HostPython::look`];
     /// `maps`: its `/proc/PID/maps`), and puts its file in the kernel's
-    /// table of interpreter files.
+    /// table of interpreter files; and for JIT code, whose perf map is
+    /// read from then on.
     pub fn look_for_python(&mut self, pid: u32, mm: u64, maps: &str) {
+        self.jit.look(pid, maps);
         if let Some((id, layout)) = self.python.look(pid, mm, maps) {
             if let Some(tag) = self.tag_of(id) {
                 self.python.add_file(id, tag, layout);

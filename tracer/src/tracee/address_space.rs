@@ -117,6 +117,11 @@ impl AddressSpace {
         self.jit.name(addr)
     }
 
+    /// Whether code no file backs (a JIT's) was mapped.
+    pub fn has_jit_code(&self) -> bool {
+        self.mappings.iter().any(Mapping::is_anonymous_code)
+    }
+
     /// The perf map (another handle on it: waiting for it to be read
     /// needs no lock on the address space).
     pub fn perf_map(&self) -> super::perf_map::PerfMap {
