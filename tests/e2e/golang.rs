@@ -288,7 +288,7 @@ fn go_heap_by_pid_static_stripped_and_cgo() {
 /// exact beside its Go heap.
 #[test]
 fn go_heap_from_launch_static_and_cgo() {
-    let dir = bpf_tempdir!();
+    let dir = host_tempdir!();
     for build in [Build::Static, Build::Cgo] {
         let Some(exe) = goheap(build) else {
             return;
@@ -492,47 +492,48 @@ fn a_go_program_that_samples_nothing_is_said() {
     assert_eq!(now, [0; 8], "runtime.MemProfileRate");
 }
 
+/// `command` traced from launch on both engines (the process's own
+/// probes, and the host engine's): its one `not seen:` line says `heap`,
+/// and its malloc calls are counted all the same.
+fn says_heap_not_seen(command: &[&str], heap: &str) {
+    for engine in [&[][..], &["--file-wide"][..]] {
+        let mut args = engine.to_vec();
+        args.push("--");
+        args.extend(command);
+        let (out, p) = run_profiled(&args);
+        out.assert_exit(0);
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("not seen: "))
+            .unwrap_or_else(|| panic!("{engine:?}: no `not seen:` line\n{}", out.describe()));
+        assert!(line.contains(heap), "{engine:?}: {line}");
+        assert_eq!(p.doc["unseen"][0]["heap"], heap, "{engine:?}");
+        assert!(p.totals.allocs.calls > 0, "{}", out.describe());
+    }
+}
+
 /// node keeps JavaScript objects in V8's heap: said in one line, its
-/// malloc calls counted all the same.
+/// malloc calls counted all the same, on both engines.
 #[test]
 fn node_says_its_v8_heap_is_not_seen() {
-    let _dir = bpf_tempdir!();
+    let _dir = host_tempdir!();
     let node = "/usr/bin/node";
     if !support::require(Path::new(node).exists(), "node is missing") {
         return;
     }
-    let (out, p) = run_profiled(&[
-        "--",
-        node,
-        "-e",
-        "const a = []; for (let i = 0; i < 1000; i++) a.push({i});",
-    ]);
-    out.assert_exit(0);
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("not seen: "))
-        .unwrap_or_else(|| panic!("no `not seen:` line\n{}", out.describe()));
-    assert!(line.contains("v8 heap"), "{line}");
-    assert_eq!(p.doc["unseen"][0]["heap"], "v8 heap");
-    assert!(p.totals.allocs.calls > 0, "{}", out.describe());
+    let script = "const a = []; for (let i = 0; i < 1000; i++) a.push({i});";
+    says_heap_not_seen(&[node, "-e", script], "v8 heap");
 }
 
 /// A JVM keeps Java objects in its own heap (libjvm.so, loaded after the
-/// probes are in): said in one line, its malloc calls counted.
+/// probes are in): said in one line, its malloc calls counted, on both
+/// engines.
 #[test]
 fn a_jvm_says_its_java_heap_is_not_seen() {
-    let _dir = bpf_tempdir!();
+    let _dir = host_tempdir!();
     if !support::require(have("java"), "java is missing") {
         return;
     }
-    let (out, p) = run_profiled(&["--", "java", "-Xshare:auto", "-version"]);
-    out.assert_exit(0);
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("not seen: "))
-        .unwrap_or_else(|| panic!("no `not seen:` line\n{}", out.describe()));
-    assert!(line.contains("java heap"), "{line}");
-    assert!(p.totals.allocs.calls > 0, "{}", out.describe());
+    says_heap_not_seen(&["java", "-Xshare:auto", "-version"], "java heap");
 }

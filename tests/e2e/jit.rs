@@ -35,7 +35,7 @@ for (let i = 0; i < 5000; i++) {
 
 #[test]
 fn node_jit_frames_are_named_from_its_perf_map() {
-    let dir = bpf_tempdir!();
+    let dir = host_tempdir!();
     let node = "/usr/bin/node";
     if !require(Path::new(node).exists(), "node is missing") {
         return;

@@ -23,6 +23,18 @@ macro_rules! need_bpf {
     };
 }
 
+/// For a test that probes file-wide (`--file-wide`, `--all`): it runs
+/// alone (`support::require_bpf_alone`), then a fresh temporary
+/// directory for its files.
+macro_rules! host_tempdir {
+    () => {{
+        if !crate::support::require_bpf_alone() {
+            return;
+        }
+        tempfile::tempdir().unwrap()
+    }};
+}
+
 /// `need_bpf!()`, then a fresh temporary directory for the test's files.
 macro_rules! bpf_tempdir {
     () => {{

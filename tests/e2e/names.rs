@@ -15,8 +15,7 @@ const ACTIVE: [char; 3] = ['\x1b', '\x07', '\r'];
 
 #[test]
 fn escape_sequences_from_the_target_are_printed_escaped() {
-    need_bpf!();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = host_tempdir!();
     let built = compile_c("names", "names", &["-O1", "-g", "-pthread"], &[]);
     // A title-setting sequence in the executable's name (its comm).
     let program = copy_executable(&built, dir.path(), "n\x1b]0;pwned\x07");

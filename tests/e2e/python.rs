@@ -229,7 +229,7 @@ fn unknown_python_version_says_so_and_keeps_native_stacks() {
 /// as "not a Python thread", and the calls are counted exactly, natively.
 #[test]
 fn a_python_runtime_that_cannot_be_read_is_said_once() {
-    let dir = bpf_tempdir!();
+    let dir = host_tempdir!();
     let built = crate::support::fixtures::compile_c(
         "fakepython",
         "fakepython",

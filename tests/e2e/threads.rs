@@ -35,7 +35,9 @@ fn per_thread_by_pid() {
 /// caller's mapping not looked up, as the host engine says.)
 #[test]
 fn per_thread_on_the_host_engine() {
-    need_bpf!();
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
     let (_, p) = trace_fixture(
         Fixture::Threads,
         &["--file-wide", "--per-thread", "--top", "0"],

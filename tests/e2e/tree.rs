@@ -64,6 +64,28 @@ fn assert_tree_sites(p: &Profile, d: &str, times: u64) {
     }
 }
 
+/// `--file-wide`: every process of the tree is named with its parent,
+/// those gone before mtrace read `/proc` too (the kernel names the parent
+/// with the process's first row), and every site is exact.
+#[test]
+fn a_tree_traced_file_wide_names_each_process_and_its_parent() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let (out, p) = trace_tree(&["--file-wide"]);
+    let d = out.describe();
+    assert_tree_sites(&p, &d, 2);
+    let procs = processes(&p);
+    let root = p.pid() as u64;
+    assert_eq!(procs[0].0, root, "{procs:?}\n{d}");
+    assert!(procs.iter().all(|e| e.1 != 0), "{procs:?}\n{d}");
+    let parents: BTreeSet<u64> = procs.iter().map(|e| e.1).collect();
+    assert!(
+        procs.iter().any(|e| e.1 == root && parents.contains(&e.0)),
+        "three generations: {procs:?}\n{d}"
+    );
+}
+
 #[test]
 fn every_process_of_the_tree_is_counted_exactly() {
     need_bpf!();

@@ -49,6 +49,17 @@ pub struct HostProcess {
     pub mm: u64,
 }
 
+/// `HOST_NAMES`' value: a process's name (`comm`) and its parent's
+/// process id when its first key was made (a process gone before the
+/// tracer read `/proc` is still named and placed in its tree).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostName {
+    pub comm: crate::Comm,
+    pub ppid: u32,
+    pub _pad: u32,
+}
+
 /// Where a return address lies, looked up once per key, by the program
 /// that makes the key; [`PLACE_UNKNOWN`] in a value made by the tracer
 /// that has not said.
@@ -174,6 +185,10 @@ pub struct VmaOffsets {
     /// walk finished after its process is gone finds the executable
     /// there), 0 when unknown.
     pub mm_start_code: u32,
+    /// `task_struct.real_parent`: a process's parent (named with its
+    /// first key), 0 when unknown.
+    pub task_real_parent: u32,
+    pub _pad: u32,
 }
 
 /// Bytes of a `vm_area_struct` the programs copy (every offset of

@@ -51,6 +51,7 @@ mod pod {
     unsafe impl aya::Pod for HostBodies {}
     unsafe impl aya::Pod for HostExec {}
     unsafe impl aya::Pod for HostProcess {}
+    unsafe impl aya::Pod for HostName {}
     unsafe impl aya::Pod for HostFileId {}
     unsafe impl aya::Pod for HostVmaKey {}
     unsafe impl aya::Pod for HostVma {}

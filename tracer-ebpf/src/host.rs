@@ -21,7 +21,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext},
 };
 use tracer_common::{
-    counter, host_frame_parts, stop, HostExec, HostKey, HostMark, HostProcess, HostValue,
+    counter, host_frame_parts, stop, HostExec, HostKey, HostMark, HostName, HostProcess, HostValue,
     PythonLayout, WalkScratch, HOST_NEXT_GEN, MAX_HOST_FUNCS,
 };
 
@@ -126,12 +126,36 @@ fn name_process(tgid: u32, mm: u64) {
         return;
     }
     if let Some(comm) = current_comm() {
-        if let Err(e) = HOST_NAMES.insert(&process, &comm, BPF_NOEXIST as u64) {
+        let name = HostName {
+            comm,
+            ppid: parent_tgid(),
+            _pad: 0,
+        };
+        if let Err(e) = HOST_NAMES.insert(&process, &name, BPF_NOEXIST as u64) {
             if e != -EEXIST {
                 bump_counter(counter::HOST_NAMES_FULL, 1);
             }
         }
     }
+}
+
+/// The current process's parent's id (`real_parent->tgid`), 0 when the
+/// kernel's layout is not known.
+#[inline(always)]
+fn parent_tgid() -> u32 {
+    let (parent_at, tgid_at) = (
+        config_u32(&CONFIG.vma.task_real_parent) as u64,
+        config_u32(&CONFIG.vma.task_tgid) as u64,
+    );
+    if parent_at == 0 || tgid_at == 0 {
+        return 0;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let parent = unsafe { bpf_probe_read_kernel((task + parent_at) as *const u64) }.unwrap_or(0);
+    if parent == 0 {
+        return 0;
+    }
+    unsafe { bpf_probe_read_kernel((parent + tgid_at) as *const i32) }.map_or(0, |t| t as u32)
 }
 
 /// What [`walk`] returns for a call it handed to the tracer with its

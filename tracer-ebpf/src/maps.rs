@@ -8,11 +8,11 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFileId,
-    HostFunc, HostKey, HostMark, HostProcess, HostValue, HostVma, HostVmaKey, KernelOffsets,
-    LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, PythonLayout, StackFrames,
-    UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS, MAX_FRAMES,
-    MAX_HOST_FILES, MAX_HOST_FUNCS, MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS, SAMPLE_NONE,
-    SCOPE_ALL, VMA_COPY, WALK_LEVELS, WEIGHT_TABLE_LEN,
+    HostFunc, HostKey, HostMark, HostName, HostProcess, HostValue, HostVma, HostVmaKey,
+    KernelOffsets, LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, PythonLayout,
+    StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
+    MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS,
+    SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS, WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -51,6 +51,8 @@ pub(crate) static CONFIG: Config = Config {
         mm_start_stack: 0,
         task_tgid: 0,
         mm_start_code: 0,
+        task_real_parent: 0,
+        _pad: 0,
     },
     host_runs: 0,
     host_scope: SCOPE_ALL,
@@ -225,7 +227,7 @@ pub(crate) static HOST_BODIES: Array<HostBodies> = Array::with_max_entries(MAX_H
 
 /// Host scope: each process's name (`comm`) when its first key was made.
 #[map]
-pub(crate) static HOST_NAMES: HashMap<HostProcess, Comm> =
+pub(crate) static HOST_NAMES: HashMap<HostProcess, HostName> =
     HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
 
 /// Host scope: each process's runs of the allocation program (every trap

@@ -42,7 +42,7 @@ fn leaf_stack(p: &Profile, script: &str) -> Vec<String> {
 /// mappings, not the interpreter's).
 #[test]
 fn python_frames_on_the_host_engine_as_from_launch() {
-    let dir = bpf_tempdir!();
+    let dir = host_tempdir!();
     let path = script(dir.path());
     let script = path.to_str().unwrap();
     let n = super::N.to_string();

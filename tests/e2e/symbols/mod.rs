@@ -96,7 +96,7 @@ fn a_stripped_program_is_named_through_debuginfod() {
 /// build-id tree, then fetched from a real debuginfod server.
 #[test]
 fn the_host_engine_names_a_stripped_program_from_its_debug_file() {
-    let dir = bpf_tempdir!();
+    let dir = host_tempdir!();
     if !require(
         Path::new("/usr/bin/debuginfod").exists(),
         "debuginfod is missing (cargo xtask setup installs it)",
@@ -220,7 +220,7 @@ fn addr2line(file: &Path, vaddr: u64) -> String {
 /// unstripped program names at that place of the stack.
 #[test]
 fn pprof_mappings_let_a_backend_name_a_stripped_program() {
-    let dir = bpf_tempdir!();
+    let dir = host_tempdir!();
     let (full, strip, debug, id) = built(dir.path());
     let (d, p) = trace(&full, &["--no-debuginfod"], &[], dir.path());
     // The unstripped stack's names, by machine address (an inlined frame

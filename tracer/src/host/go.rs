@@ -30,9 +30,30 @@ pub struct GoHeaps {
     /// Programs ended without rows (gone before their heap was read, or
     /// sampling nothing), by why.
     unread: Unread,
+    /// Processes whose runtime's own heap (a JVM's, V8's) was said, with
+    /// that heap's name.
+    said_unseen: HashSet<(u32, String)>,
 }
 
 impl GoHeaps {
+    /// What process `pid` (its mappings `maps`, its `/proc/PID/maps`)
+    /// keeps unseen beside malloc's calls: a JVM's Java heap, V8's
+    /// JavaScript heap, a JVM's stacks past its first Java frame; said
+    /// once per process, as a trace by pid says it.
+    pub fn look_unseen(&mut self, pid: u32, maps: &str) {
+        if !maps.contains("libjvm.so") && !maps.contains("node") {
+            return;
+        }
+        let mappings = tracee::parse_maps(maps);
+        let name = tracee::comm(pid);
+        let exe = tracee::executable(pid);
+        for u in golang::unseen::detect(pid, &name, &exe, &mappings) {
+            if self.unseen.len() < UNSEEN_KEPT && self.said_unseen.insert((pid, u.heap.clone())) {
+                self.unseen.push(u);
+            }
+        }
+    }
+
     /// Whether process `pid` is a Go program, whose own heap is then read
     /// at each reading (`new`: it exec'd after mtrace came, and counts
     /// from its start). Each executable is looked at once.

@@ -227,6 +227,7 @@ impl Host {
             }
             host.go.look(pid, false);
             host.walks.lock().look_for_python(pid, 0, &text);
+            host.go.look_unseen(pid, &text);
         }
         let installed = installed_allocators();
         host.libc = installed.first().and_then(|set| set.first()).cloned();
@@ -410,6 +411,7 @@ impl Host {
             self.index.note(pid, &text);
             self.go.look(pid, true);
             self.walks.lock().look_for_python(pid, 0, &text);
+            self.go.look_unseen(pid, &text);
             match self.probes.add_process(pid, &text) {
                 Ok(n) => self.added_late(
                     n,
@@ -487,7 +489,7 @@ impl Host {
         for k in &keys {
             let _ = counts.remove(k);
         }
-        let mut names: BpfHashMap<&mut MapData, HostProcess, Comm> =
+        let mut names: BpfHashMap<&mut MapData, HostProcess, tracer_common::HostName> =
             BpfHashMap::try_from(ebpf.map_mut(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
         let named: Vec<HostProcess> = names
             .keys()

@@ -48,7 +48,17 @@ impl Processes {
     /// else the name alone.
     /// What is found is kept: a view redrawn every second reads `/proc`
     /// once per process.
-    pub(super) fn meta(&mut self, p: HostProcess, comm: &str) -> ProcessMeta {
+    /// `ppid`: its parent's id then (0: not known).
+    pub(super) fn meta(&mut self, p: HostProcess, comm: &str, ppid: u32) -> ProcessMeta {
+        let mut m = self.meta_of(p, comm);
+        if m.ppid == 0 && ppid != 0 {
+            m.ppid = ppid;
+            self.keep(p, m.clone());
+        }
+        m
+    }
+
+    fn meta_of(&mut self, p: HostProcess, comm: &str) -> ProcessMeta {
         let same = |m: &ProcessMeta| comm.is_empty() || m.name == comm;
         if let Some(m) = self.metas.get_mut(&p) {
             if !comm.is_empty() {

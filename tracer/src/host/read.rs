@@ -9,8 +9,8 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tracer_common::{
-    counter, host_frame_parts, maps, stop, Comm, HostKey, HostProcess, HostValue, StackFrames,
-    MAX_HOST_FUNCS, PLACE_ANONYMOUS, PLACE_FILE,
+    counter, host_frame_parts, maps, stop, Comm, HostKey, HostName, HostProcess, HostValue,
+    StackFrames, MAX_HOST_FUNCS, PLACE_ANONYMOUS, PLACE_FILE,
 };
 
 use super::{files::FileIndex, probes::HostProbes, walks::HostWalks, Processes};
@@ -134,7 +134,7 @@ fn profile_of(
     // their maps are.
     walks.python.judge_all();
     walks.jit.catch_up();
-    let names: BpfHashMap<&MapData, HostProcess, Comm> =
+    let names: BpfHashMap<&MapData, HostProcess, HostName> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.
     let mut seen: BTreeMap<HostProcess, ProcessMeta> = BTreeMap::new();
@@ -145,8 +145,11 @@ fn profile_of(
             mm: k.mm,
         };
         seen.entry(p).or_insert_with(|| {
-            let comm = names.get(&p, 0).map(|c| comm_text(&c)).unwrap_or_default();
-            processes.meta(p, &comm)
+            let (comm, ppid) = names
+                .get(&p, 0)
+                .map(|n| (comm_text(&n.comm), n.ppid))
+                .unwrap_or_default();
+            processes.meta(p, &comm, ppid)
         });
     }
 

@@ -51,6 +51,8 @@ pub fn vma_offsets() -> VmaOffsets {
                 mm_start_stack: at("mm_struct", "start_stack").unwrap_or(0),
                 task_tgid: at("task_struct", "tgid").unwrap_or(0),
                 mm_start_code: at("mm_struct", "start_code").unwrap_or(0),
+                task_real_parent: at("task_struct", "real_parent").unwrap_or(0),
+                _pad: 0,
             };
             let copied = |at: u32| (at as usize) + 8 <= VMA_COPY && at.is_multiple_of(8);
             (copied(o.vm_start) && copied(o.vm_pgoff) && copied(o.vm_file)).then_some(o)
