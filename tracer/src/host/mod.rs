@@ -305,12 +305,18 @@ impl Host {
     /// libpython one needs is put in the kernel's table of interpreter
     /// files before the dynamic linker maps it (the process's first walk
     /// from it then knows the process runs it).
+    /// Only a program named like an interpreter is looked at here (any
+    /// other that runs one, an embedding program, is found when its files
+    /// are looked at again): a tree of many short programs pays no read
+    /// of their mappings at each exec for it.
     fn look_for_python(&mut self, pid: u32, mm: u64) {
+        let exe = tracee::executable(pid);
+        let named = exe.rsplit('/').next().is_some_and(|n| n.contains("python"));
         let mut walks = self.walks.lock();
         if mm != 0 {
             walks.python.execd(pid);
         }
-        if walks.python.known(pid) {
+        if !named || walks.python.known(pid) {
             return;
         }
         if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/maps")) {
@@ -319,12 +325,7 @@ impl Host {
         if walks.python.known(pid) {
             return;
         }
-        let exe = tracee::executable(pid);
-        let named = exe.rsplit('/').next().is_some_and(|n| n.contains("python"));
-        if let Some(lib) = named
-            .then(|| crate::python::files::needed_libpython(pid, &exe))
-            .flatten()
-        {
+        if let Some(lib) = crate::python::files::needed_libpython(pid, &exe) {
             walks.python_file(pid, &lib);
         }
     }
