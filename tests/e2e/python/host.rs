@@ -150,3 +150,32 @@ fn all_reads_the_python_frames_of_every_interpreter() {
         "{said}\n{d}"
     );
 }
+
+/// Two runs of Debian's python3.11 (non-PIE, its frozen modules' code
+/// objects at the same addresses in every process) in one tree traced
+/// `--file-wide`: the kernel tells of a stack's code objects once for
+/// the host, yet the second process's Python frames are named too, and
+/// each run's chain is exact.
+#[test]
+fn a_second_interpreter_of_a_tree_has_its_frames_named() {
+    let dir = host_tempdir!();
+    let python = crate::support::python::DEBIAN_PYTHON;
+    if available(vec![(PathBuf::from(python), 11)]).is_empty() {
+        return;
+    }
+    let path = script(dir.path());
+    let script = path.to_str().unwrap();
+    let n = super::N.to_string();
+    let twice = format!("{python} {script} {n} && {python} {script} {n}");
+    let (out, p) = run_named(&["--file-wide", "--", "sh", "-c", &twice]);
+    out.assert_exit(0);
+    let d = out.describe();
+    let unnamed = p.doc["stack_quality"]["python"]["unnamed"].as_u64();
+    assert_eq!(unnamed, Some(0), "{d}");
+    let leaf: u64 = crate::support::python::script_chains(&p, script)
+        .iter()
+        .filter(|(c, _, _)| c.first().is_some_and(|f| f.0 == "leaf"))
+        .map(|(_, calls, _)| calls)
+        .sum();
+    assert_eq!(leaf, 2 * super::N, "{d}");
+}

@@ -379,7 +379,9 @@ impl Host {
                 }
                 held::Held::Exiting { pid } => {
                     self.go.exiting(pid);
-                    self.walks.lock().python.judge(pid);
+                    // Its walks finished while its memory is there to
+                    // name their Python code objects from.
+                    self.walks.walks().python.judge(pid);
                 }
                 held::Held::Python { pid } => self.look_for_python(pid, 0),
             }

@@ -39,6 +39,13 @@ pub struct HostPython {
     /// (0: learned before the kernel named its address space; taken by
     /// the first notice or walk that names it).
     names: HashMap<(u32, u64), Names>,
+    /// Code objects named, by interpreter version, address and check:
+    /// one a stack of another process of the same interpreter holds (a
+    /// frozen module's, at the same address in every process of the
+    /// file) is named from here. The kernel tells of a stack's code
+    /// objects once for all processes (the stack map is the host's), so
+    /// a later process's are known only from here once it is gone.
+    shared: HashMap<u8, HashMap<(u64, u32), std::sync::Arc<python::code::Code>>>,
     /// What the report says of the interpreters found, one line each.
     pub said: Vec<String>,
     /// Python processes the kernel's table had no room for (their stacks
@@ -64,6 +71,7 @@ impl HostPython {
             unreadable: HashSet::new(),
             names: HashMap::new(),
             said: Vec::new(),
+            shared: HashMap::new(),
             full: 0,
             walking,
         })
@@ -150,7 +158,9 @@ impl HostPython {
             return None;
         }
         self.say(interpreter.describe());
-        self.names.insert((pid, mm), names);
+        // (Names learned already under this address space stay: the exec's
+        // word can come after the process's first notices.)
+        self.names.entry((pid, mm)).or_insert(names);
         self.seen.insert(pid);
         Some(interpreter)
     }
@@ -227,8 +237,10 @@ impl HostPython {
                 let _ = self.look(pid, mm, &text);
             }
         }
-        if let Some(names) = self.names_of(pid, mm) {
-            names.learn(words);
+        self.names_of(pid, mm);
+        if let Some(names) = self.names.get_mut(&(pid, mm)) {
+            let shared = self.shared.entry(names.minor).or_default();
+            names.learn_with(words, shared);
         }
     }
 
@@ -257,10 +269,12 @@ impl HostPython {
             // What was read of it is left out.
             return native;
         }
-        match self.names_of(pid, mm) {
+        self.names_of(pid, mm);
+        match self.names.get_mut(&(pid, mm)) {
             Some(names) => {
                 // Code objects no notice told of, while the process lives.
-                names.learn(words);
+                let shared = self.shared.entry(names.minor).or_default();
+                names.learn_with(words, shared);
                 names.splice(native, words)
             }
             None => native,

@@ -241,6 +241,11 @@ impl HostWalks {
                 if !read_miss_into(&mut ev, &record) {
                     continue;
                 }
+                // Its Python code objects named first, before the walks
+                // ahead of it are finished (a module's code lives only as
+                // long as the module's body runs).
+                let py = &ev.py[..(ev.py_n as usize).min(ev.py.len()) & !1];
+                self.python.learn(ev.tgid as u32, ev.mm, py);
                 let key = (ev.tgid as u32, ev.mm);
                 if key.0 != 0 && !self.procs.contains_key(&key) {
                     let walked = self.walked(key.0, now);

@@ -13,6 +13,10 @@ use super::{
 };
 use crate::profile::Frame;
 
+/// Code objects named for other processes kept at most (per interpreter
+/// version; past it, each process names its own).
+const SHARED_KEPT: usize = 65_536;
+
 /// The native function whose every frame is a run of the eval loop.
 const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
 
@@ -21,6 +25,8 @@ const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
 pub struct Names {
     mem: Option<ProcessMemory>,
     layout: &'static CodeLayout,
+    /// The interpreter's minor version (3.X).
+    pub minor: u8,
     /// `None`: not readable, or another code object by then.
     known: HashMap<(u64, u32), Option<Arc<Code>>>,
     /// Code objects that could not be named.
@@ -117,6 +123,7 @@ impl Names {
         Some(Names {
             mem: ProcessMemory::open(pid).ok(),
             layout: CodeLayout::for_minor(minor as u32)?,
+            minor,
             known: HashMap::new(),
             unnamed: 0,
             pending,
@@ -144,9 +151,24 @@ impl Names {
     /// Reads the code objects of `words` (a stack's Python words) not read
     /// yet, while the process lives.
     pub fn learn(&mut self, words: &[u64]) {
+        self.learn_with(words, &mut HashMap::new());
+    }
+
+    /// [`Names::learn`], with the code objects other processes of the same
+    /// interpreter version named (`shared`, by address and check; those
+    /// named here go in too): one at the same address, whose check (first
+    /// line, file and name objects' addresses) agrees, is the same code
+    /// (the interpreter's own, frozen in its file at a fixed address, or
+    /// a process forked from another), and is taken from there instead of
+    /// read, also once this process is gone.
+    pub fn learn_with(&mut self, words: &[u64], shared: &mut HashMap<(u64, u32), Arc<Code>>) {
         for w in py_words(words) {
             let key = (w.code, w.check);
             if self.known.contains_key(&key) {
+                continue;
+            }
+            if let Some(code) = shared.get(&key) {
+                self.known.insert(key, Some(code.clone()));
                 continue;
             }
             let Some(mem) = &self.mem else {
@@ -161,8 +183,12 @@ impl Names {
                     None
                 }
             };
-            if code.is_none() {
-                self.unnamed += 1;
+            match &code {
+                Some(c) if shared.len() < SHARED_KEPT => {
+                    shared.insert(key, c.clone());
+                }
+                Some(_) => {}
+                None => self.unnamed += 1,
             }
             self.known.insert(key, code);
         }
@@ -265,6 +291,7 @@ mod tests {
         Names {
             mem: None,
             layout: CodeLayout::for_minor(11).unwrap(),
+            minor: 11,
             known: HashMap::new(),
             unnamed: 0,
             pending: None,
