@@ -83,7 +83,7 @@ pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
         let kind = *kinds.entry(key).or_insert_with(|| Kind {
             own_allocator: has_own_allocator(&exe, &libc),
             go: crate::golang::binary::is_go(std::path::Path::new(&exe)),
-            python: exe.rsplit('/').next().is_some_and(|n| n.contains("python")),
+            python: crate::python::files::named_like_interpreter(&exe),
         });
         if kind.own_allocator {
             ask(&exec_tx, Held::Probe { key, exe });

@@ -67,18 +67,10 @@ impl HostJit {
 
     /// What reading the maps met, over every process.
     pub fn quality(&self) -> Option<PerfMapQuality> {
-        let mut all: Option<PerfMapQuality> = None;
-        for q in self.maps.values().filter_map(PerfMap::quality) {
-            let a = all.get_or_insert_with(PerfMapQuality::default);
-            a.lines += q.lines;
-            a.kept += q.kept;
-            a.evicted += q.evicted;
-            a.names_cut += q.names_cut;
-            a.bad_lines += q.bad_lines;
-            a.unread_bytes += q.unread_bytes;
-            a.rereads += q.rereads;
-        }
-        all
+        self.maps
+            .values()
+            .filter_map(PerfMap::quality)
+            .reduce(PerfMapQuality::plus)
     }
 
     /// Forgets processes `gone` (their rows are read out for good).

@@ -311,7 +311,7 @@ impl Host {
     /// of their mappings at each exec for it.
     fn look_for_python(&mut self, pid: u32, mm: u64) {
         let exe = tracee::executable(pid);
-        let named = exe.rsplit('/').next().is_some_and(|n| n.contains("python"));
+        let named = crate::python::files::named_like_interpreter(&exe);
         let mut walks = self.walks.lock();
         if mm != 0 {
             walks.python.execd(pid);

@@ -175,13 +175,22 @@ impl HostPython {
     /// yet (it had no thread when first looked at): one that cannot be
     /// read is said once, and read no more.
     pub fn judge(&mut self, pid: u32) {
+        self.judge_where(|p| p == pid);
+    }
+
+    /// Judges every process's interpreter not judged yet (at a reading).
+    pub fn judge_all(&mut self) {
+        self.judge_where(|_| true);
+    }
+
+    fn judge_where(&mut self, which: impl Fn(u32) -> bool) {
         let mut lines = Vec::new();
         for ((p, _), names) in self.names.iter_mut() {
-            if *p == pid {
-                lines.extend(names.judge().map(str::to_string));
+            if which(*p) {
+                lines.extend(names.judge().map(|l| (*p, l.to_string())));
             }
         }
-        for line in lines {
+        for (pid, line) in lines {
             python::say_once(&line);
             let _ = self.map.remove(&pid);
             self.unreadable.insert(pid);
@@ -189,14 +198,6 @@ impl HostPython {
             let who = line.split(": its interpreter state").next().unwrap_or("");
             self.said.retain(|l| !l.starts_with(who));
             self.say(line);
-        }
-    }
-
-    /// Judges every process's interpreter not judged yet (at a reading).
-    pub fn judge_all(&mut self) {
-        let pids: HashSet<u32> = self.names.keys().map(|(p, _)| *p).collect();
-        for pid in pids {
-            self.judge(pid);
         }
     }
 

@@ -452,6 +452,8 @@ impl HostWalks {
             tid: ev.tid,
             _pad: 0,
         };
+        // (Its code objects were named as its record was taken from the
+        // ring.)
         if !py.is_empty() {
             crate::python::fit(
                 &mut frames,
@@ -459,7 +461,6 @@ impl HostWalks {
                 py,
                 tracer_common::MAX_FRAMES,
             );
-            self.python.learn(key.tgid, key.mm, py);
         }
         self.stacks
             .entry(key.stack)

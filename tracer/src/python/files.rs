@@ -65,6 +65,14 @@ pub fn from_code_mapping<'m>(i: &Interpreter, maps: &'m [Mapping]) -> Option<(&'
     ))
 }
 
+/// Whether executable `path` is named like a CPython interpreter
+/// (`python3`, `python3.11`, ...): one to look at as it execs.
+pub fn named_like_interpreter(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|n| n.contains("python"))
+}
+
 /// Directories the dynamic linker looks in after an executable's own
 /// run paths (its cache lists what they hold on a Debian system).
 const SYSTEM_DIRS: [&str; 6] = [

@@ -320,10 +320,7 @@ fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
         (x, y) => x.or(y),
     };
     a.perf_map = match (a.perf_map, b.perf_map) {
-        (Some(mut x), Some(y)) => {
-            add_fields!(x, y; lines, kept, evicted, names_cut, bad_lines, unread_bytes, rereads);
-            Some(x)
-        }
+        (Some(x), Some(y)) => Some(x.plus(y)),
         (x, y) => x.or(y),
     };
     a.symbols = match (a.symbols, b.symbols) {

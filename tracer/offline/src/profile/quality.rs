@@ -154,6 +154,21 @@ pub struct PerfMapQuality {
     pub rereads: u64,
 }
 
+impl PerfMapQuality {
+    /// Both maps' counts added (two processes', or two images').
+    pub fn plus(self, o: PerfMapQuality) -> PerfMapQuality {
+        PerfMapQuality {
+            lines: self.lines + o.lines,
+            kept: self.kept + o.kept,
+            evicted: self.evicted + o.evicted,
+            names_cut: self.names_cut + o.names_cut,
+            bad_lines: self.bad_lines + o.bad_lines,
+            unread_bytes: self.unread_bytes + o.unread_bytes,
+            rereads: self.rereads + o.rereads,
+        }
+    }
+}
+
 impl StackQuality {
     /// The share of calls with a whole stack, in percent (100 without calls).
     pub fn whole_pct(&self) -> f64 {
