@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, host_frame_parts, stop, HostExec, HostKey, HostMark, HostName, HostProcess, HostValue,
-    PythonLayout, WalkScratch, HOST_NEXT_GEN, MAX_HOST_FUNCS,
+    PythonLayout, WalkScratch, HOST_NEXT_GEN, MAX_HOST_FUNCS, PLACE_UNRESOLVED,
 };
 
 use crate::{
@@ -186,7 +186,7 @@ fn walk(
     let gen = incarnation(tgid);
     w.host_gen = gen;
     w.host_mm = mm;
-    w.host_ra = host_place(level_of(w), gen, ret);
+    w.host_ra = host_place(w, ret);
     w.host_caller = w.host_ra;
     python_of(w, tgid, ret);
     bump_counter(counter::WALKS, 1);
@@ -208,9 +208,9 @@ fn walk(
     // with them the tracer finishes the walk in the files alone should the
     // process be gone by then.
     w.host_exe = code_start(mm);
-    let _ = host_place(level_of(w), gen, ip);
+    let _ = host_place(w, ip);
     if w.host_exe != 0 {
-        let _ = host_place(level_of(w), gen, w.host_exe);
+        let _ = host_place(w, w.host_exe);
     }
     if send_miss(w, func, tid, ret, 1, size).is_some() {
         return HANDED_OVER;
@@ -282,6 +282,9 @@ fn count_key(
 ) -> u32 {
     if let Some(v) = HOST_COUNTS.get_ptr_mut(key) {
         add_value(v, size);
+        if unsafe { core::ptr::read_volatile(&(*v).place) } == PLACE_UNRESOLVED {
+            place_again(ret, v);
+        }
         return 0;
     }
     if key.stack != 0 {
@@ -316,6 +319,25 @@ fn count_key(
         Err(_) => bump_counter(counter::MAP_FULL, 1),
     }
     0
+}
+
+/// Looks up again where a key's return address `ret` lies, its mapping
+/// not looked up when the key was made (the process was changing its
+/// mappings then): the place is written last, so that a reader that
+/// sees it resolved sees the file and offset it names.
+#[inline(never)]
+fn place_again(ret: u64, v: *mut HostValue) {
+    let mut again = HostValue::default();
+    caller_place(ret, &mut again);
+    if again.place == PLACE_UNRESOLVED {
+        return;
+    }
+    unsafe {
+        (*v).dev = again.dev;
+        (*v).ino = again.ino;
+        (*v).offset = again.offset;
+        core::ptr::write_volatile(&mut (*v).place, again.place);
+    }
 }
 
 /// The incarnation of process `tgid` (a number no other process had): its

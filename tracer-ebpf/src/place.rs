@@ -12,7 +12,7 @@ use aya_ebpf::{
     },
 };
 use tracer_common::{
-    counter, host_frame, HostFileId, HostValue, HostVma, HostVmaKey, HOST_NEXT_TAG,
+    counter, host_frame, HostFileId, HostValue, HostVma, HostVmaKey, WalkScratch, HOST_NEXT_TAG,
     HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
 };
 
@@ -20,18 +20,22 @@ use crate::{
     aggregate::{bump_counter, EEXIST},
     host::next_number,
     maps::{config_u32, CONFIG, HOST_FILE_TAGS, HOST_TAG_FILES, HOST_VMAS, HOST_VMA_COPY},
+    scratch::level_of,
 };
 
 /// The incarnation of a process the table had no room for: its mappings
 /// are never remembered.
 pub(crate) const NO_GEN: u64 = tracer_common::HOST_GEN_NONE;
 
-/// Return address `addr` of the current process (incarnation `gen`) as a
-/// stack frame: its file's tag and its offset in the file
-/// ([`host_frame`]), else the address (in no file, or its mapping not
-/// found). The mapping is remembered per 64 KiB window of addresses.
+/// Return address `addr` of the walk's process (incarnation
+/// `w.host_gen`) as a stack frame: its file's tag and its offset in the
+/// file ([`host_frame`]), else the address (in no file, or its mapping not
+/// found; `w.host_unplaced` 1 when the lookup could not be made). The
+/// mapping is remembered per 64 KiB window of addresses.
 #[inline(always)]
-pub(crate) fn host_place(level: u64, gen: u64, addr: u64) -> u64 {
+pub(crate) fn host_place(w: &mut WalkScratch, addr: u64) -> u64 {
+    let gen = w.host_gen;
+    w.host_unplaced = 0;
     let key = HostVmaKey {
         gen,
         window: addr >> HOST_VMA_WINDOW_SHIFT,
@@ -47,7 +51,9 @@ pub(crate) fn host_place(level: u64, gen: u64, addr: u64) -> u64 {
             }
         }
     }
-    let Some(vma) = find_mapping(level, addr) else {
+    let mut busy = false;
+    let Some(vma) = find_mapping(level_of(w), addr, &mut busy) else {
+        w.host_unplaced = busy as u64;
         return addr;
     };
     if gen != NO_GEN {
@@ -60,10 +66,15 @@ pub(crate) fn host_place(level: u64, gen: u64, addr: u64) -> u64 {
     }
 }
 
+/// `bpf_find_vma`'s error when the mapping lock was taken (by the process
+/// changing its mappings, or one waiting to).
+const EBUSY: i64 = 16;
+
 /// The mapping that holds `addr` in the current process, with its file's
-/// tag (0: no file); `None` when it cannot be looked up.
+/// tag (0: no file); `None` when it cannot be looked up (`busy` set when
+/// it may be on another try).
 #[inline(never)]
-fn find_mapping(level: u64, addr: u64) -> Option<HostVma> {
+fn find_mapping(level: u64, addr: u64, busy: &mut bool) -> Option<HostVma> {
     let o = &CONFIG.vma;
     if config_u32(&o.known) == 0 {
         return None;
@@ -80,6 +91,10 @@ fn find_mapping(level: u64, addr: u64) -> Option<HostVma> {
             0,
         )
     };
+    if r == -EBUSY {
+        *busy = true;
+        return None;
+    }
     if r != 0 || unsafe { (*copy).found } == 0 {
         return None;
     }

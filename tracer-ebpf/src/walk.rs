@@ -191,7 +191,7 @@ extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 #[inline(always)]
 fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
     let found = if w.host_gen != 0 {
-        host_rule(w.host_ra)
+        host_rule(w.host_ra, w.host_unplaced)
     } else {
         rule_of(w.ra)
     };
@@ -281,7 +281,7 @@ fn reveal(w: &mut WalkScratch, real: u64) {
     if n == 0 {
         w.caller = real;
         if w.host_gen != 0 {
-            w.host_ra = host_place(level_of(w), w.host_gen, real);
+            w.host_ra = host_place(w, real);
         }
     } else if n <= MAX_FRAMES {
         let frame = frame_of(w, real);
@@ -299,17 +299,21 @@ fn frame_of(w: &mut WalkScratch, ra: u64) -> u64 {
     if w.host_gen == 0 {
         return ra;
     }
-    let frame = host_place(level_of(w), w.host_gen, ra);
+    let frame = host_place(w, ra);
     w.host_ra = frame;
     frame
 }
 
 /// The host scope's rule of the return address at `frame` (its file and
-/// offset): `None` when the tracer has not given it yet; code in no file
-/// has none (the walk ends there).
+/// offset): `None` when the tracer has not given it yet, or when the
+/// frame's mapping could not be looked up (`unplaced`: the tracer places
+/// it); code in no file has none (the walk ends there).
 #[inline(always)]
-fn host_rule(frame: u64) -> Option<UnwindRule> {
+fn host_rule(frame: u64, unplaced: u64) -> Option<UnwindRule> {
     if frame & HOST_FRAME_IN_FILE == 0 {
+        if unplaced != 0 {
+            return None;
+        }
         return Some(UnwindRule::unsupported());
     }
     unsafe { HOST_RULES.get(&frame) }.copied()

@@ -116,31 +116,43 @@ fn all_reads_the_python_frames_of_every_interpreter() {
         .iter()
         .map(|d| script(d.path()).to_str().unwrap().to_string())
         .collect();
-    let mut before = FixtureProc::start(&shared, &[&scripts[0], &n, "wait"]);
-    before.wait_ready();
-
-    let out_dir = tempfile::tempdir().unwrap();
-    let json = out_dir.path().join("p.json");
-    let mut m = Mtrace::start(&["--all", "-o", json.to_str().unwrap()]);
-    m.wait_tracing();
-    let mut after = FixtureProc::start(&linked, &[&scripts[1], &n, "wait"]);
-    after.wait_ready();
-    for fx in [&mut before, &mut after] {
-        fx.release();
-        assert!(fx.proc.wait_timeout(crate::support::EXIT_TIMEOUT).success());
+    let attempt = || {
+        let mut before = FixtureProc::start(&shared, &[&scripts[0], &n, "wait"]);
+        before.wait_ready();
+        let out_dir = tempfile::tempdir().unwrap();
+        let json = out_dir.path().join("p.json");
+        let mut m = Mtrace::start(&["--all", "-o", json.to_str().unwrap()]);
+        m.wait_tracing();
+        let mut after = FixtureProc::start(&linked, &[&scripts[1], &n, "wait"]);
+        after.wait_ready();
+        for fx in [&mut before, &mut after] {
+            fx.release();
+            assert!(fx.proc.wait_timeout(crate::support::EXIT_TIMEOUT).success());
+        }
+        let status = std::process::Command::new(&shared)
+            .args([&scripts[2], &n])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        m.proc.signal(libc::SIGINT);
+        let out = m.finish();
+        out.assert_exit(0);
+        (out.describe(), Profile::load(&json))
+    };
+    // No process of `--all` is held at its exit: one whose script ends
+    // before the tracer, starved of CPU, reads its code objects has them
+    // freed, counted as unnamed (see `run_named`); run again then.
+    let (mut d, mut p) = attempt();
+    for _ in 0..2 {
+        let unnamed = p.doc["stack_quality"]["python"]["unnamed"].as_u64();
+        if unnamed.unwrap_or(0) == 0 {
+            break;
+        }
+        eprintln!("--all: {unnamed:?} code objects unnamed, run again");
+        (d, p) = attempt();
     }
-    let status = std::process::Command::new(&shared)
-        .args([&scripts[2], &n])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    m.proc.signal(libc::SIGINT);
-    let out = m.finish();
-    out.assert_exit(0);
-    let d = out.describe();
-    let p = Profile::load(&json);
     for (script, minor) in scripts.iter().zip([12, 11, 12]) {
         assert_chain(&p, script, minor, &format!("{script}\n{d}"));
     }

@@ -6,8 +6,9 @@
 use std::{path::Path, time::Duration};
 
 use crate::support::{
-    longrun::sigkilled_mtrace_leaves_no_breakpoints_in, scopes::tally, Fixture, Mtrace,
-    LINE_TIMEOUT,
+    longrun::sigkilled_mtrace_leaves_no_breakpoints_in,
+    scopes::{assert_tally_eq, tally},
+    Fixture, Mtrace, LINE_TIMEOUT,
 };
 
 /// `--all`: processes the test starts while mtrace runs, none of them
@@ -87,10 +88,10 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
     assert_eq!(p.doc["meta"]["scope"], "host", "{d}");
 
     let of = |pid: u32, name: &'static str| tally(&p, &move |p, n| p == pid as u64 && n == name);
-    assert_eq!(
-        of(direct, "counts"),
-        counts_alone,
-        "counts (pid {direct})\n{d}"
+    assert_tally_eq(
+        &of(direct, "counts"),
+        &counts_alone,
+        &format!("counts (pid {direct})\n{d}"),
     );
     // The shell's child is the counts fixture once it exec'd (its only
     // other run), and no call before that is counted as the fixture's.
@@ -104,17 +105,15 @@ fn all_counts_every_process_as_a_trace_of_it_alone_would() {
         .map(|e| e["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(children.len(), 1, "the shell's counts child\n{d}");
-    assert_eq!(
-        of(children[0] as u32, "counts"),
-        counts_alone,
-        "counts from a shell (pid {})\n{d}",
-        children[0]
+    assert_tally_eq(
+        &of(children[0] as u32, "counts"),
+        &counts_alone,
+        &format!("counts from a shell (pid {})\n{d}", children[0]),
     );
-    assert_eq!(
-        of(cxx_pid, "cxx"),
-        cxx_alone,
-        "cxx (pid {cxx_pid})\n{}\n{d}",
-        p.doc["meta"]["processes"]
+    assert_tally_eq(
+        &of(cxx_pid, "cxx"),
+        &cxx_alone,
+        &format!("cxx (pid {cxx_pid})\n{}\n{d}", p.doc["meta"]["processes"]),
     );
     // The static program: said, and never more than it made.
     assert!(

@@ -285,3 +285,28 @@ fn a_process_table_too_small_for_the_tree_is_counted_and_shown() {
     }
     assert!(out.stdout.contains("tree full 0"), "{d}");
 }
+
+/// The host engine's walk of a process whose mappings change as it
+/// allocates (two threads map and unmap pages without end): a frame whose
+/// mapping the kernel could not look up then (the process held the lock
+/// to change them) is handed to the tracer, which places it and walks on,
+/// so every one of the 100,000 calls of malloc from `churn_leaf` is under its whole
+/// stack, to `main` and the thread's first frame, none cut.
+#[test]
+fn a_process_changing_its_mappings_keeps_its_whole_stacks() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let churn = Fixture::MapChurn.path_str();
+    let n: u64 = 100_000;
+    let (out, p) = crate::support::run_profiled(&["--file-wide", "--", churn, &n.to_string()]);
+    out.assert_exit(0);
+    let d = out.describe();
+    let mut calls = std::collections::BTreeMap::<(String, bool), u64>::new();
+    for s in p.allocs().filter(|s| s.names().contains(&"churn_leaf")) {
+        let whole = !s.truncated && s.names().contains(&"main");
+        *calls.entry((s.function.clone(), whole)).or_default() += s.calls;
+    }
+    let want: std::collections::BTreeMap<_, _> = [(("malloc".into(), true), n)].into();
+    assert_eq!(calls, want, "{}\n{d}", p.doc["stack_quality"]);
+}

@@ -28,9 +28,11 @@ pub enum Fixture {
     CountsStatic,
     /// A server-like tree to trace by pid (workers.c).
     Workers,
+    /// Allocates while two threads map and unmap pages (mapchurn.c).
+    MapChurn,
 }
 
-const N_FIXTURES: usize = 12;
+const N_FIXTURES: usize = 13;
 
 /// `cc -O2 -fno-omit-frame-pointer -g -o OUT SRC`: frame pointers for the
 /// kernel's stack walk, debug info for file:line.
@@ -51,6 +53,7 @@ impl Fixture {
             Fixture::Tree => "tree",
             Fixture::CountsStatic => "counts-static",
             Fixture::Workers => "workers",
+            Fixture::MapChurn => "mapchurn",
         }
     }
 
@@ -65,7 +68,7 @@ impl Fixture {
     /// Flags before `-o OUT SRC`, and after.
     fn flags(self) -> (&'static [&'static str], &'static [&'static str]) {
         match self {
-            Fixture::Threads | Fixture::Live => (FRAME_FLAGS, &["-pthread"]),
+            Fixture::Threads | Fixture::Live | Fixture::MapChurn => (FRAME_FLAGS, &["-pthread"]),
             Fixture::CountsPlus20 => (FRAME_FLAGS, &["-DSMALL_N=1200", "-DPAD_FUNCTIONS"]),
             Fixture::NoMalloc => (&["-O2", "-static", "-nostdlib"], &[]),
             Fixture::CountsStatic => (FRAME_FLAGS, &["-static"]),

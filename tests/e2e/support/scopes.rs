@@ -30,6 +30,29 @@ pub fn tally(p: &Profile, keep: &dyn Fn(u64, &str) -> bool) -> BTreeMap<(String,
     out
 }
 
+/// `run` and `alone` the same, else a failure that names first what
+/// differs (each stack's calls on both sides), then `what`.
+pub fn assert_tally_eq(
+    run: &BTreeMap<(String, String), u64>,
+    alone: &BTreeMap<(String, String), u64>,
+    what: &str,
+) {
+    if run == alone {
+        return;
+    }
+    let mut diff = Vec::new();
+    for key in run
+        .keys()
+        .chain(alone.keys().filter(|k| !run.contains_key(*k)))
+    {
+        let (a, b) = (run.get(key), alone.get(key));
+        if a != b {
+            diff.push(format!("{a:?} against {b:?} alone: {} {}", key.0, key.1));
+        }
+    }
+    panic!("the tallies differ:\n{}\n{what}", diff.join("\n"));
+}
+
 /// A run traced file-wide against the same program traced alone: the
 /// same calls per function and direct caller, and every whole stack one
 /// the trace alone has, frame for frame. (A first run's walk that met a

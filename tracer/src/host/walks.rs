@@ -23,8 +23,9 @@ use aya::{
 };
 use tracer_common::{
     host_frame, host_frame_parts, maps, python_stack_key, stop, HostFileId, HostKey, HostValue,
-    HostVma, HostVmaKey, MissEvent, UnwindRule, HOST_GEN_NONE, HOST_VMA_WINDOW_SHIFT,
-    MAX_HOST_TAGS, MISS_HEADER_BYTES, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
+    HostVma, HostVmaKey, MissEvent, UnwindRule, HOST_FRAME_IN_FILE, HOST_GEN_NONE,
+    HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, MISS_HEADER_BYTES, PLACE_ANONYMOUS, PLACE_FILE,
+    PLACE_UNRESOLVED,
 };
 
 use super::{files::FileIndex, python::HostPython};
@@ -360,12 +361,15 @@ impl HostWalks {
         let space = &mut walked.space;
         new_rules.clear();
         let done = walked.unwinder.finish(ev, space, new_rules);
-        // The kernel's frames are file places already; the tracer's are
-        // addresses in this process.
+        // The kernel's frames are file places already, but for those whose
+        // mapping it could not look up (kept as addresses, like code in no
+        // file); the tracer's are addresses in this process.
         let kernel_n = (ev.n as usize).min(done.frames.len());
         let mut frames = done.frames;
-        for f in frames.iter_mut().skip(kernel_n) {
-            *f = self.place(space, *f).0;
+        for (i, f) in frames.iter_mut().enumerate() {
+            if i >= kernel_n || *f & HOST_FRAME_IN_FILE == 0 {
+                *f = self.place(space, *f).0;
+            }
         }
         let mut rules = Vec::new();
         for (ra, rule) in new_rules.drain(..) {
