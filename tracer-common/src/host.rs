@@ -211,6 +211,24 @@ const _: () = assert!(
         && ((MAX_HOST_TAGS as u64 - 1) << HOST_TAG_SHIFT) < HOST_FRAME_IN_FILE
 );
 
+/// `HOST_RULES`' key for the rule of process incarnation `gen`'s code in
+/// no file (a JIT's): the frame pointer, where the tracer found it leads
+/// to a call site, else none. Never a file frame's key (bit 60 clear).
+#[inline(always)]
+pub const fn host_anon_rule_key(gen: u64) -> u64 {
+    HOST_ANON_RULE | (gen & (HOST_FRAME_IN_FILE - 1))
+}
+
+/// The mark of a [`host_anon_rule_key`].
+pub const HOST_ANON_RULE: u64 = 1 << 61;
+
+/// Why the host scope's walk kept the return address it is at as an
+/// address (`WalkScratch::host_raw`): its mapping could not be looked
+/// up then (the process was changing its mappings).
+pub const HOST_RAW_BUSY: u64 = 1;
+/// ... it lies in code no file backs (a JIT's).
+pub const HOST_RAW_ANON: u64 = 2;
+
 /// Where a [`HOST_FRAME_IN_FILE`] frame's tag starts.
 pub const HOST_TAG_SHIFT: u32 = 40;
 

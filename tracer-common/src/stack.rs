@@ -132,10 +132,10 @@ pub struct WalkScratch {
     /// The host scope's walk handed to the tracer: an address in the
     /// executable's code (`mm_struct.start_code`, 0: unknown).
     pub host_exe: u64,
-    /// The host scope's walk: 1 when the mapping of the return address
-    /// it is at could not be looked up (its process's mappings were being
-    /// changed): a frame the tracer places and walks on from.
-    pub host_unplaced: u64,
+    /// The host scope's walk: why the return address it is at was kept
+    /// as an address ([`crate::HOST_RAW_BUSY`], [`crate::HOST_RAW_ANON`];
+    /// 0: in a file, or in no mapping).
+    pub host_raw: u64,
     /// The host scope's walk of a process running CPython: its layout,
     /// copied from `HOST_PYTHON` (`runtime` 0: none, no Python frames).
     pub host_py: crate::PythonLayout,

@@ -13,7 +13,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, host_frame, HostFileId, HostValue, HostVma, HostVmaKey, WalkScratch, HOST_NEXT_TAG,
-    HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
+    HOST_RAW_ANON, HOST_RAW_BUSY, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS,
+    PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
 };
 
 use crate::{
@@ -30,12 +31,12 @@ pub(crate) const NO_GEN: u64 = tracer_common::HOST_GEN_NONE;
 /// Return address `addr` of the walk's process (incarnation
 /// `w.host_gen`) as a stack frame: its file's tag and its offset in the
 /// file ([`host_frame`]), else the address (in no file, or its mapping not
-/// found; `w.host_unplaced` 1 when the lookup could not be made). The
-/// mapping is remembered per 64 KiB window of addresses.
+/// found; `w.host_raw` says which). The mapping is remembered per 64 KiB
+/// window of addresses.
 #[inline(always)]
 pub(crate) fn host_place(w: &mut WalkScratch, addr: u64) -> u64 {
     let gen = w.host_gen;
-    w.host_unplaced = 0;
+    w.host_raw = 0;
     let key = HostVmaKey {
         gen,
         window: addr >> HOST_VMA_WINDOW_SHIFT,
@@ -43,27 +44,29 @@ pub(crate) fn host_place(w: &mut WalkScratch, addr: u64) -> u64 {
     if gen != NO_GEN {
         if let Some(v) = unsafe { HOST_VMAS.get(&key) } {
             if v.start <= addr && addr < v.end {
-                return if v.tag != 0 {
-                    host_frame(v.tag, addr - v.bias)
-                } else {
-                    addr
-                };
+                if v.tag != 0 {
+                    return host_frame(v.tag, addr - v.bias);
+                }
+                w.host_raw = HOST_RAW_ANON;
+                return addr;
             }
         }
     }
     let mut busy = false;
     let Some(vma) = find_mapping(level_of(w), addr, &mut busy) else {
-        w.host_unplaced = busy as u64;
+        if busy {
+            w.host_raw = HOST_RAW_BUSY;
+        }
         return addr;
     };
     if gen != NO_GEN {
         let _ = HOST_VMAS.insert(&key, &vma, 0);
     }
     if vma.tag != 0 {
-        host_frame(vma.tag, addr - vma.bias)
-    } else {
-        addr
+        return host_frame(vma.tag, addr - vma.bias);
     }
+    w.host_raw = HOST_RAW_ANON;
+    addr
 }
 
 /// `bpf_find_vma`'s error when the mapping lock was taken (by the process

@@ -3,8 +3,9 @@
 
 use aya_ebpf::programs::ProbeContext;
 use tracer_common::{
-    counter, rule_slot, stack_hash_finish, stack_hash_step, stop, UnwindRule, WalkMemo,
-    WalkScratch, HOST_FRAME_IN_FILE, MAX_FRAMES, STACK_CHUNK, STACK_HASH_SEED, STACK_NONE,
+    counter, host_anon_rule_key, rule_slot, stack_hash_finish, stack_hash_step, stop, UnwindRule,
+    WalkMemo, WalkScratch, HOST_FRAME_IN_FILE, HOST_GEN_NONE, HOST_RAW_ANON, HOST_RAW_BUSY,
+    MAX_FRAMES, STACK_CHUNK, STACK_HASH_SEED, STACK_NONE,
 };
 
 use crate::{
@@ -191,7 +192,7 @@ extern "C" fn unwind_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 #[inline(always)]
 fn unwind_frame(w: &mut WalkScratch, e: *mut WalkMemo) -> i64 {
     let found = if w.host_gen != 0 {
-        host_rule(w.host_ra, w.host_unplaced)
+        host_rule(w.host_ra, w.host_raw, w.host_gen)
     } else {
         rule_of(w.ra)
     };
@@ -305,18 +306,23 @@ fn frame_of(w: &mut WalkScratch, ra: u64) -> u64 {
 }
 
 /// The host scope's rule of the return address at `frame` (its file and
-/// offset): `None` when the tracer has not given it yet, or when the
-/// frame's mapping could not be looked up (`unplaced`: the tracer places
-/// it); code in no file has none (the walk ends there).
+/// offset): `None` when the tracer has not given it yet. A frame kept as
+/// an address (`raw` says why): one whose mapping could not be looked up
+/// has none (the tracer places it); code in no file has the rule the
+/// tracer gave the process's (incarnation `gen`) JIT code, none before
+/// it has judged it; other addresses are no code (the walk ends there).
 #[inline(always)]
-fn host_rule(frame: u64, unplaced: u64) -> Option<UnwindRule> {
-    if frame & HOST_FRAME_IN_FILE == 0 {
-        if unplaced != 0 {
-            return None;
-        }
-        return Some(UnwindRule::unsupported());
+fn host_rule(frame: u64, raw: u64, gen: u64) -> Option<UnwindRule> {
+    if frame & HOST_FRAME_IN_FILE != 0 {
+        return unsafe { HOST_RULES.get(&frame) }.copied();
     }
-    unsafe { HOST_RULES.get(&frame) }.copied()
+    match raw {
+        HOST_RAW_BUSY => None,
+        HOST_RAW_ANON if gen != HOST_GEN_NONE => {
+            unsafe { HOST_RULES.get(&host_anon_rule_key(gen)) }.copied()
+        }
+        _ => Some(UnwindRule::unsupported()),
+    }
 }
 
 /// The rule of return address `ra`: from the direct-mapped cache (an array

@@ -8,12 +8,17 @@
 //! interpreter has its layout learned before its first instruction where
 //! libpython is linked in, and is held at its exit for its interpreter's
 //! state to be judged (as the per-process engine's exit hold does).
-//! Every other exec runs on at once. The files of the tree's programs that no process mapped before
-//! are looked at once each.
+//! Every other exec runs on at once. Every process is held at its exit
+//! until the walks the kernel handed over are finished in its memory.
+//! The files of the tree's programs that no process mapped before are
+//! looked at once each.
 
 use std::{
-    collections::HashMap,
-    sync::mpsc::{self, Receiver, Sender, SyncSender},
+    collections::{HashMap, HashSet},
+    sync::{
+        mpsc::{self, Receiver, Sender, SyncSender},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 
@@ -57,9 +62,16 @@ struct Kind {
 /// The trace's end of the hold (its asks), and what the thread that
 /// follows the tree does at each exec stop and at the exit of a process
 /// it holds there. `libc`: the C library a program with an allocator of
-/// its own may bind to beside it. A Go program is held at its exit too,
-/// so that its heap is read with everything it allocated.
-pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
+/// its own may bind to beside it. Every process is held at its exit
+/// until `finish` has finished the walks the kernel handed over (a
+/// short-lived process's, and those through JIT code, are walked in its
+/// memory, not in what is known of it once gone); a Go program, so that
+/// its heap is read with everything it allocated, and a Python one, for
+/// its interpreter to be judged, until the trace's loop has done that.
+pub fn exec_hold(
+    libc: Option<String>,
+    finish: impl Fn() + Send + 'static,
+) -> (Receiver<Ask>, Holds) {
     let (tx, rx) = mpsc::channel();
     let ask = |tx: &Sender<Ask>, what: Held| {
         let (done, answered) = mpsc::sync_channel(1);
@@ -72,12 +84,25 @@ pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
     // What each executable seen is.
     let mut kinds: HashMap<FileKey, Kind> = HashMap::new();
     let exec_tx = tx.clone();
+    // The processes whose exit the trace's loop is asked about.
+    let asked = Arc::new(Mutex::new(HashSet::new()));
+    let asked_at_exit = asked.clone();
     let on_exec = move |pid: u32| {
+        let ask_at_exit = |yes: bool| {
+            let mut asked = asked.lock().unwrap_or_else(|e| e.into_inner());
+            if yes {
+                asked.insert(pid);
+            } else {
+                asked.remove(&pid);
+            }
+        };
         let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-            return false;
+            ask_at_exit(false);
+            return true;
         };
         let Some(key) = key_of_path(&exe) else {
-            return false;
+            ask_at_exit(false);
+            return true;
         };
         let exe = exe.to_string_lossy().into_owned();
         let kind = *kinds.entry(key).or_insert_with(|| Kind {
@@ -94,9 +119,19 @@ pub fn exec_hold(libc: Option<String>) -> (Receiver<Ask>, Holds) {
         if kind.python {
             ask(&exec_tx, Held::Python { pid });
         }
-        kind.go || kind.python
+        ask_at_exit(kind.go || kind.python);
+        true
     };
-    let on_exit = move |pid: u32| ask(&tx, Held::Exiting { pid });
+    let on_exit = move |pid: u32| {
+        finish();
+        let asked = asked_at_exit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pid);
+        if asked {
+            ask(&tx, Held::Exiting { pid });
+        }
+    };
     (
         rx,
         Holds {

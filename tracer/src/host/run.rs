@@ -100,7 +100,7 @@ pub fn run(
             None,
         ),
         HostScope::Tree { argv, run_as } => {
-            let (asks, on_exec) = super::held::exec_hold(host.libc.clone());
+            let (asks, on_exec) = super::held::exec_hold(host.libc.clone(), host.walks.finisher());
             held = Some(asks);
             host.held_execs = true;
             let (pid, exit) = launch::launch_held(

@@ -86,6 +86,14 @@ impl HostWalker {
         lock(&self.walks)
     }
 
+    /// What finishes the walks waiting, from another thread (the one
+    /// that holds a process of the tree at its exit, while its memory is
+    /// there to finish them in).
+    pub fn finisher(&self) -> impl Fn() + Send + 'static {
+        let walks = self.walks.clone();
+        move || lock(&walks).finish_all()
+    }
+
     /// The walks finished so far, after finishing those still waiting.
     pub fn walks(&self) -> MutexGuard<'_, HostWalks> {
         let mut w = lock(&self.walks);

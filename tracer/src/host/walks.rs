@@ -10,8 +10,7 @@
 
 use std::{
     collections::HashMap,
-    os::fd::AsRawFd,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
@@ -22,15 +21,16 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
-    host_frame, host_frame_parts, maps, python_stack_key, stop, HostFileId, HostKey, HostValue,
-    HostVma, HostVmaKey, MissEvent, UnwindRule, HOST_FRAME_IN_FILE, HOST_GEN_NONE,
-    HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, MISS_HEADER_BYTES, PLACE_ANONYMOUS, PLACE_FILE,
-    PLACE_UNRESOLVED,
+    host_anon_rule_key, host_frame, host_frame_parts, maps, python_stack_key, stop, HostFileId,
+    HostKey, HostValue, HostVma, HostVmaKey, MissEvent, UnwindRule, HOST_FRAME_IN_FILE,
+    HOST_GEN_NONE, MAX_HOST_TAGS, MISS_HEADER_BYTES, PLACE_ANONYMOUS, PLACE_FILE, PLACE_UNRESOLVED,
 };
+
+mod gone;
 
 use super::{files::FileIndex, python::HostPython};
 use crate::{
-    tracee::{AddressSpace, FileId, Mapping},
+    tracee::{AddressSpace, Mapping},
     unwind::{
         service::{read_miss_into, zeroed_miss},
         stack_key, FastMap, ObjectCfi, Unwinder,
@@ -48,6 +48,11 @@ struct Walked {
     /// The process was gone when its mappings were to be read: `space`
     /// holds what the kernel's walks met of them.
     gone: bool,
+    /// The rule given the kernel for its code in no file: frame pointers
+    /// followed (true) once any such frame's checked out; with the key
+    /// it went in under, taken out when the process is forgotten.
+    anon_fp: Option<bool>,
+    anon_key: u64,
 }
 
 /// Walks taken from the ring at once.
@@ -133,17 +138,6 @@ pub type Paths = Arc<Mutex<HashMap<(u32, u64), PathBuf>>>;
 
 pub(super) fn lock_paths(paths: &Paths) -> MutexGuard<'_, HashMap<(u32, u64), PathBuf>> {
     paths.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Files kept loaded for rules learned from a file alone.
-const OBJECTS_KEPT: usize = 4096;
-
-/// `path`, opened, when it is the file `key` (device and inode).
-fn open_if(path: &Path, key: (u32, u64)) -> Option<std::fs::File> {
-    let f = std::fs::File::open(path).ok()?;
-    (super::files::key_of_path(&PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
-        == Some(key))
-    .then_some(f)
 }
 
 impl HostWalks {
@@ -299,6 +293,8 @@ impl HostWalks {
             unwinder,
             used: now,
             gone: false,
+            anon_fp: None,
+            anon_key: 0,
         }
     }
 
@@ -372,10 +368,28 @@ impl HostWalks {
             }
         }
         let mut rules = Vec::new();
+        let mut anon_fp = None;
         for (ra, rule) in new_rules.drain(..) {
             let (frame, in_file) = self.place(space, ra);
             if in_file {
                 rules.push((frame, rule));
+            } else if space.mapping(ra).is_some_and(|m| m.is_anonymous_code()) {
+                anon_fp = Some(anon_fp.unwrap_or(false) || rule.kind == UnwindRule::CFA_RBP);
+            }
+        }
+        // The process's code in no file (a JIT's): the kernel follows the
+        // frame pointer through it once one checked out here (as a traced
+        // process's walk does, rule by rule), else ends its walks there.
+        if let Some(fp) = anon_fp.filter(|_| alive && ev.gen != HOST_GEN_NONE) {
+            if walked.anon_fp != Some(true) && walked.anon_fp != Some(fp) {
+                walked.anon_fp = Some(fp);
+                walked.anon_key = host_anon_rule_key(ev.gen);
+                let rule = if fp {
+                    crate::unwind::FRAME_POINTER
+                } else {
+                    UnwindRule::unsupported()
+                };
+                rules.push((host_anon_rule_key(ev.gen), rule));
             }
         }
         // A process gone: a walk that went beyond the files known of it
@@ -396,49 +410,6 @@ impl HostWalks {
         self.give_rules(&rules);
         self.count(ev, frames, stop, caller);
         false
-    }
-
-    /// Adds to `space` what is known of the address space of `ev`'s
-    /// process, gone: the mappings the kernel remembered under its
-    /// incarnation (`HOST_VMAS`) for the walk's return address, its direct
-    /// caller, the probed function and the executable's code, each file
-    /// opened by identity. Whether `space` then maps the return address,
-    /// and whether a file could not be opened.
-    fn add_known_mappings(&mut self, ev: &MissEvent, space: &mut AddressSpace) -> (bool, bool) {
-        let mut unopened = false;
-        for addr in [ev.ra, ev.caller, ev.ip, ev.exe] {
-            if addr == 0 || space.mapping(addr).is_some() {
-                continue;
-            }
-            let key = HostVmaKey {
-                gen: ev.gen,
-                window: addr >> HOST_VMA_WINDOW_SHIFT,
-            };
-            let Ok(vma) = self.vmas.get(&key, 0) else {
-                continue;
-            };
-            if vma.tag == 0 || !(vma.start <= addr && addr < vma.end) {
-                continue;
-            }
-            let Some(file) = self.file_of(vma.tag) else {
-                continue;
-            };
-            let Some((opened, path)) = self.open_file(file) else {
-                unopened = true;
-                continue;
-            };
-            let mapping = Mapping {
-                start: vma.start,
-                end: vma.end,
-                perms: "r-xp".into(),
-                offset: vma.start - vma.bias,
-                dev: ((file.0 >> 20) as u64) << 32 | (file.0 & 0xfffff) as u64,
-                inode: file.1,
-                path,
-            };
-            space.add_mapped(mapping, opened);
-        }
-        (space.mapping(ev.ra).is_some(), unopened)
     }
 
     /// Counts the call of `ev` under its stack (`frames` above the
@@ -472,43 +443,6 @@ impl HostWalks {
         let row = self.rows.entry(key).or_insert(caller);
         row.calls += ev.calls;
         row.bytes += ev.bytes;
-    }
-
-    /// The rule of `frame` (a file and an offset in it) from the file's
-    /// call-frame information, the file opened by a path a process or an
-    /// exec named it by; `None` when no such path opens it.
-    fn rule_in_file(&mut self, frame: u64) -> Option<UnwindRule> {
-        let (tag, offset) = host_frame_parts(frame)?;
-        let key = self.file_of(tag)?;
-        let obj = match self.objects.get(&key) {
-            Some(o) => o.clone(),
-            None => {
-                let loaded = self.open_file(key).and_then(|(f, _)| {
-                    let id = FileId::of_file(&f)?;
-                    let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-                    ObjectCfi::shared(id, &fd_path, Path::new("/usr/lib/debug")).ok()
-                });
-                if self.objects.len() >= OBJECTS_KEPT {
-                    self.objects.clear();
-                }
-                self.objects.insert(key, loaded.clone());
-                loaded
-            }
-        }?;
-        // The file offset as an address of a mapping at 0 from offset 0.
-        let svma = obj.svma_for(0, 0, offset)?;
-        Some(obj.rule_for_ra(svma))
-    }
-
-    /// File `key` (device, inode), opened, and its path: by a path a
-    /// process or an exec named it by.
-    fn open_file(&mut self, key: (u32, u64)) -> Option<(std::fs::File, String)> {
-        let known = lock_paths(&self.paths).get(&key).cloned();
-        if let Some(f) = known.as_deref().and_then(|p| open_if(p, key)) {
-            return Some((f, known?.to_string_lossy().into_owned()));
-        }
-        self.index.find(std::iter::once(key));
-        self.index.open(key)
     }
 
     /// The direct caller's place of walk `ev` as the kernel found it (`ra`
@@ -628,7 +562,14 @@ impl HostWalks {
     /// [`PROCESSES_KEPT`].
     fn forget_idle(&mut self) {
         let now = Instant::now();
-        self.procs.retain(|_, w| now.duration_since(w.used) < IDLE);
+        let mut keys = Vec::new();
+        self.procs.retain(|_, w| {
+            let keep = now.duration_since(w.used) < IDLE;
+            if !keep && w.anon_key != 0 {
+                keys.push(w.anon_key);
+            }
+            keep
+        });
         while self.procs.len() > PROCESSES_KEPT {
             let Some(oldest) = self
                 .procs
@@ -638,7 +579,14 @@ impl HostWalks {
             else {
                 break;
             };
-            self.procs.remove(&oldest);
+            if let Some(w) = self.procs.remove(&oldest) {
+                keys.extend((w.anon_key != 0).then_some(w.anon_key));
+            }
+        }
+        // Its JIT code's rule too (judged again at its next walk there,
+        // should it still run).
+        for key in keys {
+            let _ = self.rules.remove(&key);
         }
     }
 
