@@ -15,20 +15,42 @@ use crate::support::{
 
 use super::{assert_chain, interpreters};
 
-/// The stack through `leaf` in `script`: every frame's name, native and
-/// Python, innermost first.
+/// The whole stack through `leaf` in `script`: every frame's name,
+/// native and Python, innermost first. A walk the kernel could not hand
+/// over (its ring full while a starved tracer fell behind) is cut where
+/// it stopped: such stacks are counted among the cut (`stack_quality`),
+/// and few.
 fn leaf_stack(p: &Profile, script: &str) -> Vec<String> {
-    let stacks: Vec<Vec<String>> = p
+    let through_leaf = |s: &&crate::support::profile::Stack| {
+        s.frames
+            .iter()
+            .any(|f| f.function == "leaf" && f.file.as_deref() == Some(script))
+    };
+    let names = |s: &crate::support::profile::Stack| -> Vec<String> {
+        s.names().iter().map(|n| n.to_string()).collect()
+    };
+    let whole: Vec<Vec<String>> = p
         .allocs()
-        .filter(|s| {
-            s.frames
-                .iter()
-                .any(|f| f.function == "leaf" && f.file.as_deref() == Some(script))
-        })
-        .map(|s| s.names().iter().map(|n| n.to_string()).collect())
+        .filter(through_leaf)
+        .filter(|s| !s.truncated)
+        .map(names)
         .collect();
-    assert_eq!(stacks.len(), 1, "{stacks:#?}");
-    stacks[0].clone()
+    let cut: u64 = p
+        .allocs()
+        .filter(through_leaf)
+        .filter(|s| s.truncated)
+        .map(|s| s.calls)
+        .sum();
+    let counted: u64 = p.doc["stack_quality"]["truncated"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+    let all: Vec<Vec<String>> = p.allocs().filter(through_leaf).map(names).collect();
+    assert_eq!(whole.len(), 1, "{all:#?}");
+    assert!(
+        cut <= counted && cut * 20 <= super::N,
+        "{cut} calls through leaf cut, {counted} counted: {all:#?}"
+    );
+    whole[0].clone()
 }
 
 /// Every interpreter this machine has, launched through `env` (a program
