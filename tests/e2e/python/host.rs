@@ -167,7 +167,7 @@ fn all_reads_the_python_frames_of_every_interpreter() {
     // before the tracer, starved of CPU, reads its code objects has them
     // freed, counted as unnamed (see `run_named`); run again then.
     let (mut d, mut p) = attempt();
-    for _ in 0..2 {
+    for _ in 0..5 {
         let unnamed = p.doc["stack_quality"]["python"]["unnamed"].as_u64();
         if unnamed.unwrap_or(0) == 0 {
             break;

@@ -19,7 +19,7 @@ const SCRIPT: &str = include_str!("../../fixtures/python/alloc_chain.py");
 /// How many times the chain script's `leaf` allocates.
 pub const N: u64 = 1234;
 
-/// A launch of a short script, run again (twice at most) when its report
+/// A launch of a short script, run again (five times at most) when its report
 /// counts code objects it could not name: the tracer names a stack's code
 /// objects as the stack first appears, on a thread of its own; one starved
 /// of CPU (the tests beside it) for as long as the script runs finds them
@@ -32,7 +32,7 @@ pub fn run_named(args: &[&str]) -> (Finished, Profile) {
             .unwrap_or(0)
     };
     let mut run = run_profiled(args);
-    for _ in 0..2 {
+    for _ in 0..5 {
         if unnamed(&run.1) == 0 {
             break;
         }
