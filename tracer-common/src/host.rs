@@ -188,8 +188,13 @@ pub struct VmaOffsets {
     /// `task_struct.real_parent`: a process's parent (named with its
     /// first key), 0 when unknown.
     pub task_real_parent: u32,
-    pub _pad: u32,
+    /// `vm_area_struct.vm_flags` (its `VM_EXEC` bit: a mapping of code),
+    /// 0 when unknown (then every mapping of no file counts as code).
+    pub vm_flags: u32,
 }
+
+/// `vm_flags`' bit of a mapping whose pages may be executed.
+pub const VM_EXEC: u64 = 0x4;
 
 /// Bytes of a `vm_area_struct` the programs copy (every offset of
 /// [`VmaOffsets`] into it lies below this).
@@ -290,7 +295,8 @@ pub struct HostVma {
     pub bias: u64,
     /// The file's tag, 0 for a mapping of no file.
     pub tag: u32,
-    pub _pad: u32,
+    /// 1 for a mapping of code (executable, or not known not to be).
+    pub code: u32,
 }
 
 /// The incarnation of a process the table (`HOST_GENS`) had no room for:

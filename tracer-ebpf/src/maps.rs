@@ -52,7 +52,7 @@ pub(crate) static CONFIG: Config = Config {
         task_tgid: 0,
         mm_start_code: 0,
         task_real_parent: 0,
-        _pad: 0,
+        vm_flags: 0,
     },
     host_runs: 0,
     host_scope: SCOPE_ALL,

@@ -14,7 +14,7 @@ use aya_ebpf::{
 use tracer_common::{
     counter, host_frame, HostFileId, HostValue, HostVma, HostVmaKey, WalkScratch, HOST_NEXT_TAG,
     HOST_RAW_ANON, HOST_RAW_BUSY, HOST_VMA_WINDOW_SHIFT, MAX_HOST_TAGS, PLACE_ANONYMOUS,
-    PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY,
+    PLACE_FILE, PLACE_UNRESOLVED, VMA_COPY, VM_EXEC,
 };
 
 use crate::{
@@ -47,7 +47,7 @@ pub(crate) fn host_place(w: &mut WalkScratch, addr: u64) -> u64 {
                 if v.tag != 0 {
                     return host_frame(v.tag, addr - v.bias);
                 }
-                w.host_raw = HOST_RAW_ANON;
+                w.host_raw = if v.code != 0 { HOST_RAW_ANON } else { 0 };
                 return addr;
             }
         }
@@ -65,7 +65,7 @@ pub(crate) fn host_place(w: &mut WalkScratch, addr: u64) -> u64 {
     if vma.tag != 0 {
         return host_frame(vma.tag, addr - vma.bias);
     }
-    w.host_raw = HOST_RAW_ANON;
+    w.host_raw = if vma.code != 0 { HOST_RAW_ANON } else { 0 };
     addr
 }
 
@@ -107,12 +107,16 @@ fn find_mapping(level: u64, addr: u64, busy: &mut bool) -> Option<HostVma> {
     let end = field(config_u32(&o.vm_start) + 8);
     let pgoff = field(config_u32(&o.vm_pgoff));
     let file = field(config_u32(&o.vm_file));
+    // Code unless the flags say otherwise (a stack or heap address the
+    // walk went astray to is no JIT's).
+    let flags_at = config_u32(&o.vm_flags);
+    let code = flags_at == 0 || field(flags_at) & VM_EXEC != 0;
     let mut vma = HostVma {
         start,
         end,
         bias: start.wrapping_sub(pgoff << 12),
         tag: 0,
-        _pad: 0,
+        code: code as u32,
     };
     if file != 0 {
         let id = file_identity(file)?;

@@ -52,9 +52,13 @@ pub fn vma_offsets() -> VmaOffsets {
                 task_tgid: at("task_struct", "tgid").unwrap_or(0),
                 mm_start_code: at("mm_struct", "start_code").unwrap_or(0),
                 task_real_parent: at("task_struct", "real_parent").unwrap_or(0),
-                _pad: 0,
+                vm_flags: at("vm_area_struct", "vm_flags").unwrap_or(0),
             };
             let copied = |at: u32| (at as usize) + 8 <= VMA_COPY && at.is_multiple_of(8);
+            let o = VmaOffsets {
+                vm_flags: if copied(o.vm_flags) { o.vm_flags } else { 0 },
+                ..o
+            };
             (copied(o.vm_start) && copied(o.vm_pgoff) && copied(o.vm_file)).then_some(o)
         });
         found.unwrap_or_default()
@@ -147,6 +151,11 @@ mod tests {
         assert_eq!(o.known, 1, "{o:?}");
         assert_eq!(o.vm_start, 0, "{o:?}");
         assert!(o.vm_file > o.vm_start && o.inode_sb != o.inode_ino, "{o:?}");
+        // (In an anonymous union since 6.3: found through it.)
+        assert!(
+            o.vm_flags > o.vm_start && o.vm_flags.is_multiple_of(8),
+            "{o:?}"
+        );
     }
 
     /// The kernel this runs on has them all, each where its struct can
