@@ -79,22 +79,11 @@ fn python_frames_on_the_host_engine_as_from_launch() {
             out.assert_exit(0);
             (out, p)
         };
-        let (out, host) = traced(&["--file-wide"]);
-        let what = format!("{py} --file-wide\n{}", out.describe());
-        assert_chain(&host, script, minor, &what);
-        assert_eq!(host.doc["meta"]["scope"], "tree", "{what}");
-        let (out, alone) = traced(&[]);
-        let what_alone = format!("{py} from launch\n{}", out.describe());
-        assert_chain(&alone, script, minor, &what_alone);
-        assert_eq!(
-            leaf_stack(&host, script),
-            leaf_stack(&alone, script),
-            "{what}\n{what_alone}"
-        );
-        // (The stripped `env`'s frames are its file and offset.)
-        // Every call read the same way from the interpreter's first one
-        // (its layout learned late, the first calls would have none).
-        let py = |p: &Profile| {
+        // Where each call stands in the interpreter's life, counted in
+        // the kernel at the call: every call read the same way from the
+        // interpreter's first one (its layout learned late, the first
+        // calls would have none).
+        let stands = |p: &Profile| {
             let q = &p.doc["stack_quality"]["python"];
             [
                 "with_frames",
@@ -104,7 +93,43 @@ fn python_frames_on_the_host_engine_as_from_launch() {
             ]
             .map(|k| q[k].as_u64())
         };
-        assert_eq!(py(&host), py(&alone), "{what}\n{what_alone}");
+        let run_both = || {
+            let (out, host) = traced(&["--file-wide"]);
+            let what = format!("{py} --file-wide\n{}", out.describe());
+            let (out, alone) = traced(&[]);
+            let what_alone = format!("{py} from launch\n{}", out.describe());
+            (host, what, alone, what_alone)
+        };
+        // The interpreter's own count varies between runs: pyenv's 3.10
+        // makes one call more with no code running in about one run of 30
+        // by itself (the same engine, the same argv). A pair that differs
+        // is run again before the difference is the engine's.
+        let (mut host, mut what, mut alone, mut what_alone) = run_both();
+        for _ in 0..3 {
+            if stands(&host) == stands(&alone) {
+                break;
+            }
+            eprintln!(
+                "{py}: {:?} -> {:?}, run again",
+                stands(&alone),
+                stands(&host)
+            );
+            (host, what, alone, what_alone) = run_both();
+        }
+        assert_chain(&host, script, minor, &what);
+        assert_eq!(host.doc["meta"]["scope"], "tree", "{what}");
+        assert_chain(&alone, script, minor, &what_alone);
+        assert_eq!(
+            leaf_stack(&host, script),
+            leaf_stack(&alone, script),
+            "{what}\n{what_alone}"
+        );
+        assert_eq!(
+            stands(&host),
+            stands(&alone),
+            "python categories, host then alone\n{what}\n{what_alone}"
+        );
+        // (The stripped `env`'s frames are its file and offset.)
         let env = |p: &Profile| {
             let all = tally(p, &|_, _| true);
             all.into_iter()
@@ -212,4 +237,62 @@ fn a_second_interpreter_of_a_tree_has_its_frames_named() {
         .map(|(_, calls, _)| calls)
         .sum();
     assert_eq!(leaf, 2 * super::N, "{d}");
+}
+
+/// `--all` with the tracer stopped while a Python process runs and ends
+/// (Debian's python3.11, its file known from one run before): the kernel
+/// read its Python frames, but its code objects are gone before the
+/// tracer could name them. Its stacks keep those frames, each shown by
+/// its code object's address and counted unnamed, not dropped for the
+/// eval loop's frames as if the process ran no Python.
+#[test]
+fn python_frames_of_a_process_gone_before_they_were_named_are_kept() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let python = crate::support::python::DEBIAN_PYTHON;
+    if available(vec![(PathBuf::from(python), 11)]).is_empty() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = script(dir.path());
+    let json = dir.path().join("p.json");
+    let mut m = Mtrace::start(&["--all", "-o", json.to_str().unwrap()]);
+    m.wait_tracing();
+    let run = |n: &str| {
+        let status = std::process::Command::new(python)
+            .args([script.to_str().unwrap(), n])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // Its file known to the kernel from this run's exec on.
+    run("10");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    m.proc.signal(libc::SIGSTOP);
+    run(&super::N.to_string());
+    m.proc.signal(libc::SIGCONT);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    m.proc.signal(libc::SIGINT);
+    let out = m.finish();
+    out.assert_exit(0);
+    let d = out.describe();
+    let p = Profile::load(&json);
+    // (The run before made 10 such blocks.)
+    let blocks: Vec<_> = p
+        .allocs()
+        .filter(|s| s.calls == super::N && s.bytes == super::N * 4001)
+        .collect();
+    assert_eq!(blocks.len(), 1, "{d}");
+    let s = blocks[0];
+    let unnamed = s
+        .frames
+        .iter()
+        .filter(|f| f.function.starts_with("[python code 0x"))
+        .count();
+    // leaf, mid, run and <module>.
+    assert!(unnamed >= 4, "{:#?}\n{d}", s.names());
+    let counted = p.doc["stack_quality"]["python"]["unnamed"].as_u64();
+    assert!(counted.unwrap_or(0) >= 4, "{counted:?}\n{d}");
 }

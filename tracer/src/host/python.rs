@@ -51,6 +51,9 @@ pub struct HostPython {
     /// Python processes the kernel's table had no room for (their stacks
     /// have native frames only).
     pub full: u64,
+    /// Code objects not named in processes forgotten since (their names
+    /// go with them; the count stays).
+    unnamed_gone: u64,
     /// Stacks are walked (no Python frames without a walk).
     walking: bool,
 }
@@ -73,6 +76,7 @@ impl HostPython {
             said: Vec::new(),
             shared: HashMap::new(),
             full: 0,
+            unnamed_gone: 0,
             walking,
         })
     }
@@ -160,7 +164,10 @@ impl HostPython {
         self.say(interpreter.describe());
         // (Names learned already under this address space stay: the exec's
         // word can come after the process's first notices.)
-        self.names.entry((pid, mm)).or_insert(names);
+        let slot = self.names.entry((pid, mm)).or_insert_with(Names::gone);
+        if slot.is_gone() {
+            *slot = names;
+        }
         self.seen.insert(pid);
         Some(interpreter)
     }
@@ -213,7 +220,9 @@ impl HostPython {
     pub fn execd(&mut self, pid: u32) {
         self.seen.remove(&pid);
         self.late.remove(&pid);
-        self.names.remove(&(pid, 0));
+        if let Some(names) = self.names.remove(&(pid, 0)) {
+            self.unnamed_gone += names.unnamed;
+        }
     }
 
     /// The names of process `pid`'s code objects in address space `mm`.
@@ -239,10 +248,9 @@ impl HostPython {
             }
         }
         self.names_of(pid, mm);
-        if let Some(names) = self.names.get_mut(&(pid, mm)) {
-            let shared = self.shared.entry(names.minor).or_default();
-            names.learn_with(words, shared);
-        }
+        let names = self.names.entry((pid, mm)).or_insert_with(Names::gone);
+        let shared = self.shared.entry(names.minor).or_default();
+        names.learn_with(words, shared);
     }
 
     /// A notice of a new stack's Python frames (a ring record shorter
@@ -270,21 +278,21 @@ impl HostPython {
             // What was read of it is left out.
             return native;
         }
-        self.names_of(pid, mm);
-        match self.names.get_mut(&(pid, mm)) {
-            Some(names) => {
-                // Code objects no notice told of, while the process lives.
-                let shared = self.shared.entry(names.minor).or_default();
-                names.learn_with(words, shared);
-                names.splice(native, words)
-            }
+        // Code objects no notice told of, while the process lives (a
+        // process whose interpreter was never looked at, gone before the
+        // tracer heard of it, keeps its Python frames: each code object
+        // counted unnamed and shown by its address).
+        self.learn(pid, mm, words);
+        match self.names.get(&(pid, mm)) {
+            Some(names) => names.splice(native, words),
             None => native,
         }
     }
 
-    /// Code objects that could not be named, over every process.
+    /// Code objects that could not be named, over every process, gone
+    /// ones too.
     pub fn unnamed(&self) -> u64 {
-        self.names.values().map(|n| n.unnamed).sum()
+        self.unnamed_gone + self.names.values().map(|n| n.unnamed).sum::<u64>()
     }
 
     /// Forgets processes `gone` (their rows are read out for good; the
@@ -293,7 +301,15 @@ impl HostPython {
         self.seen.retain(|p| !gone.contains(p));
         self.late.retain(|p| !gone.contains(p));
         self.unreadable.retain(|p| !gone.contains(p));
-        self.names.retain(|(p, _), _| !gone.contains(p));
+        let mut dropped = 0;
+        self.names.retain(|(p, _), n| {
+            let keep = !gone.contains(p);
+            if !keep {
+                dropped += n.unnamed;
+            }
+            keep
+        });
+        self.unnamed_gone += dropped;
         for &pid in gone {
             let _ = self.map.remove(&pid);
         }

@@ -23,8 +23,11 @@ const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
 /// The code objects of one process, by address and the first line the
 /// probe read there.
 pub struct Names {
+    /// The process's memory (`None`: it could not be opened, or the
+    /// process was gone before it was looked at).
     mem: Option<ProcessMemory>,
-    layout: &'static CodeLayout,
+    /// How its interpreter lays out code objects (`None`: not known).
+    layout: Option<&'static CodeLayout>,
     /// The interpreter's minor version (3.X).
     pub minor: u8,
     /// `None`: not readable, or another code object by then.
@@ -102,6 +105,14 @@ fn cut_frame(left: u32, more: bool) -> Frame {
     }
 }
 
+/// [`py_code_check`] of the code object read at `addr`.
+fn check(mem: &ProcessMemory, layout: &CodeLayout, addr: u64, c: &Code) -> Option<u32> {
+    let mut b = [0u8; 16];
+    mem.read(addr + layout.co_filename, &mut b).ok()?;
+    let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    Some(py_code_check(c.first_line, word(0), word(8)))
+}
+
 /// Where a stack's Python frames begin: the first word marked
 /// [`PY_FRAME`] (no return address has the bit).
 pub fn split(addrs: &[u64]) -> (&[u64], &[u64]) {
@@ -122,13 +133,33 @@ impl Names {
     ) -> Option<Names> {
         Some(Names {
             mem: ProcessMemory::open(pid).ok(),
-            layout: CodeLayout::for_minor(minor as u32)?,
+            layout: Some(CodeLayout::for_minor(minor as u32)?),
             minor,
             known: HashMap::new(),
             unnamed: 0,
             pending,
             unreadable: None,
         })
+    }
+
+    /// The code objects of a process gone before its interpreter was
+    /// looked at: none can be named, each is counted unnamed and shown by
+    /// its address (`minor` 0: no other process's names apply).
+    pub fn gone() -> Names {
+        Names {
+            mem: None,
+            layout: None,
+            minor: 0,
+            known: HashMap::new(),
+            unnamed: 0,
+            pending: None,
+            unreadable: None,
+        }
+    }
+
+    /// Whether these are [`Names::gone`]'s.
+    pub fn is_gone(&self) -> bool {
+        self.layout.is_none()
     }
 
     /// The line that says the interpreter's state could not be read, once
@@ -171,12 +202,14 @@ impl Names {
                 self.known.insert(key, Some(code.clone()));
                 continue;
             }
-            let Some(mem) = &self.mem else {
-                return;
+            let (Some(mem), Some(layout)) = (&self.mem, self.layout) else {
+                self.unnamed += 1;
+                self.known.insert(key, None);
+                continue;
             };
-            let code = match code::read_code(mem, self.layout, w.code) {
+            let code = match code::read_code(mem, layout, w.code) {
                 // Another code object at the address since: not this one.
-                Ok(c) if self.check(mem, w.code, &c) == Some(w.check) => Some(Arc::new(c)),
+                Ok(c) if check(mem, layout, w.code, &c) == Some(w.check) => Some(Arc::new(c)),
                 Ok(_) => None,
                 Err(e) => {
                     log::debug!("python: code object {:#x} unreadable: {e}", w.code);
@@ -192,14 +225,6 @@ impl Names {
             }
             self.known.insert(key, code);
         }
-    }
-
-    /// [`py_code_check`] of the code object read at `addr`.
-    fn check(&self, mem: &ProcessMemory, addr: u64, c: &Code) -> Option<u32> {
-        let mut b = [0u8; 16];
-        mem.read(addr + self.layout.co_filename, &mut b).ok()?;
-        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        Some(py_code_check(c.first_line, word(0), word(8)))
     }
 
     fn frame(&self, w: PyWord) -> Frame {
@@ -290,7 +315,7 @@ mod tests {
     fn unread() -> Names {
         Names {
             mem: None,
-            layout: CodeLayout::for_minor(11).unwrap(),
+            layout: CodeLayout::for_minor(11),
             minor: 11,
             known: HashMap::new(),
             unnamed: 0,
