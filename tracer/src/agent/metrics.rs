@@ -313,6 +313,7 @@ fn losses(p: &Profile) -> Vec<(&'static str, u64)> {
             ("python_frames_unreadable", py.unreadable),
             ("python_code_unnamed", py.unnamed),
             ("python_notices_lost", py.notices_lost),
+            ("python_calls_not_known", py.not_known),
         ]);
     }
     if let Some(m) = p.stack_quality.as_ref().and_then(|q| q.perf_map.as_ref()) {

@@ -327,6 +327,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         unreadable: sums[counter::PY_READ_FAILED as usize],
         notices_lost: sums[counter::PY_NOTICES_LOST as usize],
         unnamed: 0,
+        not_known: 0,
     };
     quality.python = (python != PythonQuality::default()).then_some(python);
 

@@ -73,6 +73,15 @@ impl HostJit {
             .reduce(PerfMapQuality::plus)
     }
 
+    /// [`HostJit::quality`] of processes `pids` alone.
+    pub fn quality_of(&self, pids: &HashSet<u32>) -> Option<PerfMapQuality> {
+        self.maps
+            .iter()
+            .filter(|(p, _)| pids.contains(p))
+            .filter_map(|(_, m)| m.quality())
+            .reduce(PerfMapQuality::plus)
+    }
+
     /// Forgets processes `gone` (their rows are read out for good).
     pub fn forget(&mut self, gone: &HashSet<u32>) {
         self.maps.retain(|p, _| !gone.contains(p));

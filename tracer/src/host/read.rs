@@ -2,7 +2,7 @@
 //! caller symbolized in its file, its process named.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -18,7 +18,7 @@ use crate::profile::{
     Counts, Frame, HostLosses, Losses, Meta, ProcessMeta, ProcessRef, Profile, PythonQuality,
     StackEntry, StackQuality, Thread, Totals,
 };
-use crate::python::split;
+use crate::python::{runs_eval_loop, split};
 
 /// Each key's counts and its return address's place (looked up by the
 /// program that made the key).
@@ -73,9 +73,20 @@ pub fn gone_profile(
         }
     }
     let rows = with_walked(rows, walked.into_iter());
+    let gone: HashSet<u32> = rows.iter().map(|(k, _)| k.tgid).collect();
     let mut p = profile_of(probes, index, processes, walks, Meta::default(), rows)?;
     p.totals = Totals::default();
     p.losses = Losses::default();
+    // The kernel's counters and the tracer's running figures are the
+    // host's since the start, which the last reading gives once (a part
+    // is summed with the others); the perf maps' figures are kept here
+    // for the processes gone alone (theirs are forgotten after).
+    if let Some(q) = p.stack_quality.as_mut() {
+        q.finished_by_tracer = 0;
+        q.walked_in_kernel = 0;
+        q.python = None;
+        q.perf_map = walks.jit.quality_of(&gone);
+    }
     Ok(p)
 }
 
@@ -257,6 +268,8 @@ fn profile_of(
     };
     let walking = probes.max_frames != 0;
     let mut quality = StackQuality::default();
+    // Calls running Python code whose Python frames the kernel did not read.
+    let mut py_not_known = 0;
     let mut out = Vec::with_capacity(rows.len());
     for (k, v) in &rows {
         let c = Counts {
@@ -294,6 +307,8 @@ fn profile_of(
                 }
                 if !py.is_empty() {
                     all = walks.python.splice(k.tgid, k.mm, all, py);
+                } else if runs_eval_loop(&all) {
+                    py_not_known += c.calls;
                 }
                 Some(*stop)
             }
@@ -375,6 +390,7 @@ fn profile_of(
             unreadable: sum(counter::PY_READ_FAILED)?,
             notices_lost: sum(counter::PY_NOTICES_LOST)?,
             unnamed: walks.python.unnamed(),
+            not_known: py_not_known,
         };
         quality.python =
             (python != PythonQuality::default() && !walks.python.none_readable()).then_some(python);

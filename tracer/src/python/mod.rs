@@ -13,7 +13,7 @@ mod names;
 pub mod state;
 
 pub use layout::{detect, Found, Interpreter};
-pub use names::{split, Names};
+pub use names::{runs_eval_loop, split, Names};
 
 use tracer_common::{py_cut_words, PY_CUT_MARK};
 

@@ -113,6 +113,12 @@ fn check(mem: &ProcessMemory, layout: &CodeLayout, addr: u64, c: &Code) -> Optio
     Some(py_code_check(c.first_line, word(0), word(8)))
 }
 
+/// Whether `native` (a stack's frames, symbolized) runs the eval loop:
+/// Python code was running at the call.
+pub fn runs_eval_loop(native: &[Arc<Frame>]) -> bool {
+    native.iter().any(|f| f.function == EVAL_LOOP && !f.inlined)
+}
+
 /// Where a stack's Python frames begin: the first word marked
 /// [`PY_FRAME`] (no return address has the bit).
 pub fn split(addrs: &[u64]) -> (&[u64], &[u64]) {

@@ -166,6 +166,9 @@ pub fn symbolize(
     }
 
     let mut stacks = Vec::new();
+    // Calls running Python code in a process whose interpreter was not
+    // found (its frames not read).
+    let mut py_not_known = 0;
     for st in &raw.stacks {
         let mut frames = Vec::new();
         let (native, py) = split(&st.addrs);
@@ -184,6 +187,8 @@ pub fn symbolize(
         }
         if let (Some(names), false) = (python, py.is_empty()) {
             frames = names.splice(frames, py);
+        } else if python.is_none() && crate::python::runs_eval_loop(&frames) {
+            py_not_known += st.counts.calls;
         }
         stacks.push(StackEntry {
             func: func_name(funcs, st.func),
@@ -222,16 +227,20 @@ pub fn symbolize(
         }
         totals.per_func.entry(name).or_default().add(*counts);
     }
+    let mut quality = StackQuality {
+        perf_map: space.perf_map().quality(),
+        symbols: debuginfo::quality(),
+        ..raw.stack_quality.clone()
+    };
+    if py_not_known > 0 {
+        quality.python.get_or_insert_default().not_known = py_not_known;
+    }
     Profile {
         meta,
         stacks,
         totals,
         losses: raw.losses,
-        stack_quality: Some(StackQuality {
-            perf_map: space.perf_map().quality(),
-            symbols: debuginfo::quality(),
-            ..raw.stack_quality.clone()
-        }),
+        stack_quality: Some(quality),
         live: raw.live.clone(),
         snapshot: None,
         timeline: None,

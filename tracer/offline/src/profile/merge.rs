@@ -314,7 +314,7 @@ fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
     a.python = match (a.python, b.python) {
         (Some(mut x), Some(y)) => {
             add_fields!(x, y; with_frames, no_interpreter, no_thread_state, no_code_running,
-                threads_beyond, cut, unreadable, unnamed, notices_lost);
+                threads_beyond, cut, unreadable, unnamed, notices_lost, not_known);
             Some(x)
         }
         (x, y) => x.or(y),

@@ -122,6 +122,13 @@ pub struct PythonQuality {
     /// New stacks whose notice to the tracer found the ring full (their
     /// code objects were named later, if they still lived).
     pub notices_lost: u64,
+    /// Calls whose stack runs the eval loop with no Python frame read:
+    /// the process was not known to run an interpreter at the call (one
+    /// not found in its mappings, an embedding program's say; on the host
+    /// engine also one gone before the tracer looked at it, or before its
+    /// libpython was known); their stacks show the eval loop's frames.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_known: u64,
 }
 
 /// A JIT's perf map (`/tmp/perf-PID.map`) as mtrace read it, summed over

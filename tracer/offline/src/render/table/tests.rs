@@ -288,6 +288,7 @@ fn lines_fit_80_columns() {
             unreadable: 1_000_000,
             unnamed: 1_000_000,
             notices_lost: 1_000_000,
+            not_known: 1_000_000,
         }),
         perf_map: Some(crate::profile::PerfMapQuality {
             lines: 1_000_000_000_000,

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::profile::StackQuality;
+use crate::profile::{PythonQuality, StackQuality};
 
 use super::{bytes, wrap_list};
 
@@ -67,7 +67,14 @@ pub fn quality_lines(q: &StackQuality) -> String {
     if !cut.is_empty() {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
-    if let Some(p) = &q.python {
+    let python = q.python.as_ref();
+    if let Some(n) = python.map(|p| p.not_known).filter(|&n| n > 0) {
+        let _ = writeln!(
+            out,
+            "python: not read (no interpreter known) in {n} calls running Python code"
+        );
+    }
+    if let Some(p) = python.filter(|p| **p != not_known_only(p)) {
         let walked = p.with_frames
             + p.no_interpreter
             + p.no_thread_state
@@ -124,6 +131,14 @@ pub fn quality_lines(q: &StackQuality) -> String {
         out.push_str(&wrap_list("symbols", &counts, ""));
     }
     out
+}
+
+/// `p` with nothing but its calls whose interpreter was not known.
+fn not_known_only(p: &PythonQuality) -> PythonQuality {
+    PythonQuality {
+        not_known: p.not_known,
+        ..PythonQuality::default()
+    }
 }
 
 /// `99.95% whole (to the thread's first frame)`: never `100.00%` unless
