@@ -270,9 +270,19 @@ fn python_frames_of_a_process_gone_before_they_were_named_are_kept() {
             .unwrap();
         assert!(status.success());
     };
-    // Its file known to the kernel from this run's exec on.
-    run("10");
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Its file known to the kernel from this run's look on: the run
+    // waits past the tracer's last look after its exec (500 ms).
+    let mut first = FixtureProc::start(
+        std::path::Path::new(python),
+        &[script.to_str().unwrap(), "10", "wait"],
+    );
+    first.wait_ready();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    first.release();
+    assert!(first
+        .proc
+        .wait_timeout(crate::support::EXIT_TIMEOUT)
+        .success());
     m.proc.signal(libc::SIGSTOP);
     run(&super::N.to_string());
     m.proc.signal(libc::SIGCONT);
