@@ -291,7 +291,9 @@ fn a_process_table_too_small_for_the_tree_is_counted_and_shown() {
 /// mapping the kernel could not look up then (the process held the lock
 /// to change them) is handed to the tracer, which places it and walks on,
 /// so every one of the 100,000 calls of malloc from `churn_leaf` is under its whole
-/// stack, to `main` and the thread's first frame, none cut.
+/// stack, to `main` and the thread's first frame. None is cut but for a
+/// walk the kernel could not hand over, its ring full while a starved
+/// tracer fell behind (counted as `copy_lost`, and few).
 #[test]
 fn a_process_changing_its_mappings_keeps_its_whole_stacks() {
     if !crate::support::require_bpf_alone() {
@@ -302,11 +304,27 @@ fn a_process_changing_its_mappings_keeps_its_whole_stacks() {
     let (out, p) = crate::support::run_profiled(&["--file-wide", "--", churn, &n.to_string()]);
     out.assert_exit(0);
     let d = out.describe();
-    let mut calls = std::collections::BTreeMap::<(String, bool), u64>::new();
-    for s in p.allocs().filter(|s| s.names().contains(&"churn_leaf")) {
-        let whole = !s.truncated && s.names().contains(&"main");
-        *calls.entry((s.function.clone(), whole)).or_default() += s.calls;
-    }
-    let want: std::collections::BTreeMap<_, _> = [(("malloc".into(), true), n)].into();
-    assert_eq!(calls, want, "{}\n{d}", p.doc["stack_quality"]);
+    let q = &p.doc["stack_quality"];
+    let whole: u64 = p
+        .allocs()
+        .filter(|s| s.function == "malloc" && !s.truncated)
+        .filter(|s| s.names().contains(&"churn_leaf") && s.names().contains(&"main"))
+        .map(|s| s.calls)
+        .sum();
+    // A cut walk may have lost its direct caller too: every malloc cut.
+    let cut: u64 = p
+        .allocs()
+        .filter(|s| s.function == "malloc" && s.truncated)
+        .map(|s| s.calls)
+        .sum();
+    let causes: Vec<&String> = q["truncated"]
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    assert!(
+        causes.iter().all(|c| *c == "copy_lost"),
+        "{causes:?}: {q}\n{d}"
+    );
+    assert_eq!(whole + cut, n, "{q}\n{d}");
+    assert!(cut * 5 <= n, "{cut} cut: {q}\n{d}");
 }
