@@ -79,12 +79,20 @@ pub fn gone_profile(
     p.losses = Losses::default();
     // The kernel's counters and the tracer's running figures are the
     // host's since the start, which the last reading gives once (a part
-    // is summed with the others); the perf maps' figures are kept here
-    // for the processes gone alone (theirs are forgotten after).
+    // is summed with the others); what the part's own rows say (calls
+    // running Python code not read) and the perf maps' figures of the
+    // processes gone (forgotten after) are kept here.
     if let Some(q) = p.stack_quality.as_mut() {
         q.finished_by_tracer = 0;
         q.walked_in_kernel = 0;
-        q.python = None;
+        q.python = q
+            .python
+            .take()
+            .map(|p| PythonQuality {
+                not_known: p.not_known,
+                ..PythonQuality::default()
+            })
+            .filter(|p| p.not_known > 0);
         q.perf_map = walks.jit.quality_of(&gone);
     }
     Ok(p)
