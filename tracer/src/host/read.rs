@@ -315,7 +315,9 @@ fn profile_of(
                 }
                 if !py.is_empty() {
                     all = walks.python.splice(k.tgid, k.mm, all, py);
-                } else if runs_eval_loop(&all) {
+                } else if runs_eval_loop(&all) && !walks.python.knows(k.tgid, k.mm) {
+                    // (A process whose interpreter was found has its calls
+                    // without Python frames in the kernel's categories.)
                     py_not_known += c.calls;
                 }
                 Some(*stop)
