@@ -44,6 +44,8 @@ mod pod {
     unsafe impl aya::Pod for LostAlloc {}
     unsafe impl aya::Pod for WalkMemo {}
     unsafe impl aya::Pod for PyNotice {}
+    unsafe impl aya::Pod for PyCodeSnap {}
+    unsafe impl aya::Pod for PyCodeKey {}
     unsafe impl aya::Pod for PythonLayout {}
     unsafe impl aya::Pod for HostKey {}
     unsafe impl aya::Pod for HostValue {}

@@ -97,8 +97,13 @@ pub const HOST_PYTHON: &str = "HOST_PYTHON";
 /// process's layout into `HOST_PYTHON` itself.
 pub const HOST_PY_FILES: &str = "HOST_PY_FILES";
 
+/// The code objects a [`crate::PyCodeSnap`] was sent of (an LRU, by
+/// process, address and check): each is copied once while it lives.
+pub const PY_CODES_SENT: &str = "PY_CODES_SENT";
+
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 37] = [
+pub const ALL_MAPS: [&str; 38] = [
+    PY_CODES_SENT,
     COUNTS,
     STACKS,
     COUNTERS,

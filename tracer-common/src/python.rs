@@ -177,6 +177,15 @@ pub struct PythonLayout {
     /// `co_name` follows.
     pub code_firstlineno: u32,
     pub code_filename: u32,
+    /// The interpreter's minor version (3.X), for the tracer to read a
+    /// [`PyCodeSnap`] of a process it never looked at.
+    pub minor: u32,
+    /// `PyCodeObject` fields a [`PyCodeSnap`] follows: the name shown
+    /// (`co_qualname`, else `co_name`), the line table, and the bytecode
+    /// object (`co_code`, up to 3.10; 0 where the bytecode is inline).
+    pub code_name: u32,
+    pub code_linetable: u32,
+    pub code_code: u32,
 }
 
 /// A Python stack's frames for the tracer to name while their code objects
@@ -193,3 +202,67 @@ pub struct PyNotice {
     pub mm: u64,
     pub words: [u64; 2 * PY_MAX_FRAMES],
 }
+
+/// Bytes of a code object a [`PyCodeSnap`] holds (past every field the
+/// tracer reads, in every version).
+pub const PY_SNAP_CODE: usize = 208;
+/// Bytes of its name's `str` object (header and data).
+pub const PY_SNAP_NAME: usize = 160;
+/// Bytes of its file name's `str` object.
+pub const PY_SNAP_FILE: usize = 384;
+/// Bytes of its line table's `bytes` object: a longer table is cut.
+pub const PY_SNAP_TABLE: usize = 1136;
+/// Bytes of its bytecode's `bytes` object (its header: the length).
+pub const PY_SNAP_CODE_OBJ: usize = 32;
+
+/// What [`PyCodeSnap::at`] holds the addresses of, in order.
+pub mod py_snap {
+    pub const NAME: usize = 0;
+    pub const FILE: usize = 1;
+    pub const TABLE: usize = 2;
+    pub const CODE_OBJ: usize = 3;
+}
+
+/// A code object copied at the call that first stored a stack holding it
+/// (with its name, file name, line table and bytecode header), for the
+/// tracer to name it even when the interpreter frees it at once (a
+/// module's body run at its import, code `exec`'d): sent before the
+/// stack's [`PyNotice`], on the same ring. Its size tells it from a
+/// notice and from any [`crate::MissEvent`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PyCodeSnap {
+    /// The process (always set, on either scope) and, on the host scope,
+    /// its address space (0 on a traced process's own ring).
+    pub tgid: u32,
+    /// [`PythonLayout::minor`].
+    pub minor: u32,
+    pub mm: u64,
+    /// The code object and the frame's check (`py_code_check`).
+    pub code: u64,
+    pub check: u32,
+    /// Bytes of `code_bytes` copied (0: none could be read).
+    pub code_len: u32,
+    /// Where the objects of [`py_snap`] were, and bytes of each copied.
+    pub at: [u64; 4],
+    pub len: [u32; 4],
+    pub code_bytes: [u8; PY_SNAP_CODE],
+    pub name: [u8; PY_SNAP_NAME],
+    pub file: [u8; PY_SNAP_FILE],
+    pub table: [u8; PY_SNAP_TABLE],
+    pub code_obj: [u8; PY_SNAP_CODE_OBJ],
+}
+
+/// `PY_CODES_SENT`' key: a code object of a process, with its check.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct PyCodeKey {
+    pub code: u64,
+    pub tgid: u32,
+    pub check: u32,
+}
+
+const _: () = assert!(
+    core::mem::size_of::<PyCodeSnap>() != core::mem::size_of::<PyNotice>()
+        && core::mem::size_of::<PyCodeSnap>() < crate::MISS_HEADER_BYTES
+);

@@ -70,6 +70,9 @@ pub extern "C" fn send_miss_at(
             let _ = THREAD_NAMES.insert(&tid, &comm, BPF_NOEXIST as u64);
         }
     }
+    // Its Python frames' code objects copied ahead of it (the tracer
+    // finishes the walk, maybe after the interpreter freed them).
+    crate::python::send_python_snaps(w);
     // Unique: a CPU copies one stack at a time, and a copy outlasts the
     // clock's nanosecond.
     // (The BPF target here has no fetch-and-add for a counter.)

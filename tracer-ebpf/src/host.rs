@@ -292,7 +292,7 @@ fn count_key(
             append_python(unsafe { &mut *w });
             match HOST_STACKS.insert(&key.stack, unsafe { &(*w).stack }, BPF_NOEXIST as u64) {
                 // A new stack: its Python frames' code objects to name.
-                Ok(()) => send_python_notice(unsafe { &*w }),
+                Ok(()) => send_python_notice(unsafe { &mut *w }),
                 Err(e) if e != -EEXIST => bump_counter(counter::STACK_MAP_FULL, 1),
                 Err(_) => {}
             }

@@ -9,10 +9,10 @@ use aya_ebpf::{
 use tracer_common::{
     counter, CachedRule, Comm, Config, CountKey, CountValue, EntryMark, HostBodies, HostFileId,
     HostFunc, HostKey, HostMark, HostName, HostProcess, HostValue, HostVma, HostVmaKey,
-    KernelOffsets, LostAlloc, LostFree, Pending, ProcessConfig, PyThreadSeen, PythonLayout,
-    StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN, MARK_SLOTS,
-    MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MAX_HOST_TAGS, MEMO_ENTRIES, RULE_CACHE_SLOTS,
-    SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS, WEIGHT_TABLE_LEN,
+    KernelOffsets, LostAlloc, LostFree, Pending, ProcessConfig, PyCodeKey, PyThreadSeen,
+    PythonLayout, StackFrames, UnwindRule, VmaOffsets, WalkMemo, WalkScratch, EXP_TABLE_LEN,
+    MARK_SLOTS, MAX_FRAMES, MAX_HOST_FILES, MAX_HOST_FUNCS, MAX_HOST_TAGS, MEMO_ENTRIES,
+    RULE_CACHE_SLOTS, SAMPLE_NONE, SCOPE_ALL, VMA_COPY, WALK_LEVELS, WEIGHT_TABLE_LEN,
 };
 
 /// Written by the tracer before load (`EbpfLoader::set_global`).
@@ -258,6 +258,11 @@ pub(crate) static HOST_STACKS: HashMap<u64, StackFrames> =
 #[map]
 pub(crate) static HOST_RULES: HashMap<u64, UnwindRule> =
     HashMap::with_max_entries(65536, BPF_F_NO_PREALLOC);
+
+/// The code objects whose copy went to the tracer (`PyCodeSnap`), by
+/// process, address and check: copied once each while they are met.
+#[map]
+pub(crate) static PY_CODES_SENT: LruHashMap<PyCodeKey, u8> = LruHashMap::with_max_entries(8192, 0);
 
 /// Host scope: the file mappings walks met, by process incarnation and
 /// 64 KiB window (size set by the tracer).

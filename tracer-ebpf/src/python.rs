@@ -6,14 +6,15 @@
 
 use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user};
 use tracer_common::{
-    counter, py_code_check, py_cut_words, py_entry, py_frame_words, python_key_finish,
-    stack_hash_step, stop, PyNotice, PythonLayout, WalkScratch, MAX_FRAMES, PY_CUT_MARK, PY_ENTRY,
-    PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS, PY_OWNED_BY_CSTACK,
+    counter, py_code_check, py_cut_words, py_entry, py_frame_words, py_snap, python_key_finish,
+    stack_hash_step, stop, PyCodeKey, PyCodeSnap, PyNotice, PythonLayout, WalkScratch, MAX_FRAMES,
+    PY_CODE_MASK, PY_CUT_MARK, PY_ENTRY, PY_FRAME_READ, PY_MAX_FRAMES, PY_MAX_THREADS,
+    PY_OWNED_BY_CSTACK, PY_SNAP_CODE, PY_SNAP_CODE_OBJ, PY_SNAP_FILE, PY_SNAP_NAME, PY_SNAP_TABLE,
 };
 
 use crate::{
     aggregate::bump_counter,
-    maps::{PROCESS, PY_THREADS, UNWIND_MISSES},
+    maps::{PROCESS, PY_CODES_SENT, PY_THREADS, UNWIND_MISSES},
     scratch::{level_of, run_loop, scratch_at},
 };
 
@@ -435,10 +436,13 @@ extern "C" fn append_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// code objects' names while they live (on the ring of walks to finish,
 /// where a record shorter than a walk's is a notice).
 #[inline(always)]
-pub(crate) fn send_python_notice(w: &WalkScratch) {
+pub(crate) fn send_python_notice(w: &mut WalkScratch) {
     if w.py_n == 0 || layout(w).is_none() {
         return;
     }
+    // The copies first: the tracer has a code object's copy before the
+    // notice that would have it read the object.
+    send_python_snaps(w);
     let Some(mut entry) = UNWIND_MISSES.reserve::<PyNotice>(0) else {
         bump_counter(counter::PY_NOTICES_LOST, 1);
         return;
@@ -460,4 +464,114 @@ pub(crate) fn send_python_notice(w: &WalkScratch) {
         );
     }
     entry.submit(0);
+}
+
+/// Copies the code objects of the Python frames read into `w` that were
+/// not copied before ([`PyCodeSnap`]), for the tracer to name them also
+/// once the interpreter has freed them: sent before what stores or hands
+/// over the stack.
+#[inline(always)]
+pub(crate) fn send_python_snaps(w: &mut WalkScratch) {
+    if w.py_n == 0 || layout(w).is_none() {
+        return;
+    }
+    run_loop(PY_MAX_FRAMES as u32, snap_step, w);
+}
+
+/// Frame `i`'s code object copied to the tracer ([`PyCodeSnap`]), unless
+/// it was before (in this process, with this check).
+#[inline(never)]
+extern "C" fn snap_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let w = unsafe { &**(ctx as *mut *mut WalkScratch) };
+    let k = (2 * i) as usize;
+    if k > 2 * PY_MAX_FRAMES - 2 || k + 2 > w.py_n as usize {
+        return 1;
+    }
+    let (a, b) = (w.py[k], w.py[k + 1]);
+    if a & PY_CUT_MARK != 0 {
+        return 0;
+    }
+    let Some(l) = layout(w) else {
+        return 1;
+    };
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let key = PyCodeKey {
+        code: a & PY_CODE_MASK,
+        tgid,
+        check: (b >> 32) as u32,
+    };
+    if unsafe { PY_CODES_SENT.get(&key) }.is_some() {
+        return 0;
+    }
+    let Some(mut entry) = UNWIND_MISSES.reserve::<PyCodeSnap>(0) else {
+        bump_counter(counter::PY_NOTICES_LOST, 1);
+        return 0;
+    };
+    let _ = PY_CODES_SENT.insert(&key, &1, 0);
+    let ev = entry.as_mut_ptr();
+    // SAFETY: the reserved record is ours until submitted; every copy is
+    // bounded by its field's size.
+    unsafe {
+        (*ev).tgid = tgid;
+        (*ev).minor = l.minor;
+        (*ev).mm = if w.host_gen != 0 { w.host_mm } else { 0 };
+        (*ev).code = key.code;
+        (*ev).check = key.check;
+        (*ev).code_len = copy_user((*ev).code_bytes.as_mut_ptr(), PY_SNAP_CODE, key.code);
+        let field = |off: u32| -> u64 {
+            let off = off as usize;
+            if off <= PY_SNAP_CODE - 8 && (*ev).code_len as usize >= off + 8 {
+                core::ptr::read_unaligned((*ev).code_bytes.as_ptr().add(off) as *const u64)
+            } else {
+                0
+            }
+        };
+        let at = [
+            field(l.code_name),
+            field(l.code_filename),
+            field(l.code_linetable),
+            if l.code_code != 0 {
+                field(l.code_code)
+            } else {
+                0
+            },
+        ];
+        (*ev).at = at;
+        (*ev).len[py_snap::NAME] = copy_user((*ev).name.as_mut_ptr(), PY_SNAP_NAME, at[0]);
+        (*ev).len[py_snap::FILE] = copy_user((*ev).file.as_mut_ptr(), PY_SNAP_FILE, at[1]);
+        (*ev).len[py_snap::TABLE] = copy_user((*ev).table.as_mut_ptr(), PY_SNAP_TABLE, at[2]);
+        (*ev).len[py_snap::CODE_OBJ] =
+            copy_user((*ev).code_obj.as_mut_ptr(), PY_SNAP_CODE_OBJ, at[3]);
+    }
+    entry.submit(0);
+    0
+}
+
+/// Copies `max` bytes from the user address `from` to `to`, or, where
+/// they cross into a page that cannot be read, those up to the page's
+/// end: the bytes copied (0 for none).
+#[inline(always)]
+unsafe fn copy_user(to: *mut u8, max: usize, from: u64) -> u32 {
+    if from == 0 {
+        return 0;
+    }
+    let read = |len: u32| unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            to as *mut core::ffi::c_void,
+            len,
+            from as *const core::ffi::c_void,
+        )
+    };
+    if read(max as u32) == 0 {
+        return max as u32;
+    }
+    let rest = 4096 - (from & 4095) as u32;
+    if rest >= max as u32 {
+        return 0;
+    }
+    let len = rest;
+    if len == 0 || len >= max as u32 || read(len) != 0 {
+        return 0;
+    }
+    len
 }

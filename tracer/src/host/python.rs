@@ -166,7 +166,8 @@ impl HostPython {
         // word can come after the process's first notices.)
         let slot = self.names.entry((pid, mm)).or_insert_with(Names::gone);
         if slot.is_gone() {
-            *slot = names;
+            let old = std::mem::replace(slot, names);
+            slot.adopt(old);
         }
         self.seen.insert(pid);
         Some(interpreter)
@@ -240,22 +241,37 @@ impl HostPython {
         if words.is_empty() {
             return;
         }
-        if !self.seen.contains(&pid) && self.late.insert(pid) {
-            // The kernel found the interpreter (by its file) before the
-            // tracer looked: looked at now, while its code objects live.
-            if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-                let _ = self.look(pid, mm, &text);
-            }
-        }
-        self.names_of(pid, mm);
+        self.names_late(pid, mm);
         let names = self.names.entry((pid, mm)).or_insert_with(Names::gone);
         let shared = self.shared.entry(names.minor).or_default();
         names.learn_with(words, shared);
     }
 
+    /// Makes the names of process `pid`'s code objects in address space
+    /// `mm` ready, its interpreter looked for first if it was not (the kernel found
+    /// it by its file before the tracer looked: looked at now, while its
+    /// code objects live).
+    fn names_late(&mut self, pid: u32, mm: u64) {
+        if !self.seen.contains(&pid) && self.late.insert(pid) {
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                let _ = self.look(pid, mm, &text);
+            }
+        }
+        self.names_of(pid, mm);
+    }
+
     /// A notice of a new stack's Python frames (a ring record shorter
     /// than a walk's).
     pub fn notice(&mut self, record: &[u8]) {
+        if let Some(snap) = python::snap::parse(record) {
+            // A code object's copy, ahead of its stack's notice.
+            self.names_late(snap.tgid, snap.mm);
+            let key = (snap.tgid, snap.mm);
+            let names = self.names.entry(key).or_insert_with(Names::gone);
+            let shared = self.shared.entry(snap.minor as u8).or_default();
+            names.copied(&snap, shared);
+            return;
+        }
         if record.len() < std::mem::size_of::<PyNotice>() {
             return;
         }

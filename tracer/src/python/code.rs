@@ -204,6 +204,14 @@ pub trait Memory {
     /// Fills `buf` from `addr` on, or fails (an unmapped address, a process
     /// gone); a short read is a failure.
     fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// A copy of some of the memory (not the process's own): the bytes
+    /// it holds from `addr` on. A copy was taken of a code object known
+    /// then (its type is not checked), and a line table it cut short is
+    /// read as far as it goes.
+    fn copied(&self, _addr: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// A process's memory through `/proc/PID/mem`, opened once. Reading needs
@@ -289,6 +297,9 @@ pub struct Code {
     code_adaptive: u32,
     format: Format,
     line_table: Vec<u8>,
+    /// The line table was cut short (a copy's): offsets past what it
+    /// holds have no line.
+    cut: bool,
 }
 
 /// Where `instr_raw` points (see [`Code::byte_offset`]).
@@ -359,6 +370,17 @@ impl Code {
         if offset >= self.code_len {
             return None;
         }
+        if self.cut && self.format == Format::Lnotab {
+            // (Past its last pair, an lnotab gives its last line.)
+            let covered: u64 = self
+                .line_table
+                .chunks_exact(2)
+                .map(|p| u64::from(p[0]))
+                .sum();
+            if u64::from(offset) >= covered {
+                return None;
+            }
+        }
         // first_line came from a C int.
         linetable::line(
             self.format,
@@ -366,6 +388,11 @@ impl Code {
             self.first_line as i32,
             offset,
         )
+    }
+
+    /// Whether the line table was cut short (a kernel's copy of it).
+    pub fn lines_cut(&self) -> bool {
+        self.cut
     }
 
     /// The raw bytes of the line table.
@@ -381,7 +408,9 @@ impl Code {
 /// (`co_qualname` where there is one), file name, first line, line table and
 /// bytecode length, each within the bounds of the `MAX_*` constants.
 pub fn read_code(mem: &impl Memory, layout: &CodeLayout, addr: u64) -> Result<Code, CodeError> {
-    check_type_name(mem, addr, b"code\0")?;
+    if mem.copied(addr).is_none() {
+        check_type_name(mem, addr, b"code\0")?;
+    }
 
     let first_line = read_i32(mem, "co_firstlineno", add(addr, layout.co_firstlineno)?)?;
     let first_line = u32::try_from(first_line).map_err(|_| CodeError::Invalid {
@@ -402,7 +431,7 @@ pub fn read_code(mem: &impl Memory, layout: &CodeLayout, addr: u64) -> Result<Co
     )?;
 
     let table_ptr = read_u64(mem, "co_linetable", add(addr, layout.co_linetable)?)?;
-    let line_table = read_bytes(mem, "co_linetable", table_ptr, MAX_LINE_TABLE_BYTES)?;
+    let (line_table, cut) = read_table(mem, table_ptr)?;
 
     let code_len = match (layout.co_code, layout.co_code_adaptive) {
         (_, Some(_)) => {
@@ -428,7 +457,22 @@ pub fn read_code(mem: &impl Memory, layout: &CodeLayout, addr: u64) -> Result<Co
         code_adaptive: layout.co_code_adaptive.unwrap_or(0) as u32,
         format: layout.line_format,
         line_table,
+        cut,
     })
+}
+
+/// A line table's bytes, and whether they were cut short (a copy that
+/// holds fewer than the table has).
+fn read_table(mem: &impl Memory, addr: u64) -> Result<(Vec<u8>, bool), CodeError> {
+    let what = "co_linetable";
+    let Some(held) = mem.copied(addr) else {
+        return Ok((read_bytes(mem, what, addr, MAX_LINE_TABLE_BYTES)?, false));
+    };
+    let len = read_i64(mem, what, add(addr, OB_SIZE)?)?;
+    let len = u64::try_from(len).map_err(|_| CodeError::Invalid { what, value: len })?;
+    let fits = len.min(held.saturating_sub(OB_SVAL));
+    let bytes = read_vec(mem, what, add(addr, OB_SVAL)?, fits, MAX_LINE_TABLE_BYTES)?;
+    Ok((bytes, fits < len))
 }
 
 /// `base + offset`, or an error if that wraps (a garbage pointer).

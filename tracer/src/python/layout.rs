@@ -161,6 +161,10 @@ fn layout_of(minor: u8) -> Option<PythonLayout> {
     let code = super::code::CodeLayout::for_minor(minor as u32)?;
     l.code_firstlineno = code.co_firstlineno as u32;
     l.code_filename = code.co_filename as u32;
+    l.minor = minor as u32;
+    l.code_name = code.co_qualname.unwrap_or(code.co_name) as u32;
+    l.code_linetable = code.co_linetable as u32;
+    l.code_code = code.co_code.unwrap_or(0) as u32;
     let last = [l.frame_code, l.frame_back, l.frame_instr]
         .into_iter()
         .map(|o| o + 8)

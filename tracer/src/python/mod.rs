@@ -10,6 +10,7 @@ pub mod files;
 mod layout;
 pub mod linetable;
 mod names;
+pub mod snap;
 pub mod state;
 
 pub use layout::{detect, Found, Interpreter};

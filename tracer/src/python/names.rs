@@ -39,6 +39,9 @@ pub struct Names {
     pending: Option<(tracer_common::PythonLayout, String)>,
     /// The line that says the interpreter's state could not be read.
     unreadable: Option<String>,
+    /// Code objects the kernel copied whose line table the copy cut
+    /// short: read from memory first, from here if that fails.
+    copies: HashMap<(u64, u32), Arc<Code>>,
 }
 
 /// One Python frame of a stack, as the probe stored it.
@@ -145,6 +148,7 @@ impl Names {
             unnamed: 0,
             pending,
             unreadable: None,
+            copies: HashMap::new(),
         })
     }
 
@@ -160,6 +164,7 @@ impl Names {
             unnamed: 0,
             pending: None,
             unreadable: None,
+            copies: HashMap::new(),
         }
     }
 
@@ -209,6 +214,10 @@ impl Names {
                 continue;
             }
             let (Some(mem), Some(layout)) = (&self.mem, self.layout) else {
+                if let Some(code) = self.copies.remove(&key) {
+                    self.known.insert(key, Some(code));
+                    continue;
+                }
                 self.unnamed += 1;
                 self.known.insert(key, None);
                 continue;
@@ -222,6 +231,9 @@ impl Names {
                     None
                 }
             };
+            // The kernel's copy, where memory no longer holds the object.
+            let copy = self.copies.remove(&key);
+            let code = code.or(copy);
             match &code {
                 Some(c) if shared.len() < SHARED_KEPT => {
                     shared.insert(key, c.clone());
@@ -230,6 +242,48 @@ impl Names {
                 None => self.unnamed += 1,
             }
             self.known.insert(key, code);
+        }
+    }
+
+    /// Takes the kernel's copy of a code object (`snap`), read with the
+    /// layout of its interpreter's version: it names the object whether
+    /// or not it still lives, also one counted unnamed before. A copy that
+    /// cut the object's line table short names it only if memory cannot.
+    pub fn copied(
+        &mut self,
+        snap: &tracer_common::PyCodeSnap,
+        shared: &mut HashMap<(u64, u32), Arc<Code>>,
+    ) {
+        let key = (snap.code, snap.check);
+        if matches!(self.known.get(&key), Some(Some(_))) {
+            return;
+        }
+        let Some(code) = super::snap::read(snap) else {
+            return;
+        };
+        let code = Arc::new(code);
+        if code.lines_cut() && !self.known.contains_key(&key) {
+            self.copies.insert(key, code);
+            return;
+        }
+        if let Some(None) = self.known.insert(key, Some(code.clone())) {
+            self.unnamed = self.unnamed.saturating_sub(1);
+        }
+        if shared.len() < SHARED_KEPT {
+            shared.insert(key, code);
+        }
+    }
+
+    /// Takes over what `old` (the names of the same process before its
+    /// interpreter was found) named.
+    pub fn adopt(&mut self, old: Names) {
+        for (key, code) in old.known {
+            if let Some(code) = code {
+                self.known.entry(key).or_insert(Some(code));
+            }
+        }
+        for (key, code) in old.copies {
+            self.copies.entry(key).or_insert(code);
         }
     }
 
@@ -327,6 +381,7 @@ mod tests {
             unnamed: 0,
             pending: None,
             unreadable: None,
+            copies: HashMap::new(),
         }
     }
 

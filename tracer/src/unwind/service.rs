@@ -73,7 +73,13 @@ impl Walks {
         let mut ev = zeroed_miss();
         while let Some(item) = ring.next() {
             if !read_miss_into(&mut ev, &item) {
-                if let (Some(names), Some(words)) = (self.python.as_mut(), read_notice(&item)) {
+                if let (Some(names), Some(snap)) =
+                    (self.python.as_mut(), crate::python::snap::parse(&item))
+                {
+                    names.copied(&snap, &mut std::collections::HashMap::new());
+                } else if let (Some(names), Some(words)) =
+                    (self.python.as_mut(), read_notice(&item))
+                {
                     names.learn(&words);
                 }
                 continue;
