@@ -283,6 +283,19 @@ fn diff_gate_catches_growth_across_builds() {
     check_formats(&a, &c, dir.path());
 }
 
+/// The same two builds traced `--file-wide` (the host engine: rows under
+/// their process, no one executable for the trace): each row's frames of
+/// its own process's program line up as `<program>`'s.
+#[test]
+fn diff_gate_lines_up_builds_traced_file_wide() {
+    let dir = host_tempdir!();
+    let a = dir.path().join("a.json");
+    let c = dir.path().join("c.json");
+    trace_counts(Fixture::Counts, &["--file-wide", "-o", s(&a)]);
+    trace_counts(Fixture::CountsPlus20, &["--file-wide", "-o", s(&c)]);
+    check_growth_diff(&a, &c, dir.path());
+}
+
 /// `mtrace diff --format json|markdown|junit` of the growth above, each
 /// read back by a real reader: the JSON against its schema, the JUnit XML
 /// by an XML parser, the markdown's table rows.

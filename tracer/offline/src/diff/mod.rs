@@ -271,8 +271,8 @@ impl Diff {
 /// number per frame, however long the frames' names.
 #[derive(Default)]
 struct KeyFrames<'a> {
-    /// By side and frame.
-    by_arc: HashMap<(bool, *const Frame), u32>,
+    /// By side, frame and program (its path's address).
+    by_arc: HashMap<(bool, *const Frame, *const u8), u32>,
     numbers: HashMap<Arc<KeyFrame>, u32>,
     frames: Vec<Arc<KeyFrame>>,
     /// The frames whose addresses are keys of `by_arc` stay borrowed while
@@ -281,13 +281,14 @@ struct KeyFrames<'a> {
 }
 
 impl<'a> KeyFrames<'a> {
-    /// The numbers of `entry`'s key frames, in the order first met.
-    fn numbers(&mut self, entry: &'a StackEntry, is_new: bool, program: &str) -> Vec<u32> {
+    /// The numbers of `entry`'s key frames, in the order first met
+    /// (`program`: the path of the program it ran).
+    fn numbers(&mut self, entry: &'a StackEntry, is_new: bool, program: &'a str) -> Vec<u32> {
         entry
             .frames
             .iter()
             .map(|f| {
-                let at = (is_new, Arc::as_ptr(f));
+                let at = (is_new, Arc::as_ptr(f), program.as_ptr());
                 if let Some(&n) = self.by_arc.get(&at) {
                     return n;
                 }
@@ -322,8 +323,22 @@ pub fn diff(base: &Profile, new: &Profile) -> Diff {
     let mut by_key: HashMap<Key<'_>, Change> = HashMap::default();
     let mut in_stacks = Change::default();
     for (profile, is_new) in [(base, false), (new, true)] {
+        // A row under a process (a tree's, the host's) is of that
+        // process's program.
+        let programs: HashMap<u32, &str> = profile
+            .meta
+            .processes
+            .iter()
+            .filter(|p| !p.executable.is_empty())
+            .map(|p| (p.pid, p.executable.as_str()))
+            .collect();
         for entry in profile.stacks.iter().filter(|e| is_allocation(e)) {
-            let numbers = frames.numbers(entry, is_new, &profile.meta.executable);
+            let program = entry
+                .process
+                .as_ref()
+                .and_then(|p| programs.get(&p.pid).copied())
+                .unwrap_or(&profile.meta.executable);
+            let numbers = frames.numbers(entry, is_new, program);
             let key = (entry.func.as_str(), numbers, entry.truncated);
             add(by_key.entry(key).or_default().side(is_new), entry.counts);
             add(in_stacks.side(is_new), entry.counts);
