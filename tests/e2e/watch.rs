@@ -253,15 +253,35 @@ fn mtrace_top_keeps_the_last_state_after_the_target_exits() {
     if !need_tmux() {
         return;
     }
+    top_keeps_the_last_state("mtrace-top-end", "top --");
+}
+
+/// The same on the host engine (`top --file-wide -- CMD`): the view names
+/// the command, not the host, and the command's output goes to a log.
+#[test]
+fn mtrace_top_file_wide_keeps_the_last_state_after_the_command_exits() {
+    if !crate::support::require_bpf_alone() || !need_tmux() {
+        return;
+    }
+    let view = top_keeps_the_last_state("mtrace-top-end-fw", "top --file-wide --");
+    assert!(
+        view.contains("(steady, --file-wide), count mode") && !view.contains("--all"),
+        "{view}"
+    );
+}
+
+/// `mtrace ARGS STEADY 2` in tmux, run until its end shows and q is
+/// pressed: the view at its end.
+fn top_keeps_the_last_state(session: &str, args: &str) -> String {
     let dir = crate::support::public_tempdir();
     let fixture = steady();
     let tmux = Tmux::start(
-        "mtrace-top-end",
+        session,
         140,
         40,
         // Two seconds: at least one of the view's ticks before the exit,
         // however loaded the machine.
-        &shell(dir.path(), &format!("top -- {} 2", fixture.display())),
+        &shell(dir.path(), &format!("{args} {} 2", fixture.display())),
     );
     let ended = tmux.wait_for("the end of tracing, on the view", |t| {
         t.contains("tracing ended (the target exited), q for the report")
@@ -278,6 +298,7 @@ fn mtrace_top_keeps_the_last_state_after_the_target_exits() {
     let report = tmux.wait_for("the report", |t| t.contains("tracing ended after"));
     assert!(report.contains(": the target exited"), "{report}");
     assert_eq!(wait_exit(dir.path()), 0);
+    ended
 }
 
 #[test]

@@ -82,6 +82,8 @@ pub fn run(
     host.probes.set_enabled(true)?;
     // A tree's processes held at their exec, asking for their probes.
     let mut held = None;
+    // Under `top`, where the command's output went.
+    let mut command_log = None;
     let (described, exit) = match &scope {
         HostScope::All => (
             Described {
@@ -103,7 +105,15 @@ pub fn run(
             let (asks, on_exec) = super::held::exec_hold(host.libc.clone(), host.walks.finisher());
             held = Some(asks);
             host.held_execs = true;
-            let (pid, exit) = launch::launch_held(
+            // The live view has the terminal: the command's output goes to
+            // a log meanwhile (mtrace's own is back once it started).
+            let redirect = if top && server.is_none() {
+                Some(watch::top::Redirect::start().context("redirecting the command's output")?)
+            } else {
+                None
+            };
+            command_log = redirect.as_ref().map(|r| r.log.clone());
+            let launched = launch::launch_held(
                 argv,
                 run_as.as_ref(),
                 |pid| {
@@ -112,7 +122,9 @@ pub fn run(
                     Ok(())
                 },
                 Some(on_exec),
-            )?;
+            );
+            drop(redirect);
+            let (pid, exit) = launched?;
             (
                 Described {
                     command: argv.join(" "),
@@ -157,7 +169,26 @@ pub fn run(
             .take_map(maps::HOST_EXECS)
             .context("BPF map HOST_EXECS missing")?,
     )?;
-    let (mut watchers, stop) = host_watchers(top && server.is_none())?;
+    let title = match &scope {
+        HostScope::Tree { argv, .. } => format!(
+            "mtrace top: pid {} ({}, --file-wide), count mode (p: per process or per stack){}",
+            described.pid,
+            crate::render::text::printable(crate::profile::short_path(&argv[0])),
+            match &command_log {
+                Some(log) => format!(", the command's output in {}", log.display()),
+                None => String::new(),
+            }
+        ),
+        HostScope::Cgroup(dir) => format!(
+            "mtrace top: cgroup {} (--file-wide), count mode (p: per process or per stack)",
+            crate::render::text::printable(&dir.to_string_lossy())
+        ),
+        HostScope::All => {
+            "mtrace top --all: every process on the host, count mode (p: per process or per stack)"
+                .to_string()
+        }
+    };
+    let (mut watchers, stop) = host_watchers(top && server.is_none(), title)?;
     let wake = server
         .map(|server| crate::agent::serve(server, &mut watchers))
         .transpose()?;
@@ -203,6 +234,13 @@ pub fn run(
         wake,
     };
     let end = rt.block_on(drive(&mut run, &config.schedule, controls, &mut watchers))?;
+    if let End::TargetExited(_) = end {
+        // The live view keeps the last state until it is left.
+        let (why, tick) = (end.describe(None), run.tick());
+        for w in watchers.iter_mut() {
+            w.ended(&why, &tick, &|| run.profile());
+        }
+    }
     let HostRun {
         host: cell,
         duty,
@@ -220,6 +258,9 @@ pub fn run(
         "mtrace: tracing ended after {elapsed:.1} s: {}",
         end.describe(config.schedule.duration)
     );
+    if let Some(log) = &command_log {
+        say!("mtrace: the command's output is in {}", log.display());
+    }
     if host.late > 0 {
         say!(
             "mtrace: {} processes had probes added after they started (see above)",
@@ -449,16 +490,11 @@ impl Engine for HostRun {
 }
 
 /// The status line, or the live view and the receiver of its `q`.
-fn host_watchers(top: bool) -> Result<crate::session::drive::Watchers> {
+fn host_watchers(top: bool, title: String) -> Result<crate::session::drive::Watchers> {
     let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
     let mut stop = None;
     if top {
-        let (view, rx) = watch::top::TopView::start(
-            "mtrace top --all: every process on the host, count mode (p: per process or per stack)"
-                .into(),
-            false,
-            true,
-        )?;
+        let (view, rx) = watch::top::TopView::start(title, false, true)?;
         watchers.push(Box::new(view));
         stop = Some(rx);
     } else if let Some(line) = StatusLine::new() {
