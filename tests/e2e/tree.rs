@@ -438,11 +438,26 @@ fn per_process_folded_roots_and_a_diff_across_pids() {
 #[test]
 fn a_daemon_that_forks_away_is_traced_until_it_is_gone() {
     need_bpf!();
+    daemon_traced_until_gone(&[]);
+}
+
+/// The same on the host engine (`--file-wide -- CMD`).
+#[test]
+fn a_daemon_that_forks_away_is_traced_file_wide_until_it_is_gone() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    daemon_traced_until_gone(&["--file-wide"]);
+}
+
+fn daemon_traced_until_gone(engine: &[&str]) {
     let script = format!(
         "( (sleep 0.3; exec {} >/dev/null) & ); exit 3",
         Fixture::Counts.path_str()
     );
-    let (out, p) = run_profiled(&["--top", "0", "--", "sh", "-c", &script]);
+    let mut args = engine.to_vec();
+    args.extend(["--top", "0", "--", "sh", "-c", &script]);
+    let (out, p) = run_profiled(&args);
     out.assert_exit(3);
     let d = out.describe();
     assert!(

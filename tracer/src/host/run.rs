@@ -220,7 +220,11 @@ pub fn run(
         start_time,
         described,
         end: match (&scope, exit) {
-            (HostScope::Tree { .. }, Some(exit)) => ScopeEnd::Tree { exit, code: None },
+            (HostScope::Tree { .. }, Some(exit)) => ScopeEnd::Tree {
+                exit,
+                code: None,
+                said: false,
+            },
             (HostScope::Cgroup(dir), _) if !config.schedule.until_stopped => {
                 ScopeEnd::Cgroup(dir.clone())
             }
@@ -315,10 +319,12 @@ enum ScopeEnd {
     /// `--all`, the agent: at a signal or the duration.
     Never,
     /// A command's tree: once the command exited (`code`) and no process
-    /// of its tree is left.
+    /// of its tree is left (`said`: that some run on after the command
+    /// was said).
     Tree {
         exit: tokio::sync::oneshot::Receiver<i32>,
         code: Option<i32>,
+        said: bool,
     },
     /// A cgroup: once no process is left in it or below it.
     Cgroup(std::path::PathBuf),
@@ -385,7 +391,7 @@ impl HostRun {
     fn scope_ended(&mut self) -> Option<End> {
         match &mut self.end {
             ScopeEnd::Never => None,
-            ScopeEnd::Tree { exit, code } => {
+            ScopeEnd::Tree { exit, code, .. } => {
                 if code.is_none() {
                     *code = match exit.try_recv() {
                         Ok(c) => Some(c),
@@ -398,7 +404,24 @@ impl HostRun {
                     return None;
                 }
                 match self.host.get_mut().probes.scope_pids() {
-                    Ok(left) if !left.is_empty() => None,
+                    Ok(left) if !left.is_empty() => {
+                        // A daemon that forked away: traced until it is gone.
+                        let first = match &mut self.end {
+                            ScopeEnd::Tree { said, .. } => !std::mem::replace(said, true),
+                            _ => false,
+                        };
+                        if first {
+                            let n = left.len();
+                            say!(
+                                "mtrace: the command exited{}; tracing the {n} {} it started that still {} until {} gone, Ctrl-C to stop",
+                                if code == 0 { String::new() } else { format!(" with status {code}") },
+                                if n == 1 { "process" } else { "processes" },
+                                if n == 1 { "runs" } else { "run" },
+                                if n == 1 { "it is" } else { "they are" },
+                            );
+                        }
+                        None
+                    }
                     _ => Some(End::TargetExited(Some(code))),
                 }
             }
