@@ -320,3 +320,24 @@ fn user_runs_the_command_as_that_user() {
     assert_eq!(p.pid(), pid);
     crate::support::counts::check_counts_profile(&p);
 }
+
+/// `--max-processes` bounds the per-process engine's objects; the host
+/// engine has none, and says so rather than take the limit silently.
+#[test]
+fn max_processes_is_refused_on_the_host_engine() {
+    for engine in ["--file-wide", "--all"] {
+        let mut args = vec![engine, "--max-processes", "3"];
+        if engine == "--file-wide" {
+            args.extend(["--", "true"]);
+        }
+        let out = run_mtrace(&args);
+        out.assert_exit(2);
+        assert!(
+            out.stderr[0].starts_with("mtrace: the argument '")
+                && out.stderr[0].contains("cannot be used with")
+                && out.stderr[0].contains("--max-processes"),
+            "{}",
+            out.describe()
+        );
+    }
+}

@@ -255,8 +255,11 @@ pub struct TraceArgs {
     /// Most processes traced at once (each has its own BPF maps, a few MiB
     /// of kernel memory, loaded once and reused by the processes that come
     /// after it); a process started beyond it is not traced, and the
-    /// report says so. Probes are only ever in traced processes.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    /// report says so. Probes are only ever in traced processes. (The host
+    /// engine, --all and --file-wide, has no object per process: refused
+    /// there.)
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096),
+          conflicts_with_all = ["all", "file_wide"])]
     pub max_processes: u32,
 
     /// Sample instead of counting every call: on average one sample per N
