@@ -113,8 +113,24 @@ fn preloaded_allocators_launch_mode() {
 #[test]
 fn a_prefixed_allocator_does_not_hide_libc() {
     need_bpf!();
+    prefixed_beside_libc(&[]);
+}
+
+/// The same on the host engine (`--file-wide`), whose trace names the
+/// families of the allocator functions its processes called.
+#[test]
+fn a_prefixed_allocator_does_not_hide_libc_file_wide() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    prefixed_beside_libc(&["--file-wide"]);
+}
+
+fn prefixed_beside_libc(engine: &[&str]) {
     let program = compile_c("prefixed", "prefixed", &["-O2", "-g", "-rdynamic"], &[]);
-    let (out, p) = run_profiled(&["--top", "0", "--", program.to_str().unwrap()]);
+    let mut args = engine.to_vec();
+    args.extend(["--top", "0", "--", program.to_str().unwrap()]);
+    let (out, p) = run_profiled(&args);
     out.assert_exit(0);
     let d = out.describe();
     assert_eq!(p.site("malloc", "c_site"), (7, 168), "{d}");

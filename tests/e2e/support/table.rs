@@ -332,9 +332,15 @@ impl Report {
                 r.stacks_whole_pct = Some(pct.to_string());
             } else if line.contains(" hidden by --")
                 || line == "no allocations traced"
-                || ["note: ", "sampled: ", "probes: "]
-                    .iter()
-                    .any(|p| line.starts_with(p))
+                || [
+                    "note: ",
+                    "sampled: ",
+                    "probes: ",
+                    "scope: ",
+                    "allocators called: ",
+                ]
+                .iter()
+                .any(|p| line.starts_with(p))
             {
             } else {
                 return Err(format!("unexpected line {line:?}"));

@@ -25,6 +25,8 @@ use crate::{
 pub struct HostFuncInfo {
     pub name: String,
     pub probe: crate::profile::Probe,
+    /// Its file: a row of [`HostProbes::files`].
+    pub file: u32,
 }
 
 /// An allocator file with probes in it.
@@ -274,6 +276,7 @@ impl HostProbes {
                         instruction: site.instruction.clone(),
                         emulated: site.emulated,
                     },
+                    file,
                 });
                 offsets.push(at);
                 cookies.push(probes::cookie(site, func));

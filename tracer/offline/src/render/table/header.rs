@@ -109,6 +109,11 @@ pub(super) fn header(profile: &Profile, paint: Paint) -> String {
             meta.allocator_version.as_str(),
         ) {
             ("", _) => {}
+            // The host engine's probes name each file's family; its
+            // profile's family is what the scope called.
+            (family, _) if !meta.scope.is_empty() => {
+                let _ = write!(out, "\nallocators called: {family}");
+            }
             (family, "") => {
                 let _ = write!(out, " ({family})");
             }
