@@ -111,6 +111,7 @@ pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<p
         .map_max_entries(maps::STACKS, sizes.stacks)
         .map_max_entries(maps::UNWIND_RULES, sizes.unwind_rules)
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
+        .map_max_entries(maps::PY_CODES_SENT, PY_CODES_SENT_PROCESS)
         // Room for the frees and the allocations a full ring lets through
         // between two drains (24 and 48 bytes each).
         .map_max_entries(
@@ -132,6 +133,14 @@ pub(super) fn load(config: Box<Config>, mode: Mode, sizes: MapSizes) -> Result<p
         mapped: pool::Mapped::default(),
     })
 }
+
+/// Code objects whose copy a traced process's object remembers having
+/// sent (an LRU, preallocated in every object of the pool: one forgotten
+/// is only copied again, at a new stack holding it).
+const PY_CODES_SENT_PROCESS: u32 = 2048;
+
+/// The same for the host scope's one object, over every Python process.
+const PY_CODES_SENT_HOST: u32 = 32768;
 
 /// Mappings the host scope's walks remember (an LRU: a process's mappings
 /// are looked up again once forgotten).
@@ -185,6 +194,7 @@ pub fn load_host(
         .map_max_entries(maps::STACKS, 1)
         .map_max_entries(maps::UNWIND_RULES, 1)
         .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
+        .map_max_entries(maps::PY_CODES_SENT, PY_CODES_SENT_HOST)
         .map_max_entries(maps::LOST_FREES, 1)
         .map_max_entries(maps::LOST_ALLOCS, 1)
         .map_max_entries(maps::HOST_COUNTS, sizes.counts)
