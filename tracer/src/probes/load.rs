@@ -158,6 +158,18 @@ fn host_rules(sizes: &MapSizes) -> u32 {
     sizes.unwind_rules.max(1 << 18)
 }
 
+/// The host scope's ring of walks: a command's tree (`--file-wide --
+/// CMD`) starts from no rule, in a burst of new code that every
+/// hand-over copies the stack of (a short sqlite3 run: about 20 MB of
+/// walks in its 20 ms), so it has four times a process's ring; the host
+/// and a cgroup, traced for long, keep the one size.
+fn host_ring(sizes: &MapSizes, scope: u32) -> u32 {
+    match scope {
+        tracer_common::SCOPE_TREE => sizes.unwind_ring.saturating_mul(4),
+        _ => sizes.unwind_ring,
+    }
+}
+
 /// Loads the BPF object for the host scope (`--all`): count mode, the
 /// direct caller only, `host_counts` keys, each process's runs counted
 /// when `runs` (the windows policy); the maps of the per-process programs
@@ -193,7 +205,7 @@ pub fn load_host(
         .map_max_entries(maps::COUNTS, 1)
         .map_max_entries(maps::STACKS, 1)
         .map_max_entries(maps::UNWIND_RULES, 1)
-        .map_max_entries(maps::UNWIND_MISSES, sizes.unwind_ring)
+        .map_max_entries(maps::UNWIND_MISSES, host_ring(sizes, scope))
         .map_max_entries(maps::PY_CODES_SENT, PY_CODES_SENT_HOST)
         .map_max_entries(maps::LOST_FREES, 1)
         .map_max_entries(maps::LOST_ALLOCS, 1)
