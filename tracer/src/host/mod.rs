@@ -579,47 +579,10 @@ impl Host {
         Ok(())
     }
 
-    /// The allocator families whose functions the scope called, most
-    /// called first, joined (`glibc`, or `jemalloc, glibc` for a program
-    /// with jemalloc that also calls libc's), as the per-process engine
-    /// names its process's.
-    fn families_called(&self) -> String {
-        let Some(Ok(totals)) = self
-            .probes
-            .ebpf
-            .map(maps::HOST_TOTALS)
-            .map(aya::maps::PerCpuArray::<&aya::maps::MapData, u64>::try_from)
-        else {
-            return String::new();
-        };
-        let mut calls: Vec<(&str, u64)> = Vec::new();
-        for (f, func) in self.probes.funcs.iter().enumerate() {
-            let n: u64 = totals.get(&(f as u32), 0).map_or(0, |v| v.iter().sum());
-            let family = self
-                .probes
-                .files
-                .get(func.file as usize)
-                .map_or("", |file| file.family);
-            if n == 0 || family.is_empty() {
-                continue;
-            }
-            match calls.iter_mut().find(|(name, _)| *name == family) {
-                Some(c) => c.1 += n,
-                None => calls.push((family, n)),
-            }
-        }
-        calls.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        calls
-            .iter()
-            .map(|(name, _)| *name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
     /// The profile so far (`meta` without the probes' part): the rows of
     /// processes gone and of those the maps hold.
     fn profile(&mut self, mut meta: Meta) -> Result<Profile> {
-        meta.allocator_family = self.families_called();
+        meta.allocator_family = self.probes.families_called();
         meta.allocator_object = self
             .probes
             .files

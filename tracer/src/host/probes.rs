@@ -78,6 +78,46 @@ pub struct HostProbes {
 }
 
 impl HostProbes {
+    /// Each function's calls and bytes so far (the kernel's totals, by
+    /// row of [`HostProbes::funcs`]); none when the map cannot be read.
+    pub fn totals_by_func(&self) -> Vec<(u64, u64)> {
+        let Some(Ok(totals)) = self
+            .ebpf
+            .map(maps::HOST_TOTALS)
+            .map(aya::maps::PerCpuArray::<&aya::maps::MapData, u64>::try_from)
+        else {
+            return Vec::new();
+        };
+        let sum = |i: u32| totals.get(&i, 0).map_or(0, |v| v.iter().sum::<u64>());
+        (0..self.funcs.len() as u32)
+            .map(|f| (sum(f), sum(MAX_HOST_FUNCS + f)))
+            .collect()
+    }
+
+    /// The allocator families whose functions the scope called, most
+    /// called first, joined (`glibc`, or `jemalloc, glibc` for a program
+    /// with jemalloc that also calls libc's), as the per-process engine
+    /// names its process's.
+    pub fn families_called(&self) -> String {
+        let mut calls: Vec<(&str, u64)> = Vec::new();
+        for (func, (n, _)) in self.funcs.iter().zip(self.totals_by_func()) {
+            let family = self.files.get(func.file as usize).map_or("", |f| f.family);
+            if n == 0 || family.is_empty() {
+                continue;
+            }
+            match calls.iter_mut().find(|(name, _)| *name == family) {
+                Some(c) => c.1 += n,
+                None => calls.push((family, n)),
+            }
+        }
+        calls.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        calls
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Loads the object (`counts`: keys the aggregation map holds; `runs`:
     /// each process's program runs counted), with the exec tracepoint
     /// attached; no allocator probed yet.

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::RingBuf;
 use tracer_common::{maps, HostExec, MAX_HOST_FUNCS};
 
 use super::{windows::switch, windows::HostWindows, Host, HostScope, FOLD_EVERY};
@@ -412,13 +412,7 @@ impl HostRun {
                         };
                         if first {
                             let n = left.len();
-                            say!(
-                                "mtrace: the command exited{}; tracing the {n} {} it started that still {} until {} gone, Ctrl-C to stop",
-                                if code == 0 { String::new() } else { format!(" with status {code}") },
-                                if n == 1 { "process" } else { "processes" },
-                                if n == 1 { "runs" } else { "run" },
-                                if n == 1 { "it is" } else { "they are" },
-                            );
+                            crate::session::say_running_on(code, n);
                         }
                         None
                     }
@@ -528,19 +522,10 @@ fn host_watchers(top: bool, title: String) -> Result<crate::session::drive::Watc
 
 /// The totals so far, for the status line.
 fn running_tick(host: &Host, elapsed: f64) -> Tick {
-    let probes = &host.probes;
     let mut running = Running::default();
-    if let Some(Ok(totals)) = probes
-        .ebpf
-        .map(maps::HOST_TOTALS)
-        .map(PerCpuArray::<&MapData, u64>::try_from)
-    {
-        for f in 0..probes.funcs.len() as u32 {
-            running.calls += totals.get(&f, 0).map_or(0, |v| v.iter().sum());
-            running.bytes += totals
-                .get(&(MAX_HOST_FUNCS + f), 0)
-                .map_or(0, |v| v.iter().sum());
-        }
+    for (calls, bytes) in host.probes.totals_by_func() {
+        running.calls += calls;
+        running.bytes += bytes;
     }
     Tick {
         elapsed,

@@ -426,3 +426,16 @@ pub fn runtime_with_signals() -> Result<(tokio::runtime::Runtime, Signals)> {
     };
     Ok((rt, signals))
 }
+
+/// Says that the command exited (with `code`) and that the `n` processes
+/// it started that still run are traced until they are gone (a daemon
+/// that forked away), on either engine.
+pub(crate) fn say_running_on(code: i32, n: usize) {
+    crate::say!(
+        "mtrace: the command exited{}; tracing the {n} {} it started that still {} until {} gone, Ctrl-C to stop",
+        if code == 0 { String::new() } else { format!(" with status {code}") },
+        if n == 1 { "process" } else { "processes" },
+        if n == 1 { "runs" } else { "run" },
+        if n == 1 { "it is" } else { "they are" },
+    );
+}

@@ -18,7 +18,6 @@ use super::{
 };
 use crate::{
     profile::Profile,
-    say,
     sinks::Sink,
     watch::{Tick, Watcher},
 };
@@ -180,13 +179,7 @@ impl Engine for Traced<'_> {
                     (Some(code), Some(_)) if running > 0 => {
                         self.exit_rx = None;
                         session.root_code = Some(code);
-                        say!(
-                            "mtrace: the command exited{}; tracing the {running} {} it started that still {} until {} gone, Ctrl-C to stop",
-                            if code == 0 { String::new() } else { format!(" with status {code}") },
-                            if running == 1 { "process" } else { "processes" },
-                            if running == 1 { "runs" } else { "run" },
-                            if running == 1 { "it is" } else { "they are" },
-                        );
+                        super::say_running_on(code, running);
                     }
                     _ => {
                         self.exit_rx = None;
