@@ -312,16 +312,17 @@ impl Unwinder {
                 PathBuf::from("/usr/lib/debug")
             }
         });
-        let loaded = space.file(path).and_then(|f| {
-            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-            let id = FileId::of_file(f)?;
-            match ObjectCfi::shared(id, &fd_path, debug) {
-                Ok(o) => Some(o),
-                Err(e) => {
+        let Some(file) = space.file(path) else {
+            // Not opened (yet): looked for again with the next rule.
+            return;
+        };
+        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let loaded = FileId::of_file(file).and_then(|id| {
+            ObjectCfi::shared(id, &fd_path, debug)
+                .inspect_err(|e| {
                     log::debug!("unwind: no call-frame information for {path}: {e:#}");
-                    None
-                }
-            }
+                })
+                .ok()
         });
         self.stats.load_time += started.elapsed();
         self.stats.objects += loaded.is_some() as usize;
@@ -337,9 +338,13 @@ impl Unwinder {
         let started = Instant::now();
         let rule = self.compute(ra, space);
         self.stats.lookup_time += started.elapsed();
-        if space.mapping(ra).is_none() {
+        if space
+            .mapping(ra)
+            .is_none_or(|m| m.is_file() && space.file(&m.path).is_none())
+        {
             // Not kept: the address space may be known better at the next
-            // walk (what is known of a process gone grows walk by walk).
+            // walk (what is known of a process gone grows walk by walk; a
+            // file not opened yet may be).
             return (rule, false);
         }
         self.rules.insert(ra, rule);
@@ -535,5 +540,30 @@ mod tests {
             assert!(!tracer_common::is_miss_stack_id(k));
         }
         assert_ne!(stack_key(&[1], stop::END), stack_key(&[1], stop::NO_CFI));
+    }
+
+    /// A mapping known without its file (read from `/proc` as the process
+    /// exec'd or exited) gives no rule that is kept or handed out; once the
+    /// file is added, the rule is computed from it.
+    #[test]
+    fn a_mapping_whose_file_is_not_open_gives_no_lasting_rule() {
+        let ra = stack_key as *const () as u64 + 1;
+        let maps = crate::tracee::read_maps(std::process::id()).unwrap();
+        let m = maps.iter().find(|m| m.contains(ra)).unwrap().clone();
+        // A process that does not exist: its files cannot be opened.
+        let mut space = AddressSpace::new();
+        let unopened = Mapping {
+            inode: u64::MAX,
+            ..m.clone()
+        };
+        assert!(space.refresh_with(u32::MAX - 1, vec![unopened]));
+        assert!(space.mapping(ra).is_some() && space.file(&m.path).is_none());
+        let mut unwinder = Unwinder::new(u32::MAX - 1);
+        let (rule, new) = unwinder.rule_for(ra, &mut space);
+        assert_eq!((rule.kind, new), (Rule::UNSUPPORTED, false));
+        space.add_mapped(m.clone(), std::fs::File::open(&m.path).unwrap());
+        let (rule, new) = unwinder.rule_for(ra, &mut space);
+        assert!(new, "{rule:?}");
+        assert_eq!(rule.kind, Rule::CFA_RSP, "{rule:?}");
     }
 }

@@ -40,7 +40,14 @@ impl HostWalks {
     ) -> (bool, bool) {
         let mut unopened = false;
         for addr in [ev.ra, ev.caller, ev.ip, ev.exe] {
-            if addr == 0 || space.mapping(addr).is_some() {
+            // A mapping read from `/proc` whose file could not be opened
+            // then (the process exec'ing or exiting) is known no better
+            // than none: the kernel's, whose file opens, goes over it.
+            if addr == 0
+                || space
+                    .mapping(addr)
+                    .is_some_and(|m| space.file(&m.path).is_some())
+            {
                 continue;
             }
             let key = HostVmaKey {
