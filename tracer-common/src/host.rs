@@ -37,7 +37,9 @@ pub struct HostKey {
     /// The calling thread with `--per-thread` (named in `THREAD_NAMES`),
     /// else 0.
     pub tid: u32,
-    pub _pad: u32,
+    /// 1 when the kernel knew no interpreter of the process at the call
+    /// (not one, or not yet), so that Python frames were not looked for.
+    pub python_unread: u32,
 }
 
 /// [`HostKey`]'s process: its id and address space.

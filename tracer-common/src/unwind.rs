@@ -262,7 +262,9 @@ pub struct MissEvent<const N: usize = STACK_COPY> {
     /// [`crate::py_frame_words`]), to follow the native ones once the walk
     /// is finished.
     pub py_n: u32,
-    pub _pad: u32,
+    /// The host scope's: 1 when the kernel knew no interpreter of the
+    /// process at the call (its Python frames not looked for).
+    pub python_unread: u32,
     pub py: [u64; 2 * crate::PY_MAX_FRAMES],
     /// The target's stack from the page of `sp - 8` (where `ra` itself is,
     /// `skip` bytes in) up.

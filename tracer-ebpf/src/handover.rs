@@ -217,7 +217,7 @@ fn send_copy<const N: usize>(
             w.stack.frames.as_ptr() as *const core::ffi::c_void,
         );
         (*ev).py_n = w.py_n as u32;
-        (*ev)._pad = 0;
+        (*ev).python_unread = (w.host_gen != 0 && w.host_py.runtime == 0) as u32;
         aya_ebpf::helpers::generated::bpf_probe_read_kernel(
             (*ev).py.as_mut_ptr() as *mut core::ffi::c_void,
             (2 * PY_MAX_FRAMES * 8) as u32,

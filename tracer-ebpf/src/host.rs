@@ -91,6 +91,8 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     if walks && scratch.is_none() {
         bump_counter(counter::STACK_WALK_FAILED, 1);
     }
+    // Without a walk no frame is read, Python's or other.
+    let mut python_unread = 1;
     let stack = match scratch {
         Some(w) => {
             let stack = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
@@ -99,6 +101,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
                 name_process(tgid, mm);
                 return 0;
             }
+            python_unread = unsafe { (*w).host_py.runtime == 0 } as u32;
             stack
         }
         None => 0,
@@ -110,7 +113,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         ret,
         stack,
         tid,
-        _pad: 0,
+        python_unread,
     };
     let counted = count_key(&key, size, tgid, mm, ret, scratch);
     give_back_scratch(scratch);

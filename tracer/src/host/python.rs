@@ -305,14 +305,6 @@ impl HostPython {
         }
     }
 
-    /// Whether process `pid`'s interpreter was found (in address space
-    /// `mm`, or before the kernel named it).
-    pub fn knows(&self, pid: u32, mm: u64) -> bool {
-        [(pid, mm), (pid, 0)]
-            .iter()
-            .any(|k| self.names.get(k).is_some_and(|n| !n.is_gone()))
-    }
-
     /// Code objects that could not be named, over every process, gone
     /// ones too.
     pub fn unnamed(&self) -> u64 {

@@ -24,6 +24,10 @@ use crate::python::{runs_eval_loop, split};
 /// program that made the key).
 type Row = (HostKey, HostValue);
 
+/// A key's counts as [`with_walked`] sums them: its calls whose Python
+/// frames were not looked for among them.
+type Summed = (HostKey, HostValue, u64);
+
 fn row(key: HostKey, v: HostValue) -> Option<Row> {
     (v.calls > 0).then_some((key, v))
 }
@@ -73,7 +77,7 @@ pub fn gone_profile(
         }
     }
     let rows = with_walked(rows, walked.into_iter());
-    let gone: HashSet<u32> = rows.iter().map(|(k, _)| k.tgid).collect();
+    let gone: HashSet<u32> = rows.iter().map(|(k, _, _)| k.tgid).collect();
     let mut p = profile_of(probes, index, processes, walks, Meta::default(), rows)?;
     p.totals = Totals::default();
     p.losses = Losses::default();
@@ -98,24 +102,31 @@ pub fn gone_profile(
     Ok(p)
 }
 
-/// The kernel's rows with the calls the tracer's walks counted added (a
-/// key of both is one row).
-fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)>) -> Vec<Row> {
-    let mut at: HashMap<HostKey, usize> = rows.iter().enumerate().map(|(i, r)| (r.0, i)).collect();
-    let mut rows = rows;
-    for (k, v) in walked {
+/// The kernel's rows with the calls the tracer's walks counted added: a
+/// key of both is one row, and so are keys that differ only in whether
+/// Python frames were looked for (the calls they were not are summed).
+fn with_walked(rows: Vec<Row>, walked: impl Iterator<Item = (HostKey, HostValue)>) -> Vec<Summed> {
+    let mut at: HashMap<HostKey, usize> = HashMap::with_capacity(rows.len());
+    let mut out: Vec<Summed> = Vec::with_capacity(rows.len());
+    for (k, v) in rows.into_iter().chain(walked) {
+        let unread = if k.python_unread != 0 { v.calls } else { 0 };
+        let k = HostKey {
+            python_unread: 0,
+            ..k
+        };
         match at.get(&k) {
             Some(&i) => {
-                rows[i].1.calls += v.calls;
-                rows[i].1.bytes += v.bytes;
+                out[i].1.calls += v.calls;
+                out[i].1.bytes += v.bytes;
+                out[i].2 += unread;
             }
             None => {
-                at.insert(k, rows.len());
-                rows.push((k, v));
+                at.insert(k, out.len());
+                out.push((k, v, unread));
             }
         }
     }
-    rows
+    out
 }
 
 fn counters(probes: &HostProbes) -> Result<PerCpuArray<&MapData, u64>> {
@@ -145,7 +156,7 @@ fn profile_of(
     processes: &mut Processes,
     walks: &mut HostWalks,
     mut meta: Meta,
-    rows: Vec<Row>,
+    rows: Vec<Summed>,
 ) -> Result<Profile> {
     let ebpf = &probes.ebpf;
     // Interpreters whose state could not be judged before: judged now,
@@ -157,7 +168,7 @@ fn profile_of(
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.
     let mut seen: BTreeMap<HostProcess, ProcessMeta> = BTreeMap::new();
-    for (k, _) in &rows {
+    for (k, _, _) in &rows {
         let p = HostProcess {
             tgid: k.tgid,
             _pad: 0,
@@ -174,10 +185,10 @@ fn profile_of(
 
     // `--per-thread`: the threads' names, as each was at its first key.
     let mut threads: HashMap<u32, String> = HashMap::new();
-    if rows.iter().any(|(k, _)| k.tid != 0) {
+    if rows.iter().any(|(k, _, _)| k.tid != 0) {
         let map: BpfHashMap<&MapData, u32, Comm> =
             BpfHashMap::try_from(ebpf.map(maps::THREAD_NAMES).context("THREAD_NAMES map")?)?;
-        for (k, _) in &rows {
+        for (k, _, _) in &rows {
             if k.tid != 0 && !threads.contains_key(&k.tid) {
                 let name = map
                     .get(&k.tid, 0)
@@ -193,7 +204,7 @@ fn profile_of(
     let stack_map: BpfHashMap<&MapData, u64, StackFrames> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_STACKS).context("HOST_STACKS map")?)?;
     let mut stacks: HashMap<u64, Option<(Vec<u64>, u32)>> = HashMap::new();
-    for (k, _) in &rows {
+    for (k, _, _) in &rows {
         if k.stack == 0 {
             continue;
         }
@@ -219,7 +230,7 @@ fn profile_of(
 
     // Every caller and frame, symbolized once per (file, offset).
     let mut by_file: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
-    for (_, v) in &rows {
+    for (_, v, _) in &rows {
         if v.place == PLACE_FILE {
             by_file.entry((v.dev, v.ino)).or_default().push(v.offset);
         }
@@ -279,7 +290,7 @@ fn profile_of(
     // Calls running Python code whose Python frames the kernel did not read.
     let mut py_not_known = 0;
     let mut out = Vec::with_capacity(rows.len());
-    for (k, v) in &rows {
+    for (k, v, unread) in &rows {
         let c = Counts {
             calls: v.calls,
             bytes: v.bytes,
@@ -315,10 +326,10 @@ fn profile_of(
                 }
                 if !py.is_empty() {
                     all = walks.python.splice(k.tgid, k.mm, all, py);
-                } else if runs_eval_loop(&all) && !walks.python.knows(k.tgid, k.mm) {
-                    // (A process whose interpreter was found has its calls
-                    // without Python frames in the kernel's categories.)
-                    py_not_known += c.calls;
+                } else if runs_eval_loop(&all) {
+                    // (Calls whose Python frames were looked for and not
+                    // found are in the kernel's categories.)
+                    py_not_known += unread;
                 }
                 Some(*stop)
             }

@@ -425,7 +425,7 @@ impl HostWalks {
             ret: ev.caller,
             stack: python_stack_key(stack_key(&frames, stop), py),
             tid: ev.tid,
-            _pad: 0,
+            python_unread: ev.python_unread,
         };
         // (Its code objects were named as its record was taken from the
         // ring.)
