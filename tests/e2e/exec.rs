@@ -43,6 +43,22 @@ fn exec_into_a_preloaded_allocator_probes_the_new_program() {
     );
 }
 
+/// The same on the host engine (`--file-wide`): the root's exec is said
+/// (it was not), every call of the program counted at its sites, and
+/// jemalloc named among the allocators called.
+#[test]
+fn exec_into_a_preloaded_allocator_is_said_and_counted_file_wide() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let preload = format!("LD_PRELOAD={JEMALLOC}");
+    let (out, p) = trace_through_env(&["--file-wide"], &[&preload], Fixture::Counts);
+    let d = out.describe();
+    assert_counts_sites(&p, &d);
+    let family = p.doc["meta"]["allocator_family"].as_str().unwrap_or("");
+    assert!(family.starts_with("jemalloc"), "{family}\n{d}");
+}
+
 /// Live mode across an exec: the program's blocks are followed exactly,
 /// and the peak is the program's (env's heap went with its image).
 #[test]

@@ -19,6 +19,7 @@ mod probes;
 mod processes;
 mod python;
 mod read;
+mod root;
 mod run;
 mod walker;
 mod walks;
@@ -128,6 +129,8 @@ struct Host {
     stack_prune: StackPrune,
     /// The scope's Go programs: their own heaps.
     go: go::GoHeaps,
+    /// A tree scope's root, whose execs are said.
+    root: Option<root::RootExecs>,
 }
 
 /// `Host::bounded`: gone processes whose rows keep their pid, at most.
@@ -206,6 +209,7 @@ impl Host {
                 removed: 0,
             },
             go: go::GoHeaps::default(),
+            root: None,
         };
         let me = std::process::id();
         let present = match scope {
@@ -277,6 +281,9 @@ impl Host {
         let end = e.path.iter().position(|&b| b == 0).unwrap_or(e.path.len());
         let path = String::from_utf8_lossy(&e.path[..end]).into_owned();
         self.procs.note(e.tgid, e.mm, Some(&path));
+        if let Some(said) = self.root.as_mut().and_then(|r| r.said(e.tgid, &path)) {
+            say!("mtrace: {said}");
+        }
         self.index.note_file(e.tgid, &path);
         // The Go program it ran before is gone with its memory.
         if let Some(part) = self.go.execd(e.tgid) {
@@ -331,11 +338,19 @@ impl Host {
     }
 
     /// A tree scope: probes the command's executable (an allocator of its
-    /// own) and the C library before it runs.
-    fn probe_command(&mut self, cmd: &str) {
-        let Ok(exe) = launch::resolve_command(cmd).and_then(|p| Ok(fs::canonicalize(p)?)) else {
+    /// own) and the C library before it runs; root `pid`'s later execs
+    /// are said.
+    fn probe_command(&mut self, pid: u32, cmd: &str) {
+        let Ok((resolved, exe)) = launch::resolve_command(cmd)
+            .and_then(|p| Ok((p.to_string_lossy().into_owned(), fs::canonicalize(p)?)))
+        else {
             return;
         };
+        self.root = Some(root::RootExecs::new(
+            pid,
+            resolved,
+            exe.to_string_lossy().into_owned(),
+        ));
         let Some(key) = files::key_of_path(&exe) else {
             return;
         };

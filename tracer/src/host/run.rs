@@ -118,7 +118,7 @@ pub fn run(
                 run_as.as_ref(),
                 |pid| {
                     host.probes.scope_pid(pid)?;
-                    host.probe_command(&argv[0]);
+                    host.probe_command(pid, &argv[0]);
                     Ok(())
                 },
                 Some(on_exec),
