@@ -15,7 +15,7 @@ use tracer_common::{maps, HostExec, MAX_HOST_FUNCS};
 use super::{windows::switch, windows::HostWindows, Host, HostScope, FOLD_EVERY};
 use crate::{
     cli::config::{Target, TraceConfig},
-    collect::Running,
+    collect::{timeline::Recorder, Running},
     profile::{Meta, Profile},
     say,
     session::{
@@ -231,6 +231,7 @@ pub fn run(
             _ => ScopeEnd::Never,
         },
         next_end_look: Instant::now(),
+        timeline: Recorder::new(1.0, false),
     };
     let controls = Controls {
         signals,
@@ -251,6 +252,7 @@ pub fn run(
         mut snapshots,
         start_time,
         described,
+        mut timeline,
         ..
     } = run;
     let meta = |elapsed: f64| host_meta(&described, &start_time, elapsed, duty.as_ref());
@@ -272,6 +274,9 @@ pub fn run(
         );
     }
     let mut profile = host.profile(meta(elapsed))?;
+    let last = running_tick(&host, elapsed);
+    timeline.record(elapsed, last.running, None, true);
+    profile.timeline = Some(timeline.timeline().clone());
     crate::profile::window::scale_windows(&mut profile);
     if host.probes.unprobed > 0 {
         say!(
@@ -350,6 +355,8 @@ struct HostRun {
     described: Described,
     end: ScopeEnd,
     next_end_look: Instant,
+    /// The trace over time, fed by the ticks (count mode: no frees).
+    timeline: Recorder,
 }
 
 /// How often a scope that ends by itself is listed for what is left.
@@ -470,11 +477,16 @@ impl Engine for HostRun {
     }
 
     fn tick(&mut self) -> Tick {
-        running_tick(&self.host.borrow(), self.started.elapsed().as_secs_f64())
+        let tick = running_tick(&self.host.borrow(), self.started.elapsed().as_secs_f64());
+        self.timeline
+            .record(tick.elapsed, tick.running, None, false);
+        tick
     }
 
     fn profile(&self) -> Result<Profile> {
-        self.host.borrow_mut().profile(self.meta())
+        let mut p = self.host.borrow_mut().profile(self.meta())?;
+        p.timeline = Some(self.timeline.timeline().clone());
+        Ok(p)
     }
 
     /// A snapshot that cannot be made is said, and tracing goes on.
