@@ -28,6 +28,32 @@ fn launch_mode_exact_counts() {
     check_launch_run(&["--top", "0", "--count-frees"]);
 }
 
+/// The host engine (`--file-wide -- CMD`) counts the fixture as the
+/// per-process engine does: every site exact, no loss, and a timeline
+/// that holds every call and byte (it had none); its report parses, the
+/// losses one list whose lines join (the host's were a second list under
+/// the same label), every line but the paths and frames within 80
+/// columns (the scope line was 200 wide).
+#[test]
+fn file_wide_counts_are_exact_with_a_timeline_and_a_report_that_parses() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let (out, p) = trace_fixture(Fixture::Counts, &["--file-wide", "--top", "0"]);
+    out.assert_exit(0);
+    check_counts_profile(&p);
+    let r = out.report();
+    assert_eq!(r.lost.len(), 13, "{:?}\n{}", r.lost, out.describe());
+    assert!(r.lost.iter().all(|(_, n)| *n == 0), "{:?}", r.lost);
+    for line in out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("scope: ") || l.starts_with("lost: "))
+    {
+        assert!(line.chars().count() <= 80, "{line:?}");
+    }
+}
+
 /// Count mode needs one probe per allocating call: `free` is not probed
 /// (and the report says frees were not counted) unless asked for.
 #[test]

@@ -42,7 +42,9 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
     // Every line but the frames (and the fixture's paths) within 80
     // columns.
     for line in out.stdout.lines() {
-        let long_path = line.starts_with("command: ") || line.starts_with("probes: ");
+        let long_path = ["command: ", "probes: ", "by process: "]
+            .iter()
+            .any(|p| line.starts_with(p));
         if !line.starts_with("    ") && !long_path {
             assert!(line.chars().count() <= 80, "{line:?}\n{d}");
         }
@@ -106,6 +108,19 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
         "{d}"
     );
     assert_eq!(r.nested, p.totals.nested, "{d}");
+    // The host engine's follow in the same list.
+    let host: &[&str] = match p.losses.contains_key("exec_events_lost") {
+        true => &[
+            "exec_events_lost",
+            "process_names_full",
+            "process_runs_full",
+            "tree_full",
+            "frames_untagged",
+            "processes_unnumbered",
+            "python_full",
+        ],
+        false => &[],
+    };
     let lost: Vec<(String, u64)> = [
         ("map full", "map_full"),
         ("stack walk failed", "stack_walk_failed"),
@@ -116,6 +131,7 @@ fn assert_table_matches(out: &Finished, p: &Profile) {
     ]
     .iter()
     .map(|&(label, key)| (label.to_string(), p.losses[key]))
+    .chain(host.iter().map(|k| (k.replace('_', " "), p.losses[*k])))
     .collect();
     assert_eq!(r.lost, lost, "{d}");
     // The stack-quality line: the share of whole stacks and every cause.

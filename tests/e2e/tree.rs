@@ -120,7 +120,8 @@ fn every_process_of_the_tree_is_counted_exactly() {
         Some(Processes {
             traced: 6,
             exited: 6,
-            not_traced: 0
+            not_traced: 0,
+            allocated: None,
         }),
         "{d}"
     );
@@ -318,7 +319,8 @@ fn a_burst_of_processes_is_counted_within_bounded_records() {
         Some(Processes {
             traced: 1,
             exited: 1,
-            not_traced: n
+            not_traced: n,
+            allocated: None,
         }),
         "{d}"
     );

@@ -251,10 +251,10 @@ impl Profile {
     }
 
     /// Every kind of loss is there, and zero: six, and the host engine's
-    /// six more.
+    /// seven more.
     pub fn assert_no_losses(&self) {
         let kinds = if self.losses.contains_key("exec_events_lost") {
-            12
+            13
         } else {
             6
         };

@@ -83,12 +83,21 @@ pub struct Processes {
     pub traced: u64,
     pub exited: u64,
     pub not_traced: u64,
+    /// The host engine's `N allocated (one per exec)` (the others 0).
+    pub allocated: Option<u64>,
 }
 
 impl Processes {
-    /// `N traced (M exited during the trace)[, K not traced]`.
+    /// `N traced (M exited during the trace)[, K not traced]`, or on the
+    /// host engine `N allocated (one per exec)`.
     fn parse(s: &str, line: &str) -> Result<Processes, String> {
         let bad = || format!("bad processes line {line:?}");
+        if let Some(n) = s.strip_suffix(" allocated (one per exec)") {
+            return Ok(Processes {
+                allocated: Some(num(n, line)?),
+                ..Processes::default()
+            });
+        }
         let (traced, rest) = s.split_once(" traced (").ok_or_else(bad)?;
         let (exited, rest) = rest
             .split_once(" exited during the trace)")
@@ -106,6 +115,7 @@ impl Processes {
             traced: num(traced, line)?,
             exited: num(exited, line)?,
             not_traced,
+            allocated: None,
         })
     }
 }

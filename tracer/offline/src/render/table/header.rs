@@ -90,17 +90,28 @@ pub(super) fn header(profile: &Profile, paint: Paint) -> String {
     if !meta.command.is_empty() {
         let _ = writeln!(out, "command: {}", meta.command);
     }
-    if meta.scope == "host" {
-        let _ = writeln!(
-            out,
-            "scope: the whole host (--all): file-wide probes in every process that maps an allocator; each call under its process and stack"
-        );
-    } else if !meta.scope.is_empty() {
-        let _ = writeln!(
-            out,
-            "scope: the {} (--file-wide): file-wide probes in every process that maps an allocator, the scope's processes told from others in the kernel; each call under its process and stack",
-            if meta.scope == "tree" { "command's process tree" } else { "cgroup" }
-        );
+    // The host engine's scope, on lines within the width.
+    let scope: Vec<String> = match meta.scope.as_str() {
+        "" => vec![],
+        "host" => vec!["the whole host (--all):".into()],
+        s => vec![format!(
+            "the {} (--file-wide):",
+            if s == "tree" {
+                "command's process tree"
+            } else {
+                "cgroup"
+            }
+        )],
+    };
+    if !scope.is_empty() {
+        let mut words: Vec<String> = scope;
+        words.push("file-wide probes in every process that maps an allocator;".into());
+        if meta.scope != "host" {
+            words.push("the scope's processes told from others in the kernel;".into());
+        }
+        words.push("each call under its process and stack".into());
+        let words: Vec<String> = words.join(" ").split(' ').map(str::to_string).collect();
+        out.push_str(&crate::render::text::wrap_words("scope", &words));
     }
     if !meta.allocator_object.is_empty() {
         let _ = write!(out, "probes: {}", meta.allocator_object);

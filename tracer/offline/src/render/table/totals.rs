@@ -106,8 +106,7 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
     // when it did.
     let beyond =
         (l.gone_stacks_beyond > 0).then(|| format!("gone stacks beyond {}", l.gone_stacks_beyond));
-    let items: Vec<String> = items.into_iter().chain(beyond).collect();
-    let mut text = wrap_list("lost", &items, "");
+    let mut items: Vec<String> = items.into_iter().chain(beyond).collect();
     let mut any = [
         l.map_full,
         l.stack_walk_failed,
@@ -126,13 +125,14 @@ pub(super) fn losses_lines(l: &Losses, paint: Paint) -> String {
             .named()
             .iter()
             .any(|&(what, n)| n > 0 && what != "processes_unnumbered");
-        let items: Vec<String> = h
-            .named()
-            .iter()
-            .map(|(what, n)| format!("{} {n}", what.replace('_', " ")))
-            .collect();
-        text.push_str(&wrap_list("lost", &items, ""));
+        // One list with the others, so that its lines join into one.
+        items.extend(
+            h.named()
+                .iter()
+                .map(|(what, n)| format!("{} {n}", what.replace('_', " "))),
+        );
     }
+    let text = wrap_list("lost", &items, "");
     if !any {
         return text;
     }

@@ -120,6 +120,28 @@ pub fn wrap_list(label: &str, items: &[String], empty: &str) -> String {
     out
 }
 
+/// `label: w1 w2 ...` broken into lines within [`WIDTH`] as
+/// [`wrap_list`] breaks a list, the words joined by spaces alone.
+pub fn wrap_words(label: &str, words: &[String]) -> String {
+    let prefix = format!("{label}: ");
+    let mut out = String::new();
+    let mut line = prefix.clone();
+    for word in words {
+        let fresh = line.len() == prefix.len();
+        if !fresh && line.len() + 1 + word.len() > WIDTH {
+            out.push_str(&line);
+            out.push('\n');
+            line = prefix.clone();
+        } else if !fresh {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
 /// `1.3us`, `250ms`, `2.50s`.
 pub fn duration_ns(ns: u64) -> String {
     let ns_f = ns as f64;

@@ -140,6 +140,24 @@ fn lists_wrap_at_80_columns_with_the_label_repeated() {
 }
 
 #[test]
+fn words_wrap_at_80_columns_with_the_label_repeated() {
+    let words: Vec<String> = (0..40).map(|i| format!("word{i}")).collect();
+    let text = wrap_words("scope", &words);
+    assert!(text.lines().count() > 1, "{text}");
+    for line in text.lines() {
+        assert!(
+            line.len() <= WIDTH && line.starts_with("scope: "),
+            "{line:?}"
+        );
+    }
+    let joined: Vec<&str> = text
+        .lines()
+        .flat_map(|l| l["scope: ".len()..].split(' '))
+        .collect();
+    assert_eq!(joined, words);
+}
+
+#[test]
 fn paint_is_plain_when_off() {
     assert_eq!(Paint::new(false).strong("a"), "a");
     assert_eq!(Paint::new(true).strong("a"), "\u{1b}[1ma\u{1b}[0m");
