@@ -44,8 +44,9 @@ fn exec_into_a_preloaded_allocator_probes_the_new_program() {
 }
 
 /// The same on the host engine (`--file-wide`): the root's exec is said
-/// (it was not), every call of the program counted at its sites, and
-/// jemalloc named among the allocators called.
+/// (it was not), every call of the program counted at its sites,
+/// jemalloc named among the allocators called, and the program the
+/// profile's executable (it was empty).
 #[test]
 fn exec_into_a_preloaded_allocator_is_said_and_counted_file_wide() {
     if !crate::support::require_bpf_alone() {
@@ -57,6 +58,11 @@ fn exec_into_a_preloaded_allocator_is_said_and_counted_file_wide() {
     assert_counts_sites(&p, &d);
     let family = p.doc["meta"]["allocator_family"].as_str().unwrap_or("");
     assert!(family.starts_with("jemalloc"), "{family}\n{d}");
+    assert_eq!(
+        p.doc["meta"]["executable"],
+        Fixture::Counts.path_str(),
+        "{d}"
+    );
 }
 
 /// Live mode across an exec: the program's blocks are followed exactly,

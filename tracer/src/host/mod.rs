@@ -597,6 +597,9 @@ impl Host {
     /// The profile so far (`meta` without the probes' part): the rows of
     /// processes gone and of those the maps hold.
     fn profile(&mut self, mut meta: Meta) -> Result<Profile> {
+        if let Some(root) = &self.root {
+            meta.executable = root.program().to_string();
+        }
         meta.allocator_family = self.probes.families_called();
         meta.allocator_object = self
             .probes

@@ -1,6 +1,6 @@
 //! A tree scope's root process: its execs after the command's own are
-//! said, as the per-process engine says them (the program the trace is
-//! of is the one the root runs last).
+//! said, as the per-process engine says them, and the program it runs
+//! last is the trace's (the profile's `meta.executable`).
 
 /// The root's pid and the names the command's own exec goes by.
 pub(super) struct RootExecs {
@@ -8,14 +8,22 @@ pub(super) struct RootExecs {
     /// The command as resolved and as its file's canonical path, until
     /// the root's first exec (the command's own) is seen.
     launch: Option<[String; 2]>,
+    /// The root's program: the command's, then each it exec'd.
+    program: String,
 }
 
 impl RootExecs {
     pub(super) fn new(pid: u32, resolved: String, canonical: String) -> Self {
         RootExecs {
             pid,
+            program: canonical.clone(),
             launch: Some([resolved, canonical]),
         }
+    }
+
+    /// The program the root runs (or ran last).
+    pub(super) fn program(&self) -> &str {
+        &self.program
     }
 
     /// The line to say for process `tgid`'s exec of `path`: one when it
@@ -33,6 +41,10 @@ impl RootExecs {
         {
             return None;
         }
+        // Its file as the kernel has it, while the process runs it.
+        self.program = std::fs::read_link(format!("/proc/{tgid}/exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| path.to_string());
         Some(format!(
             "pid {tgid} exec'd {}: its allocator files probed file-wide",
             crate::render::text::printable(path)
@@ -44,16 +56,22 @@ impl RootExecs {
 mod tests {
     use super::*;
 
+    /// A pid no process has (`/proc/PID/exe` is not there).
+    const NO_SUCH_PID: u32 = 4_000_000_000;
+
     #[test]
     fn the_commands_own_exec_is_not_said_and_the_next_ones_are() {
-        let mut r = RootExecs::new(7, "/bin/env".into(), "/usr/bin/env".into());
-        assert_eq!(r.said(8, "/x"), None);
-        assert_eq!(r.said(7, "/usr/bin/env"), None);
+        let mut r = RootExecs::new(NO_SUCH_PID, "/bin/env".into(), "/usr/bin/env".into());
+        assert_eq!(r.said(NO_SUCH_PID - 1, "/x"), None);
+        assert_eq!(r.said(NO_SUCH_PID, "/usr/bin/env"), None);
         assert_eq!(
-            r.said(7, "/bin/env").as_deref(),
-            Some("pid 7 exec'd /bin/env: its allocator files probed file-wide")
+            r.said(NO_SUCH_PID, "/bin/env").as_deref(),
+            Some("pid 4000000000 exec'd /bin/env: its allocator files probed file-wide")
         );
-        let mut lost = RootExecs::new(7, "/bin/env".into(), "/usr/bin/env".into());
-        assert!(lost.said(7, "/opt/fixture").is_some());
+        assert_eq!(r.program(), "/bin/env");
+        let mut lost = RootExecs::new(NO_SUCH_PID, "/bin/env".into(), "/usr/bin/env".into());
+        assert_eq!(lost.program(), "/usr/bin/env");
+        assert!(lost.said(NO_SUCH_PID, "/opt/fixture").is_some());
+        assert_eq!(lost.program(), "/opt/fixture");
     }
 }
