@@ -91,26 +91,27 @@ pub(super) fn header(profile: &Profile, paint: Paint) -> String {
         let _ = writeln!(out, "command: {}", meta.command);
     }
     // The host engine's scope, on lines within the width.
-    let scope: Vec<String> = match meta.scope.as_str() {
-        "" => vec![],
-        "host" => vec!["the whole host (--all):".into()],
-        s => vec![format!(
+    let scope = match meta.scope.as_str() {
+        "" => None,
+        "host" => Some("the whole host (--all):".to_string()),
+        s => Some(format!(
             "the {} (--file-wide):",
             if s == "tree" {
                 "command's process tree"
             } else {
                 "cgroup"
             }
-        )],
+        )),
     };
-    if !scope.is_empty() {
-        let mut words: Vec<String> = scope;
-        words.push("file-wide probes in every process that maps an allocator;".into());
-        if meta.scope != "host" {
-            words.push("the scope's processes told from others in the kernel;".into());
-        }
-        words.push("each call under its process and stack".into());
-        let words: Vec<String> = words.join(" ").split(' ').map(str::to_string).collect();
+    if let Some(scope) = scope {
+        let kernel = match meta.scope.as_str() {
+            "host" => "",
+            _ => " the scope's processes told from others in the kernel;",
+        };
+        let text = format!(
+            "{scope} file-wide probes in every process that maps an allocator;{kernel} each call under its process and stack"
+        );
+        let words: Vec<String> = text.split(' ').map(str::to_string).collect();
         out.push_str(&crate::render::text::wrap_words("scope", &words));
     }
     if !meta.allocator_object.is_empty() {

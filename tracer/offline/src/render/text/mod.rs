@@ -92,19 +92,32 @@ pub fn count(n: u64, noun: &str) -> String {
 /// No items give one line, `label: ` followed by `empty`. Every line ends
 /// with a newline.
 pub fn wrap_list(label: &str, items: &[String], empty: &str) -> String {
-    let prefix = format!("{label}: ");
     if items.is_empty() {
-        return format!("{prefix}{empty}\n");
+        return format!("{label}: {empty}\n");
     }
+    let last = items.len() - 1;
+    wrap(
+        label,
+        items.iter().enumerate().map(|(i, item)| match i == last {
+            true => item.clone(),
+            false => format!("{item},"),
+        }),
+    )
+}
+
+/// `label: w1 w2 ...` broken into lines within [`WIDTH`] as
+/// [`wrap_list`] breaks a list, the words joined by spaces alone.
+pub fn wrap_words(label: &str, words: &[String]) -> String {
+    wrap(label, words.iter().cloned())
+}
+
+/// `pieces` joined by spaces on lines within [`WIDTH`], each line starting
+/// with `label: ` (a piece longer than a line gets a line of its own).
+fn wrap(label: &str, pieces: impl Iterator<Item = String>) -> String {
+    let prefix = format!("{label}: ");
     let mut out = String::new();
     let mut line = prefix.clone();
-    for (i, item) in items.iter().enumerate() {
-        let last = i + 1 == items.len();
-        let piece = if last {
-            item.clone()
-        } else {
-            format!("{item},")
-        };
+    for piece in pieces {
         let fresh = line.len() == prefix.len();
         if !fresh && line.len() + 1 + piece.len() > WIDTH {
             out.push_str(line.trim_end());
@@ -114,28 +127,6 @@ pub fn wrap_list(label: &str, items: &[String], empty: &str) -> String {
             line.push(' ');
         }
         line.push_str(&piece);
-    }
-    out.push_str(&line);
-    out.push('\n');
-    out
-}
-
-/// `label: w1 w2 ...` broken into lines within [`WIDTH`] as
-/// [`wrap_list`] breaks a list, the words joined by spaces alone.
-pub fn wrap_words(label: &str, words: &[String]) -> String {
-    let prefix = format!("{label}: ");
-    let mut out = String::new();
-    let mut line = prefix.clone();
-    for word in words {
-        let fresh = line.len() == prefix.len();
-        if !fresh && line.len() + 1 + word.len() > WIDTH {
-            out.push_str(&line);
-            out.push('\n');
-            line = prefix.clone();
-        } else if !fresh {
-            line.push(' ');
-        }
-        line.push_str(word);
     }
     out.push_str(&line);
     out.push('\n');
