@@ -160,14 +160,22 @@ impl Table {
     }
 }
 
-/// Makes room for `more` in `v`, doubling its capacity as `Vec` does but
-/// never past what the ceiling (`most`) and `more` need: a table near
-/// its ceiling takes no twice the room.
+/// Makes room for `more` in `v`, doubling its capacity as `Vec` does
+/// while it is small, but never past what the ceiling (`most`) and
+/// `more` need. Past an eighth of the ceiling it takes the ceiling and
+/// an eighth more at once (room for any batch after), so that a large
+/// table is copied once, not at every doubling, and leaves no trail of
+/// larger and larger buffers freed but still resident in the allocator.
+/// What the table has not filled yet is reserved, not resident.
 fn grow<T>(v: &mut Vec<T>, more: usize, most: usize) {
     let need = v.len() + more;
     if need > v.capacity() {
-        let cap = (v.capacity() * 2).min(most + more).max(need);
-        v.reserve_exact(cap - v.len());
+        let cap = if need > most / 8 {
+            most + more.max(most / 8)
+        } else {
+            (v.capacity() * 2).min(most + more)
+        };
+        v.reserve_exact(cap.max(need) - v.len());
     }
 }
 
@@ -181,6 +189,21 @@ mod tests {
             b.push(start, size, name.as_bytes());
         }
         b
+    }
+
+    #[test]
+    fn a_table_past_an_eighth_of_its_ceiling_takes_it_at_once() {
+        let mut v: Vec<u8> = Vec::new();
+        grow(&mut v, 10, 800);
+        assert!(v.capacity() < 100, "{}", v.capacity());
+        v.extend([0; 10]);
+        // Past 100: the ceiling and an eighth, once; no batch after moves it.
+        grow(&mut v, 91, 800);
+        assert!(v.capacity() >= 900, "{}", v.capacity());
+        let at = v.as_ptr();
+        v.extend([0; 790]);
+        grow(&mut v, 100, 800);
+        assert_eq!(v.as_ptr(), at);
     }
 
     #[test]
