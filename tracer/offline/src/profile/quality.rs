@@ -119,8 +119,9 @@ pub struct PythonQuality {
     /// Code objects that could not be named (gone or replaced before the
     /// tracer read them): shown as `[python code 0x...]`.
     pub unnamed: u64,
-    /// New stacks whose notice to the tracer found the ring full (their
-    /// code objects were named later, if they still lived).
+    /// Notices of new stacks and copies of new code objects that found
+    /// the ring to the tracer full: those code objects were named later
+    /// from the process, if they still lived, else shown unnamed.
     pub notices_lost: u64,
     /// Calls whose stack runs the eval loop with no Python frame read:
     /// the process was not known to run an interpreter at the call (one
