@@ -253,12 +253,18 @@ pub fn run(
         start_time,
         described,
         mut timeline,
+        mut execs,
         ..
     } = run;
     let meta = |elapsed: f64| host_meta(&described, &start_time, elapsed, duty.as_ref());
     let elapsed = started.elapsed().as_secs_f64();
     let mut host = cell.into_inner();
     host.probes.set_enabled(false)?;
+    // The walks still waiting are finished now, those of processes gone
+    // in the files their last execs name: the kernel counted their calls
+    // in its totals, so a walk left waiting would be a row missing.
+    read_execs(&mut execs, &mut host);
+    host.walks.finish_at_end();
     drop(watchers);
     say!(
         "mtrace: tracing ended after {elapsed:.1} s: {}",
@@ -446,6 +452,17 @@ impl HostRun {
     }
 }
 
+/// Reads the kernel's word of the execs since the last read.
+fn read_execs(execs: &mut RingBuf<aya::maps::MapData>, host: &mut Host) {
+    while let Some(item) = execs.next() {
+        if item.len() >= std::mem::size_of::<HostExec>() {
+            // SAFETY: the programs write a `HostExec` per record.
+            let e = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostExec) };
+            host.on_exec(&e);
+        }
+    }
+}
+
 impl Engine for HostRun {
     type Work = ();
 
@@ -458,13 +475,7 @@ impl Engine for HostRun {
         if let Some(asks) = &self.held {
             host.answer_held(asks);
         }
-        while let Some(item) = self.execs.next() {
-            if item.len() >= std::mem::size_of::<HostExec>() {
-                // SAFETY: the programs write a `HostExec` per record.
-                let e = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const HostExec) };
-                host.on_exec(&e);
-            }
-        }
+        read_execs(&mut self.execs, &mut host);
         host.recheck();
         if Instant::now() >= self.next_fold {
             if let Err(e) = host.fold_gone() {

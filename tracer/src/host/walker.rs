@@ -94,6 +94,13 @@ impl HostWalker {
         move || lock(&walks).finish_all()
     }
 
+    /// Finishes every walk still waiting, those waiting for their
+    /// process's files to be named too: the end of the trace, once the
+    /// last execs were read.
+    pub fn finish_at_end(&self) {
+        lock(&self.walks).finish_at_end();
+    }
+
     /// The walks finished so far, after finishing those still waiting.
     pub fn walks(&self) -> MutexGuard<'_, HostWalks> {
         let mut w = lock(&self.walks);

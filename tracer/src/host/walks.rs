@@ -183,8 +183,20 @@ impl HostWalks {
             .map(|id| (id.dev, id.ino))
     }
 
-    /// Finishes every walk waiting in the ring.
+    /// Finishes every walk waiting in the ring; those of processes gone
+    /// whose files are not named yet wait for a later round.
     pub fn finish_all(&mut self) {
+        self.finish_round(false);
+    }
+
+    /// Finishes every walk waiting in the ring or for its files, as it
+    /// can now: the trace's last round (no later one would take them up,
+    /// and the kernel counted their calls in its totals).
+    pub fn finish_at_end(&mut self) {
+        self.finish_round(true);
+    }
+
+    fn finish_round(&mut self, end: bool) {
         let Some(mut ring) = self.ring.take() else {
             return;
         };
@@ -196,7 +208,7 @@ impl HostWalks {
             if !read_miss_into(&mut ev, &record) {
                 continue;
             }
-            let last = now.duration_since(since) >= DEFER_FOR;
+            let last = end || now.duration_since(since) >= DEFER_FOR;
             if self.finish(&ev, &mut new_rules, last) {
                 self.defer(since, record);
             } else {
@@ -255,7 +267,7 @@ impl HostWalks {
                 if !read_miss_into(&mut ev, &record) {
                     continue;
                 }
-                let last = self.deferred_bytes >= DEFER_BYTES;
+                let last = end || self.deferred_bytes >= DEFER_BYTES;
                 if self.finish(&ev, &mut new_rules, last) {
                     self.defer(Instant::now(), record);
                 } else {
