@@ -264,6 +264,12 @@ impl Profile {
             "losses: {:?}",
             self.losses
         );
+        // Nothing lost, said or not: in count mode the rows hold every
+        // call the totals count.
+        if self.mode() == "count" {
+            let rows: u64 = self.allocs().map(|s| s.calls).sum();
+            assert_eq!(rows, self.total().0, "rows against totals\n{}", self.dump());
+        }
     }
 
     /// For assertion messages: one line per stack.
