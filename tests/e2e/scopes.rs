@@ -133,6 +133,7 @@ fn cgroup_present_and_to_come(extra: &[&str]) {
         "the process outside the cgroup was traced: {procs:?}"
     );
     assert_counts_sites_times(&p, 3, &d);
+    p.assert_rows_hold_the_totals(&d);
     if file_wide {
         assert_eq!(p.doc["meta"]["scope"], "cgroup", "{d}");
         // The joiner's run, 1.5 s after the others, walks by the rules

@@ -50,6 +50,7 @@ fn a_command_traced_file_wide_counts_its_tree_as_a_trace_of_it_alone() {
         .map(|e| e["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(runs.len(), 2, "{}\n{d}", p.doc["meta"]["processes"]);
+    p.assert_rows_hold_the_totals(&d);
     for pid in runs {
         assert_same_as_alone(
             &tally(&p, &move |p, n| p == pid && n == "counts"),
@@ -85,6 +86,7 @@ fn a_program_with_an_allocator_of_its_own_is_counted_from_its_first_call() {
     out.assert_exit(0);
     let d = out.describe();
     assert!(!out.stderr.iter().any(|l| l.contains("not counted")), "{d}");
+    p.assert_rows_hold_the_totals(&d);
     assert_same_as_alone(&tally(&p, &|_, n| n == "counts-static"), &alone, &d);
     for (func, site, want) in [
         ("_rjem_malloc", "rustjem::box_site", (100, 4000)),
@@ -217,10 +219,8 @@ fn a_walk_whose_process_is_gone_is_finished_whole_in_its_files() {
         .values()
         .sum();
     assert!(whole >= 1000 && cut <= shell, "{d}");
-    // No walk left unfinished at the end: the rows hold every call the
-    // kernel counted.
-    let rows: u64 = tally(&p, &|_, _| true).values().sum();
-    assert_eq!(rows, p.total().0, "{d}");
+    // No walk left unfinished at the end.
+    p.assert_rows_hold_the_totals(&d);
 }
 
 /// mtrace `--file-wide` killed with SIGKILL while it traces a cgroup

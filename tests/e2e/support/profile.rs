@@ -264,12 +264,17 @@ impl Profile {
             "losses: {:?}",
             self.losses
         );
-        // Nothing lost, said or not: in count mode the rows hold every
-        // call the totals count.
+        // Nothing lost, said or not.
         if self.mode() == "count" {
-            let rows: u64 = self.allocs().map(|s| s.calls).sum();
-            assert_eq!(rows, self.total().0, "rows against totals\n{}", self.dump());
+            self.assert_rows_hold_the_totals(&self.dump());
         }
+    }
+
+    /// Every call the totals count is in a row (count mode, nothing
+    /// lost): no walk was left unfinished or dropped, said or not.
+    pub fn assert_rows_hold_the_totals(&self, what: &str) {
+        let rows: u64 = self.allocs().map(|s| s.calls).sum();
+        assert_eq!(rows, self.total().0, "the rows against the totals\n{what}");
     }
 
     /// For assertion messages: one line per stack.
