@@ -159,7 +159,7 @@ fn numeric_options_at_their_extremes_are_refused_or_meant() {
     let agent: &[&str] = &["agent", "--listen", "127.0.0.1:0"];
     let report: &[&str] = &["report", profile];
     let diff: &[&str] = &["diff", profile, profile];
-    let options: [(&[&str], &str); 22] = [
+    let options: [(&[&str], &str); 23] = [
         (&[], "--duration"),
         (&[], "--interval"),
         (live, "--min-age"),
@@ -173,6 +173,7 @@ fn numeric_options_at_their_extremes_are_refused_or_meant() {
         (&[], "--count-map-size"),
         (&[], "--stack-map-size"),
         (&[], "--unwind-rules-size"),
+        (&[], "--unwind-buffer-size"),
         (&[], "--top"),
         (&[], "--threshold"),
         (agent, "--window"),

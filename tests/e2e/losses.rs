@@ -401,3 +401,93 @@ fn allocations_lost_when_the_queue_is_full_bound_the_missing_leaks() {
         out.stdout
     );
 }
+
+/// tests/fixtures/burst.c (8 threads, 200 blocks each, and the leaks)
+/// traced by pid with `--unwind-buffer-size size`, mtrace stopped
+/// (SIGSTOP) while the fixture allocates: no walk is finished and no
+/// rule learned meanwhile, so each call's walk is handed over with a
+/// copy of its stack, and those the buffer has no room for are cut
+/// short. Returns them (`copy_lost`), the line that says so, and a
+/// description.
+fn copy_lost_while_stopped(size: &str) -> (u64, Option<String>, String) {
+    let mut fx = FixtureProc::start(burst(), &["200", "wait"]);
+    fx.wait_ready();
+    let pid = fx.pid().to_string();
+    let mut m = Mtrace::start_profiled(&[
+        "--pid",
+        pid.as_str(),
+        "--unwind-buffer-size",
+        size,
+        "--top",
+        "0",
+    ]);
+    m.wait_tracing();
+    m.proc.signal(libc::SIGSTOP);
+    // Every thread of mtrace stopped before the fixture allocates.
+    let tasks = format!("/proc/{}/task", m.proc.id());
+    let stopped = || {
+        std::fs::read_dir(&tasks).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            // The state follows the name's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    };
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    while !stopped() {
+        assert!(std::time::Instant::now() < deadline, "mtrace did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    fx.release();
+    fx.stdout
+        .wait_for(|l| l.starts_with("freed="), LINE_TIMEOUT);
+    m.proc.signal(libc::SIGCONT);
+    drop(fx.stdin.take());
+    let status = fx.proc.wait_timeout(EXIT_TIMEOUT);
+    assert!(status.success(), "the fixture failed: {status}");
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let d = format!("{}\n{}", out.describe(), p.dump());
+    // (and the C library's few as it starts the threads)
+    assert!(p.total().0 >= 8 * 200 + 1234, "{d}");
+    let lost = p.doc["stack_quality"]["truncated"]["copy_lost"]
+        .as_u64()
+        .unwrap_or(0);
+    let said = out
+        .stderr
+        .iter()
+        .find(|l| l.contains("(copy_lost)"))
+        .cloned();
+    (lost, said, d)
+}
+
+/// `--unwind-buffer-size`: some 2,850 walks handed over while mtrace
+/// cannot take them, each with a copy of its thread's stack (4 to 256
+/// KiB). A buffer of 1 MiB holds at most a few hundred: the rest are cut
+/// short (`copy_lost`), every call still counted, and a line says how
+/// many, the buffer's size and the option that doubles it. One of 128
+/// MiB holds at least 500 copies: hundreds fewer are cut, said so.
+#[test]
+fn a_full_buffer_of_stack_copies_is_counted_and_its_option_said() {
+    need_bpf!();
+    let (small, said, d) = copy_lost_while_stopped("1048576");
+    assert!(small > 1000, "{d}");
+    assert_eq!(
+        said.as_deref(),
+        Some(
+            format!(
+                "mtrace: {small} stacks cut short: the buffer of stack copies for mtrace to finish was full (copy_lost); --unwind-buffer-size 2097152 gives it twice the room (1 MiB now)"
+            )
+            .as_str()
+        ),
+        "{d}"
+    );
+    let (large, said, d) = copy_lost_while_stopped("134217728");
+    assert!(large + 300 <= small, "{small} cut with 1 MiB\n{d}");
+    let said = said.unwrap_or_default();
+    assert!(
+        said.starts_with(&format!("mtrace: {large} stacks cut short")) == (large > 0)
+            && said.ends_with("(128 MiB now)") == (large > 0),
+        "{d}"
+    );
+}

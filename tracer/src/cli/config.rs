@@ -18,11 +18,6 @@ use crate::{
 /// its rings are full (the block table's size when larger).
 const MIN_KEPT_ASIDE: u32 = 32768;
 
-/// The ring of walks the tracer finishes: 480 walks of the deepest
-/// stacks (a 33 KiB record each), about 3,000 of a small program's (5
-/// KiB), in flight while the unwind rules fill in.
-const UNWIND_RING_BYTES: u32 = 16 << 20;
-
 /// What to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -98,7 +93,7 @@ impl TraceConfig {
                 stacks: args.stack_map_size,
                 events: args.event_buffer_size,
                 unwind_rules: args.unwind_rules_size,
-                unwind_ring: UNWIND_RING_BYTES,
+                unwind_ring: args.unwind_buffer_size,
                 kept_aside: args.live_map_size.max(MIN_KEPT_ASIDE),
                 processes: args.process_table_size,
             },

@@ -15,7 +15,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use agent::{AgentArgs, AGENT_EXAMPLES};
 use diff::{DiffArgs, DIFF_EXAMPLES};
-use parse::{parse_age, parse_bytes, parse_duration, parse_percent, parse_ring_size, parse_span};
+use parse::{
+    parse_age, parse_bytes, parse_duration, parse_percent, parse_ring_size, parse_span,
+    parse_unwind_ring_size,
+};
 
 /// `--sort`: which count orders the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -330,6 +333,16 @@ pub struct TraceArgs {
     /// return address on the allocation paths).
     #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..))]
     pub unwind_rules_size: u32,
+
+    /// Size in bytes of the buffer of stack copies the kernel hands to
+    /// mtrace to finish (one per traced process; four times this for a
+    /// command's tree on the host engine; a power of two, at least 1 MiB).
+    /// A stack whose copy found it full is cut short (`copy_lost`): a
+    /// program that starts with a burst of deep stacks through new code,
+    /// such as cargo, may need 64 MiB. It is mapped into mtrace, which
+    /// counts twice its size in mtrace's resident memory.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20, value_parser = parse_unwind_ring_size)]
+    pub unwind_buffer_size: u32,
 
     /// Host engine (--all, --file-wide, --cgroup, agent --all): how many
     /// processes the kernel keeps names, runs and tree membership of at

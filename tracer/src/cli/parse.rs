@@ -91,6 +91,21 @@ pub(super) fn parse_ring_size(s: &str) -> Result<u32, String> {
     }
 }
 
+/// The buffer of stack copies: a power of two that holds the largest
+/// copy several times over.
+pub(super) fn parse_unwind_ring_size(s: &str) -> Result<u32, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
+    if v >= 1 << 20 && v.is_power_of_two() {
+        Ok(v)
+    } else {
+        Err(format!(
+            "the unwind buffer must be a power of two of at least 1048576 bytes (1 MiB), not {s}"
+        ))
+    }
+}
+
 pub(super) fn parse_percent(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim_end_matches('%')

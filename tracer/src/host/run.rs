@@ -301,6 +301,10 @@ pub fn run(
             gone - gone_whole
         );
     }
+    crate::unwind::say_copy_lost(
+        profile.stack_quality.as_ref(),
+        crate::probes::host_ring(&config.sizes, scope.kind()),
+    );
     if let Some(l) = profile.losses.host {
         say_host_losses(&l);
     }

@@ -163,7 +163,7 @@ fn host_rules(sizes: &MapSizes) -> u32 {
 /// hand-over copies the stack of (a short sqlite3 run: about 20 MB of
 /// walks in its 20 ms), so it has four times a process's ring; the host
 /// and a cgroup, traced for long, keep the one size.
-fn host_ring(sizes: &MapSizes, scope: u32) -> u32 {
+pub fn host_ring(sizes: &MapSizes, scope: u32) -> u32 {
     match scope {
         tracer_common::SCOPE_TREE => sizes.unwind_ring.saturating_mul(4),
         _ => sizes.unwind_ring,

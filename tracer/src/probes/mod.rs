@@ -12,7 +12,7 @@ mod sampling;
 mod tests;
 
 pub(crate) use load::bpf_object;
-pub use load::load_host;
+pub use load::{host_ring, load_host};
 pub use sampling::Sampling;
 
 use inline::{inline_numbers, inline_probes};

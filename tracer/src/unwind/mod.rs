@@ -53,6 +53,23 @@ use crate::tracee::{AddressSpace, FileId, Mapping, Mem};
 /// know.
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// Says how many stacks were cut short because their copy found the
+/// buffer of stack copies full (`copy_lost`), and the option that gives
+/// the buffer more room: `ring` is its size in bytes.
+pub fn say_copy_lost(quality: Option<&crate::profile::StackQuality>, ring: u32) {
+    let Some(n) = quality
+        .and_then(|q| q.truncated.get("copy_lost"))
+        .filter(|n| **n > 0)
+    else {
+        return;
+    };
+    crate::say!(
+        "mtrace: {n} stacks cut short: the buffer of stack copies for mtrace to finish was full (copy_lost); --unwind-buffer-size {} gives it twice the room ({} MiB now)",
+        u64::from(ring) * 2,
+        ring >> 20
+    );
+}
+
 /// The stop code of a user-space walk (as the BPF walk records it).
 pub fn stop_code(stop: Stop) -> u32 {
     match stop {

@@ -251,6 +251,7 @@ fn conclude(
     }
     let mut profile = session.profile()?;
     crate::profile::window::scale_windows(&mut profile);
+    crate::unwind::say_copy_lost(profile.stack_quality.as_ref(), config.sizes.unwind_ring);
     for u in &profile.unseen {
         say!(
             "mtrace: pid {} ({}): {} not seen: {}",
