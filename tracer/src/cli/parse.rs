@@ -79,29 +79,26 @@ pub(super) fn parse_span(s: &str) -> Result<Duration, String> {
 }
 
 pub(super) fn parse_ring_size(s: &str) -> Result<u32, String> {
-    let v: u32 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of bytes"))?;
-    if v >= 4096 && v.is_power_of_two() {
-        Ok(v)
-    } else {
-        Err(format!(
-            "the event buffer must be a power of two of at least 4096 bytes, not {s}"
-        ))
-    }
+    power_of_two_at_least(s, 4096, "the event buffer", "4096 bytes")
 }
 
 /// The buffer of stack copies: a power of two that holds the largest
 /// copy several times over.
 pub(super) fn parse_unwind_ring_size(s: &str) -> Result<u32, String> {
+    power_of_two_at_least(s, 1 << 20, "the unwind buffer", "1048576 bytes (1 MiB)")
+}
+
+/// A buffer's size in bytes: a power of two of at least `least` (said
+/// as `least_said`), else why not, naming the buffer as `what`.
+fn power_of_two_at_least(s: &str, least: u32, what: &str, least_said: &str) -> Result<u32, String> {
     let v: u32 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of bytes"))?;
-    if v >= 1 << 20 && v.is_power_of_two() {
+    if v >= least && v.is_power_of_two() {
         Ok(v)
     } else {
         Err(format!(
-            "the unwind buffer must be a power of two of at least 1048576 bytes (1 MiB), not {s}"
+            "{what} must be a power of two of at least {least_said}, not {s}"
         ))
     }
 }

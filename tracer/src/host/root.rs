@@ -42,9 +42,10 @@ impl RootExecs {
             return None;
         }
         // Its file as the kernel has it, while the process runs it.
-        self.program = std::fs::read_link(format!("/proc/{tgid}/exe"))
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| path.to_string());
+        self.program = match crate::tracee::executable(tgid) {
+            exe if exe.is_empty() => path.to_string(),
+            exe => exe,
+        };
         Some(format!(
             "pid {tgid} exec'd {}: its allocator files probed file-wide",
             crate::render::text::printable(path)
