@@ -213,7 +213,10 @@ impl Engine for Traced<'_> {
         Ok(None)
     }
 
+    /// Live mode drains first: a reading asked for now has every event
+    /// sent before it (the drain's timer may not have come yet).
     fn tick(&mut self) -> Tick {
+        self.session.drain_all();
         self.session.tick()
     }
 

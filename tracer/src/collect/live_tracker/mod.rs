@@ -119,6 +119,12 @@ pub struct LiveTracker {
     waiting: Vec<Event>,
     /// Stack ids of calls whose walk the tracer finished -> their stack key.
     remap: HashMap<u64, u64, RandomState>,
+    /// Stack ids of calls applied before their walk was finished -> the
+    /// entry of `stacks` they went to (its own: an id is one call's) and
+    /// their block. Moved to their stack when its key comes.
+    pending: HashMap<u64, (u32, u64), RandomState>,
+    /// Entries of `stacks` emptied by such a move, for new stacks to take.
+    free_slots: Vec<u32>,
 }
 
 impl LiveTracker {
@@ -139,13 +145,55 @@ impl LiveTracker {
             bad_events: 0,
             waiting: Vec::new(),
             remap: HashMap::default(),
+            pending: HashMap::default(),
+            free_slots: Vec::new(),
         }
     }
 
     /// The call with stack id `id` (a walk the tracer finished) has its
     /// stack under `key`; its allocation event, still to come, says `id`.
+    /// When that event was applied already (the walk finished late), its
+    /// block and figures move to the stack now.
     pub fn remap_stack(&mut self, id: u64, key: u64) {
-        self.remap.insert(id, key);
+        match self.pending.remove(&id) {
+            Some((i, ptr)) => self.move_pending(i, ptr, key),
+            None => {
+                self.remap.insert(id, key);
+            }
+        }
+    }
+
+    /// Entry `i`, one call's under its stack id, joins stack `stack`.
+    fn move_pending(&mut self, i: u32, ptr: u64, stack: u64) {
+        let old = self.stacks[i as usize].0;
+        let key = CountKey { stack, ..old };
+        self.index.remove(&old);
+        let Some(&j) = self.index.get(&key) else {
+            // The stack's first entry: renamed in place.
+            self.stacks[i as usize].0 = key;
+            self.index.insert(key, i);
+            return;
+        };
+        if let Some(b) = self.blocks.get_mut(&ptr).filter(|b| b.stack == i) {
+            b.stack = j;
+        }
+        let from = std::mem::replace(&mut self.stacks[i as usize].1, KeyStats::new());
+        let to = &mut self.stacks[j as usize].1;
+        to.allocations += from.allocations;
+        to.allocated_bytes += from.allocated_bytes;
+        to.frees += from.frees;
+        to.freed_bytes += from.freed_bytes;
+        to.live_blocks += from.live_blocks;
+        to.live_bytes += from.live_bytes;
+        // Its maximum had the block at most once; the sum bounds it.
+        to.max_live_bytes = to.max_live_bytes.max(to.live_bytes);
+        to.live_bytes_at_peak += from.live_bytes_at_peak;
+        to.temporaries += from.temporaries;
+        let _ = to.sizes.add(&from.sizes);
+        let _ = to.lifetimes.add(&from.lifetimes);
+        to.max_size = to.max_size.max(from.max_size);
+        to.max_lifetime = to.max_lifetime.max(from.max_lifetime);
+        self.free_slots.push(i);
     }
 
     /// Takes one raw ring-buffer record; it is applied by [`Self::flush`].
@@ -200,9 +248,11 @@ impl LiveTracker {
 
     pub fn on_alloc(&mut self, ev: &AllocEvent) {
         let mut key = ev.key;
+        let mut unwalked = false;
         if is_miss_stack_id(key.stack) {
-            if let Some(k) = self.remap.remove(&key.stack) {
-                key.stack = k;
+            match self.remap.remove(&key.stack) {
+                Some(k) => key.stack = k,
+                None => unwalked = true,
             }
         }
         let ev = &AllocEvent { key, ..*ev };
@@ -232,12 +282,23 @@ impl LiveTracker {
         let stack = match self.index.get(&ev.key) {
             Some(&i) => i,
             None => {
-                let i = self.stacks.len() as u32;
-                self.stacks.push((ev.key, KeyStats::new()));
+                let i = match self.free_slots.pop() {
+                    Some(i) => {
+                        self.stacks[i as usize].0 = ev.key;
+                        i
+                    }
+                    None => {
+                        self.stacks.push((ev.key, KeyStats::new()));
+                        self.stacks.len() as u32 - 1
+                    }
+                };
                 self.index.insert(ev.key, i);
                 i
             }
         };
+        if unwalked {
+            self.pending.insert(ev.key.stack, (stack, ev.ptr));
+        }
         self.blocks.insert(
             ev.ptr,
             Block {

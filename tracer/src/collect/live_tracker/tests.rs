@@ -231,3 +231,38 @@ fn rings_are_merged_by_time_and_later_events_wait() {
     t.on_bytes(&[9, 0, 0, 0]);
     assert_eq!(t.bad_events, 1);
 }
+
+#[test]
+fn a_block_applied_before_its_walk_finished_joins_its_stack_later() {
+    use tracer_common::miss_stack_id;
+    let mut t = LiveTracker::new(1000, 100);
+    let (early, late, freed) = (miss_stack_id(1), miss_stack_id(2), miss_stack_id(3));
+    // Walk 1 finished first: its call goes straight to stack 8.
+    t.remap_stack(early, 8);
+    t.on_alloc(&alloc(early, 0x10, 100, 1));
+    // Walks 2 and 3 finish after their calls were applied; 3's block is
+    // freed meanwhile.
+    t.on_alloc(&alloc(late, 0x20, 50, 2));
+    t.on_alloc(&alloc(freed, 0x30, 10, 3));
+    t.on_free(&free(0x30, 5));
+    t.remap_stack(late, 8);
+    t.remap_stack(freed, 9);
+    let out = t.outstanding(10, 0);
+    assert_eq!(out[&key(8)].blocks, 2);
+    assert_eq!(out[&key(8)].bytes, 150);
+    assert_eq!(out.len(), 1, "no block left under a walk's id");
+    let eight = t.key_stats(&key(8)).unwrap();
+    assert_eq!((eight.allocations, eight.live_bytes), (2, 150));
+    assert_eq!(eight.max_size, 100);
+    let nine = t.key_stats(&key(9)).unwrap();
+    assert_eq!((nine.allocations, nine.frees, nine.live_blocks), (1, 1, 0));
+    assert!(t.key_stats(&key(late)).is_none());
+    // The entry emptied by the move is taken by the next new stack, and
+    // a later free finds the moved block under its stack.
+    let entries = t.stacks().count();
+    t.on_alloc(&alloc(4, 0x40, 1, 6));
+    assert_eq!(t.stacks().count(), entries);
+    t.on_free(&free(0x20, 7));
+    assert_eq!(t.key_stats(&key(8)).unwrap().live_bytes, 100);
+    assert_eq!(t.frees_unknown, 0);
+}
