@@ -108,6 +108,20 @@ fn remembered_walks_keep_stacks_that_differ_further_up() {
     }
 }
 
+/// The same on the host's engine (`--file-wide`): its walks are
+/// remembered too, by process, and each call keeps gdb's stack.
+#[test]
+fn remembered_walks_on_the_hosts_engine_keep_stacks_that_differ_further_up() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let (out, p) = check_launch_profiled(MEMO, &["--file-wide"]);
+    let q = &p.doc["stack_quality"];
+    let walked = q["walked_in_kernel"].as_u64().unwrap();
+    assert_eq!(q["calls"], 42, "{q}\n{}", out.describe());
+    assert!((8..42).contains(&walked), "{q}\n{}", out.describe());
+}
+
 /// `program`'s three calls, each a stack gdb's, whole, the first of them
 /// walked by the tracer.
 fn whole_from_the_first_walk(program: Program, mode: &[&str]) {

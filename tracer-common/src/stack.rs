@@ -183,6 +183,10 @@ pub struct WalkMemo {
     /// helper call.
     pub ip: u64,
     pub cookie: u64,
+    /// The host scope: the incarnation of the process that walked (its
+    /// frames are files and offsets by that process's mappings); a call
+    /// takes the walk only in the same one. 0 for a traced process's.
+    pub owner: u64,
     /// Calls of that key counted here since the walk (plain adds, by the
     /// program that owns the CPU) instead of in the aggregation map, whose
     /// lookup was the largest cost of a counted call after the stack read.

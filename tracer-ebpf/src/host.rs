@@ -27,7 +27,7 @@ use tracer_common::{
 
 use crate::{
     aggregate::{bump_counter, current_comm, name_thread, EEXIST},
-    args::{attach_cookie, call_args},
+    args::{attach_cookie, call_args, NO_COOKIE},
     chunk::load_chunk,
     handover::send_miss,
     hidden::hidden_return,
@@ -36,6 +36,7 @@ use crate::{
         HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_PYTHON, HOST_PY_FILES, HOST_RUNS, HOST_SELF,
         HOST_STACKS, HOST_TOTALS,
     },
+    memo::{memo_claim, memo_find, memo_release},
     nesting::in_ranges,
     place::{caller_place, host_place, NO_GEN},
     python::{append_python, python_key, read_python, send_python_notice},
@@ -93,19 +94,16 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     }
     // Without a walk no frame is read, Python's or other.
     let mut python_unread = 1;
-    let stack = match scratch {
-        Some(w) => {
-            let stack = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
-            if stack == HANDED_OVER {
-                give_back_scratch(scratch);
-                name_process(tgid, mm);
-                return 0;
-            }
-            python_unread = unsafe { (*w).host_py.runtime == 0 } as u32;
-            stack
+    let (mut stack, mut remembered) = (0, false);
+    if let Some(w) = scratch {
+        (stack, remembered) = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
+        if stack == HANDED_OVER {
+            give_back_scratch(scratch);
+            name_process(tgid, mm);
+            return 0;
         }
-        None => 0,
-    };
+        python_unread = unsafe { (*w).host_py.runtime == 0 } as u32;
+    }
     let key = HostKey {
         tgid,
         func,
@@ -115,7 +113,10 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         tid,
         python_unread,
     };
-    let counted = count_key(&key, size, tgid, mm, ret, scratch);
+    // A remembered walk's frames are not in the scratch (its stack is in
+    // the map already).
+    let frames = if remembered { None } else { scratch };
+    let counted = count_key(&key, size, tgid, mm, ret, frames);
     give_back_scratch(scratch);
     counted
 }
@@ -169,7 +170,9 @@ const HANDED_OVER: u64 = 1;
 /// probe is at a function's entry) by the rules of each return address's
 /// file and offset: the stack's key, with its frames in the scratch; a
 /// walk that meets a return address without a rule yet is handed to the
-/// tracer ([`HANDED_OVER`]).
+/// tracer ([`HANDED_OVER`]). A walk of this process from the same place
+/// over the same stack words is taken instead where the memo has it and
+/// the map still holds its stack (then true, and no frames).
 #[inline(always)]
 fn walk(
     ctx: &ProbeContext,
@@ -180,7 +183,7 @@ fn walk(
     ret: u64,
     size: u64,
     tid: u32,
-) -> u64 {
+) -> (u64, bool) {
     let (sp, bp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip) };
     if !load_chunk(w, sp) {
         w.valid = 0;
@@ -192,7 +195,16 @@ fn walk(
     w.host_ra = host_place(w, ret);
     w.host_caller = w.host_ra;
     python_of(w, tgid, ret);
+    // Not for a process running Python (its key has the Python frames
+    // read now), nor one without an incarnation (the memo's owner).
+    let memo = gen != NO_GEN && w.host_py.runtime == 0 && w.limit != 0;
+    if memo && memo_find(w, ret, sp, bp, ip) && HOST_STACKS.get_ptr(&w.hit_key).is_some() {
+        return (w.hit_key, true);
+    }
     bump_counter(counter::WALKS, 1);
+    if memo && w.owned != 0 {
+        memo_claim(w, ret, sp, NO_COOKIE, tid as u64);
+    }
     walk_frames(level_of(w));
     // A process running CPython: its Python frames, read now (a walk
     // handed to the tracer takes them along), follow the native ones.
@@ -204,8 +216,14 @@ fn walk(
     let why = w.stack.stop;
     if why != stop::MISS {
         let native = finish_hash(w, why);
-        return python_key(w, native);
+        // As a traced process's walk: one that could not read the stack
+        // may do better next time; one that met a hidden return address
+        // is not remembered.
+        let keep = why != stop::READ_FAILED && w.hidden == 0;
+        memo_release(w, keep.then_some((ret, sp, bp, native)));
+        return (python_key(w, native), false);
     }
+    memo_release(w, None);
     // The mappings of the probed function and of the executable's code,
     // remembered under the incarnation like those of every frame walked:
     // with them the tracer finishes the walk in the files alone should the
@@ -216,14 +234,14 @@ fn walk(
         let _ = host_place(w, w.host_exe);
     }
     if send_miss(w, func, tid, ret, 1, size).is_some() {
-        return HANDED_OVER;
+        return (HANDED_OVER, false);
     }
     let why = match w.stack.stop {
         stop::RULES_FULL => stop::RULES_FULL,
         _ => stop::COPY_LOST,
     };
     let native = finish_hash(w, why);
-    python_key(w, native)
+    (python_key(w, native), false)
 }
 
 /// Copies process `tgid`'s interpreter layout into the walk's scratch
