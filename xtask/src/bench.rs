@@ -10,7 +10,8 @@
 //! - untraced;
 //! - floor: `mtrace --bench-floor`, a BPF program that does nothing, on the
 //!   same functions as count mode (entry probes);
-//! - count, and two sampled count modes;
+//! - count, count on the host's engine (`--file-wide`), and two sampled
+//!   count modes;
 //! - live floor (`--live --bench-floor`: entry, return and free probes that
 //!   do nothing) and live.
 //!
@@ -72,6 +73,13 @@ const MODES: &[Mode] = &[
     Mode {
         name: "count caller only",
         args: &["--max-stack", "0"],
+        floor: Some("floor"),
+    },
+    // The host's engine on the same command (file-wide probes, the scope
+    // told in the kernel), against the same floor.
+    Mode {
+        name: "count file-wide",
+        args: &["--file-wide"],
         floor: Some("floor"),
     },
     Mode {
