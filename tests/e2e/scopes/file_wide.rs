@@ -346,3 +346,30 @@ fn a_process_changing_its_mappings_keeps_its_whole_stacks() {
     assert_eq!(whole + cut, n, "{q}\n{d}");
     assert!(cut * 5 <= n, "{cut} cut: {q}\n{d}");
 }
+
+/// `--bpf-stats -v` on the host's engine: the kernel's time for its one
+/// program, which ran at least once for each call the tree made.
+#[test]
+fn the_hosts_program_is_timed_with_bpf_stats() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    let counts = Fixture::Counts.path_str();
+    let (out, p) =
+        crate::support::run_profiled(&["--file-wide", "--bpf-stats", "-v", "--", counts]);
+    out.assert_exit(0);
+    let d = out.describe();
+    let calls = p.doc["stack_quality"]["calls"].as_u64().unwrap();
+    let runs = out
+        .stderr
+        .iter()
+        .find_map(|l| {
+            let rest = l.split_once("bpf program host_alloc: ")?.1;
+            rest.split_once(" runs, ")?.0.parse::<u64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no time for the host's program\n{d}"));
+    assert!(
+        calls > 0 && runs >= calls,
+        "{runs} runs, {calls} calls\n{d}"
+    );
+}

@@ -58,6 +58,8 @@ pub fn run(
             ))
         }
     };
+    // Before the program runs: the kernel times it from then on.
+    let _stats = crate::probes::multi::run_times(config.bpf_stats)?;
     let started = Instant::now();
     let start_time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut host = Host::start(
@@ -260,6 +262,9 @@ pub fn run(
     let elapsed = started.elapsed().as_secs_f64();
     let mut host = cell.into_inner();
     host.probes.set_enabled(false)?;
+    if config.bpf_stats {
+        host.probes.program().log_times();
+    }
     // The walks still waiting are finished now, those of processes gone
     // in the files their last execs name: the kernel counted their calls
     // in its totals, so a walk left waiting would be a row missing.

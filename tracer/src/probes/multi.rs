@@ -31,6 +31,16 @@ pub struct Program {
     fd: OwnedFd,
 }
 
+/// `--bpf-stats`: the kernel times every BPF program run while the
+/// returned descriptor is open (None when `on` is false).
+pub fn run_times(on: bool) -> anyhow::Result<Option<OwnedFd>> {
+    use anyhow::Context;
+    on.then(|| {
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF run-time stats")
+    })
+    .transpose()
+}
+
 /// An attached uprobe-multi link; dropping it takes every one of its
 /// probes out.
 #[derive(Debug)]
@@ -256,6 +266,21 @@ impl Program {
         let fd = sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)?;
         // SAFETY: the kernel returned a new descriptor.
         Ok(Link(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    /// `-v` with `--bpf-stats`: its runs and the mean time of one, as the
+    /// kernel timed them (nothing when it never ran).
+    pub fn log_times(&self) {
+        if let Ok(info) = self.info() {
+            if info.runs > 0 {
+                log::debug!(
+                    "bpf program {}: {} runs, {:.1} ns per run",
+                    self.name,
+                    info.runs,
+                    info.run_time_ns as f64 / info.runs as f64
+                );
+            }
+        }
     }
 
     /// What the kernel says of the program (`-v`, `--bpf-stats`).

@@ -103,19 +103,3 @@ pub(super) fn log_probes(probes: &[Probe]) {
         );
     }
 }
-
-/// Time spent inside each BPF program (`--bpf-stats`).
-pub(super) fn log_program_times(programs: &[multi::Program]) {
-    for prog in programs {
-        if let Ok(info) = prog.info() {
-            if info.runs > 0 {
-                log::debug!(
-                    "bpf program {}: {} runs, {:.1} ns per run",
-                    prog.name,
-                    info.runs,
-                    info.run_time_ns as f64 / info.runs as f64
-                );
-            }
-        }
-    }
-}

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tokio::sync::oneshot;
 
 use crate::{
@@ -26,7 +26,7 @@ mod attach;
 mod log;
 
 use attach::{attach, Aside, Attached, Root, TargetExit};
-use log::{log_program_times, log_unwind, tracing_line};
+use log::{log_unwind, tracing_line};
 
 /// How a trace shows itself while it runs.
 pub enum Front {
@@ -113,14 +113,7 @@ pub fn run(args: TraceArgs, front: Front) -> Result<i32> {
     // trace with a report (once the probes are in), never kills mtrace.
     let (rt, signals) = crate::session::runtime_with_signals()?;
     // Before attaching: the target runs on once probes are in.
-    let stats_fd = if config.bpf_stats {
-        Some(
-            aya::sys::enable_stats(aya::sys::Stats::RunTime)
-                .context("enabling BPF run-time stats")?,
-        )
-    } else {
-        None
-    };
+    let stats_fd = crate::probes::multi::run_times(config.bpf_stats)?;
     let (attached, mut aside) = attach(&config, top, run_as)?;
     let pid = attached.root.pid();
     let (mut session, mut inputs) = start(&config, attached, aside.exit_hold.as_mut(), signals);
@@ -245,7 +238,9 @@ fn conclude(
     }
     if let Some(root) = session.root() {
         if bpf_stats {
-            log_program_times(&root.probes.programs);
+            for prog in &root.probes.programs {
+                prog.log_times();
+            }
         }
         log_unwind(root, config);
     }
