@@ -94,13 +94,20 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     }
     // Without a walk no frame is read, Python's or other.
     let mut python_unread = 1;
-    let (mut stack, mut remembered) = (0, false);
+    let (mut stack, mut got) = (0, Found::Walked);
     if let Some(w) = scratch {
-        (stack, remembered) = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
-        if stack == HANDED_OVER {
-            give_back_scratch(scratch);
-            name_process(tgid, mm);
-            return 0;
+        (stack, got) = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
+        match got {
+            Found::HandedOver => {
+                give_back_scratch(scratch);
+                name_process(tgid, mm);
+                return 0;
+            }
+            Found::Counted => {
+                give_back_scratch(scratch);
+                return 0;
+            }
+            _ => {}
         }
         python_unread = unsafe { (*w).host_py.runtime == 0 } as u32;
     }
@@ -115,7 +122,11 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     };
     // A remembered walk's frames are not in the scratch (its stack is in
     // the map already).
-    let frames = if remembered { None } else { scratch };
+    let frames = if got == Found::Remembered {
+        None
+    } else {
+        scratch
+    };
     let counted = count_key(&key, size, tgid, mm, ret, frames);
     give_back_scratch(scratch);
     counted
@@ -162,17 +173,28 @@ fn parent_tgid() -> u32 {
     unsafe { bpf_probe_read_kernel((parent + tgid_at) as *const i32) }.map_or(0, |t| t as u32)
 }
 
-/// What [`walk`] returns for a call it handed to the tracer with its
-/// stack (the tracer counts it).
-const HANDED_OVER: u64 = 1;
+/// How [`walk`] found a call's stack.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// Walked: its frames are in the scratch.
+    Walked,
+    /// A remembered walk's: its stack is in the map, its frames are not
+    /// in the scratch.
+    Remembered,
+    /// A remembered walk's, and counted already under its key.
+    Counted,
+    /// Handed to the tracer with its stack (the tracer counts it).
+    HandedOver,
+}
 
 /// Walks the calling thread's stack from the direct caller `ret` (the
 /// probe is at a function's entry) by the rules of each return address's
 /// file and offset: the stack's key, with its frames in the scratch; a
 /// walk that meets a return address without a rule yet is handed to the
-/// tracer ([`HANDED_OVER`]). A walk of this process from the same place
-/// over the same stack words is taken instead where the memo has it and
-/// the map still holds its stack (then true, and no frames).
+/// tracer. A walk of this process from the same place over the same
+/// stack words is taken instead where the memo has it: the call is
+/// counted at once where its key is in the map, else the stack is taken
+/// where the map still holds it (its frames are not in the scratch).
 #[inline(always)]
 fn walk(
     ctx: &ProbeContext,
@@ -183,7 +205,7 @@ fn walk(
     ret: u64,
     size: u64,
     tid: u32,
-) -> (u64, bool) {
+) -> (u64, Found) {
     let (sp, bp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip) };
     if !load_chunk(w, sp) {
         w.valid = 0;
@@ -198,8 +220,23 @@ fn walk(
     // Not for a process running Python (its key has the Python frames
     // read now), nor one without an incarnation (the memo's owner).
     let memo = gen != NO_GEN && w.host_py.runtime == 0 && w.limit != 0;
-    if memo && memo_find(w, ret, sp, bp, ip) && HOST_STACKS.get_ptr(&w.hit_key).is_some() {
-        return (w.hit_key, true);
+    if memo && memo_find(w, ret, sp, bp, ip) {
+        // The key such a walk gives (its Python frames unread: none).
+        let key = HostKey {
+            tgid,
+            func,
+            mm,
+            ret,
+            stack: w.hit_key,
+            tid,
+            python_unread: 1,
+        };
+        if add_to_key(&key, size, ret) {
+            return (w.hit_key, Found::Counted);
+        }
+        if HOST_STACKS.get_ptr(&w.hit_key).is_some() {
+            return (w.hit_key, Found::Remembered);
+        }
     }
     bump_counter(counter::WALKS, 1);
     if memo && w.owned != 0 {
@@ -221,7 +258,7 @@ fn walk(
         // is not remembered.
         let keep = why != stop::READ_FAILED && w.hidden == 0;
         memo_release(w, keep.then_some((ret, sp, bp, native)));
-        return (python_key(w, native), false);
+        return (python_key(w, native), Found::Walked);
     }
     memo_release(w, None);
     // The mappings of the probed function and of the executable's code,
@@ -234,14 +271,14 @@ fn walk(
         let _ = host_place(w, w.host_exe);
     }
     if send_miss(w, func, tid, ret, 1, size).is_some() {
-        return (HANDED_OVER, false);
+        return (0, Found::HandedOver);
     }
     let why = match w.stack.stop {
         stop::RULES_FULL => stop::RULES_FULL,
         _ => stop::COPY_LOST,
     };
     let native = finish_hash(w, why);
-    (python_key(w, native), false)
+    (python_key(w, native), Found::Walked)
 }
 
 /// Copies process `tgid`'s interpreter layout into the walk's scratch
@@ -301,11 +338,7 @@ fn count_key(
     ret: u64,
     scratch: Option<*mut WalkScratch>,
 ) -> u32 {
-    if let Some(v) = HOST_COUNTS.get_ptr_mut(key) {
-        add_value(v, size);
-        if unsafe { core::ptr::read_volatile(&(*v).place) } == PLACE_UNRESOLVED {
-            place_again(ret, v);
-        }
+    if add_to_key(key, size, ret) {
         return 0;
     }
     if key.stack != 0 {
@@ -340,6 +373,20 @@ fn count_key(
         Err(_) => bump_counter(counter::MAP_FULL, 1),
     }
     0
+}
+
+/// Counts a call under `key` if the map holds it (its place looked up
+/// again if it was not resolved); false when it does not.
+#[inline(always)]
+fn add_to_key(key: &HostKey, size: u64, ret: u64) -> bool {
+    let Some(v) = HOST_COUNTS.get_ptr_mut(key) else {
+        return false;
+    };
+    add_value(v, size);
+    if unsafe { core::ptr::read_volatile(&(*v).place) } == PLACE_UNRESOLVED {
+        place_again(ret, v);
+    }
+    true
 }
 
 /// Looks up again where a key's return address `ret` lies, its mapping
