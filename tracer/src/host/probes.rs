@@ -78,13 +78,13 @@ pub struct HostProbes {
 }
 
 impl HostProbes {
-    /// Each function's calls and bytes so far (the kernel's totals, by
-    /// row of [`HostProbes::funcs`]); none when the map cannot be read.
     /// The program every allocator file's probes run.
     pub fn program(&self) -> &multi::Program {
         &self.program
     }
 
+    /// Each function's calls and bytes so far (the kernel's totals, by
+    /// row of [`HostProbes::funcs`]); none when the map cannot be read.
     pub fn totals_by_func(&self) -> Vec<(u64, u64)> {
         let Some(Ok(totals)) = self
             .ebpf
