@@ -306,6 +306,14 @@ pub struct HostVma {
 /// cannot be told.
 pub const HOST_GEN_NONE: u64 = u64::MAX;
 
-/// `HOST_NEXT`'s slots: the next process incarnation and the next tag.
+/// `HOST_NEXT`'s slots: the next process incarnation and the next tag;
+/// then the interpreter epoch in two parts, each only ever raised: one
+/// the programs raise as they find a process runs an interpreter, one the
+/// tracer raises (its only writer) as it puts a process's interpreter or
+/// an interpreter file in the kernel's tables, after doing so.
 pub const HOST_NEXT_GEN: u32 = 0;
 pub const HOST_NEXT_TAG: u32 = 1;
+pub const HOST_NEXT_PY_EPOCH: u32 = 2;
+pub const HOST_NEXT_PY_EPOCH_TRACER: u32 = 3;
+/// `HOST_NEXT`'s size.
+pub const HOST_NEXT_SLOTS: u32 = 4;

@@ -126,6 +126,11 @@ pub struct WalkScratch {
     pub host_gen: u64,
     pub host_mm: u64,
     pub host_ra: u64,
+    /// The host scope's walk: the interpreter epoch it began in
+    /// ([`WalkMemo::epoch`]; 0 for a traced process's).
+    pub host_epoch: u64,
+    /// The host scope: the key of a call that took a remembered walk.
+    pub host_key: crate::HostKey,
     /// The host scope's walk: the direct caller's frame, as the walk
     /// began.
     pub host_caller: u64,
@@ -187,6 +192,13 @@ pub struct WalkMemo {
     /// frames are files and offsets by that process's mappings); a call
     /// takes the walk only in the same one. 0 for a traced process's.
     pub owner: u64,
+    /// The host scope: the interpreter epoch as the walk began
+    /// (`HOST_NEXT`'s two epoch slots added): a call takes the walk only
+    /// while no process has become known to run an interpreter and no
+    /// interpreter file was learned since (the walk's call had no Python
+    /// frames to read; a later call of that process may). 0 for a traced
+    /// process's.
+    pub epoch: u64,
     /// Calls of that key counted here since the walk (plain adds, by the
     /// program that owns the CPU) instead of in the aggregation map, whose
     /// lookup was the largest cost of a counted call after the stack read.

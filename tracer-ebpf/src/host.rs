@@ -22,7 +22,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, host_frame_parts, stop, HostExec, HostKey, HostMark, HostName, HostProcess, HostValue,
-    PythonLayout, WalkScratch, HOST_NEXT_GEN, MAX_HOST_FUNCS, PLACE_UNRESOLVED,
+    PythonLayout, WalkScratch, HOST_NEXT_GEN, HOST_NEXT_PY_EPOCH, HOST_NEXT_PY_EPOCH_TRACER,
+    MAX_HOST_FUNCS, PLACE_UNRESOLVED,
 };
 
 use crate::{
@@ -65,7 +66,11 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         return 0;
     };
     let (sp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rip) };
-    let ret = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    // The direct caller's return address is at [rsp]: a walk's first read
+    // of the stack (a chunk from there) holds it.
+    let walks = config_u32(&CONFIG.max_frames) != 0;
+    let mut scratch = if walks { take_scratch(ctx) } else { None };
+    let ret = caller_at(scratch.unwrap_or(core::ptr::null_mut()), sp);
     if ret == 0 {
         bump_counter(counter::CALLER_READ_FAILED, 1);
     }
@@ -76,6 +81,7 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         _ => current_mm(),
     };
     if nested(mark, mm, ip, sp, ret, base, f.file) {
+        give_back_scratch(scratch);
         bump_counter(counter::NESTED, 1);
         return 0;
     }
@@ -87,9 +93,12 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     };
     add(HOST_TOTALS.get_ptr_mut(func), 1);
     add(HOST_TOTALS.get_ptr_mut(MAX_HOST_FUNCS + func), size);
-    let walks = ret != 0 && config_u32(&CONFIG.max_frames) != 0;
-    let scratch = if walks { take_scratch(ctx) } else { None };
-    if walks && scratch.is_none() {
+    // No walk without a direct caller.
+    if ret == 0 && scratch.is_some() {
+        give_back_scratch(scratch);
+        scratch = None;
+    }
+    if walks && ret != 0 && scratch.is_none() {
         bump_counter(counter::STACK_WALK_FAILED, 1);
     }
     // Without a walk no frame is read, Python's or other.
@@ -130,6 +139,22 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     let counted = count_key(&key, size, tgid, mm, ret, frames);
     give_back_scratch(scratch);
     counted
+}
+
+/// The word at `sp` (the direct caller's return address), 0 when
+/// unreadable: with a walk's scratch `w` (else null), read with the
+/// stack's first chunk into it. Not inlined: the program's stack has no
+/// room for it beside the rest.
+#[inline(never)]
+fn caller_at(w: *mut WalkScratch, sp: u64) -> u64 {
+    if !w.is_null() {
+        let w = unsafe { &mut *w };
+        if load_chunk(w, sp) {
+            return w.chunk[0];
+        }
+        w.valid = 0;
+    }
+    unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
 /// Keeps the process's name (`comm`) as it is now, at its first counted
@@ -207,37 +232,44 @@ fn walk(
     tid: u32,
 ) -> (u64, Found) {
     let (sp, bp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip) };
-    if !load_chunk(w, sp) {
-        w.valid = 0;
-    }
+    // (The chunk at `sp` is read: `record` took the caller from it.)
     start_walk(w, ret, sp, sp + 8, bp, ip);
     let gen = incarnation(tgid);
     w.host_gen = gen;
     w.host_mm = mm;
-    w.host_ra = host_place(w, ret);
-    w.host_caller = w.host_ra;
-    python_of(w, tgid, ret);
-    // Not for a process running Python (its key has the Python frames
-    // read now), nor one without an incarnation (the memo's owner).
-    let memo = gen != NO_GEN && w.host_py.runtime == 0 && w.limit != 0;
+    // Read before the process's interpreter is looked up: one put in the
+    // tables after this read raises the epoch past it.
+    w.host_epoch = interpreter_epoch();
+    core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+    w.host_py.runtime = 0;
+    // Not for a process without an incarnation (the memo's owner). An
+    // entry is only made by a walk of a process not running Python (its
+    // key has the Python frames read at the call), in the same epoch: the
+    // process was not found to run it since, so the call's place and
+    // interpreter need no looking up.
+    let memo = gen != NO_GEN && w.limit != 0;
     if memo && memo_find(w, ret, sp, bp, ip) {
-        // The key such a walk gives (its Python frames unread: none).
-        let key = HostKey {
-            tgid,
-            func,
-            mm,
-            ret,
-            stack: w.hit_key,
-            tid,
-            python_unread: 1,
-        };
-        if add_to_key(&key, size, ret) {
+        // The key such a walk gives (its Python frames unread: none), in
+        // the scratch (the program's stack has no room for it).
+        let key = &mut w.host_key;
+        key.tgid = tgid;
+        key.func = func;
+        key.mm = mm;
+        key.ret = ret;
+        key.stack = w.hit_key;
+        key.tid = tid;
+        key.python_unread = 1;
+        if add_to_key(&w.host_key, size, ret) {
             return (w.hit_key, Found::Counted);
         }
         if HOST_STACKS.get_ptr(&w.hit_key).is_some() {
             return (w.hit_key, Found::Remembered);
         }
     }
+    w.host_ra = host_place(w, ret);
+    w.host_caller = w.host_ra;
+    python_of(w, tgid, ret);
+    let memo = memo && w.host_py.runtime == 0;
     bump_counter(counter::WALKS, 1);
     if memo && w.owned != 0 {
         memo_claim(w, ret, sp, NO_COOKIE, tid as u64);
@@ -306,11 +338,25 @@ fn python_of(w: &mut WalkScratch, tgid: u32, ret: u64) {
         return;
     }
     w.host_py.runtime = w.host_py.runtime.wrapping_add(ret.wrapping_sub(offset));
-    if let Err(e) = HOST_PYTHON.insert(&tgid, &w.host_py, BPF_NOEXIST as u64) {
-        if e != -EEXIST {
-            bump_counter(counter::HOST_PYTHON_FULL, 1);
-        }
+    match HOST_PYTHON.insert(&tgid, &w.host_py, BPF_NOEXIST as u64) {
+        // After the layout is in: a walk that reads the epoch raised has
+        // the layout to find.
+        Ok(()) => add(HOST_NEXT.get_ptr_mut(HOST_NEXT_PY_EPOCH), 1),
+        Err(e) if e != -EEXIST => bump_counter(counter::HOST_PYTHON_FULL, 1),
+        Err(_) => {}
     }
+}
+
+/// The interpreter epoch ([`tracer_common::WalkMemo::epoch`]): the
+/// programs' part and the tracer's added (each only ever raised).
+#[inline(always)]
+fn interpreter_epoch() -> u64 {
+    let part = |slot| {
+        HOST_NEXT
+            .get_ptr(slot)
+            .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
+    };
+    part(HOST_NEXT_PY_EPOCH).wrapping_add(part(HOST_NEXT_PY_EPOCH_TRACER))
 }
 
 #[inline(always)]

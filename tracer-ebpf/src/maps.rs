@@ -310,10 +310,11 @@ pub(crate) static HOST_PYTHON: HashMap<u32, PythonLayout> =
 #[map]
 pub(crate) static HOST_PY_FILES: HashMap<u32, PythonLayout> = HashMap::with_max_entries(256, 0);
 
-/// Host scope: the next incarnation and the next tag
-/// (`tracer_common::HOST_NEXT_GEN`, `HOST_NEXT_TAG`).
+/// Host scope: the next incarnation, the next tag and the interpreter
+/// epoch (`tracer_common::HOST_NEXT_GEN`, ...).
 #[map]
-pub(crate) static HOST_NEXT: Array<u64> = Array::with_max_entries(2, 0);
+pub(crate) static HOST_NEXT: Array<u64> =
+    Array::with_max_entries(tracer_common::HOST_NEXT_SLOTS, 0);
 
 /// Host scope: the start of a `vm_area_struct`, copied by `bpf_find_vma`'s
 /// callback for the walk at each scratch level.

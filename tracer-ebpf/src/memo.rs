@@ -57,6 +57,7 @@ fn memo_lookup(w: *mut WalkScratch, caller: u64, sp: u64, bp: u64, ip: u64) -> O
             || core::ptr::read_volatile(&(*e).caller) != caller
             || core::ptr::read_volatile(&(*e).sp) != sp
             || core::ptr::read_volatile(&(*e).owner) != (*w).host_gen
+            || core::ptr::read_volatile(&(*e).epoch) != (*w).host_epoch
             || (core::ptr::read_volatile(&(*e).uses_bp) != 0
                 && core::ptr::read_volatile(&(*e).bp) != bp)
         {
@@ -392,6 +393,7 @@ pub(crate) fn memo_release(w: &mut WalkScratch, done: Option<(u64, u64, u64, u64
                 (*e).caller = caller;
                 (*e).sp = sp;
                 (*e).owner = w.host_gen;
+                (*e).epoch = w.host_epoch;
                 (*e).bp = bp;
                 (*e).uses_bp = w.memo_uses_bp;
                 (*e).key = key;

@@ -60,6 +60,7 @@ pub(crate) fn start_walk(
         core::ptr::write_volatile(&mut w.hidden, 0);
         core::ptr::write_volatile(&mut w.caller, 0);
         core::ptr::write_volatile(&mut w.host_gen, 0);
+        core::ptr::write_volatile(&mut w.host_epoch, 0);
     }
 }
 

@@ -26,6 +26,13 @@ pub struct HostPython {
     map: BpfHashMap<MapData, u32, PythonLayout>,
     /// The kernel's table of interpreter files, by tag.
     files: BpfHashMap<MapData, u32, PythonLayout>,
+    /// The kernel's counters, of which the tracer's part of the
+    /// interpreter epoch (`HOST_NEXT_PY_EPOCH_TRACER`), raised after each
+    /// entry put in `map` or `files`: a remembered walk of the epoch before
+    /// serves no process that runs an interpreter.
+    next: aya::maps::Array<MapData, u64>,
+    /// That part's value.
+    epoch: u64,
     /// Files put in it, by identity.
     files_known: HashSet<HostFileId>,
     /// Processes whose interpreter was found since their exec (read, or
@@ -65,9 +72,12 @@ impl HostPython {
     pub fn new(ebpf: &Ebpf, walking: bool) -> Result<HostPython> {
         let map = crate::probes::pool::map_copy(ebpf, maps::HOST_PYTHON)?;
         let files = crate::probes::pool::map_copy(ebpf, maps::HOST_PY_FILES)?;
+        let next = crate::probes::pool::map_copy(ebpf, maps::HOST_NEXT)?;
         Ok(HostPython {
             map: BpfHashMap::try_from(map)?,
             files: BpfHashMap::try_from(files)?,
+            next: aya::maps::Array::try_from(next)?,
+            epoch: 0,
             files_known: HashSet::new(),
             seen: HashSet::new(),
             late: HashSet::new(),
@@ -113,12 +123,31 @@ impl HostPython {
     /// under its tag `tag` in the kernel's table: a process whose direct
     /// caller is in it is known to run it from its first walk on.
     pub fn add_file(&mut self, id: HostFileId, tag: u32, layout: PythonLayout) {
-        if self.files_known.insert(id) && self.files.insert(tag, layout, 0).is_err() {
-            log::debug!(
+        if !self.files_known.insert(id) {
+            return;
+        }
+        match self.files.insert(tag, layout, 0) {
+            Ok(()) => self.raise_epoch(),
+            Err(_) => log::debug!(
                 "interpreter file {}:{}: no room in the kernel's table",
                 id.dev,
                 id.ino
-            );
+            ),
+        }
+    }
+
+    /// Raises the tracer's part of the interpreter epoch, an entry having
+    /// been put in the kernel's tables. Where it cannot be written, the
+    /// remembered walks of the program would keep serving a process found
+    /// to run an interpreter since without its Python frames: that is
+    /// said.
+    fn raise_epoch(&mut self) {
+        self.epoch += 1;
+        if let Err(e) = self
+            .next
+            .set(tracer_common::HOST_NEXT_PY_EPOCH_TRACER, self.epoch, 0)
+        {
+            log::warn!("the kernel's interpreter epoch not raised ({e}): stacks remembered before may lack Python frames");
         }
     }
 
@@ -161,6 +190,7 @@ impl HostPython {
             self.seen.insert(pid);
             return None;
         }
+        self.raise_epoch();
         self.say(interpreter.describe());
         // (Names learned already under this address space stay: the exec's
         // word can come after the process's first notices.)
