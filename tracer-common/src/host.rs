@@ -140,6 +140,12 @@ pub struct HostMark {
     pub file: u32,
     /// 0: no entry counted since the thread's last exec.
     pub set: u32,
+    /// The process's incarnation as this thread last looked it up (0:
+    /// not yet), and the count of incarnations ended on the host then
+    /// (`HOST_NEXT_ENDS`): it stands while no process's incarnation
+    /// ended since.
+    pub gen: u64,
+    pub ends: u64,
 }
 
 /// Longest executable path an exec event carries.
@@ -310,10 +316,14 @@ pub const HOST_GEN_NONE: u64 = u64::MAX;
 /// then the interpreter epoch in two parts, each only ever raised: one
 /// the programs raise as they find a process runs an interpreter, one the
 /// tracer raises (its only writer) as it puts a process's interpreter or
-/// an interpreter file in the kernel's tables, after doing so.
+/// an interpreter file in the kernel's tables, after doing so; then the
+/// count of incarnations ended.
 pub const HOST_NEXT_GEN: u32 = 0;
 pub const HOST_NEXT_TAG: u32 = 1;
 pub const HOST_NEXT_PY_EPOCH: u32 = 2;
 pub const HOST_NEXT_PY_EPOCH_TRACER: u32 = 3;
+/// `HOST_NEXT`'s slot of how many process incarnations ended (a process
+/// exec'd or its main thread exited), raised after each is taken out.
+pub const HOST_NEXT_ENDS: u32 = 4;
 /// `HOST_NEXT`'s size.
-pub const HOST_NEXT_SLOTS: u32 = 4;
+pub const HOST_NEXT_SLOTS: u32 = 5;

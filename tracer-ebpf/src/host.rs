@@ -22,8 +22,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counter, host_frame_parts, stop, HostExec, HostKey, HostMark, HostName, HostProcess, HostValue,
-    PythonLayout, WalkScratch, HOST_NEXT_GEN, HOST_NEXT_PY_EPOCH, HOST_NEXT_PY_EPOCH_TRACER,
-    MAX_HOST_FUNCS, PLACE_UNRESOLVED,
+    PythonLayout, WalkScratch, HOST_NEXT_PY_EPOCH, HOST_NEXT_PY_EPOCH_TRACER, MAX_HOST_FUNCS,
+    PLACE_UNRESOLVED,
 };
 
 use crate::{
@@ -32,6 +32,7 @@ use crate::{
     chunk::load_chunk,
     handover::send_miss,
     hidden::hidden_return,
+    incarnation::{end_counted, incarnation_of},
     maps::{
         config_u32, enabled, CONFIG, HOST_BODIES, HOST_COUNTS, HOST_EXECS, HOST_FUNCS, HOST_GENS,
         HOST_MARKS, HOST_NAMES, HOST_NEXT, HOST_PYTHON, HOST_PY_FILES, HOST_RUNS, HOST_SELF,
@@ -75,12 +76,15 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         bump_counter(counter::CALLER_READ_FAILED, 1);
     }
     let base = ip.wrapping_sub(f.probe_offset);
-    let mark = HOST_MARKS.current(true);
-    let mm = match &mark {
+    // (A pointer: the walk takes the process's incarnation from it too.)
+    let mark = HOST_MARKS
+        .current(true)
+        .map_or(core::ptr::null_mut(), |m| m as *mut HostMark);
+    let mm = match unsafe { mark.as_ref() } {
         Some(m) if m.mm != 0 => m.mm,
         _ => current_mm(),
     };
-    if nested(mark, mm, ip, sp, ret, base, f.file) {
+    if nested(unsafe { mark.as_mut() }, mm, ip, sp, ret, base, f.file) {
         give_back_scratch(scratch);
         bump_counter(counter::NESTED, 1);
         return 0;
@@ -105,7 +109,16 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     let mut python_unread = 1;
     let (mut stack, mut got) = (0, Found::Walked);
     if let Some(w) = scratch {
-        (stack, got) = walk(ctx, unsafe { &mut *w }, tgid, mm, func, ret, size, tid);
+        (stack, got) = walk(
+            ctx,
+            unsafe { &mut *w },
+            (tgid, mark),
+            mm,
+            func,
+            ret,
+            size,
+            tid,
+        );
         match got {
             Found::HandedOver => {
                 give_back_scratch(scratch);
@@ -224,7 +237,7 @@ enum Found {
 fn walk(
     ctx: &ProbeContext,
     w: &mut WalkScratch,
-    tgid: u32,
+    (tgid, mark): (u32, *mut HostMark),
     mm: u64,
     func: u32,
     ret: u64,
@@ -234,7 +247,7 @@ fn walk(
     let (sp, bp, ip) = unsafe { ((*ctx.regs).rsp, (*ctx.regs).rbp, (*ctx.regs).rip) };
     // (The chunk at `sp` is read: `record` took the caller from it.)
     start_walk(w, ret, sp, sp + 8, bp, ip);
-    let gen = incarnation(tgid);
+    let gen = incarnation_of(tgid, mark);
     w.host_gen = gen;
     w.host_mm = mm;
     // Read before the process's interpreter is looked up: one put in the
@@ -454,53 +467,6 @@ fn place_again(ret: u64, v: *mut HostValue) {
     }
 }
 
-/// The incarnation of process `tgid` (a number no other process had): its
-/// entry, made at its first walk (an exec or its end removes it). Where the
-/// table is full, [`NO_GEN`]: its walks look every mapping up afresh.
-#[inline(always)]
-fn incarnation(tgid: u32) -> u64 {
-    if let Some(g) = HOST_GENS.get_ptr(&tgid) {
-        return unsafe { *g };
-    }
-    let Some(gen) = next_number(HOST_NEXT_GEN) else {
-        bump_counter(counter::HOST_NO_GEN, 1);
-        return NO_GEN;
-    };
-    match HOST_GENS.insert(&tgid, &gen, BPF_NOEXIST as u64) {
-        Ok(()) => gen,
-        Err(e) if e == -EEXIST => HOST_GENS.get_ptr(&tgid).map_or(NO_GEN, |g| unsafe { *g }),
-        Err(_) => {
-            bump_counter(counter::HOST_NO_GEN, 1);
-            NO_GEN
-        }
-    }
-}
-
-/// The next number of counter `slot` of `HOST_NEXT` (from 1), never given
-/// twice: taken by compare-and-exchange (the BPF target here has no
-/// fetch-and-add that returns the old value). `None` when other programs
-/// took every number tried meanwhile.
-#[inline(always)]
-pub(crate) fn next_number(slot: u32) -> Option<u64> {
-    let next = HOST_NEXT.get_ptr_mut(slot)?;
-    let mut tries = 0;
-    while tries < 8 {
-        let seen = unsafe { core::ptr::read_volatile(next) };
-        let (_, won) = unsafe {
-            core::intrinsics::atomic_cxchg::<
-                u64,
-                { AtomicOrdering::Relaxed },
-                { AtomicOrdering::Relaxed },
-            >(next, seen, seen + 1)
-        };
-        if won {
-            return Some(seen + 1);
-        }
-        tries += 1;
-    }
-    None
-}
-
 /// A process ended (the `sched_process_exit` raw tracepoint, once per
 /// thread): with its main thread, its incarnation goes (a process that
 /// reuses its id gets a new one), and so does its place in a tree scope
@@ -512,6 +478,7 @@ pub(crate) fn exit() -> i32 {
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
     if tgid == pid {
         let _ = HOST_GENS.remove(&tgid);
+        end_counted();
         let _ = HOST_PYTHON.remove(&tgid);
         leave(tgid);
     }
@@ -563,15 +530,13 @@ fn nested(
     if in_bodies(file, ret.wrapping_sub(base)) {
         return true;
     }
-    *m = HostMark {
-        ip,
-        sp,
-        ret,
-        base,
-        mm,
-        file,
-        set: 1,
-    };
+    m.ip = ip;
+    m.sp = sp;
+    m.ret = ret;
+    m.base = base;
+    m.mm = mm;
+    m.file = file;
+    m.set = 1;
     false
 }
 
@@ -636,11 +601,13 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
     if let Some(m) = HOST_MARKS.current(false) {
         m.set = 0;
         m.mm = 0;
+        m.gen = 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A new program: new mappings, and no interpreter until the tracer
     // learns it runs one.
     let _ = HOST_GENS.remove(&tgid);
+    end_counted();
     let _ = HOST_PYTHON.remove(&tgid);
     if !enabled() || !in_scope(tgid) {
         return 0;

@@ -48,6 +48,7 @@ mod chunk;
 mod handover;
 mod hidden;
 mod host;
+mod incarnation;
 mod live;
 mod maps;
 mod memo;

@@ -19,7 +19,7 @@ use tracer_common::{
 
 use crate::{
     aggregate::{bump_counter, EEXIST},
-    host::next_number,
+    incarnation::next_number,
     maps::{config_u32, CONFIG, HOST_FILE_TAGS, HOST_TAG_FILES, HOST_VMAS, HOST_VMA_COPY},
     scratch::level_of,
 };
