@@ -146,6 +146,11 @@ pub struct HostMark {
     /// ended since.
     pub gen: u64,
     pub ends: u64,
+    /// A tree scope: the count of incarnations ended plus one as this
+    /// thread found its process in the tree (0: not yet). A process joins
+    /// a tree only as it is forked and leaves it only as its main thread
+    /// exits, an end: it stands while that count is unchanged.
+    pub in_tree: u64,
 }
 
 /// Longest executable path an exec event carries.

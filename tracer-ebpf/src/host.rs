@@ -42,7 +42,7 @@ use crate::{
     nesting::in_ranges,
     place::{caller_place, host_place, NO_GEN},
     python::{append_python, python_key, read_python, send_python_notice},
-    scope::{in_scope, leave},
+    scope::{in_scope, leave, scope_mark},
     scratch::{give_back_scratch, level_of, take_scratch},
     walk::{finish_hash, start_walk, walk_frames},
 };
@@ -55,9 +55,14 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if HOST_SELF.get(0).is_some_and(|me| *me == tgid) || !in_scope(tgid) {
+    if HOST_SELF.get(0).is_some_and(|me| *me == tgid) {
         return 0;
     }
+    // The thread's mark (null where task storage had no room), as a
+    // pointer: the walk takes the process's incarnation from it too.
+    let Some(mark) = scope_mark(tgid) else {
+        return 0;
+    };
     if config_u32(&CONFIG.host_runs) != 0 {
         count_run(tgid);
     }
@@ -76,10 +81,6 @@ pub(crate) fn record(ctx: &ProbeContext) -> u32 {
         bump_counter(counter::CALLER_READ_FAILED, 1);
     }
     let base = ip.wrapping_sub(f.probe_offset);
-    // (A pointer: the walk takes the process's incarnation from it too.)
-    let mark = HOST_MARKS
-        .current(true)
-        .map_or(core::ptr::null_mut(), |m| m as *mut HostMark);
     let mm = match unsafe { mark.as_ref() } {
         Some(m) if m.mm != 0 => m.mm,
         _ => current_mm(),
@@ -478,9 +479,10 @@ pub(crate) fn exit() -> i32 {
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
     if tgid == pid {
         let _ = HOST_GENS.remove(&tgid);
-        end_counted();
         let _ = HOST_PYTHON.remove(&tgid);
         leave(tgid);
+        // After both: a thread's mark keeps neither past this.
+        end_counted();
     }
     0
 }

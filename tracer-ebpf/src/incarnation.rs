@@ -14,6 +14,15 @@ use crate::{
     place::NO_GEN,
 };
 
+/// How many process incarnations ended on the host (`u64::MAX` where it
+/// cannot be read: nothing kept by it stands).
+#[inline(always)]
+pub(crate) fn ends_count() -> u64 {
+    HOST_NEXT
+        .get_ptr(HOST_NEXT_ENDS)
+        .map_or(u64::MAX, |p| unsafe { core::ptr::read_volatile(p) })
+}
+
 /// The incarnation of process `tgid`, as its thread's mark (`mark`, may be
 /// null) has it where no process's incarnation ended since that thread
 /// looked it up, else [`incarnation`] (then kept in the mark). The ends
@@ -22,12 +31,10 @@ use crate::{
 /// call.
 #[inline(always)]
 pub(crate) fn incarnation_of(tgid: u32, mark: *mut HostMark) -> u64 {
-    let ends = HOST_NEXT
-        .get_ptr(HOST_NEXT_ENDS)
-        .map_or(u64::MAX, |p| unsafe { core::ptr::read_volatile(p) });
+    let ends = ends_count();
     let m = unsafe { mark.as_mut() };
     if let Some(m) = &m {
-        if m.gen != 0 && m.ends == ends {
+        if m.gen != 0 && m.ends == ends && ends != u64::MAX {
             return m.gen;
         }
     }
@@ -88,8 +95,9 @@ pub(crate) fn next_number(slot: u32) -> Option<u64> {
     None
 }
 
-/// One more process incarnation ended (taken out of `HOST_GENS` just
-/// before): every thread's mark looks its own up again.
+/// One more process incarnation ended (taken out of `HOST_GENS`, and out
+/// of a tree scope at an exit, just before): every thread's mark looks
+/// both up again.
 #[inline(always)]
 pub(crate) fn end_counted() {
     if let Some(p) = HOST_NEXT.get_ptr_mut(HOST_NEXT_ENDS) {

@@ -12,11 +12,12 @@ use aya_ebpf::{
     },
     programs::RawTracePointContext,
 };
-use tracer_common::{counter, SCOPE_CGROUP, SCOPE_CGROUP_LEVELS, SCOPE_TREE};
+use tracer_common::{counter, HostMark, SCOPE_CGROUP, SCOPE_CGROUP_LEVELS, SCOPE_TREE};
 
 use crate::{
     aggregate::bump_counter,
-    maps::{config_u32, CONFIG, HOST_SCOPE_CGROUPS, HOST_SCOPE_PIDS},
+    incarnation::ends_count,
+    maps::{config_u32, CONFIG, HOST_MARKS, HOST_SCOPE_CGROUPS, HOST_SCOPE_PIDS},
 };
 
 /// Whether process `tgid` (the current task's) is in the scope the host
@@ -29,6 +30,37 @@ pub(crate) fn in_scope(tgid: u32) -> bool {
         SCOPE_CGROUP => in_scope_cgroups(),
         _ => true,
     }
+}
+
+/// The calling thread's mark (`HOST_MARKS`, made now if it has none;
+/// null where task storage has no room) if process `tgid` is in the
+/// scope, else `None`. In a tree scope the mark remembers that the
+/// process is in the tree ([`HostMark::in_tree`]); the count of ends is
+/// read before the tree is looked up.
+#[inline(always)]
+pub(crate) fn scope_mark(tgid: u32) -> Option<*mut HostMark> {
+    let mine = || {
+        HOST_MARKS
+            .current(true)
+            .map_or(core::ptr::null_mut(), |m| m as *mut HostMark)
+    };
+    if config_u32(&CONFIG.host_scope) != SCOPE_TREE {
+        return in_scope(tgid).then(mine);
+    }
+    let ends = ends_count();
+    if let Some(m) = HOST_MARKS.current(false) {
+        if ends != u64::MAX && m.in_tree == ends + 1 {
+            return Some(m as *mut HostMark);
+        }
+    }
+    core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+    // Not in the tree: no mark made.
+    HOST_SCOPE_PIDS.get_ptr(&tgid)?;
+    let m = mine();
+    if let Some(m) = unsafe { m.as_mut() } {
+        m.in_tree = ends.wrapping_add(1);
+    }
+    Some(m)
 }
 
 /// Whether the current task's cgroup is one of the scope's or lies below
