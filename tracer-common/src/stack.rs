@@ -192,13 +192,6 @@ pub struct WalkMemo {
     /// frames are files and offsets by that process's mappings); a call
     /// takes the walk only in the same one. 0 for a traced process's.
     pub owner: u64,
-    /// The host scope: the interpreter epoch as the walk began
-    /// (`HOST_NEXT`'s two epoch slots added): a call takes the walk only
-    /// while no process has become known to run an interpreter and no
-    /// interpreter file was learned since (the walk's call had no Python
-    /// frames to read; a later call of that process may). 0 for a traced
-    /// process's.
-    pub epoch: u64,
     /// Calls of that key counted here since the walk (plain adds, by the
     /// program that owns the CPU) instead of in the aggregation map, whose
     /// lookup was the largest cost of a counted call after the stack read.
@@ -212,6 +205,13 @@ pub struct WalkMemo {
     /// above `sp` held `value` (below 2^48, as user addresses are); `frame`
     /// when the value is a return address, the stack's next frame.
     pub words: [u64; MEMO_WORDS],
+    /// The host scope: the interpreter epoch as the walk began
+    /// (`HOST_NEXT`'s two epoch slots added): a call takes the walk only
+    /// while no process has become known to run an interpreter and no
+    /// interpreter file was learned since (the walk's call had no Python
+    /// frames to read; a later call of that process may). 0 for a traced
+    /// process's.
+    pub epoch: u64,
 }
 
 /// Key of the in-kernel aggregation map: one entry per distinct
