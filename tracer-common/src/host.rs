@@ -148,8 +148,8 @@ pub struct HostMark {
     pub ends: u64,
     /// A tree scope: the count of incarnations ended plus one as this
     /// thread found its process in the tree (0: not yet). A process joins
-    /// a tree only as it is forked and leaves it only as its main thread
-    /// exits, an end: it stands while that count is unchanged.
+    /// a tree only as it is forked and leaves it only as it ends, an end:
+    /// it stands while that count is unchanged.
     pub in_tree: u64,
 }
 
@@ -204,6 +204,12 @@ pub struct VmaOffsets {
     /// `vm_area_struct.vm_flags` (its `VM_EXEC` bit: a mapping of code),
     /// 0 when unknown (then every mapping of no file counts as code).
     pub vm_flags: u32,
+    /// `task_struct.signal` and `signal_struct.live`: how many of a
+    /// process's threads have not begun to exit (0 at the last one's
+    /// exit: the process ended), 0 when unknown (then a process ends
+    /// with its main thread).
+    pub task_signal: u32,
+    pub signal_live: u32,
 }
 
 /// `vm_flags`' bit of a mapping whose pages may be executed.
@@ -328,7 +334,7 @@ pub const HOST_NEXT_TAG: u32 = 1;
 pub const HOST_NEXT_PY_EPOCH: u32 = 2;
 pub const HOST_NEXT_PY_EPOCH_TRACER: u32 = 3;
 /// `HOST_NEXT`'s slot of how many process incarnations ended (a process
-/// exec'd or its main thread exited), raised after each is taken out.
+/// exec'd or ended), raised after each is taken out.
 pub const HOST_NEXT_ENDS: u32 = 4;
 /// `HOST_NEXT`'s size.
 pub const HOST_NEXT_SLOTS: u32 = 5;

@@ -468,16 +468,17 @@ fn place_again(ret: u64, v: *mut HostValue) {
     }
 }
 
-/// A process ended (the `sched_process_exit` raw tracepoint, once per
-/// thread): with its main thread, its incarnation goes (a process that
-/// reuses its id gets a new one), and so does its place in a tree scope
-/// (a process that reuses its id is not the tree's; threads that outlive
-/// their main thread are not counted after it).
+/// A thread ended (the `sched_process_exit` raw tracepoint, once per
+/// thread): with its process's last thread, the process's incarnation
+/// goes (a process that reuses its id gets a new one), and so does its
+/// place in a tree scope (a process that reuses its id is not the
+/// tree's). Threads that outlive their main thread are counted until
+/// then, as a trace by pid counts them.
 #[inline(always)]
 pub(crate) fn exit() -> i32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, pid) = ((id >> 32) as u32, id as u32);
-    if tgid == pid {
+    if process_ended(tgid == pid) {
         let _ = HOST_GENS.remove(&tgid);
         let _ = HOST_PYTHON.remove(&tgid);
         leave(tgid);
@@ -485,6 +486,28 @@ pub(crate) fn exit() -> i32 {
         end_counted();
     }
     0
+}
+
+/// Whether the exiting thread's process ended with it: no thread of it
+/// is left that has not begun to exit (`signal->live`, taken down before
+/// the exit tracepoint). Where the kernel's layout is not known, whether
+/// the thread is the main one (`main`).
+#[inline(always)]
+fn process_ended(main: bool) -> bool {
+    let (signal_at, live_at) = (
+        config_u32(&CONFIG.vma.task_signal) as u64,
+        config_u32(&CONFIG.vma.signal_live) as u64,
+    );
+    if signal_at == 0 || live_at == 0 {
+        return main;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let signal = unsafe { bpf_probe_read_kernel((task + signal_at) as *const u64) }.unwrap_or(0);
+    if signal == 0 {
+        return main;
+    }
+    unsafe { bpf_probe_read_kernel((signal + live_at) as *const i32) }
+        .map_or(main, |live| live == 0)
 }
 
 /// One more run of the program in process `tgid` (two threads making a

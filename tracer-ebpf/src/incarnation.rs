@@ -96,8 +96,8 @@ pub(crate) fn next_number(slot: u32) -> Option<u64> {
 }
 
 /// One more process incarnation ended (taken out of `HOST_GENS`, and out
-/// of a tree scope at an exit, just before): every thread's mark looks
-/// both up again.
+/// of a tree scope at a process's end, just before): every thread's mark
+/// looks both up again.
 #[inline(always)]
 pub(crate) fn end_counted() {
     if let Some(p) = HOST_NEXT.get_ptr_mut(HOST_NEXT_ENDS) {

@@ -126,7 +126,7 @@ pub fn host_exec(ctx: RawTracePointContext) -> i32 {
 }
 
 /// Host scope: a thread ended (its process's incarnation goes with the
-/// main thread).
+/// last one).
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn host_exit(_ctx: RawTracePointContext) -> i32 {
     host::exit()

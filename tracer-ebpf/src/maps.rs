@@ -53,6 +53,8 @@ pub(crate) static CONFIG: Config = Config {
         mm_start_code: 0,
         task_real_parent: 0,
         vm_flags: 0,
+        task_signal: 0,
+        signal_live: 0,
     },
     host_runs: 0,
     host_scope: SCOPE_ALL,

@@ -1,7 +1,7 @@
 //! The host scope narrowed in the kernel (`--file-wide` with a command
 //! or `--cgroup`): which processes the host programs count. A tree
 //! scope keeps its processes in `HOST_SCOPE_PIDS`: a forked child of a
-//! process in it joins it, and a process leaves it when its main thread
+//! process in it joins it, and a process leaves it when its last thread
 //! ends. A cgroup scope keeps its cgroups in `HOST_SCOPE_CGROUPS`, with
 //! the levels they lie at under key 0.
 
@@ -114,9 +114,8 @@ pub(crate) fn fork(ctx: &RawTracePointContext) -> i32 {
     0
 }
 
-/// Process `tgid`'s main thread ended: in a tree scope it leaves the tree
-/// (a process that reuses its id is not the tree's, and threads that
-/// outlive their main thread are not counted after it).
+/// Process `tgid` ended (its last thread): in a tree scope it leaves the
+/// tree (a process that reuses its id is not the tree's).
 #[inline(always)]
 pub(crate) fn leave(tgid: u32) {
     if config_u32(&CONFIG.host_scope) == SCOPE_TREE {

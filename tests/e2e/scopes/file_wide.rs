@@ -375,11 +375,11 @@ fn the_hosts_program_is_timed_with_bpf_stats() {
 }
 
 /// `--file-wide -- CMD`: a thread that outlives its process's main thread
-/// (orphan.c) is counted while the main thread lives, and not after it
-/// ended (the process leaves the tree then), though the thread had its
-/// process found in the tree at its earlier calls.
+/// (orphan.c) is counted while the main thread lives and after it ended,
+/// as a trace of it alone counts it: the process leaves the tree, and its
+/// incarnation ends, with its last thread.
 #[test]
-fn a_thread_is_not_counted_after_its_main_thread_left_the_tree() {
+fn a_thread_that_outlives_its_main_thread_is_counted_to_its_end() {
     if !crate::support::require_bpf_alone() {
         return;
     }
@@ -389,14 +389,21 @@ fn a_thread_is_not_counted_after_its_main_thread_left_the_tree() {
         &["-O2", "-g", "-fno-omit-frame-pointer"],
         &["-pthread"],
     );
-    let (out, p) = crate::support::run_profiled(&["--file-wide", "--", orphan.to_str().unwrap()]);
-    out.assert_exit(0);
-    let d = out.describe();
-    let of_size = |size: u64| -> u64 {
-        p.allocs()
-            .filter(|s| s.bytes == s.calls * size)
-            .map(|s| s.calls)
-            .sum()
-    };
-    assert_eq!((of_size(1111), of_size(2222)), (100, 0), "{d}");
+    let orphan = orphan.to_str().unwrap();
+    for engine in [&["--file-wide", "--", orphan][..], &["--", orphan][..]] {
+        let (out, p) = crate::support::run_profiled(engine);
+        out.assert_exit(0);
+        let d = out.describe();
+        let of_size = |size: u64| -> u64 {
+            p.allocs()
+                .filter(|s| s.bytes == s.calls * size)
+                .map(|s| s.calls)
+                .sum()
+        };
+        assert_eq!(
+            (of_size(1111), of_size(2222)),
+            (100, 100),
+            "{engine:?}\n{d}"
+        );
+    }
 }

@@ -53,6 +53,8 @@ pub fn vma_offsets() -> VmaOffsets {
                 mm_start_code: at("mm_struct", "start_code").unwrap_or(0),
                 task_real_parent: at("task_struct", "real_parent").unwrap_or(0),
                 vm_flags: at("vm_area_struct", "vm_flags").unwrap_or(0),
+                task_signal: at("task_struct", "signal").unwrap_or(0),
+                signal_live: at("signal_struct", "live").unwrap_or(0),
             };
             let copied = |at: u32| (at as usize) + 8 <= VMA_COPY && at.is_multiple_of(8);
             let o = VmaOffsets {
