@@ -38,7 +38,7 @@ fn bump_counter_owned(index: u32, by: u64, owned: bool) {
 
 /// `*p += by` as one atomic instruction.
 #[inline(always)]
-fn atomic_add(p: *mut u64, by: u64) {
+pub(crate) fn atomic_add(p: *mut u64, by: u64) {
     unsafe {
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by);
     }

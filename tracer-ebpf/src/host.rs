@@ -10,8 +10,6 @@
 //! the tracer knows runs CPython (`HOST_PYTHON`) has its Python frames read
 //! after the native walk, as a traced process's are.
 
-use core::intrinsics::{atomic_xadd, AtomicOrdering};
-
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
@@ -27,7 +25,7 @@ use tracer_common::{
 };
 
 use crate::{
-    aggregate::{bump_counter, current_comm, name_thread, EEXIST},
+    aggregate::{atomic_add, bump_counter, current_comm, name_thread, EEXIST},
     args::{attach_cookie, call_args, NO_COOKIE},
     chunk::load_chunk,
     handover::send_miss,
@@ -603,9 +601,7 @@ fn current_mm() -> u64 {
 #[inline(always)]
 fn add(p: Option<*mut u64>, by: u64) {
     if let Some(p) = p {
-        unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, by);
-        }
+        atomic_add(p, by);
     }
 }
 
@@ -626,7 +622,6 @@ pub(crate) fn exec(ctx: &RawTracePointContext) -> i32 {
     if let Some(m) = HOST_MARKS.current(false) {
         m.set = 0;
         m.mm = 0;
-        m.gen = 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A new program: new mappings, and no interpreter until the tracer

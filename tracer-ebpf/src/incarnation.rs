@@ -9,7 +9,7 @@ use aya_ebpf::bindings::BPF_NOEXIST;
 use tracer_common::{counter, HostMark, HOST_NEXT_ENDS, HOST_NEXT_GEN};
 
 use crate::{
-    aggregate::{bump_counter, EEXIST},
+    aggregate::{atomic_add, bump_counter, EEXIST},
     maps::{HOST_GENS, HOST_NEXT},
     place::NO_GEN,
 };
@@ -101,6 +101,6 @@ pub(crate) fn next_number(slot: u32) -> Option<u64> {
 #[inline(always)]
 pub(crate) fn end_counted() {
     if let Some(p) = HOST_NEXT.get_ptr_mut(HOST_NEXT_ENDS) {
-        unsafe { core::intrinsics::atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1) };
+        atomic_add(p, 1);
     }
 }
