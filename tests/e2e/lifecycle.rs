@@ -296,3 +296,24 @@ fn signalled_together(mode: &[&str]) -> Vec<String> {
     }
     failures
 }
+
+/// A program's own SIGURG from the kernel (urgent data on a socket it
+/// owns, tests/fixtures/urgent.c) under launch mode, whose BPF programs
+/// stop a thread that fills the buffer of walks with the same signal from
+/// the kernel: each of the program's 50 reaches its handler, on both
+/// engines, and its 500 calls are counted.
+#[test]
+fn a_programs_own_urgent_signals_reach_it_under_launch_mode() {
+    need_bpf!();
+    let urgent = crate::support::fixtures::compile_c("urgent", "urgent", &["-O2", "-g"], &[]);
+    for engine in [&[][..], &["--file-wide"][..]] {
+        let mut args = engine.to_vec();
+        args.extend(["--top", "0", "--", urgent.to_str().unwrap(), "50"]);
+        let (out, p) = crate::support::run_profiled(&args);
+        let d = format!("{engine:?}\n{}", out.describe());
+        out.assert_exit(0);
+        assert!(out.stdout.contains("urgent=50\n"), "{d}");
+        let calls: u64 = p.stacks_at("malloc", "main").iter().map(|s| s.calls).sum();
+        assert_eq!(calls, 500, "{d}\n{}", p.dump());
+    }
+}

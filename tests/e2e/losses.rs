@@ -402,6 +402,44 @@ fn allocations_lost_when_the_queue_is_full_bound_the_missing_leaks() {
     );
 }
 
+/// The states of the threads of `pid` (`R`, `S`, `T` stopped, `t`
+/// stopped by its tracer, ...), by thread id.
+fn thread_states(pid: u32) -> Vec<(u32, char)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| {
+            let t = t.ok()?;
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // The state follows the name's closing parenthesis.
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some((t.file_name().to_str()?.parse().ok()?, state))
+        })
+        .collect()
+}
+
+/// Waits until `done` holds for the states of `pid`'s threads.
+fn wait_for_states(pid: u32, what: &str, done: impl Fn(&[(u32, char)]) -> bool) {
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    loop {
+        let states = thread_states(pid);
+        if done(&states) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {states:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Stops mtrace (SIGSTOP) and waits until every thread of it is.
+fn stop_fully(m: &mut Mtrace) {
+    m.proc.signal(libc::SIGSTOP);
+    wait_for_states(m.proc.id(), "mtrace did not stop", |s| {
+        s.iter().all(|&(_, state)| state == 'T')
+    });
+}
+
 /// tests/fixtures/burst.c (8 threads, 200 blocks each, and the leaks)
 /// traced by pid with `--unwind-buffer-size size`, mtrace stopped
 /// (SIGSTOP) while the fixture allocates: no walk is finished and no
@@ -422,22 +460,7 @@ fn copy_lost_while_stopped(size: &str) -> (u64, Option<String>, String) {
         "0",
     ]);
     m.wait_tracing();
-    m.proc.signal(libc::SIGSTOP);
-    // Every thread of mtrace stopped before the fixture allocates.
-    let tasks = format!("/proc/{}/task", m.proc.id());
-    let stopped = || {
-        std::fs::read_dir(&tasks).unwrap().all(|t| {
-            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
-            // The state follows the name's closing parenthesis.
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T'))
-        })
-    };
-    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
-    while !stopped() {
-        assert!(std::time::Instant::now() < deadline, "mtrace did not stop");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    stop_fully(&mut m);
     fx.release();
     fx.stdout
         .wait_for(|l| l.starts_with("freed="), LINE_TIMEOUT);
@@ -490,4 +513,83 @@ fn a_full_buffer_of_stack_copies_is_counted_and_its_option_said() {
             && said.ends_with("(128 MiB now)") == (large > 0),
         "{d}"
     );
+}
+
+/// Launch mode (`--`): the burst's 8 threads started, then let go with
+/// mtrace stopped and its buffer of stack copies at 1 MiB (a few of their
+/// copies of up to 256 KiB fill it), so that no walk is finished and no
+/// rule learned until mtrace goes on. Each thread whose walk's copy finds
+/// the buffer half full is held (stopped for its tracer) until mtrace
+/// has finished the walks the buffer holds: every thread is held, none
+/// runs to its end meanwhile, no walk is cut (where by pid the same burst
+/// cuts over a thousand, above), each stack is whole to the thread's
+/// start, each call counted, and the holds are counted and said. The
+/// same on the host engine (`--file-wide`), whose one buffer serves the
+/// whole tree.
+#[test]
+fn a_launched_programs_threads_wait_for_room_rather_than_lose_stacks() {
+    need_bpf!();
+    launched_threads_wait_for_room(&[]);
+    launched_threads_wait_for_room(&["--file-wide"]);
+}
+
+fn launched_threads_wait_for_room(engine: &[&str]) {
+    let burst = burst().to_str().unwrap();
+    let mut args = engine.to_vec();
+    args.extend([
+        "--unwind-buffer-size",
+        "1048576",
+        "--top",
+        "0",
+        "--",
+        burst,
+        "200",
+        "held",
+    ]);
+    let (mut m, mut stdin) = Mtrace::start_profiled_piped(&args);
+    let pid = m.wait_tracing();
+    m.stdout.wait_for(|l| l == "ready", LINE_TIMEOUT);
+    stop_fully(&mut m);
+    use std::io::Write as _;
+    stdin.write_all(b"g").unwrap();
+    stdin.flush().unwrap();
+    // The main thread waits for the 8 others, each held by mtrace.
+    wait_for_states(pid, "the burst's threads were not all held", |s| {
+        s.iter()
+            .filter(|&&(tid, state)| tid != pid && state == 't')
+            .count()
+            == 8
+    });
+    m.proc.signal(libc::SIGCONT);
+    m.stdout.wait_for(|l| l.starts_with("freed="), LINE_TIMEOUT);
+    drop(stdin);
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let d = format!("{engine:?}\n{}\n{}", out.describe(), p.dump());
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q["truncated"], serde_json::json!({}), "{d}");
+    assert_eq!(q["whole"], q["calls"], "{d}");
+    let held = q["held_for_tracer"].as_u64().unwrap_or(0);
+    assert!(held >= 8, "{d}");
+    assert!(
+        out.stdout.contains(&format!(
+            "stacks: threads held {held} times for mtrace to finish their walks (none lost)\n"
+        )),
+        "{d}"
+    );
+    // Each call under its whole stack, through the thread's routine.
+    for (caller, calls) in [("burst_alloc", 8 * 200), ("burst_leak", 1234)] {
+        let stacks = p.stacks_at("malloc", caller);
+        assert!(
+            stacks
+                .iter()
+                .all(|s| !s.truncated && s.names().contains(&"run")),
+            "{caller}\n{d}"
+        );
+        assert_eq!(
+            stacks.iter().map(|s| s.calls).sum::<u64>(),
+            calls,
+            "{caller}\n{d}"
+        );
+    }
 }

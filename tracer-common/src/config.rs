@@ -50,7 +50,20 @@ pub struct Config {
     /// Which callers the host scope counts: [`SCOPE_ALL`], [`SCOPE_TREE`]
     /// or [`SCOPE_CGROUP`].
     pub host_scope: u32,
+    /// Non-zero: every process the programs walk in is followed by the
+    /// tracer with ptrace (launch mode), so a thread whose walk's copy
+    /// finds the ring of walks half full is sent [`THROTTLE_SIGNAL`] and
+    /// its tracer holds it until the ring is drained, rather than the
+    /// next copies being lost. Zero where a process is not followed (by
+    /// pid, a cgroup, the host): the signal would reach the program.
+    pub throttle: u32,
+    pub _pad: u32,
 }
+
+/// The signal a throttled thread is stopped with (see
+/// [`Config::throttle`]): its default action is to be ignored, should it
+/// ever reach the program.
+pub const THROTTLE_SIGNAL: u32 = 23; // SIGURG
 
 /// The host scope counts every process.
 pub const SCOPE_ALL: u32 = 0;

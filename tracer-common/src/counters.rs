@@ -107,5 +107,9 @@ pub mod counter {
     /// Host scope: Python processes the table of interpreter layouts had
     /// no room for (their stacks have native frames only).
     pub const HOST_PYTHON_FULL: u32 = MAP_FULL + 34;
-    pub const N: u32 = MAP_FULL + 35;
+    /// Threads stopped after a walk's copy found the ring of walks half
+    /// full, until the tracer had finished what it held (launch mode:
+    /// see `Config::throttle`): not a loss.
+    pub const THROTTLED: u32 = MAP_FULL + 35;
+    pub const N: u32 = MAP_FULL + 36;
 }

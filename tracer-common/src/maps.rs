@@ -27,6 +27,10 @@ pub const RULE_CACHE: &str = "RULE_CACHE";
 pub const UNWIND_MISSES: &str = "UNWIND_MISSES";
 /// One flag, set by the tracer: the map of rules is full.
 pub const UNWIND_FULL: &str = "UNWIND_FULL";
+/// The threads sent the throttle signal and not yet let go, by thread id
+/// (see [`crate::Config::throttle`]): taken out by the tracer as it holds
+/// each, so that a signal it finds there is known to be the programs'.
+pub const THROTTLED: &str = "THROTTLED";
 /// Live mode: frees whose event found the ring full ([`crate::LostFree`]),
 /// a queue the tracer pops and applies.
 pub const LOST_FREES: &str = "LOST_FREES";
@@ -102,7 +106,7 @@ pub const HOST_PY_FILES: &str = "HOST_PY_FILES";
 pub const PY_CODES_SENT: &str = "PY_CODES_SENT";
 
 /// Every map the tracer reads or sizes.
-pub const ALL_MAPS: [&str; 38] = [
+pub const ALL_MAPS: [&str; 39] = [
     PY_CODES_SENT,
     COUNTS,
     STACKS,
@@ -115,6 +119,7 @@ pub const ALL_MAPS: [&str; 38] = [
     RULE_CACHE,
     UNWIND_MISSES,
     UNWIND_FULL,
+    THROTTLED,
     ENABLED,
     LOST_FREES,
     LOST_ALLOCS,

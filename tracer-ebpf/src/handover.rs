@@ -1,17 +1,17 @@
 //! The miss hand-over: a walk that met a return address without an unwind
 //! rule goes to the tracer, with a copy of the stack from there.
 
-use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::bindings::{BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_RING_SIZE};
 use tracer_common::{
     counter, miss_stack_id, stop, MissEvent, WalkScratch, MAX_FRAMES, MISS_COPY_SIZES,
-    PY_MAX_FRAMES, STACK_COPY, STACK_COPY_TAIL,
+    PY_MAX_FRAMES, STACK_COPY, STACK_COPY_TAIL, THROTTLE_SIGNAL,
 };
 
 use crate::{
     aggregate::{bump_counter, current_comm},
     hidden::note_hidden,
     live::now_ns,
-    maps::{config_u32, CONFIG, PROCESS, THREAD_NAMES, UNWIND_FULL, UNWIND_MISSES},
+    maps::{config_u32, CONFIG, PROCESS, THREAD_NAMES, THROTTLED, UNWIND_FULL, UNWIND_MISSES},
     scratch::{level_of, scratch_at},
     walk::finish_hash,
 };
@@ -116,11 +116,41 @@ pub extern "C" fn send_miss_at(
     } else {
         send_copy::<STACK_COPY>(w, head, base, total)
     };
+    throttle();
     if !sent {
         bump_counter(counter::UNWIND_MISSES_LOST, 1);
         return 0;
     }
     id
+}
+
+/// Launch mode (`Config::throttle`): once the ring of walks is half full,
+/// the calling thread is sent the throttle signal, which stops it for its
+/// tracer (ptrace) before its next instruction; the tracer finishes the
+/// walks the ring holds and lets it go, the signal taken. So a thread
+/// that makes copies faster than the tracer finishes them waits for it,
+/// and the other half of the ring is room for the copies of the threads
+/// not stopped yet. A thread is sent one signal at a time (`THROTTLED`,
+/// which tells the tracer the signal is not the program's).
+#[inline(always)]
+fn throttle() {
+    if config_u32(&CONFIG.throttle) == 0 {
+        return;
+    }
+    let size = UNWIND_MISSES.query(BPF_RB_RING_SIZE as u64);
+    let held = UNWIND_MISSES.query(BPF_RB_AVAIL_DATA as u64);
+    if held < size / 2 {
+        return;
+    }
+    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+    if THROTTLED.insert(&tid, &1, BPF_NOEXIST as u64).is_err() {
+        return;
+    }
+    if unsafe { aya_ebpf::helpers::generated::bpf_send_signal_thread(THROTTLE_SIGNAL) } == 0 {
+        bump_counter(counter::THROTTLED, 1);
+    } else {
+        let _ = THROTTLED.remove(&tid);
+    }
 }
 
 /// The host scope: where the main thread's frames end in the process of

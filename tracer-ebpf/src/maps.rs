@@ -58,6 +58,8 @@ pub(crate) static CONFIG: Config = Config {
     },
     host_runs: 0,
     host_scope: SCOPE_ALL,
+    throttle: 0,
+    _pad: 0,
 };
 
 /// A `u32` field of [`CONFIG`], read from the global at run time (the
@@ -138,6 +140,11 @@ pub(crate) static UNWIND_MISSES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// then end there instead of being handed over, again and again.
 #[map]
 pub(crate) static UNWIND_FULL: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Threads sent the throttle signal, not yet held by the tracer (see
+/// `Config::throttle`); one signal a thread at a time.
+#[map]
+pub(crate) static THROTTLED: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Set by the tracer once every probe is attached, cleared when tracing
 /// ends: by pid the probes go in one after the other while the target

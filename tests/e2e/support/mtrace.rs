@@ -87,6 +87,18 @@ impl Mtrace {
     /// Starts mtrace with `-o DIR/p.json` added to `args` (before `--`, if
     /// any), in a fresh directory.
     pub fn start_profiled(args: &[&str]) -> Profiled {
+        Mtrace::profiled(args, Stdio::null())
+    }
+
+    /// [`Mtrace::start_profiled`] with mtrace's stdin piped (the command
+    /// it launches reads it), and its writing end.
+    pub fn start_profiled_piped(args: &[&str]) -> (Profiled, std::process::ChildStdin) {
+        let mut m = Mtrace::profiled(args, Stdio::piped());
+        let stdin = m.proc.take_stdin();
+        (m, stdin)
+    }
+
+    fn profiled(args: &[&str], stdin: Stdio) -> Profiled {
         let dir = public_tempdir();
         let path = dir.path().join("p.json");
         let path_str = path.to_str().expect("temp path not UTF-8");
@@ -94,7 +106,7 @@ impl Mtrace {
         let mut all = args[..at].to_vec();
         all.extend(["-o", path_str]);
         all.extend_from_slice(&args[at..]);
-        let mtrace = Mtrace::start(&all);
+        let mtrace = Mtrace::spawn(mtrace_command(&all).stdin(stdin));
         Profiled {
             mtrace,
             path,

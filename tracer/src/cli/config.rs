@@ -68,7 +68,7 @@ impl TraceConfig {
             (None, None, true) => return None,
         };
         Some(TraceConfig {
-            target,
+            target: target.clone(),
             mode: Mode {
                 // A thread's group needs the counts split by thread.
                 per_thread: args.out.per_thread
@@ -87,6 +87,8 @@ impl TraceConfig {
                 floor: args.bench_floor,
                 max_frames: args.max_stack,
                 python_objects: args.python_objects,
+                // Launch mode follows every process it traces with ptrace.
+                throttle: matches!(target, Target::Command(_)),
             },
             sizes: MapSizes {
                 counts: args.count_map_size,

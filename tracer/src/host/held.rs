@@ -71,6 +71,7 @@ struct Kind {
 pub fn exec_hold(
     libc: Option<String>,
     finish: impl Fn() + Send + 'static,
+    throttled: impl Fn(u32) -> bool + Send + 'static,
 ) -> (Receiver<Ask>, Holds) {
     let (tx, rx) = mpsc::channel();
     let ask = |tx: &Sender<Ask>, what: Held| {
@@ -137,6 +138,7 @@ pub fn exec_hold(
         Holds {
             on_exec: Box::new(on_exec),
             on_exit: Box::new(on_exit),
+            on_throttle: Box::new(throttled),
         },
     )
 }

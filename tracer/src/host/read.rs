@@ -399,6 +399,7 @@ fn profile_of(
             (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
+        quality.held_for_tracer = sum(counter::THROTTLED)?;
         quality.symbols = crate::symbolize::symbols_quality();
         quality.perf_map = walks.jit.quality();
         let python = PythonQuality {

@@ -104,7 +104,11 @@ pub fn run(
             None,
         ),
         HostScope::Tree { argv, run_as } => {
-            let (asks, on_exec) = super::held::exec_hold(host.libc.clone(), host.walks.finisher());
+            let (asks, on_exec) = super::held::exec_hold(
+                host.libc.clone(),
+                host.walks.finisher(),
+                host.walks.throttle_taker(),
+            );
             held = Some(asks);
             host.held_execs = true;
             // The live view has the terminal: the command's output goes to

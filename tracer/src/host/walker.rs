@@ -94,6 +94,21 @@ impl HostWalker {
         move || lock(&walks).finish_all()
     }
 
+    /// What lets a thread of the tree stopped with the throttle signal go
+    /// on (true: the signal was the programs', taken), once the walks
+    /// waiting in the ring are finished.
+    pub fn throttle_taker(&self) -> impl Fn(u32) -> bool + Send + 'static {
+        let walks = self.walks.clone();
+        move |tid| {
+            let mut walks = lock(&walks);
+            let ours = walks.take_throttled(tid);
+            if ours {
+                walks.finish_all();
+            }
+            ours
+        }
+    }
+
     /// Finishes every walk still waiting, those waiting for their
     /// process's files to be named too: the end of the trace, once the
     /// last execs were read.

@@ -75,6 +75,8 @@ pub struct HostWalks {
     vmas: BpfHashMap<MapData, HostVmaKey, HostVma>,
     /// Each process's incarnation (gone at its exec and its end).
     gens: BpfHashMap<MapData, u32, u64>,
+    /// The threads sent the throttle signal (a command's tree).
+    throttled: BpfHashMap<MapData, u32, u32>,
     procs: FastMap<(u32, u64), Walked>,
     /// Each file's tag, as the kernel's table has it.
     tags: FastMap<HostFileId, u32>,
@@ -151,6 +153,7 @@ impl HostWalks {
             tag_files: Array::try_from(copy(maps::HOST_TAG_FILES)?)?,
             vmas: BpfHashMap::try_from(copy(maps::HOST_VMAS)?)?,
             gens: BpfHashMap::try_from(copy(maps::HOST_GENS)?)?,
+            throttled: BpfHashMap::try_from(copy(maps::THROTTLED)?)?,
             procs: FastMap::default(),
             tags: FastMap::default(),
             next_tag: MAX_HOST_TAGS - 1,
@@ -181,6 +184,12 @@ impl HostWalks {
             .ok()
             .filter(|id| id.ino != 0)
             .map(|id| (id.dev, id.ino))
+    }
+
+    /// Whether thread `tid` was sent the throttle signal and not yet let
+    /// go; it is let go from here on.
+    pub fn take_throttled(&mut self, tid: u32) -> bool {
+        self.throttled.remove(&tid).is_ok()
     }
 
     /// Finishes every walk waiting in the ring; those of processes gone

@@ -194,6 +194,9 @@ pub fn load_host(
         vma: kernel::vma_offsets(),
         host_runs: runs as u32,
         host_scope: scope,
+        // A command's tree: every process of it is followed (ptrace).
+        throttle: (scope == tracer_common::SCOPE_TREE) as u32,
+        _pad: 0,
     });
     let mut guard = LOADER.lock().unwrap_or_else(|e| e.into_inner());
     let loader = configured(&mut guard, config);

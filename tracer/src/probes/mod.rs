@@ -85,6 +85,10 @@ pub struct Mode {
     /// CPython's object and memory allocators probed too
     /// (`--python-objects`).
     pub python_objects: bool,
+    /// Every process probed is followed by the tracer with ptrace (launch
+    /// mode): a thread that fills the ring of walks waits for the tracer
+    /// (see `tracer_common::Config::throttle`).
+    pub throttle: bool,
 }
 
 pub struct Probes {
@@ -154,6 +158,8 @@ pub fn attach<T>(
         vma: VmaOffsets::default(),
         host_runs: 0,
         host_scope: tracer_common::SCOPE_ALL,
+        throttle: mode.throttle as u32,
+        _pad: 0,
     });
     if let Some(Sampling::Every(n)) = mode.sampling {
         // The table's exponential draws are cut off at their tail, so
@@ -343,6 +349,15 @@ pub fn attach<T>(
 }
 
 impl Probes {
+    /// Whether thread `tid` was sent the throttle signal and not yet let
+    /// go (see [`Mode::throttle`]); it is let go from here on.
+    pub fn take_throttled(&mut self, tid: u32) -> bool {
+        let Some(map) = self.ebpf.map_mut(maps::THROTTLED) else {
+            return false;
+        };
+        aya::maps::HashMap::<_, u32, u32>::try_from(map).is_ok_and(|mut m| m.remove(&tid).is_ok())
+    }
+
     /// Takes every probe out, then empties the object for the next
     /// process (its process runs another program now).
     pub fn recycle(self) {

@@ -80,6 +80,10 @@ pub enum OwnedTreeEvent {
         pid: u32,
         code: i32,
     },
+    Throttled {
+        pid: u32,
+        tid: u32,
+    },
 }
 
 impl OwnedTreeEvent {
@@ -98,6 +102,9 @@ impl OwnedTreeEvent {
             OwnedTreeEvent::Exec { pid, .. } => format!("pid {pid} exec'd"),
             OwnedTreeEvent::Exiting { pid } => format!("pid {pid} exiting"),
             OwnedTreeEvent::Gone { pid, code } => format!("pid {pid} gone ({code})"),
+            OwnedTreeEvent::Throttled { pid, tid } => {
+                format!("pid {pid} thread {tid} stopped with the throttle signal")
+            }
         }
     }
 }
@@ -126,6 +133,7 @@ impl From<TreeEvent<'_>> for OwnedTreeEvent {
             },
             TreeEvent::Exiting { pid } => OwnedTreeEvent::Exiting { pid },
             TreeEvent::Gone { pid, code } => OwnedTreeEvent::Gone { pid, code },
+            TreeEvent::Throttled { pid, tid } => OwnedTreeEvent::Throttled { pid, tid },
         }
     }
 }
@@ -323,6 +331,19 @@ impl Session {
                         names.judge();
                     }
                 }
+                Ok(true)
+            }
+            OwnedTreeEvent::Throttled { pid, tid } => {
+                // The thread goes on once the walks its process's ring
+                // holds are finished; a signal the programs did not send
+                // is the program's (false: delivered).
+                let Some(proc) = self.procs.get_mut(&pid) else {
+                    return Ok(false);
+                };
+                if !proc.probes.take_throttled(tid) {
+                    return Ok(false);
+                }
+                drop(proc.unwind.walks());
                 Ok(true)
             }
             OwnedTreeEvent::Gone { pid, code } => {

@@ -325,6 +325,9 @@ pub struct Holds {
     pub on_exec: Box<dyn FnMut(u32) -> bool + Send>,
     /// At the exit stop of a process held so, its memory still there.
     pub on_exit: Box<dyn FnMut(u32) + Send>,
+    /// A thread stopped with the throttle signal from the kernel: whether
+    /// the signal was the programs' (taken, once the thread may go on).
+    pub on_throttle: Box<dyn FnMut(u32) -> bool + Send>,
 }
 
 /// Seizes `pid`, waiting at its gate, on a thread of its own that then
@@ -354,6 +357,9 @@ fn follow(pid: u32, mut holds: Holds, exit_tx: tokio::sync::oneshot::Sender<i32>
                         let _ = ptrace(libc::PTRACE_SETOPTIONS, pid, (FOLLOWED | exit) as usize);
                     }
                     TreeEvent::Exiting { pid } => (holds.on_exit)(pid),
+                    TreeEvent::Throttled { tid, .. } => {
+                        return Ok((holds.on_throttle)(tid).then_some(()));
+                    }
                     TreeEvent::Gone { pid: gone, code } if gone == pid => {
                         if let Some(tx) = exit_tx.take() {
                             let _ = tx.send(code);

@@ -33,6 +33,12 @@ pub struct StackQuality {
     /// walking the kernel did. Absent in older profiles.
     #[serde(default)]
     pub walked_in_kernel: u64,
+    /// Launch mode: times a thread was held (stopped) until the tracer had
+    /// finished the walks it had handed over, their ring half full; so
+    /// that its next walks found room. Not a loss: the program waited.
+    /// Absent when none was (or in older profiles).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held_for_tracer: u64,
     /// `--max-stack N`: the walk kept at most N frames above the direct
     /// caller (0: the caller only); a stack cut there counts under
     /// `max_frames`. Absent without a limit (or in older profiles).

@@ -143,6 +143,7 @@ pub fn since(start: &Start, later: Profile) -> Profile {
             .finished_by_tracer
             .saturating_sub(then.finished_by_tracer);
         now.walked_in_kernel = now.walked_in_kernel.saturating_sub(then.walked_in_kernel);
+        now.held_for_tracer = now.held_for_tracer.saturating_sub(then.held_for_tracer);
         for (why, n) in now.truncated.iter_mut() {
             *n = n.saturating_sub(then.truncated.get(why).copied().unwrap_or(0));
         }

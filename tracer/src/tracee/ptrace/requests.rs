@@ -158,6 +158,21 @@ pub(crate) fn event_msg(tid: u32) -> Option<u32> {
     Some(msg as u32)
 }
 
+/// Whether the signal `tid` is stopped to be delivered came from the
+/// kernel itself (`SI_KERNEL`: a BPF program's, a socket's urgent data),
+/// not from a process.
+pub(crate) fn sent_by_kernel(tid: u32) -> bool {
+    // SAFETY: plain data, all zeroes valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    ptrace(
+        libc::PTRACE_GETSIGINFO,
+        tid,
+        &mut info as *mut libc::siginfo_t as usize,
+    )
+    .is_ok()
+        && info.si_code == libc::SI_KERNEL
+}
+
 /// What [`wait_any`] saw.
 pub(crate) enum Waited {
     /// A tracee's wait status.

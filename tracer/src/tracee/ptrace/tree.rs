@@ -9,7 +9,9 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    requests::{event_msg, ptrace, tgid_of, wait_any, waitpid, HeldSignals, Waited},
+    requests::{
+        event_msg, ptrace, sent_by_kernel, tgid_of, wait_any, waitpid, HeldSignals, Waited,
+    },
     startup::{exit_code, follow_exec},
 };
 use crate::tracee::Mapping;
@@ -39,6 +41,12 @@ pub enum TreeEvent<'a> {
     Exiting { pid: u32 },
     /// `pid` is gone, with this exit code (128 + signal when killed).
     Gone { pid: u32, code: i32 },
+    /// Thread `tid` of `pid` is stopped with the throttle signal from the
+    /// kernel (`tracer_common::Config::throttle`). Answer `Some` when the
+    /// signal was the programs' (it is taken, and the thread goes on
+    /// once answered: the walks it waited for are finished), `None` when
+    /// it is not known to be (it is delivered).
+    Throttled { pid: u32, tid: u32 },
 }
 
 /// What the session hands the thread that follows a tree by pid (a
@@ -228,6 +236,15 @@ pub fn wait_tree(
                 } else {
                     cont(tid, 0);
                 }
+            }
+            // The programs' throttle signal is taken once the session has
+            // finished the walks the thread waited for.
+            0 if sig == tracer_common::THROTTLE_SIGNAL as i32 && sent_by_kernel(tid) => {
+                let ours = matches!(
+                    on_event(TreeEvent::Throttled { pid: tgid, tid }),
+                    Ok(Some(()))
+                );
+                cont(tid, if ours { 0 } else { sig });
             }
             // No system call is traced here and every ptrace event is
             // matched above: a SIGTRAP stop is a real signal (the program's

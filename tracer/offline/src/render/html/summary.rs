@@ -178,6 +178,13 @@ pub(super) fn summary(out: &mut String, profile: &Profile) {
                 "stacks walked in the kernel (the rest reused a remembered walk)",
                 &q.walked_in_kernel.to_string(),
             );
+            if q.held_for_tracer > 0 {
+                kv(
+                    out,
+                    "threads held for the tracer to finish their walks",
+                    &q.held_for_tracer.to_string(),
+                );
+            }
         }
         None => kv(out, "whole stacks", "not recorded in this profile"),
     }

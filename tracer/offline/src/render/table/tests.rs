@@ -277,6 +277,7 @@ fn lines_fit_80_columns() {
         .collect(),
         finished_by_tracer: 0,
         walked_in_kernel: 0,
+        held_for_tracer: 0,
         frame_limit: Some(126),
         python: Some(crate::profile::PythonQuality {
             with_frames: 1_000_000_000,

@@ -67,6 +67,13 @@ pub fn quality_lines(q: &StackQuality) -> String {
     if !cut.is_empty() {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
+    if q.held_for_tracer > 0 {
+        let _ = writeln!(
+            out,
+            "stacks: threads held {} times for mtrace to finish their walks (none lost)",
+            q.held_for_tracer
+        );
+    }
     let python = q.python.as_ref();
     if let Some(n) = python.map(|p| p.not_known).filter(|&n| n > 0) {
         let _ = writeln!(
