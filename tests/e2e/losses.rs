@@ -516,16 +516,16 @@ fn a_full_buffer_of_stack_copies_is_counted_and_its_option_said() {
 }
 
 /// Launch mode (`--`): the burst's 8 threads started, then let go with
-/// mtrace stopped and its buffer of stack copies at 1 MiB (a few of their
+/// mtrace stopped and its buffer of stack copies at 4 MiB (16 of their
 /// copies of up to 256 KiB fill it), so that no walk is finished and no
 /// rule learned until mtrace goes on. Each thread whose walk's copy finds
-/// the buffer half full is held (stopped for its tracer) until mtrace
-/// has finished the walks the buffer holds: every thread is held, none
-/// runs to its end meanwhile, no walk is cut (where by pid the same burst
-/// cuts over a thousand, above), each stack is whole to the thread's
-/// start, each call counted, and the holds are counted and said. The
-/// same on the host engine (`--file-wide`), whose one buffer serves the
-/// whole tree.
+/// the buffer a quarter full is held (stopped for its tracer) until
+/// mtrace has finished the walks the buffer holds; the rest of it holds
+/// the one copy each thread makes past the mark. So threads are held,
+/// no walk is cut (where by pid the same burst cuts over a thousand with
+/// 1 MiB, above), each stack is whole to the thread's start, each call
+/// counted, and the holds are counted and said. The same on the host
+/// engine (`--file-wide`), whose one buffer serves the whole tree.
 #[test]
 fn a_launched_programs_threads_wait_for_room_rather_than_lose_stacks() {
     need_bpf!();
@@ -538,7 +538,7 @@ fn launched_threads_wait_for_room(engine: &[&str]) {
     let mut args = engine.to_vec();
     args.extend([
         "--unwind-buffer-size",
-        "1048576",
+        "4194304",
         "--top",
         "0",
         "--",
@@ -553,12 +553,13 @@ fn launched_threads_wait_for_room(engine: &[&str]) {
     use std::io::Write as _;
     stdin.write_all(b"g").unwrap();
     stdin.flush().unwrap();
-    // The main thread waits for the 8 others, each held by mtrace.
-    wait_for_states(pid, "the burst's threads were not all held", |s| {
+    // At most 4 of the 8 make their copies before the mark (mtrace
+    // finishes none meanwhile): the others are held by mtrace.
+    wait_for_states(pid, "the burst's threads were not held", |s| {
         s.iter()
             .filter(|&&(tid, state)| tid != pid && state == 't')
             .count()
-            == 8
+            >= 4
     });
     m.proc.signal(libc::SIGCONT);
     m.stdout.wait_for(|l| l.starts_with("freed="), LINE_TIMEOUT);
@@ -570,7 +571,7 @@ fn launched_threads_wait_for_room(engine: &[&str]) {
     assert_eq!(q["truncated"], serde_json::json!({}), "{d}");
     assert_eq!(q["whole"], q["calls"], "{d}");
     let held = q["held_for_tracer"].as_u64().unwrap_or(0);
-    assert!(held >= 8, "{d}");
+    assert!(held >= 4, "{d}");
     assert!(
         out.stdout.contains(&format!(
             "stacks: threads held {held} times for mtrace to finish their walks (none lost)\n"

@@ -52,7 +52,7 @@ pub struct Config {
     pub host_scope: u32,
     /// Non-zero: every process the programs walk in is followed by the
     /// tracer with ptrace (launch mode), so a thread whose walk's copy
-    /// finds the ring of walks half full is sent [`THROTTLE_SIGNAL`] and
+    /// finds a quarter of the ring of walks taken is sent [`THROTTLE_SIGNAL`] and
     /// its tracer holds it until the ring is drained, rather than the
     /// next copies being lost. Zero where a process is not followed (by
     /// pid, a cgroup, the host): the signal would reach the program.

@@ -124,14 +124,16 @@ pub extern "C" fn send_miss_at(
     id
 }
 
-/// Launch mode (`Config::throttle`): once the ring of walks is half full,
-/// the calling thread is sent the throttle signal, which stops it for its
-/// tracer (ptrace) before its next instruction; the tracer finishes the
-/// walks the ring holds and lets it go, the signal taken. So a thread
-/// that makes copies faster than the tracer finishes them waits for it,
-/// and the other half of the ring is room for the copies of the threads
-/// not stopped yet. A thread is sent one signal at a time (`THROTTLED`,
-/// which tells the tracer the signal is not the program's).
+/// Launch mode (`Config::throttle`): once a quarter of the ring of walks
+/// is taken, the calling thread is sent the throttle signal, which stops
+/// it for its tracer (ptrace) before its next instruction; the tracer
+/// finishes the walks the ring holds and lets it go, the signal taken.
+/// So a thread that makes copies faster than the tracer finishes them
+/// waits for it. Past the mark each thread makes at most one more copy
+/// (the one after which it is stopped): the rest of the ring is room
+/// for that copy of as many threads as it holds copies. A thread is sent
+/// one signal at a time (`THROTTLED`, which tells the tracer the signal
+/// is not the program's).
 #[inline(always)]
 fn throttle() {
     if config_u32(&CONFIG.throttle) == 0 {
@@ -139,7 +141,7 @@ fn throttle() {
     }
     let size = UNWIND_MISSES.query(BPF_RB_RING_SIZE as u64);
     let held = UNWIND_MISSES.query(BPF_RB_AVAIL_DATA as u64);
-    if held < size / 2 {
+    if held < size / 4 {
         return;
     }
     let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;

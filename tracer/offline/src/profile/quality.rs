@@ -34,7 +34,7 @@ pub struct StackQuality {
     #[serde(default)]
     pub walked_in_kernel: u64,
     /// Launch mode: times a thread was held (stopped) until the tracer had
-    /// finished the walks it had handed over, their ring half full; so
+    /// finished the walks it had handed over, their ring a quarter full; so
     /// that its next walks found room. Not a loss: the program waited.
     /// Absent when none was (or in older profiles).
     #[serde(default, skip_serializing_if = "is_zero")]
