@@ -284,6 +284,11 @@ fn tree_channel() -> (
     let (tree_tx, tree_rx) = tokio::sync::mpsc::unbounded_channel::<TreeRequest>();
     let on_event = move |event: TreeEvent| -> Result<Option<()>> {
         let wait = !matches!(event, TreeEvent::Gone { .. });
+        // A throttle signal no session answers for is the program's.
+        let unanswered = match event {
+            TreeEvent::Throttled { .. } => None,
+            _ => Some(()),
+        };
         let (reply, done) = std::sync::mpsc::channel();
         let request = TreeRequest {
             event: event.into(),
@@ -291,10 +296,11 @@ fn tree_channel() -> (
         };
         if tree_tx.send(request).is_err() || !wait {
             // The trace has ended, or nothing to wait for.
-            return Ok(Some(()));
+            return Ok(unanswered);
         }
         match done.recv() {
-            Ok(Ok(true)) | Err(_) => Ok(Some(())),
+            Err(_) => Ok(unanswered),
+            Ok(Ok(true)) => Ok(Some(())),
             Ok(Ok(false)) => Ok(None),
             Ok(Err(e)) => Err(anyhow::anyhow!(e)),
         }
