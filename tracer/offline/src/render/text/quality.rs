@@ -67,12 +67,17 @@ pub fn quality_lines(q: &StackQuality) -> String {
     if !cut.is_empty() {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
-    if q.held_for_tracer > 0 {
-        let _ = writeln!(
-            out,
-            "stacks: threads held {} times for mtrace to finish their walks (none lost)",
-            q.held_for_tracer
-        );
+    match q.held_for_tracer {
+        0 => {}
+        1 => {
+            out.push_str("stacks: a thread held once for mtrace to finish its walks (none lost)\n")
+        }
+        n => {
+            let _ = writeln!(
+                out,
+                "stacks: threads held {n} times for mtrace to finish their walks (none lost)"
+            );
+        }
     }
     let python = q.python.as_ref();
     if let Some(n) = python.map(|p| p.not_known).filter(|&n| n > 0) {
