@@ -67,6 +67,9 @@ pub struct Report {
     /// `stacks: at most 3 frames above the caller (--max-stack 3)`: what
     /// follows `stacks: `.
     pub stack_limit: Option<String>,
+    /// Launch mode: `stacks: threads held 12 times for mtrace to finish
+    /// their walks (none lost)`: what follows `stacks: `.
+    pub held: Option<String>,
     /// `single-stepped probes (...): reallocarray 4`: what follows the
     /// colon.
     pub single_stepped: Option<String>,
@@ -335,6 +338,11 @@ impl Report {
                 .filter(|l| l.ends_with(")") && l.contains("(--max-stack "))
             {
                 r.stack_limit = Some(l.to_string());
+            } else if let Some(l) = line
+                .strip_prefix("stacks: ")
+                .filter(|l| l.contains(" held ") && l.ends_with(" (none lost)"))
+            {
+                r.held = Some(l.to_string());
             } else if let Some(l) = line.strip_prefix("stacks: ") {
                 let (pct, _) = l
                     .split_once("% whole")
