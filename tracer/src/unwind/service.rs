@@ -57,6 +57,10 @@ pub struct Walks {
     pub rules_full: u64,
     /// A Python process's code objects, named while they live.
     pub python: Option<crate::python::Names>,
+    /// One record's room, kept from the first walk on: a fresh one is
+    /// a large zeroed allocation that the allocator hands back to the
+    /// kernel and takes again (a madvise and page faults a batch).
+    ev: Option<Box<MissEvent>>,
 }
 
 impl Walks {
@@ -68,11 +72,12 @@ impl Walks {
         let Some(ring) = self.ring.as_mut() else {
             return;
         };
-        // One record's room for every walk of the batch: zeroed once, not
-        // once a walk (a walk reads no byte past what its record copied).
-        let mut ev = zeroed_miss();
+        // One record's room for every walk: zeroed once, not once a walk
+        // (a walk reads no byte past what its record copied).
+        let mut kept = self.ev.take();
         while let Some(item) = ring.next() {
-            if !read_miss_into(&mut ev, &item) {
+            let ev = &mut **kept.get_or_insert_with(zeroed_miss);
+            if !read_miss_into(ev, &item) {
                 if let (Some(names), Some(snap)) =
                     (self.python.as_mut(), crate::python::snap::parse(&item))
                 {
@@ -86,7 +91,7 @@ impl Walks {
             }
             self.unwinder.stats.record_bytes += item.len() as u64;
             drop(item);
-            let done = self.unwinder.finish(&ev, &mut space, &mut new_rules);
+            let done = self.unwinder.finish(ev, &mut space, &mut new_rules);
             if let Some(names) = self.python.as_mut() {
                 names.learn(crate::python::split(&done.frames).1);
             }
@@ -120,6 +125,7 @@ impl Walks {
                 }
             }
         }
+        self.ev = kept;
     }
 
     /// Takes every rule it put in the kernel's map out, by key (a walk
@@ -308,6 +314,7 @@ impl UnwindService {
             live,
             rules_full: 0,
             python,
+            ev: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
