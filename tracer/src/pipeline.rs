@@ -44,8 +44,10 @@ pub fn profile(
     mut meta: Meta,
     clock: &Clock,
 ) -> Result<Profile> {
+    let reading = std::time::Instant::now();
     let mut walks = unwind.walks();
     let mut raw = collect::collect(probes, &walks.counted).context("reading the kernel maps")?;
+    let read_ms = reading.elapsed().as_secs_f64() * 1e3;
     // Code objects no notice told of, while the process may still live;
     // unless its interpreter's state turned out unreadable, which is all
     // there is to say of its Python.
@@ -80,14 +82,21 @@ pub fn profile(
     // Locked only once the walks are read: the unwinder's thread takes
     // the walks, then the address space.
     let space = space.lock().unwrap();
-    Ok(symbolize::symbolize(
+    let naming = std::time::Instant::now();
+    let profile = symbolize::symbolize(
         &raw,
         &space,
         &probes.funcs,
         thread_names,
         walks.python.as_ref(),
         meta,
-    ))
+    );
+    log::debug!(
+        "profile: {} stacks read in {read_ms:.1} ms, symbolized in {:.1} ms",
+        raw.stacks.len(),
+        naming.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(profile)
 }
 
 /// Joins the tracker's per-stack statistics and its table of outstanding
