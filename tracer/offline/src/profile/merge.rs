@@ -32,18 +32,25 @@ pub(crate) type StackKey = (
 );
 
 /// A frame as a row's key reads it: its function, file, line, object and
-/// whether it is inlined, compared and hashed by those alone. It shares
-/// the frame rather than copying its names: a trace of deep stacks joins
-/// thousands of rows of 30-60 frames each, and copying every name of
-/// every frame for the key cost more than the rest of the join.
+/// whether it is inlined, compared by those alone and hashed by their
+/// hash, taken once when the key is made. It shares the frame rather
+/// than copying its names: a trace of deep stacks joins thousands of rows
+/// of 30-60 frames each, and copying every name of every frame for the
+/// key cost more than the rest of the join; hashing the names each time
+/// the index looks a row up or grows cost as much again.
 #[derive(Clone, Debug)]
-pub(crate) struct FrameKey(Arc<Frame>);
+pub(crate) struct FrameKey(Arc<Frame>, u64);
 
 impl FrameKey {
-    /// The fields that make two frames the same, hashed as the tuple of
-    /// them is.
-    fn fields(&self) -> (&str, Option<&str>, Option<u32>, Option<&str>, bool) {
-        let f = &*self.0;
+    fn new(frame: &Arc<Frame>) -> FrameKey {
+        use std::hash::BuildHasher;
+        // Fixed: equal fields hash the same in every key of the run.
+        let hash = foldhash::fast::FixedState::with_seed(0).hash_one(Self::fields_of(frame));
+        FrameKey(frame.clone(), hash)
+    }
+
+    /// The fields that make two frames the same.
+    fn fields_of(f: &Frame) -> (&str, Option<&str>, Option<u32>, Option<&str>, bool) {
         (
             &f.function,
             f.file.as_deref(),
@@ -56,7 +63,8 @@ impl FrameKey {
 
 impl PartialEq for FrameKey {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || self.fields() == other.fields()
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.1 == other.1 && Self::fields_of(&self.0) == Self::fields_of(&other.0))
     }
 }
 
@@ -64,7 +72,7 @@ impl Eq for FrameKey {}
 
 impl Hash for FrameKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.fields().hash(state);
+        state.write_u64(self.1);
     }
 }
 
@@ -75,7 +83,7 @@ pub(crate) fn key(e: &StackEntry) -> StackKey {
         e.process
             .as_ref()
             .map(|p| (p.pid, (p.pid == 0).then(|| p.name.clone()))),
-        e.frames.iter().cloned().map(FrameKey).collect(),
+        e.frames.iter().map(FrameKey::new).collect(),
         e.object_size,
     )
 }
