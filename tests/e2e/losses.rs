@@ -515,6 +515,42 @@ fn a_full_buffer_of_stack_copies_is_counted_and_its_option_said() {
     );
 }
 
+/// The burst fixture in `mode` ("held" or "blocked") launched under
+/// mtrace on `engine` with a buffer of stack copies of 4 MiB (16 of
+/// their copies of up to 256 KiB fill it), its threads let go with
+/// mtrace stopped (SIGSTOP), so that no walk is finished and no rule
+/// learned until mtrace goes on. Returns mtrace, the fixture's pid and
+/// its stdin (a byte or its end lets it exit).
+fn burst_let_go_stopped(
+    engine: &[&str],
+    mode: &str,
+) -> (
+    crate::support::mtrace::Profiled,
+    u32,
+    std::process::ChildStdin,
+) {
+    let burst = burst().to_str().unwrap();
+    let mut args = engine.to_vec();
+    args.extend([
+        "--unwind-buffer-size",
+        "4194304",
+        "--top",
+        "0",
+        "--",
+        burst,
+        "200",
+        mode,
+    ]);
+    let (mut m, mut stdin) = Mtrace::start_profiled_piped(&args);
+    let pid = m.wait_tracing();
+    m.stdout.wait_for(|l| l == "ready", LINE_TIMEOUT);
+    stop_fully(&mut m);
+    use std::io::Write as _;
+    stdin.write_all(b"g").unwrap();
+    stdin.flush().unwrap();
+    (m, pid, stdin)
+}
+
 /// Launch mode (`--`): the burst's 8 threads started, then let go with
 /// mtrace stopped and its buffer of stack copies at 4 MiB (16 of their
 /// copies of up to 256 KiB fill it), so that no walk is finished and no
@@ -534,25 +570,7 @@ fn a_launched_programs_threads_wait_for_room_rather_than_lose_stacks() {
 }
 
 fn launched_threads_wait_for_room(engine: &[&str]) {
-    let burst = burst().to_str().unwrap();
-    let mut args = engine.to_vec();
-    args.extend([
-        "--unwind-buffer-size",
-        "4194304",
-        "--top",
-        "0",
-        "--",
-        burst,
-        "200",
-        "held",
-    ]);
-    let (mut m, mut stdin) = Mtrace::start_profiled_piped(&args);
-    let pid = m.wait_tracing();
-    m.stdout.wait_for(|l| l == "ready", LINE_TIMEOUT);
-    stop_fully(&mut m);
-    use std::io::Write as _;
-    stdin.write_all(b"g").unwrap();
-    stdin.flush().unwrap();
+    let (mut m, pid, stdin) = burst_let_go_stopped(engine, "held");
     // At most 4 of the 8 make their copies before the mark (mtrace
     // finishes none meanwhile): the others are held by mtrace.
     wait_for_states(pid, "the burst's threads were not held", |s| {
@@ -587,6 +605,62 @@ fn launched_threads_wait_for_room(engine: &[&str]) {
                 .all(|s| !s.truncated && s.names().contains(&"run")),
             "{caller}\n{d}"
         );
+        assert_eq!(
+            stacks.iter().map(|s| s.calls).sum::<u64>(),
+            calls,
+            "{caller}\n{d}"
+        );
+    }
+}
+
+/// Launch mode, threads that block SIGURG, the signal that holds a thread
+/// (as a program that takes its signals with sigwait or a signalfd does):
+/// the burst of the test above with each thread blocking it and, its work
+/// done, taking one pending for it. mtrace sends them none: no thread
+/// takes a SIGURG and none is held; the walks not held for are counted
+/// and said, the copies that then found the buffer full are counted and
+/// said as cut short, and every call is counted. Both engines.
+#[test]
+fn threads_that_block_the_hold_signal_are_sent_none() {
+    need_bpf!();
+    threads_blocking_the_signal(&[]);
+    threads_blocking_the_signal(&["--file-wide"]);
+}
+
+fn threads_blocking_the_signal(engine: &[&str]) {
+    let (mut m, pid, stdin) = burst_let_go_stopped(engine, "blocked");
+    // Each thread runs its burst through, and stops at its exit for its
+    // tracer (or, wrongly held, before): then mtrace goes on.
+    wait_for_states(pid, "the burst's threads did not finish", |s| {
+        s.iter().all(|&(tid, state)| tid == pid || state == 't')
+    });
+    m.proc.signal(libc::SIGCONT);
+    m.stdout.wait_for(|l| l.starts_with("freed="), LINE_TIMEOUT);
+    let urgent = m
+        .stdout
+        .wait_for(|l| l.starts_with("urgent="), LINE_TIMEOUT);
+    drop(stdin);
+    let (out, p) = m.finish();
+    out.assert_exit(0);
+    let d = format!("{engine:?}\n{}\n{}", out.describe(), p.dump());
+    assert_eq!(urgent, "urgent=0", "a thread took mtrace's SIGURG\n{d}");
+    let q = &p.doc["stack_quality"];
+    assert_eq!(q.get("held_for_tracer"), None, "{d}");
+    let not_held = q["not_held"].as_u64().unwrap_or(0);
+    let lost = q["truncated"]["copy_lost"].as_u64().unwrap_or(0);
+    assert!(not_held >= 1 && lost >= 1, "{d}");
+    let r = out.report();
+    assert_eq!(r.held, None, "{d}");
+    let said = if not_held == 1 {
+        "a thread blocking SIGURG not held once (its copies may be lost)".to_string()
+    } else {
+        format!("threads blocking SIGURG not held {not_held} times (copies may be lost)")
+    };
+    assert_eq!(r.not_held, Some(said), "{d}");
+    assert!(out.stdout.contains(&format!("copy_lost {lost}")), "{d}");
+    // Every call counted, under its direct caller at least.
+    for (caller, calls) in [("burst_alloc", 8 * 200), ("burst_leak", 1234)] {
+        let stacks = p.stacks_at("malloc", caller);
         assert_eq!(
             stacks.iter().map(|s| s.calls).sum::<u64>(),
             calls,

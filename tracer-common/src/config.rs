@@ -84,7 +84,8 @@ pub const SCOPE_CGROUP_LEVELS: u32 = 32;
 /// stack slot it replaced), `orig_ret_vaddr` and `next`; and the
 /// trampoline's address, `task_struct.mm` -> `mm_struct.uprobes_state.
 /// xol_area` -> `xol_area.vaddr`. `known` is 0 when the kernel's BTF does
-/// not have them all: hidden return addresses then end the walk.
+/// not have them all: hidden return addresses then end the walk. Beside
+/// them, `task_struct.blocked` (see `task_blocked`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelOffsets {
@@ -97,7 +98,9 @@ pub struct KernelOffsets {
     pub return_stack: u32,
     pub return_orig: u32,
     pub return_next: u32,
-    pub _pad: u32,
+    /// `task_struct.blocked` (the thread's blocked signals), 0 when not
+    /// known: read whatever `known` says.
+    pub task_blocked: u32,
 }
 
 /// What the programs know of the process they serve, written by the

@@ -107,9 +107,15 @@ pub mod counter {
     /// Host scope: Python processes the table of interpreter layouts had
     /// no room for (their stacks have native frames only).
     pub const HOST_PYTHON_FULL: u32 = MAP_FULL + 34;
-    /// Threads stopped after a walk's copy found the ring of walks half
-    /// full, until the tracer had finished what it held (launch mode:
-    /// see `Config::throttle`): not a loss.
+    /// Threads stopped after a walk's copy found the ring of walks a
+    /// quarter full, until the tracer had finished what it held (launch
+    /// mode: see `Config::throttle`): not a loss.
     pub const THROTTLED: u32 = MAP_FULL + 35;
-    pub const N: u32 = MAP_FULL + 36;
+    /// Walks whose copy found the ring a quarter full in a thread that
+    /// blocks the throttle signal, or whose blocked signals could not be
+    /// read: sent none (the program would take it as its own) and not
+    /// held. Not a loss itself: a copy that then finds the ring full is
+    /// (`UNWIND_MISSES_LOST`).
+    pub const NOT_THROTTLED: u32 = MAP_FULL + 36;
+    pub const N: u32 = MAP_FULL + 37;
 }

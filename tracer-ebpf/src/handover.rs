@@ -144,6 +144,10 @@ fn throttle() {
     if held < size / 4 {
         return;
     }
+    if blocks_throttle_signal() {
+        bump_counter(counter::NOT_THROTTLED, 1);
+        return;
+    }
     let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
     if THROTTLED.insert(&tid, &1, BPF_NOEXIST as u64).is_err() {
         return;
@@ -152,6 +156,22 @@ fn throttle() {
         bump_counter(counter::THROTTLED, 1);
     } else {
         let _ = THROTTLED.remove(&tid);
+    }
+}
+
+/// Whether the calling thread blocks the throttle signal (true when that
+/// cannot be read): it would not stop for the signal, which would wait in
+/// it for the program to take with sigwait or a signalfd as its own.
+#[inline(always)]
+fn blocks_throttle_signal() -> bool {
+    let at = config_u32(&CONFIG.kernel.task_blocked) as u64;
+    if at == 0 {
+        return true;
+    }
+    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
+    match unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((task + at) as *const u64) } {
+        Ok(blocked) => blocked & (1u64 << (THROTTLE_SIGNAL - 1)) != 0,
+        Err(_) => true,
     }
 }
 

@@ -36,7 +36,7 @@ pub(crate) static CONFIG: Config = Config {
         return_stack: 0,
         return_orig: 0,
         return_next: 0,
-        _pad: 0,
+        task_blocked: 0,
     },
     vma: VmaOffsets {
         known: 0,

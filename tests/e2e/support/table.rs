@@ -70,6 +70,9 @@ pub struct Report {
     /// Launch mode: `stacks: threads held 12 times for mtrace to finish
     /// their walks (none lost)`: what follows `stacks: `.
     pub held: Option<String>,
+    /// Launch mode: `stacks: threads blocking SIGURG not held 3 times
+    /// (copies may be lost)`: what follows `stacks: `.
+    pub not_held: Option<String>,
     /// `single-stepped probes (...): reallocarray 4`: what follows the
     /// colon.
     pub single_stepped: Option<String>,
@@ -340,7 +343,12 @@ impl Report {
                 r.stack_limit = Some(l.to_string());
             } else if let Some(l) = line
                 .strip_prefix("stacks: ")
-                .filter(|l| l.contains(" held ") && l.ends_with(" (none lost)"))
+                .filter(|l| l.contains(" not held "))
+            {
+                r.not_held = Some(l.to_string());
+            } else if let Some(l) = line
+                .strip_prefix("stacks: ")
+                .filter(|l| l.contains(" held ") && l.contains(" for mtrace to finish "))
             {
                 r.held = Some(l.to_string());
             } else if let Some(l) = line.strip_prefix("stacks: ") {

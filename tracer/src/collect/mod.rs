@@ -318,6 +318,7 @@ pub fn collect(probes: &Probes, walks: &UserWalks) -> Result<RawProfile> {
         sums[counter::UNWIND_MISSES as usize] - sums[counter::UNWIND_MISSES_LOST as usize];
     quality.walked_in_kernel = sums[counter::WALKS as usize];
     quality.held_for_tracer = sums[counter::THROTTLED as usize];
+    quality.not_held = sums[counter::NOT_THROTTLED as usize];
     let python = PythonQuality {
         with_frames: sums[counter::PY_WITH_FRAMES as usize],
         no_interpreter: sums[counter::PY_NO_INTERPRETER as usize],

@@ -400,6 +400,7 @@ fn profile_of(
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
         quality.held_for_tracer = sum(counter::THROTTLED)?;
+        quality.not_held = sum(counter::NOT_THROTTLED)?;
         quality.symbols = crate::symbolize::symbols_quality();
         quality.perf_map = walks.jit.quality();
         let python = PythonQuality {

@@ -18,11 +18,11 @@ pub fn offsets() -> KernelOffsets {
         let started = std::time::Instant::now();
         let found = read();
         match found {
-            Some(_) => log::debug!(
+            Some(k) if k.known == 1 => log::debug!(
                 "kernel BTF: offsets of pending return probes read in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
             ),
-            None => log::debug!("kernel BTF: no offsets of pending return probes"),
+            _ => log::debug!("kernel BTF: no offsets of pending return probes"),
         }
         found.unwrap_or_default()
     })
@@ -87,18 +87,25 @@ pub fn kernel_btf() -> Option<Btf> {
 fn read() -> Option<KernelOffsets> {
     let btf = kernel_btf()?;
     let at = |st: &str, member: &str| offset_of(&btf, st, member);
-    Some(KernelOffsets {
-        known: 1,
-        task_utask: at("task_struct", "utask")?,
-        task_mm: at("task_struct", "mm")?,
-        mm_xol_area: at("mm_struct", "uprobes_state")? + at("uprobes_state", "xol_area")?,
-        xol_vaddr: at("xol_area", "vaddr")?,
-        utask_returns: at("uprobe_task", "return_instances")?,
-        return_stack: at("return_instance", "stack")?,
-        return_orig: at("return_instance", "orig_ret_vaddr")?,
-        return_next: at("return_instance", "next")?,
-        _pad: 0,
-    })
+    let task_blocked = at("task_struct", "blocked").unwrap_or(0);
+    let returns = || {
+        Some(KernelOffsets {
+            known: 1,
+            task_utask: at("task_struct", "utask")?,
+            task_mm: at("task_struct", "mm")?,
+            mm_xol_area: at("mm_struct", "uprobes_state")? + at("uprobes_state", "xol_area")?,
+            xol_vaddr: at("xol_area", "vaddr")?,
+            utask_returns: at("uprobe_task", "return_instances")?,
+            return_stack: at("return_instance", "stack")?,
+            return_orig: at("return_instance", "orig_ret_vaddr")?,
+            return_next: at("return_instance", "next")?,
+            task_blocked,
+        })
+    };
+    Some(returns().unwrap_or(KernelOffsets {
+        task_blocked,
+        ..KernelOffsets::default()
+    }))
 }
 
 /// The byte offset of `member` in struct `name` (looked for in anonymous
@@ -172,6 +179,7 @@ mod tests {
         assert_eq!(k.known, 1);
         assert!(k.task_utask > 0 && k.task_mm > 0 && k.task_utask != k.task_mm);
         assert_eq!(k.return_orig, k.return_stack + 8);
+        assert!(k.task_blocked > 0 && k.task_blocked != k.task_mm);
         assert!(k.return_next > k.return_orig);
     }
 }

@@ -317,7 +317,8 @@ fn add_row(row: &mut StackEntry, entry: StackEntry) {
 }
 
 fn add_quality(mut a: StackQuality, b: StackQuality) -> StackQuality {
-    add_fields!(a, b; calls, whole, finished_by_tracer, walked_in_kernel, held_for_tracer);
+    add_fields!(a, b; calls, whole, finished_by_tracer, walked_in_kernel, held_for_tracer,
+        not_held);
     a.frame_limit = a.frame_limit.or(b.frame_limit);
     a.python = match (a.python, b.python) {
         (Some(mut x), Some(y)) => {

@@ -39,6 +39,14 @@ pub struct StackQuality {
     /// Absent when none was (or in older profiles).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub held_for_tracer: u64,
+    /// Launch mode: times a walk's copy found that ring a quarter full in
+    /// a thread that blocks the signal that holds it (SIGURG), as a
+    /// program that takes its signals with sigwait or a signalfd does:
+    /// the thread was sent none (the program would take it as its own)
+    /// and not held, so its later copies may find the ring full
+    /// (`copy_lost`). Absent when none did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_held: u64,
     /// `--max-stack N`: the walk kept at most N frames above the direct
     /// caller (0: the caller only); a stack cut there counts under
     /// `max_frames`. Absent without a limit (or in older profiles).

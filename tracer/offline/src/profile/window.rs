@@ -144,6 +144,7 @@ pub fn since(start: &Start, later: Profile) -> Profile {
             .saturating_sub(then.finished_by_tracer);
         now.walked_in_kernel = now.walked_in_kernel.saturating_sub(then.walked_in_kernel);
         now.held_for_tracer = now.held_for_tracer.saturating_sub(then.held_for_tracer);
+        now.not_held = now.not_held.saturating_sub(then.not_held);
         for (why, n) in now.truncated.iter_mut() {
             *n = n.saturating_sub(then.truncated.get(why).copied().unwrap_or(0));
         }

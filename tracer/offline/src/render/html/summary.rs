@@ -185,6 +185,13 @@ pub(super) fn summary(out: &mut String, profile: &Profile) {
                     &q.held_for_tracer.to_string(),
                 );
             }
+            if q.not_held > 0 {
+                kv(
+                    out,
+                    "walks in threads that block SIGURG, not held",
+                    &q.not_held.to_string(),
+                );
+            }
         }
         None => kv(out, "whole stacks", "not recorded in this profile"),
     }

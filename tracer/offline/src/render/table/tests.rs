@@ -277,7 +277,8 @@ fn lines_fit_80_columns() {
         .collect(),
         finished_by_tracer: 0,
         walked_in_kernel: 0,
-        held_for_tracer: 0,
+        held_for_tracer: 1_000_000,
+        not_held: 1_000_000,
         frame_limit: Some(126),
         python: Some(crate::profile::PythonQuality {
             with_frames: 1_000_000_000,

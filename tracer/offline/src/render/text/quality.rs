@@ -67,15 +67,35 @@ pub fn quality_lines(q: &StackQuality) -> String {
     if !cut.is_empty() {
         out.push_str(&wrap_list("stacks: cut short", &cut, ""));
     }
+    // Holding loses nothing; whether nothing was lost is the ring's to say.
+    let none_lost = if q.truncated.get("copy_lost").is_some_and(|&n| n > 0) {
+        ""
+    } else {
+        " (none lost)"
+    };
     match q.held_for_tracer {
         0 => {}
         1 => {
-            out.push_str("stacks: a thread held once for mtrace to finish its walks (none lost)\n")
+            let _ = writeln!(
+                out,
+                "stacks: a thread held once for mtrace to finish its walks{none_lost}"
+            );
         }
         n => {
             let _ = writeln!(
                 out,
-                "stacks: threads held {n} times for mtrace to finish their walks (none lost)"
+                "stacks: threads held {n} times for mtrace to finish their walks{none_lost}"
+            );
+        }
+    }
+    match q.not_held {
+        0 => {}
+        1 => out
+            .push_str("stacks: a thread blocking SIGURG not held once (its copies may be lost)\n"),
+        n => {
+            let _ = writeln!(
+                out,
+                "stacks: threads blocking SIGURG not held {n} times (copies may be lost)"
             );
         }
     }
