@@ -67,8 +67,9 @@ impl TraceConfig {
             (None, None, false) => Target::Command(args.command.clone()),
             (None, None, true) => return None,
         };
+        let throttle = matches!(target, Target::Command(_));
         Some(TraceConfig {
-            target: target.clone(),
+            target,
             mode: Mode {
                 // A thread's group needs the counts split by thread.
                 per_thread: args.out.per_thread
@@ -88,7 +89,7 @@ impl TraceConfig {
                 max_frames: args.max_stack,
                 python_objects: args.python_objects,
                 // Launch mode follows every process it traces with ptrace.
-                throttle: matches!(target, Target::Command(_)),
+                throttle,
             },
             sizes: MapSizes {
                 counts: args.count_map_size,
