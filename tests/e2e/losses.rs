@@ -630,9 +630,11 @@ fn threads_that_block_the_hold_signal_are_sent_none() {
 fn threads_blocking_the_signal(engine: &[&str]) {
     let (mut m, pid, stdin) = burst_let_go_stopped(engine, "blocked");
     // Each thread runs its burst through, and stops at its exit for its
-    // tracer (or, wrongly held, before): then mtrace goes on.
+    // tracer or waits there to be reaped (or, wrongly held, stops
+    // before): then mtrace goes on.
     wait_for_states(pid, "the burst's threads did not finish", |s| {
-        s.iter().all(|&(tid, state)| tid == pid || state == 't')
+        s.iter()
+            .all(|&(tid, state)| tid == pid || state == 't' || state == 'Z')
     });
     m.proc.signal(libc::SIGCONT);
     m.stdout.wait_for(|l| l.starts_with("freed="), LINE_TIMEOUT);
