@@ -73,31 +73,21 @@ pub fn quality_lines(q: &StackQuality) -> String {
     } else {
         " (none lost)"
     };
-    match q.held_for_tracer {
-        0 => {}
-        1 => {
-            let _ = writeln!(
-                out,
-                "stacks: a thread held once for mtrace to finish its walks{none_lost}"
-            );
-        }
-        n => {
-            let _ = writeln!(
-                out,
-                "stacks: threads held {n} times for mtrace to finish their walks{none_lost}"
-            );
-        }
+    if q.held_for_tracer > 0 {
+        let (who, often, whose) = threads_times(q.held_for_tracer);
+        let _ = writeln!(
+            out,
+            "stacks: {who} held {often} for mtrace to finish {whose} walks{none_lost}"
+        );
     }
-    match q.not_held {
-        0 => {}
-        1 => out
-            .push_str("stacks: a thread blocking SIGURG not held once (its copies may be lost)\n"),
-        n => {
-            let _ = writeln!(
-                out,
-                "stacks: threads blocking SIGURG not held {n} times (copies may be lost)"
-            );
-        }
+    if q.not_held > 0 {
+        // Plural, the line leaves out "their" to fit 80 columns.
+        let (who, often, _) = threads_times(q.not_held);
+        let whose = if q.not_held == 1 { "its " } else { "" };
+        let _ = writeln!(
+            out,
+            "stacks: {who} blocking SIGURG not held {often} ({whose}copies may be lost)"
+        );
     }
     let python = q.python.as_ref();
     if let Some(n) = python.map(|p| p.not_known).filter(|&n| n > 0) {
@@ -200,4 +190,44 @@ fn cut_short(q: &StackQuality) -> Vec<String> {
         .filter(|(_, &n)| n > 0)
         .map(|(why, n)| format!("{why} {n}"))
         .collect()
+}
+
+/// `n` times of threads: "a thread" and "once" for 1, else "threads" and
+/// "N times"; and the possessive that goes with them.
+fn threads_times(n: u64) -> (&'static str, String, &'static str) {
+    if n == 1 {
+        ("a thread", "once".to_string(), "its")
+    } else {
+        ("threads", format!("{n} times"), "their")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hold lines, one thread and several, with and without copies
+    /// lost.
+    #[test]
+    fn hold_lines_say_once_or_times() {
+        let mut q = StackQuality {
+            calls: 1,
+            whole: 1,
+            held_for_tracer: 1,
+            not_held: 1,
+            ..StackQuality::default()
+        };
+        let lines = quality_lines(&q);
+        assert!(lines
+            .contains("stacks: a thread held once for mtrace to finish its walks (none lost)\n"));
+        assert!(lines
+            .contains("stacks: a thread blocking SIGURG not held once (its copies may be lost)\n"));
+        q.held_for_tracer = 3;
+        q.not_held = 4;
+        q.truncated.insert("copy_lost".into(), 2);
+        let lines = quality_lines(&q);
+        assert!(lines.contains("stacks: threads held 3 times for mtrace to finish their walks\n"));
+        assert!(lines
+            .contains("stacks: threads blocking SIGURG not held 4 times (copies may be lost)\n"));
+    }
 }
