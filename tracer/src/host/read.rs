@@ -333,36 +333,41 @@ fn profile_of(
                 }
                 Some(*stop)
             }
+            // `--max-stack 0`: the direct caller alone, every call cut
+            // at the limit (or its caller unread), as by pid.
+            None if !walking => Some(if k.ret != 0 {
+                stop::MAX_FRAMES
+            } else {
+                stop::READ_FAILED
+            }),
             None => None,
         };
-        if walking {
-            quality.calls += c.calls;
-            match (stop, k.stack) {
-                (Some(stop::END), _) => quality.whole += c.calls,
-                (Some(why), _) => {
-                    *quality
-                        .truncated
-                        .entry(crate::collect::stop_name(why).into())
-                        .or_default() += c.calls
-                }
-                (None, 0) => {
-                    *quality
-                        .truncated
-                        .entry("stack_walk_failed".into())
-                        .or_default() += c.calls
-                }
-                (None, _) => {
-                    *quality
-                        .truncated
-                        .entry("stack_map_full".into())
-                        .or_default() += c.calls
-                }
+        quality.calls += c.calls;
+        match (stop, k.stack) {
+            (Some(stop::END), _) => quality.whole += c.calls,
+            (Some(why), _) => {
+                *quality
+                    .truncated
+                    .entry(crate::collect::stop_name(why).into())
+                    .or_default() += c.calls
+            }
+            (None, 0) => {
+                *quality
+                    .truncated
+                    .entry("stack_walk_failed".into())
+                    .or_default() += c.calls
+            }
+            (None, _) => {
+                *quality
+                    .truncated
+                    .entry("stack_map_full".into())
+                    .or_default() += c.calls
             }
         }
         out.push(StackEntry {
             func: func_name(k.func),
             frames: all,
-            truncated: walking && stop != Some(stop::END),
+            truncated: stop != Some(stop::END),
             thread: (k.tid != 0).then(|| Thread {
                 tid: k.tid,
                 name: threads.get(&k.tid).cloned().unwrap_or_default(),
@@ -394,9 +399,9 @@ fn profile_of(
     totals.nested = sum(counter::NESTED)?;
     // Count mode probes no release function here.
     totals.frees_counted = false;
+    quality.frame_limit =
+        (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
     if walking {
-        quality.frame_limit =
-            (probes.max_frames < tracer_common::MAX_FRAMES as u32).then_some(probes.max_frames);
         quality.finished_by_tracer = walks.finished;
         quality.walked_in_kernel = sum(counter::WALKS)?;
         quality.held_for_tracer = sum(counter::THROTTLED)?;
@@ -444,7 +449,7 @@ fn profile_of(
         stacks: out,
         totals,
         losses,
-        stack_quality: walking.then_some(quality),
+        stack_quality: Some(quality),
         live: None,
         snapshot: None,
         timeline: None,
