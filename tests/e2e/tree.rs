@@ -137,8 +137,26 @@ fn every_process_of_the_tree_is_counted_exactly() {
 #[test]
 fn per_process_rows_name_their_process() {
     need_bpf!();
-    let (out, p) = trace_tree(&["--per-process"]);
-    let d = out.describe();
+    rows_name_their_process(&[]);
+}
+
+/// The same on the host's engine (`--file-wide`, alone): a forked child
+/// gone before mtrace read `/proc` is named with its parent's program,
+/// command line and cgroup.
+#[test]
+fn per_process_rows_name_their_process_file_wide() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    rows_name_their_process(&["--file-wide"]);
+}
+
+/// Each row of the tree under its process, by `engine`.
+fn rows_name_their_process(engine: &[&str]) {
+    let mut args = engine.to_vec();
+    args.push("--per-process");
+    let (out, p) = trace_tree(&args);
+    let d = format!("{engine:?}\n{}", out.describe());
     assert_tree_sites(&p, &d, 2);
     let procs = processes(&p);
     let root = p.pid();

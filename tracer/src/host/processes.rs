@@ -51,11 +51,35 @@ impl Processes {
     /// `ppid`: its parent's id then (0: not known).
     pub(super) fn meta(&mut self, p: HostProcess, comm: &str, ppid: u32) -> ProcessMeta {
         let mut m = self.meta_of(p, comm);
+        let mut changed = false;
         if m.ppid == 0 && ppid != 0 {
             m.ppid = ppid;
+            changed = true;
+        }
+        // Gone before anything but its name was read: a child forked that
+        // did not exec runs its parent's program, with its command line
+        // and (unless moved) its cgroup; its name is then its parent's.
+        if m.executable.is_empty() && m.ppid != 0 {
+            if let Some(parent) = self.running_as(m.ppid, &m.name) {
+                m.executable = parent.executable.clone();
+                m.command = parent.command.clone();
+                m.cgroup = parent.cgroup.clone();
+                changed = true;
+            }
+        }
+        if changed {
             self.keep(p, m.clone());
         }
         m
+    }
+
+    /// A record of process `pid` under the name `name` with its
+    /// executable known.
+    fn running_as(&self, pid: u32, name: &str) -> Option<&ProcessMeta> {
+        self.metas
+            .iter()
+            .find(|(k, m)| k.tgid == pid && m.name == name && !m.executable.is_empty())
+            .map(|(_, m)| m)
     }
 
     fn meta_of(&mut self, p: HostProcess, comm: &str) -> ProcessMeta {

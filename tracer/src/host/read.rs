@@ -2,7 +2,7 @@
 //! caller symbolized in its file, its process named.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -167,20 +167,23 @@ fn profile_of(
     let names: BpfHashMap<&MapData, HostProcess, HostName> =
         BpfHashMap::try_from(ebpf.map(maps::HOST_NAMES).context("HOST_NAMES map")?)?;
     // Each process (one per exec) that allocated, with its record.
-    let mut seen: BTreeMap<HostProcess, ProcessMeta> = BTreeMap::new();
-    for (k, _, _) in &rows {
-        let p = HostProcess {
+    // By process id, so that a parent is usually read before the children
+    // it forked (a child that did not exec takes its parent's program).
+    let keys: BTreeSet<HostProcess> = rows
+        .iter()
+        .map(|(k, _, _)| HostProcess {
             tgid: k.tgid,
             _pad: 0,
             mm: k.mm,
-        };
-        seen.entry(p).or_insert_with(|| {
-            let (comm, ppid) = names
-                .get(&p, 0)
-                .map(|n| (comm_text(&n.comm), n.ppid))
-                .unwrap_or_default();
-            processes.meta(p, &comm, ppid)
-        });
+        })
+        .collect();
+    let mut seen: BTreeMap<HostProcess, ProcessMeta> = BTreeMap::new();
+    for p in keys {
+        let (comm, ppid) = names
+            .get(&p, 0)
+            .map(|n| (comm_text(&n.comm), n.ppid))
+            .unwrap_or_default();
+        seen.insert(p, processes.meta(p, &comm, ppid));
     }
 
     // `--per-thread`: the threads' names, as each was at its first key.
