@@ -72,7 +72,23 @@ fn check_launch_profiled(program: Program, args: &[&str]) -> (Finished, Profile)
 #[test]
 fn c_chains_recursion_libc_and_threads_count_mode() {
     need_bpf!();
-    let out = check_launch(CHAINS, &["-v"]);
+    chains_with_holes(&[]);
+}
+
+/// The same on the host's engine (`--file-wide`, alone).
+#[test]
+fn c_chains_recursion_libc_and_threads_on_the_hosts_engine() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    chains_with_holes(&["--file-wide"]);
+}
+
+/// chains.c's stacks, gdb's, with `engine`.
+fn chains_with_holes(engine: &[&str]) {
+    let mut args = engine.to_vec();
+    args.push("-v");
+    let out = check_launch(CHAINS, &args);
     // The third thread's first walk through its big frame went to the
     // tracer with holes in its copy of the stack (chains.c), and its stack
     // is gdb's all the same.
@@ -82,7 +98,7 @@ fn c_chains_recursion_libc_and_threads_count_mode() {
     });
     assert!(
         holes.is_some_and(|n| n >= 1),
-        "no copy with holes: {holes:?}\n{}",
+        "{engine:?}: no copy with holes: {holes:?}\n{}",
         out.describe()
     );
 }

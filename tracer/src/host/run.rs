@@ -302,6 +302,7 @@ pub fn run(
     }
     let (gone, gone_whole) = {
         let walks = host.walks.walks();
+        log_unwind(&walks);
         (walks.gone, walks.gone_whole)
     };
     if gone > 0 {
@@ -612,4 +613,17 @@ fn say_host_losses(l: &crate::profile::HostLosses) {
             say!("mtrace: {n} {what}");
         }
     }
+}
+
+/// The tracer's unwinders at work over the run (`-v`), as a trace by pid
+/// says them.
+fn log_unwind(walks: &super::walks::HostWalks) {
+    let u = walks.unwind_stats();
+    log::debug!(
+        "unwind: {} walks finished by the tracer ({} after their process was gone), {}; {} rules found the kernel map full",
+        walks.finished,
+        walks.gone,
+        u.describe(),
+        walks.rules_full,
+    );
 }

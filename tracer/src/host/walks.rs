@@ -33,7 +33,7 @@ use crate::{
     tracee::{AddressSpace, Mapping},
     unwind::{
         service::{read_miss_into, zeroed_miss},
-        stack_key, FastMap, ObjectCfi, Unwinder,
+        stack_key, FastMap, ObjectCfi, UnwindStats, Unwinder,
     },
 };
 
@@ -123,6 +123,8 @@ pub struct HostWalks {
     pub python: HostPython,
     /// The processes with JIT code, and their perf maps.
     pub jit: super::jit::HostJit,
+    /// What the unwinders of processes forgotten did (`-v`).
+    past: UnwindStats,
 }
 
 /// How long a walk waits for its process's files to be named.
@@ -174,6 +176,7 @@ impl HostWalks {
             spare: Vec::new(),
             python: HostPython::new(ebpf, max_frames != 0)?,
             jit: Default::default(),
+            past: UnwindStats::default(),
         })
     }
 
@@ -254,6 +257,7 @@ impl HostWalks {
                     self.spare.push(record);
                     continue;
                 }
+                self.past.record_bytes += record.len() as u64;
                 if !read_miss_into(&mut ev, &record) {
                     continue;
                 }
@@ -581,13 +585,26 @@ impl HostWalks {
 
     /// Forgets processes idle for long, and the least recently used past
     /// [`PROCESSES_KEPT`].
+    /// What every process's unwinder did so far (`-v`).
+    pub fn unwind_stats(&self) -> UnwindStats {
+        let mut all = self.past.clone();
+        for w in self.procs.values() {
+            all.absorb(&w.unwinder.stats);
+        }
+        all
+    }
+
     fn forget_idle(&mut self) {
         let now = Instant::now();
         let mut keys = Vec::new();
+        let past = &mut self.past;
         self.procs.retain(|_, w| {
             let keep = now.duration_since(w.used) < IDLE;
-            if !keep && w.anon_key != 0 {
-                keys.push(w.anon_key);
+            if !keep {
+                past.absorb(&w.unwinder.stats);
+                if w.anon_key != 0 {
+                    keys.push(w.anon_key);
+                }
             }
             keep
         });
@@ -601,6 +618,7 @@ impl HostWalks {
                 break;
             };
             if let Some(w) = self.procs.remove(&oldest) {
+                self.past.absorb(&w.unwinder.stats);
                 keys.extend((w.anon_key != 0).then_some(w.anon_key));
             }
         }

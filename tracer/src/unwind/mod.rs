@@ -122,6 +122,40 @@ pub struct UnwindStats {
     pub seeded: usize,
 }
 
+impl UnwindStats {
+    /// The rules and the walks' records, as `-v`'s `unwind:` line says
+    /// them.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} rules from {} objects ({} of them learned in other processes of the run, given at the start; {} where code without call-frame information keeps a frame pointer; loading {:.1} ms, rules {:.1} ms, longest wait in the ring {:.1} ms, records of {:.1} KiB on average, {} with pages that could not be read)",
+            self.rules,
+            self.objects,
+            self.seeded,
+            self.frame_pointer_rules,
+            self.load_time.as_secs_f64() * 1e3,
+            self.lookup_time.as_secs_f64() * 1e3,
+            self.max_wait.as_secs_f64() * 1e3,
+            self.record_bytes as f64 / 1024.0 / self.walks_finished.max(1) as f64,
+            self.copies_with_holes,
+        )
+    }
+
+    /// Adds another unwinder's figures to these (the longest wait is the
+    /// longer of the two).
+    pub fn absorb(&mut self, o: &UnwindStats) {
+        self.objects += o.objects;
+        self.rules += o.rules;
+        self.walks_finished += o.walks_finished;
+        self.load_time += o.load_time;
+        self.lookup_time += o.lookup_time;
+        self.max_wait = self.max_wait.max(o.max_wait);
+        self.frame_pointer_rules += o.frame_pointer_rules;
+        self.record_bytes += o.record_bytes;
+        self.copies_with_holes += o.copies_with_holes;
+        self.seeded += o.seeded;
+    }
+}
+
 /// Does `ra` follow a call instruction in the target's code? (What a
 /// return address that a frame pointer leads to must be.) The bytes are
 /// read from the file the code is mapped from, which outlives a

@@ -68,17 +68,9 @@ pub(super) fn log_unwind(root: &TracedProcess, config: &TraceConfig) {
     let walks = root.unwind.walks();
     let u = &walks.unwinder.stats;
     log::debug!(
-        "unwind: {} walks finished by the tracer, {} rules from {} objects ({} of them learned in other processes of the run, given at the start; {} where code without call-frame information keeps a frame pointer; loading {:.1} ms, rules {:.1} ms, longest wait in the ring {:.1} ms, records of {:.1} KiB on average, {} with pages that could not be read); {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
+        "unwind: {} walks finished by the tracer, {}; {} rules found the kernel map full; memory: rules {} KiB here; in the kernel, rules map {} KiB ({} of {} entries used), cache {} KiB, ring {} KiB",
         u.walks_finished,
-        u.rules,
-        u.objects,
-        u.seeded,
-        u.frame_pointer_rules,
-        u.load_time.as_secs_f64() * 1e3,
-        u.lookup_time.as_secs_f64() * 1e3,
-        u.max_wait.as_secs_f64() * 1e3,
-        u.record_bytes as f64 / 1024.0 / u.walks_finished.max(1) as f64,
-        u.copies_with_holes,
+        u.describe(),
         walks.rules_full,
         // A hash-map entry here: key, rule and the table's overhead.
         u.rules * 32 / 1024,
