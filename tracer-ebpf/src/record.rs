@@ -25,7 +25,7 @@ use crate::{
     python::{append_python, python_key, python_layout, read_python, send_python_notice},
     sample::{sample_weight, weighted_bytes},
     scratch::{give_back_scratch, owns_cpu, take_scratch},
-    walk::{finish_hash, start_walk, walk_stack},
+    walk::{finish_hash, start_walk, walk_stack, CALLER_ONLY_SP},
 };
 
 /// A call of a releasing function (`ptr` is the block). It needs no stack
@@ -218,12 +218,14 @@ pub(crate) fn record_alloc_with_scratch(
         bump_counter(counter::CALLER_READ_FAILED, 1);
     }
     // A remembered walk from here, looked for first: a call from the same
-    // place passed the nesting check before.
+    // place passed the nesting check before. Under `--max-stack 0` the
+    // direct caller is the whole key: remembered by the caller alone.
     let remembered = match scratch {
         Some(w) => unsafe {
             let bp = (*ctx.regs).rbp;
             start_walk(&mut *w, caller, sp, frame_sp, bp, ip);
-            caller != 0 && (*w).limit != 0 && memo_find(w, caller, sp, bp, ip)
+            let at = if walks { sp } else { CALLER_ONLY_SP };
+            caller != 0 && memo_find(w, caller, at, bp, ip)
         },
         None => false,
     };

@@ -64,6 +64,10 @@ pub(crate) fn start_walk(
     }
 }
 
+/// The stack pointer a walk memo entry of `--max-stack 0` is kept under:
+/// the direct caller alone makes the key, wherever the stack is.
+pub(crate) const CALLER_ONLY_SP: u64 = 0;
+
 /// Walks the target's stack from the probe (where `[rsp]` is the direct
 /// caller and rbp the caller's) by the unwind rule of each return address,
 /// one `bpf_loop` step per frame. Returns the stack's key and the scratch
@@ -84,7 +88,7 @@ pub(crate) fn walk_stack(
     unsafe {
         // Set off (and checked against the memo) by `record_alloc_with_scratch`.
         let (sp, bp) = ((*ctx.regs).rsp, (*ctx.regs).rbp);
-        if caller != 0 && (*w).limit != 0 {
+        if caller != 0 {
             if (*w).memo_hit != 0 {
                 // Taken before (sampled), else the entry's, else the probe's.
                 let cookie = cookie_or(
@@ -98,6 +102,18 @@ pub(crate) fn walk_stack(
                 return ((*w).hit_key, Some(w), cookie);
             }
             let cookie = cookie_or(cookie, ctx);
+            if (*w).limit == 0 {
+                // `--max-stack 0`: no frame to walk, and a key of the
+                // caller alone, remembered under it (no stack word to
+                // check) so that the next call from there is counted in
+                // the memo's entry.
+                if core::ptr::read_volatile(&(*w).owned) != 0 {
+                    memo_claim(&mut *w, caller, CALLER_ONLY_SP, cookie, tid as u64);
+                }
+                let key = finish_hash(&mut *w, (*w).stack.stop);
+                memo_release(&mut *w, Some((caller, CALLER_ONLY_SP, bp, key)));
+                return (key, Some(w), cookie);
+            }
             bump_counter(counter::WALKS, 1);
             if core::ptr::read_volatile(&(*w).owned) != 0 {
                 memo_claim(&mut *w, caller, sp, cookie, tid as u64);
