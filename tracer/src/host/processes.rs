@@ -1,7 +1,7 @@
 //! What is known of the host's processes (names, command lines), kept
 //! so that a process gone before the report is still named.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use tracer_common::HostProcess;
 
@@ -17,7 +17,9 @@ const PROCESSES_KEPT: usize = 65536;
 /// still has its name and command line.
 #[derive(Default)]
 pub struct Processes {
-    metas: HashMap<HostProcess, ProcessMeta>,
+    /// Ordered by process id first: a process's records (one per exec)
+    /// are a range.
+    metas: BTreeMap<HostProcess, ProcessMeta>,
     order: VecDeque<HostProcess>,
 }
 
@@ -57,8 +59,9 @@ impl Processes {
             changed = true;
         }
         // Gone before anything but its name was read: a child forked that
-        // did not exec runs its parent's program, with its command line
-        // and (unless moved) its cgroup; its name is then its parent's.
+        // did not exec runs its parent's program, with its command line;
+        // its name is then its parent's. Its cgroup is taken as the
+        // parent's (a move after the fork is not seen).
         if m.executable.is_empty() && m.ppid != 0 {
             if let Some(parent) = self.running_as(m.ppid, &m.name) {
                 m.executable = parent.executable.clone();
@@ -76,10 +79,20 @@ impl Processes {
     /// A record of process `pid` under the name `name` with its
     /// executable known.
     fn running_as(&self, pid: u32, name: &str) -> Option<&ProcessMeta> {
+        let first = HostProcess {
+            tgid: pid,
+            _pad: 0,
+            mm: 0,
+        };
+        let last = HostProcess {
+            tgid: pid,
+            _pad: u32::MAX,
+            mm: u64::MAX,
+        };
         self.metas
-            .iter()
-            .find(|(k, m)| k.tgid == pid && m.name == name && !m.executable.is_empty())
+            .range(first..=last)
             .map(|(_, m)| m)
+            .find(|m| m.name == name && !m.executable.is_empty())
     }
 
     fn meta_of(&mut self, p: HostProcess, comm: &str) -> ProcessMeta {
@@ -154,5 +167,36 @@ fn proc_meta(pid: u32) -> ProcessMeta {
         cgroup: tracee::cgroup::of(pid),
         traced: true,
         ..ProcessMeta::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ids no process has (above the kernel's `pid_max` limit).
+    const GONE: u32 = 4_000_000_000;
+
+    fn process(tgid: u32, mm: u64) -> HostProcess {
+        HostProcess { tgid, _pad: 0, mm }
+    }
+
+    #[test]
+    fn a_forked_child_gone_unread_takes_its_parents_program() {
+        let mut p = Processes::default();
+        p.note(GONE, 1, Some("/usr/bin/tree"));
+        // Its child, forked without an exec: its parent's name.
+        let child = p.meta(process(GONE + 1, 2), "tree", GONE);
+        assert_eq!(child.executable, "/usr/bin/tree");
+        assert_eq!(child.ppid, GONE);
+        // Its grandchild, read after it: the same program.
+        let grandchild = p.meta(process(GONE + 2, 3), "tree", GONE + 1);
+        assert_eq!(grandchild.executable, "/usr/bin/tree");
+        // A child under another name exec'd something else: not known.
+        let other = p.meta(process(GONE + 3, 4), "other", GONE);
+        assert_eq!(other.executable, "");
+        // No parent known: nothing taken.
+        let orphan = p.meta(process(GONE + 4, 5), "tree", 0);
+        assert_eq!(orphan.executable, "");
     }
 }
