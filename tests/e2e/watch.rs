@@ -348,17 +348,36 @@ fn mtrace_top_tells_apart_rows_alike_but_for_the_call_site() {
     if !need_tmux() {
         return;
     }
+    top_tells_apart_rows("", "mtrace-top-samesite");
+}
+
+/// The same on the host's engine (alone): a command's view opens on its
+/// stacks, as by pid.
+#[test]
+fn mtrace_top_file_wide_opens_on_the_commands_stacks() {
+    if !crate::support::require_bpf_alone() || !need_tmux() {
+        return;
+    }
+    top_tells_apart_rows("--file-wide ", "mtrace-top-samesite-fw");
+}
+
+/// `mtrace top ENGINE-- samesite`'s rows, in tmux session `session`.
+fn top_tells_apart_rows(engine: &str, session: &str) {
     let dir = crate::support::public_tempdir();
     let fixture = compile_c("samesite", "samesite", &["-O1"], &[]);
     let json = dir.path().join("top.json");
     let tmux = Tmux::start(
-        "mtrace-top-samesite",
+        session,
         140,
         40,
         // Three seconds asleep after the allocations: the view shows them.
         &shell(
             dir.path(),
-            &format!("top -o {} -- {} 3", json.display(), fixture.display()),
+            &format!(
+                "top {engine}-o {} -- {} 3",
+                json.display(),
+                fixture.display()
+            ),
         ),
     );
     let shown = tmux.wait_for("three rows under sites", |t| {

@@ -194,7 +194,10 @@ pub fn run(
                 .to_string()
         }
     };
-    let (mut watchers, stop) = host_watchers(top && server.is_none(), title)?;
+    // A command's view opens on its stacks, as by pid; the host's and a
+    // cgroup's on their processes.
+    let by_process = !matches!(scope, HostScope::Tree { .. });
+    let (mut watchers, stop) = host_watchers(top && server.is_none(), title, by_process)?;
     let wake = server
         .map(|server| crate::agent::serve(server, &mut watchers))
         .transpose()?;
@@ -543,12 +546,17 @@ impl Engine for HostRun {
     }
 }
 
-/// The status line, or the live view and the receiver of its `q`.
-fn host_watchers(top: bool, title: String) -> Result<crate::session::drive::Watchers> {
+/// The status line, or the live view (rows per process from the start
+/// when `by_process`) and the receiver of its `q`.
+fn host_watchers(
+    top: bool,
+    title: String,
+    by_process: bool,
+) -> Result<crate::session::drive::Watchers> {
     let mut watchers: Vec<Box<dyn Watcher>> = Vec::new();
     let mut stop = None;
     if top {
-        let (view, rx) = watch::top::TopView::start(title, false, true)?;
+        let (view, rx) = watch::top::TopView::start(title, false, by_process)?;
         watchers.push(Box::new(view));
         stop = Some(rx);
     } else if let Some(line) = StatusLine::new() {
