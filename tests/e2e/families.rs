@@ -153,16 +153,41 @@ fn through(p: &Profile, func: &str, site: &str) -> (u64, u64) {
 #[test]
 fn a_rust_program_with_jemalloc_from_crates_io() {
     need_bpf!();
+    rust_with_jemalloc(&[Run::ByPid, Run::Launch]);
+}
+
+/// The same on the host's engine (`--file-wide`, alone).
+#[test]
+fn a_rust_program_with_jemalloc_from_crates_io_file_wide() {
+    if !crate::support::require_bpf_alone() {
+        return;
+    }
+    rust_with_jemalloc(&[Run::FileWide]);
+}
+
+/// How [`rust_with_jemalloc`] traces the program.
+#[derive(Debug, Clone, Copy)]
+enum Run {
+    ByPid,
+    Launch,
+    FileWide,
+}
+
+/// The Rust program with jemalloc, traced each way of `runs`.
+fn rust_with_jemalloc(runs: &[Run]) {
     let program = rustjem();
-    for by_pid in [false, true] {
-        let (out, p) = if by_pid {
-            let mut fx = FixtureProc::start(program, &["--wait"]);
-            trace_by_pid(&mut fx, &["--top", "0"])
-        } else {
-            run_profiled(&["--top", "0", "--", program.to_str().unwrap()])
+    for &run in runs {
+        let path = program.to_str().unwrap();
+        let (out, p) = match run {
+            Run::ByPid => {
+                let mut fx = FixtureProc::start(program, &["--wait"]);
+                trace_by_pid(&mut fx, &["--top", "0"])
+            }
+            Run::Launch => run_profiled(&["--top", "0", "--", path]),
+            Run::FileWide => run_profiled(&["--file-wide", "--top", "0", "--", path]),
         };
         out.assert_exit(0);
-        let d = format!("by pid: {by_pid}\n{}", out.describe());
+        let d = format!("{run:?}\n{}", out.describe());
         assert_eq!(
             through(&p, "_rjem_malloc", "rustjem::box_site"),
             (100, 4000),

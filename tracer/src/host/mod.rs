@@ -601,6 +601,7 @@ impl Host {
             meta.executable = root.program().to_string();
         }
         meta.allocator_family = self.probes.families_called();
+        meta.allocator_beside = self.probes.besides_called();
         meta.allocator_object = self
             .probes
             .files

@@ -35,6 +35,9 @@ pub struct ProbedFile {
     pub key: FileKey,
     pub path: String,
     pub family: &'static str,
+    /// A prefixed allocator API in it beside the C library's (`jemalloc
+    /// (_rjem_) in PATH`): its calls are not the family's of the scope.
+    pub beside: Option<String>,
     bodies: Vec<BodyRange>,
 }
 
@@ -97,6 +100,23 @@ impl HostProbes {
         (0..self.funcs.len() as u32)
             .map(|f| (sum(f), sum(MAX_HOST_FUNCS + f)))
             .collect()
+    }
+
+    /// The prefixed allocator APIs beside the C library's whose functions
+    /// the scope called (`jemalloc (_rjem_) in PATH`), joined, as the
+    /// per-process engine says its process's.
+    pub fn besides_called(&self) -> String {
+        let mut said: Vec<&str> = Vec::new();
+        for (func, (n, _)) in self.funcs.iter().zip(self.totals_by_func()) {
+            let beside = self
+                .files
+                .get(func.file as usize)
+                .and_then(|f| f.beside.as_deref());
+            if let Some(b) = beside.filter(|b| n > 0 && !said.contains(b)) {
+                said.push(b);
+            }
+        }
+        said.join("; ")
     }
 
     /// The allocator families whose functions the scope called, most
@@ -260,7 +280,10 @@ impl HostProbes {
                 continue;
             }
             let family = if path == alloc.path { alloc.family } else { "" };
-            let Some(file) = self.file_index(key, &path, family) else {
+            let beside = (path != alloc.path && sites.iter().any(|s| s.prefix.is_some()))
+                .then(|| alloc.beside.clone())
+                .flatten();
+            let Some(file) = self.file_index(key, &path, family, beside) else {
                 self.unprobed += sites.len() as u64;
                 continue;
             };
@@ -349,7 +372,13 @@ impl HostProbes {
 
     /// The index of file `key` in the files' table, added when new
     /// (`None`: the table is full).
-    fn file_index(&mut self, key: FileKey, path: &str, family: &'static str) -> Option<u32> {
+    fn file_index(
+        &mut self,
+        key: FileKey,
+        path: &str,
+        family: &'static str,
+        beside: Option<String>,
+    ) -> Option<u32> {
         if let Some(i) = self.files.iter().position(|f| f.key == key) {
             return Some(i as u32);
         }
@@ -360,6 +389,7 @@ impl HostProbes {
             key,
             path: path.to_string(),
             family,
+            beside,
             bodies: Vec::new(),
         });
         Some(self.files.len() as u32 - 1)
