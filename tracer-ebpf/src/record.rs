@@ -25,7 +25,7 @@ use crate::{
     python::{append_python, python_key, python_layout, read_python, send_python_notice},
     sample::{sample_weight, weighted_bytes},
     scratch::{give_back_scratch, owns_cpu, take_scratch},
-    walk::{finish_hash, start_walk, walk_stack, CALLER_ONLY_SP},
+    walk::{finish_hash, memo_sp, start_walk, walk_stack},
 };
 
 /// A call of a releasing function (`ptr` is the block). It needs no stack
@@ -224,8 +224,7 @@ pub(crate) fn record_alloc_with_scratch(
         Some(w) => unsafe {
             let bp = (*ctx.regs).rbp;
             start_walk(&mut *w, caller, sp, frame_sp, bp, ip);
-            let at = if walks { sp } else { CALLER_ONLY_SP };
-            caller != 0 && memo_find(w, caller, at, bp, ip)
+            caller != 0 && memo_find(w, caller, memo_sp(&*w, sp), bp, ip)
         },
         None => false,
     };

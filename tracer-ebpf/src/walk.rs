@@ -66,7 +66,18 @@ pub(crate) fn start_walk(
 
 /// The stack pointer a walk memo entry of `--max-stack 0` is kept under:
 /// the direct caller alone makes the key, wherever the stack is.
-pub(crate) const CALLER_ONLY_SP: u64 = 0;
+const CALLER_ONLY_SP: u64 = 0;
+
+/// The stack pointer the walk memo keeps a call at `sp` under, for the
+/// walk scratch `w` (set off by [`start_walk`]).
+#[inline(always)]
+pub(crate) fn memo_sp(w: &WalkScratch, sp: u64) -> u64 {
+    if w.limit == 0 {
+        CALLER_ONLY_SP
+    } else {
+        sp
+    }
+}
 
 /// Walks the target's stack from the probe (where `[rsp]` is the direct
 /// caller and rbp the caller's) by the unwind rule of each return address,
@@ -107,11 +118,12 @@ pub(crate) fn walk_stack(
                 // caller alone, remembered under it (no stack word to
                 // check) so that the next call from there is counted in
                 // the memo's entry.
+                let at = memo_sp(&*w, sp);
                 if core::ptr::read_volatile(&(*w).owned) != 0 {
-                    memo_claim(&mut *w, caller, CALLER_ONLY_SP, cookie, tid as u64);
+                    memo_claim(&mut *w, caller, at, cookie, tid as u64);
                 }
                 let key = finish_hash(&mut *w, (*w).stack.stop);
-                memo_release(&mut *w, Some((caller, CALLER_ONLY_SP, bp, key)));
+                memo_release(&mut *w, Some((caller, at, bp, key)));
                 return (key, Some(w), cookie);
             }
             bump_counter(counter::WALKS, 1);

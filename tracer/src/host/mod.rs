@@ -600,8 +600,9 @@ impl Host {
         if let Some(root) = &self.root {
             meta.executable = root.program().to_string();
         }
-        meta.allocator_family = self.probes.families_called();
-        meta.allocator_beside = self.probes.besides_called();
+        let totals = self.probes.totals_by_func();
+        meta.allocator_family = self.probes.families_called(&totals);
+        meta.allocator_beside = self.probes.besides_called(&totals);
         meta.allocator_object = self
             .probes
             .files

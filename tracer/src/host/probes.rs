@@ -103,11 +103,12 @@ impl HostProbes {
     }
 
     /// The prefixed allocator APIs beside the C library's whose functions
-    /// the scope called (`jemalloc (_rjem_) in PATH`), joined, as the
-    /// per-process engine says its process's.
-    pub fn besides_called(&self) -> String {
+    /// the scope called (`totals`: [`Self::totals_by_func`]'s), `jemalloc
+    /// (_rjem_) in PATH`, joined, as the per-process engine says its
+    /// process's.
+    pub fn besides_called(&self, totals: &[(u64, u64)]) -> String {
         let mut said: Vec<&str> = Vec::new();
-        for (func, (n, _)) in self.funcs.iter().zip(self.totals_by_func()) {
+        for (func, &(n, _)) in self.funcs.iter().zip(totals) {
             let beside = self
                 .files
                 .get(func.file as usize)
@@ -122,10 +123,10 @@ impl HostProbes {
     /// The allocator families whose functions the scope called, most
     /// called first, joined (`glibc`, or `jemalloc, glibc` for a program
     /// with jemalloc that also calls libc's), as the per-process engine
-    /// names its process's.
-    pub fn families_called(&self) -> String {
+    /// names its process's (`totals`: [`Self::totals_by_func`]'s).
+    pub fn families_called(&self, totals: &[(u64, u64)]) -> String {
         let mut calls: Vec<(&str, u64)> = Vec::new();
-        for (func, (n, _)) in self.funcs.iter().zip(self.totals_by_func()) {
+        for (func, &(n, _)) in self.funcs.iter().zip(totals) {
             let family = self.files.get(func.file as usize).map_or("", |f| f.family);
             if n == 0 || family.is_empty() {
                 continue;

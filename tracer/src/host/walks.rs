@@ -123,7 +123,8 @@ pub struct HostWalks {
     pub python: HostPython,
     /// The processes with JIT code, and their perf maps.
     pub jit: super::jit::HostJit,
-    /// What the unwinders of processes forgotten did (`-v`).
+    /// What the unwinders of processes forgotten did, and the bytes of
+    /// every walk's ring record (`-v`).
     past: UnwindStats,
 }
 
@@ -583,8 +584,6 @@ impl HostWalks {
         }
     }
 
-    /// Forgets processes idle for long, and the least recently used past
-    /// [`PROCESSES_KEPT`].
     /// What every process's unwinder did so far (`-v`).
     pub fn unwind_stats(&self) -> UnwindStats {
         let mut all = self.past.clone();
@@ -594,6 +593,8 @@ impl HostWalks {
         all
     }
 
+    /// Forgets processes idle for long, and the least recently used past
+    /// [`PROCESSES_KEPT`].
     fn forget_idle(&mut self) {
         let now = Instant::now();
         let mut keys = Vec::new();
